@@ -1,0 +1,1 @@
+"""recsvc: generative recommender service (inference engine + gRPC service)."""

@@ -1,0 +1,1 @@
+"""Item tokenizer: text -> sentence embedding -> RQ-VAE -> collision-free 4-token semantic ids; catalog trie."""

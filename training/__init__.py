@@ -1,0 +1,1 @@
+"""Data pipelines, target and drafter training, offline evaluation."""
