@@ -1,0 +1,56 @@
+"""The engine's public contract: what the service, the benchmarks and the evaluation call.
+
+``Recommender`` (``recsvc/engine/recommender.py``) loads a bundle and answers batches of ``RecQuery``.
+Everything here is plain data; timers and counters live in ``RecStats``, outside the algorithms' results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Mode = Literal["plain", "strict", "relaxed"]
+MODES: tuple[Mode, ...] = ("plain", "strict", "relaxed")
+
+
+@dataclass(frozen=True)
+class RecQuery:
+    """One request to the engine (already validated by the caller)."""
+
+    history: Sequence[int]  # chronological item ids; the prompt uses the last `max_history`
+    k: int = 10  # items to return
+    mode: Mode = "plain"  # plain beam search / strict (lossless) / relaxed (sampling) speculative
+    exclude: Sequence[int] = ()  # item ids never returned (e.g. the user's history)
+    temperature: float = 1.0  # relaxed mode: sampling temperature
+    seed: int | None = None  # relaxed mode: makes the sample reproducible
+
+
+@dataclass(frozen=True)
+class RecStats:
+    target_calls: int = 0  # target forward calls spent on this request (plain beam search: 4)
+    draft_calls: int = 0  # drafter forward calls
+    accepted_steps: int = 0  # draft depths accepted (AS), speculative modes only
+    rounds: int = 0  # speculative rounds
+
+
+@dataclass(frozen=True)
+class RecResult:
+    item_ids: list[int]  # best first; fewer than k only if the catalog (minus exclusions) is smaller
+    scores: list[float]  # sum of code-token log-probs (transformers' beam score convention)
+    stats: RecStats = field(default_factory=RecStats)
+
+
+class Recommender(Protocol):
+    """Anything that answers batches of queries (the real engine; tests may add a popularity fallback)."""
+
+    max_k: int
+    max_history: int
+
+    def known_item(self, item_id: int) -> bool: ...
+
+    def semantic_id(self, item_id: int) -> list[str]: ...
+
+    def popular_items(self, k: int, exclude: Sequence[int] = ()) -> list[int]: ...
+
+    def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]: ...
