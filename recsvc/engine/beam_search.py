@@ -1,0 +1,74 @@
+"""Plain trie-constrained beam search: the reference the speculative engine must reproduce exactly.
+
+Exactly L steps. Step 1 scores the first code from the prompt's last position; each later step feeds the K
+beams' last tokens (tree attention over one cache row per request, no KV copies) and extends them.
+Scores follow transformers' ``generate(num_beams=K, prefix_allowed_tokens_fn=trie)``: full-vocabulary
+log_softmax in float32, disallowed codes at -inf, a beam's score is the sum of its steps' log-probs. Ties:
+see ``recsvc.engine.topk``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from recsvc.engine.forward import code_logprobs
+from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.topk import select_topk
+from recsvc.engine.tree_cache import TreeCache
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+@dataclass(frozen=True)
+class BeamOutput:
+    leaves: torch.Tensor  # [B, K] trie leaf nodes, best first (-1: fewer than K valid items)
+    scores: torch.Tensor  # [B, K] float32 sums of log-probs (-inf where leaves == -1)
+    target_calls: int  # forward calls of the model for the whole batch
+
+
+def expand_beams(
+    trie: CatalogTrie,
+    nodes: torch.Tensor,  # [B, k_in] current beams (trie nodes; -1 dead)
+    scores: torch.Tensor,  # [B, k_in]
+    logp: torch.Tensor,  # [B, k_in, C] next-code log-probs of each beam
+    k: int,
+    dead: torch.Tensor | None,  # [B, num_nodes] excluded prefixes
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One beam-search step: (nodes [B, k], scores [B, k], parent beam index [B, k])."""
+    b, k_in, c = logp.shape
+    rows = torch.arange(b, device=nodes.device)[:, None].expand(b, k_in).reshape(-1)
+    mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
+    cand = torch.where(mask.view(b, k_in, c), scores[..., None] + logp, float("-inf"))
+    new_scores, flat = select_topk(cand.view(b, k_in * c), k)
+    new_nodes = child.view(b, k_in * c).gather(1, flat)
+    new_nodes = torch.where(torch.isfinite(new_scores), new_nodes, torch.full_like(new_nodes, -1))
+    return new_nodes, new_scores, flat // c
+
+
+class BeamSearch:
+    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int) -> None:
+        self.model, self.trie, self.code_offset = model, trie, code_offset
+
+    def logprobs(self, hidden: torch.Tensor, level: int) -> torch.Tensor:
+        """[..., H] -> [..., C] code log-probs of the given level."""
+        flat = code_logprobs(self.model, hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset,
+                             self.trie.codebook_size)
+        return flat.view(*hidden.shape[:-1], -1)
+
+    @torch.inference_mode()
+    def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None) -> BeamOutput:
+        cache = TreeCache(self.model, self.trie, self.code_offset, prompts)
+        b = len(prompts.lengths)
+        empty = torch.zeros(b, 0, dtype=torch.long)
+        last, _ = cache.forward(empty)  # prefill: [B, H]
+        nodes = torch.zeros(b, 1, dtype=torch.long)  # the root
+        scores = torch.zeros(b, 1)
+        logp = self.logprobs(last, 0)[:, None]  # [B, 1, C]
+        for level in range(self.trie.levels):
+            if level > 0:
+                _, hidden = cache.forward(nodes)  # [B, K, H]
+                logp = self.logprobs(hidden, level)  # [B, K, C]
+            nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, k, dead)
+        return BeamOutput(nodes, scores, cache.calls)

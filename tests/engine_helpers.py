@@ -1,0 +1,75 @@
+"""Tiny random models and catalogs for engine tests, and the transformers ``generate`` reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from recsvc.engine.prompts import PromptBatch
+from tokenizer_rqvae.ids import SemanticIds
+from tokenizer_rqvae.trie import CatalogTrie
+
+TEXT_VOCAB = 24  # text tokens before the code tokens; code_offset = TEXT_VOCAB
+
+
+def tiny_llama(levels: int, codebook: int, seed: int, hidden: int = 32, layers: int = 2,
+               init: float = 0.5, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """A random LLaMA whose next-token distributions are peaked (large init), so beam ties are rare."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=TEXT_VOCAB + levels * codebook, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=256, initializer_range=init, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2, tie_word_embeddings=False)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg).to(dtype).eval()
+    return model
+
+
+def random_catalog(n_items: int, levels: int, codebook: int, seed: int) -> SemanticIds:
+    rng = np.random.default_rng(seed)
+    seen: set[tuple[int, ...]] = set()
+    while len(seen) < n_items:
+        seen.add(tuple(int(x) for x in rng.integers(0, codebook, size=levels)))
+    items = rng.permutation(np.arange(1, 10 * n_items))[:n_items]
+    return SemanticIds.from_mapping(dict(zip(items.tolist(), sorted(seen), strict=True)), codebook_size=codebook)
+
+
+def random_prompts(n: int, seed: int, min_len: int = 3, max_len: int = 12) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, TEXT_VOCAB, size=int(rng.integers(min_len, max_len + 1))).tolist() for _ in range(n)]
+
+
+def generate_reference(model: LlamaForCausalLM, trie: CatalogTrie, prompt: list[int], k: int,
+                       excluded: list[int] | None = None) -> tuple[list[tuple[int, ...]], list[float]]:
+    """transformers' own constrained beam search for one prompt: (codes of the K ids best first, sum log-probs)."""
+    c, levels = trie.codebook_size, trie.levels
+    dead_row = trie.dead_nodes([excluded])[0] if excluded else None
+
+    def allowed(batch_id: int, input_ids: torch.Tensor) -> list[int]:
+        gen = input_ids[len(prompt):].tolist()
+        prefix = [t - TEXT_VOCAB - lv * c for lv, t in enumerate(gen)]
+        codes = trie.allowed_codes(prefix, dead_row)
+        return [TEXT_VOCAB + len(prefix) * c + x for x in codes]
+
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         num_beams=k, num_return_sequences=k, max_new_tokens=levels, min_new_tokens=levels,
+                         do_sample=False, prefix_allowed_tokens_fn=allowed, output_scores=True,
+                         output_logits=True, return_dict_in_generate=True, length_penalty=1.0,
+                         pad_token_id=0, eos_token_id=None)
+    seqs = out.sequences[:, len(prompt):].tolist()
+    codes = [tuple(t - TEXT_VOCAB - lv * c for lv, t in enumerate(s)) for s in seqs]
+    if k == 1:  # greedy search: no beam scores, sum the chosen tokens' full-vocabulary log-probs
+        steps = [torch.log_softmax(lg.float(), -1)[0, t] for lg, t in zip(out.logits, out.sequences[0, len(prompt):])]
+        return codes, [float(sum(steps))]
+    scores = (out.sequences_scores * levels).tolist()  # undo the length penalty (length = L)
+    return codes, scores
+
+
+def engine_codes(trie: CatalogTrie, leaves: torch.Tensor) -> list[list[tuple[int, ...]]]:
+    codes = trie.codes_of_nodes(leaves)  # [B, K, L]
+    return [[tuple(r) for r in row if r[0] >= 0] for row in codes.tolist()]
+
+
+def batch(prompts: list[list[int]]) -> PromptBatch:
+    return PromptBatch.from_lists(prompts)

@@ -1,0 +1,91 @@
+"""The engine's plain beam search returns exactly what transformers' constrained generate returns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import (
+    TEXT_VOCAB,
+    batch,
+    engine_codes,
+    generate_reference,
+    random_catalog,
+    random_prompts,
+    tiny_llama,
+)
+
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.topk import select_topk
+from tokenizer_rqvae.trie import CatalogTrie
+
+L, C = 4, 16
+
+
+@pytest.fixture(scope="module")
+def setup():
+    ids = random_catalog(400, L, C, seed=0)
+    trie = CatalogTrie(ids)
+    model = tiny_llama(L, C, seed=0)
+    return ids, trie, model
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, 10, 20])
+def test_same_items_same_order_as_generate(setup, k: int) -> None:
+    _, trie, model = setup
+    prompts = random_prompts(4, seed=k)  # different lengths: batched with padding
+    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), k)
+    got = engine_codes(trie, out.leaves)
+    assert out.target_calls == L  # prefill + 3 decode steps for the whole batch
+    for row, prompt in enumerate(prompts):
+        ref_codes, ref_scores = generate_reference(model, trie, prompt, k)
+        assert got[row] == ref_codes
+        torch.testing.assert_close(out.scores[row], torch.tensor(ref_scores), atol=1e-4, rtol=1e-5)
+
+
+def test_exclusions_match_generate_on_the_pruned_trie(setup) -> None:
+    ids, trie, model = setup
+    prompts = random_prompts(3, seed=7)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    first = engine.search(batch(prompts), 5)
+    # exclude each request's own top-3 items (different per request)
+    excluded = [trie.leaf_items(first.leaves[r, :3]) for r in range(3)]
+    out = engine.search(batch(prompts), 5, dead=trie.dead_nodes(excluded))
+    got = engine_codes(trie, out.leaves)
+    for row, prompt in enumerate(prompts):
+        assert not set(trie.leaf_items(out.leaves[row])) & set(excluded[row])
+        ref_codes, _ = generate_reference(model, trie, prompt, 5, excluded=excluded[row])
+        assert got[row] == ref_codes
+
+
+def test_batched_equals_one_by_one(setup) -> None:
+    _, trie, model = setup
+    prompts = random_prompts(5, seed=3, min_len=1, max_len=30)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    together = engine.search(batch(prompts), 7)
+    for row, prompt in enumerate(prompts):
+        alone = engine.search(batch([prompt]), 7)
+        assert torch.equal(alone.leaves[0], together.leaves[row])
+        torch.testing.assert_close(alone.scores[0], together.scores[row], atol=1e-5, rtol=1e-5)
+
+
+def test_fewer_items_than_k_returns_what_exists() -> None:
+    ids = random_catalog(3, L, C, seed=1)
+    trie = CatalogTrie(ids)
+    model = tiny_llama(L, C, seed=1)
+    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch([[5, 6, 7]]), 5)
+    assert (out.leaves[0, :3] >= 0).all() and (out.leaves[0, 3:] == -1).all()
+    assert torch.isinf(out.scores[0, 3:]).all()
+    assert sorted(trie.leaf_items(out.leaves[0, :3])) == sorted(ids.item_ids.tolist())
+
+
+@pytest.mark.parametrize(
+    "cand, k, scores, index",
+    [
+        ([[0.0, 2.0, 2.0, float("-inf")]], 2, [[2.0, 2.0]], [[1, 2]]),  # tie: lower index first
+        ([[1.0, 3.0, 2.0]], 3, [[3.0, 2.0, 1.0]], [[1, 2, 0]]),  # plain descending order
+        ([[1.0]], 2, [[1.0, float("-inf")]], [[0, 0]]),  # fewer candidates than k: padded with -inf
+    ],
+)
+def test_select_topk_table(cand, k, scores, index) -> None:
+    s, i = select_topk(torch.tensor(cand), k)
+    assert s.tolist() == scores and i.tolist() == index

@@ -1,0 +1,168 @@
+"""The catalog's semantic ids as a prefix trie of tensors, built once.
+
+Nodes live in one id space: the root is 0, then the nodes of depth 1, 2, ..., L-1 (internal nodes), then the
+leaves (depth L, one per distinct full id). ``children[node, code]`` is the child reached by ``code`` or -1.
+
+Worked example (L = 2, codebook 4) for the ids ``{item 7: (1, 2), item 8: (1, 3), item 9: (2, 0)}``::
+
+    node 0 (root)   children[0] = [-1, 1, 2, -1]      # codes 1 and 2 start some id
+    node 1 = (1,)   children[1] = [-1, -1, 3, 4]
+    node 2 = (2,)   children[2] = [5, -1, -1, -1]
+    leaves 3 = (1,2) -> item 7, 4 = (1,3) -> item 8, 5 = (2,0) -> item 9
+
+Lookups are pure functions of the node (the prefix), so beam search never rolls matcher state back.
+Exclusions are a per-request boolean row over nodes (``dead``): a node is dead when every item under it is
+excluded, so beam search never enters a prefix that can only end in excluded items.
+Colliding ids (the shared reference ids have some) are accepted: a leaf then stands for several items and
+resolves to the lowest item id that is not excluded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from recsvc.errors import UserError
+from tokenizer_rqvae.ids import SemanticIds
+
+
+class CatalogTrie:
+    def __init__(self, ids: SemanticIds) -> None:
+        codes = np.asarray(ids.codes, dtype=np.int64)  # [n, L]
+        if len(codes) == 0:
+            raise UserError("cannot build a trie of an empty catalog")
+        n, levels = codes.shape
+        self.levels = levels
+        self.codebook_size = ids.codebook_size
+        self.ids = ids
+        # Number the distinct prefixes of each depth; node_of_depth[d][i] = node id of item i's depth-d prefix.
+        node_of_depth = [np.zeros(n, dtype=np.int64)]
+        next_id = 1
+        for d in range(1, levels + 1):
+            _, inverse = np.unique(codes[:, :d], axis=0, return_inverse=True)
+            inverse = inverse.reshape(-1)
+            node_of_depth.append(inverse + next_id)
+            next_id += int(inverse.max()) + 1
+        self.num_nodes = next_id
+        self.num_internal = int(node_of_depth[levels].min())  # leaves are numbered last
+        children = np.full((self.num_internal, self.codebook_size), -1, dtype=np.int64)
+        depth = np.zeros(self.num_nodes, dtype=np.int64)
+        count = np.zeros(self.num_nodes, dtype=np.int64)
+        count[0] = n
+        for d in range(1, levels + 1):
+            parent, child = node_of_depth[d - 1], node_of_depth[d]
+            children[parent, codes[:, d - 1]] = child
+            depth[child] = d
+            np.add.at(count, child, 1)
+        path = np.stack(node_of_depth, axis=1)  # [n, L+1] root .. leaf
+        parent = np.full(self.num_nodes, -1, dtype=np.int64)
+        node_code = np.full(self.num_nodes, -1, dtype=np.int64)
+        ancestors = np.full((self.num_nodes, levels), -1, dtype=np.int64)
+        for d in range(1, levels + 1):
+            parent[path[:, d]] = path[:, d - 1]
+            node_code[path[:, d]] = codes[:, d - 1]
+            ancestors[path[:, d], :d] = path[:, 1 : d + 1]
+        # leaf -> representative item (lowest item id); item_ids are ascending so the first row wins
+        leaf_item = np.full(self.num_nodes - self.num_internal, -1, dtype=np.int64)
+        leaf_rows = path[:, levels] - self.num_internal
+        for row in range(n - 1, -1, -1):
+            leaf_item[leaf_rows[row]] = ids.item_ids[row]
+        self.children = torch.from_numpy(children)  # [num_internal, C] child node or -1
+        self.depth = torch.from_numpy(depth)  # [num_nodes]
+        self.count = torch.from_numpy(count)  # [num_nodes] items under each node
+        self.item_path = torch.from_numpy(path)  # [n, L+1] node ids root..leaf per item row
+        self.leaf_item = torch.from_numpy(leaf_item)  # [num_leaves] representative item id
+        self.parent = torch.from_numpy(parent)  # [num_nodes] parent node (-1 for the root)
+        self.node_code = torch.from_numpy(node_code)  # [num_nodes] code of the node's last token (-1 root)
+        self.ancestors = torch.from_numpy(ancestors)  # [num_nodes, L] path nodes depth 1..depth(node), then -1
+        self._collided = bool(len(np.unique(leaf_rows)) != n)
+
+    # ---- batched lookups (beam search) -------------------------------------------------------------------
+    def allowed(
+        self, nodes: torch.Tensor, dead: torch.Tensor | None = None, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codes allowed after each prefix node.
+
+        nodes: [M] internal node ids, or -1 for a dead beam (nothing allowed); dead: [B, num_nodes] bool (per
+        request) or None; rows: [M] request row of each node (required with ``dead``).
+        Returns (mask [M, C] bool, child [M, C] node ids, -1 where absent).
+        """
+        child = self.children[nodes.clamp(min=0)]  # [M, C]
+        child = torch.where(nodes[:, None] >= 0, child, torch.full_like(child, -1))
+        mask = child >= 0
+        if dead is not None:
+            assert rows is not None and rows.shape == nodes.shape
+            mask &= ~dead[rows[:, None], child.clamp(min=0)]
+        return mask, child
+
+    def dead_nodes(self, excluded: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Per request, nodes all of whose items are excluded: [B, num_nodes] bool. Unknown ids are ignored.
+
+        Example: excluding items 7 and 8 above kills leaves 3, 4 and node 1 (both its items are gone).
+        """
+        dead = torch.zeros(len(excluded), self.num_nodes, dtype=torch.bool)
+        for b, items in enumerate(excluded):
+            rows = [self.ids.index_of(i) for i in set(int(x) for x in items) if i in self.ids]
+            if not rows:
+                continue
+            nodes = self.item_path[torch.tensor(rows)].reshape(-1)  # [r * (L+1)]
+            hits = torch.bincount(nodes, minlength=self.num_nodes)
+            dead[b] = hits >= self.count
+        return dead
+
+    def leaf_items(self, leaves: torch.Tensor, excluded: Sequence[int] = ()) -> list[int]:
+        """Item id of each leaf node (collided leaves: the lowest item id not excluded)."""
+        leaves = leaves.reshape(-1)
+        if not self._collided:
+            return self.leaf_item[leaves - self.num_internal].tolist()
+        ex = set(int(x) for x in excluded)
+        out = []
+        for leaf in leaves.tolist():
+            rows = torch.nonzero(self.item_path[:, self.levels] == leaf).reshape(-1).tolist()
+            items = [int(self.ids.item_ids[r]) for r in rows if int(self.ids.item_ids[r]) not in ex]
+            out.append(min(items) if items else int(self.leaf_item[leaf - self.num_internal]))
+        return out
+
+    def codes_of_nodes(self, nodes: torch.Tensor) -> torch.Tensor:
+        """[...] node ids -> [..., L] codes of their prefixes (-1 beyond the node's depth / for node -1)."""
+        anc = self.ancestors[nodes.clamp(min=0)]  # [..., L]
+        codes = torch.where(anc >= 0, self.node_code[anc.clamp(min=0)], torch.full_like(anc, -1))
+        return torch.where(nodes[..., None] >= 0, codes, torch.full_like(codes, -1))
+
+    # ---- scalar helpers (tests, transformers' prefix_allowed_tokens_fn) ----------------------------------
+    def node_of_prefix(self, prefix: Sequence[int]) -> int:
+        """Node reached by a code prefix, or -1 if no catalog id starts with it."""
+        node = 0
+        for code in prefix:
+            if node >= self.num_internal or not 0 <= code < self.codebook_size:
+                return -1
+            node = int(self.children[node, code])
+            if node < 0:
+                return -1
+        return node
+
+    def allowed_codes(self, prefix: Sequence[int], dead_row: torch.Tensor | None = None) -> list[int]:
+        """Codes that may follow ``prefix`` (a pure function of the prefix)."""
+        node = self.node_of_prefix(prefix)
+        if node < 0 or node >= self.num_internal:
+            return []
+        child = self.children[node]
+        ok = child >= 0
+        if dead_row is not None:
+            ok &= ~dead_row[child.clamp(min=0)]
+        return torch.nonzero(ok).reshape(-1).tolist()
+
+    def enumerate_ids(self, dead_row: torch.Tensor | None = None) -> set[tuple[int, ...]]:
+        """Every full id the trie accepts (depth-first over the tensors)."""
+        out: set[tuple[int, ...]] = set()
+        stack: list[tuple[int, tuple[int, ...]]] = [(0, ())]
+        while stack:
+            node, prefix = stack.pop()
+            if len(prefix) == self.levels:
+                out.add(prefix)
+                continue
+            for code in self.allowed_codes(prefix, dead_row):
+                stack.append((int(self.children[node, code]), prefix + (code,)))
+        return out
