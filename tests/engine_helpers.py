@@ -60,7 +60,8 @@ def generate_reference(model: LlamaForCausalLM, trie: CatalogTrie, prompt: list[
     seqs = out.sequences[:, len(prompt):].tolist()
     codes = [tuple(t - TEXT_VOCAB - lv * c for lv, t in enumerate(s)) for s in seqs]
     if k == 1:  # greedy search: no beam scores, sum the chosen tokens' full-vocabulary log-probs
-        steps = [torch.log_softmax(lg.float(), -1)[0, t] for lg, t in zip(out.logits, out.sequences[0, len(prompt):], strict=True)]
+        chosen = out.sequences[0, len(prompt):]
+        steps = [torch.log_softmax(lg.float(), -1)[0, t] for lg, t in zip(out.logits, chosen, strict=True)]
         return codes, [float(sum(steps))]
     scores = (out.sequences_scores * levels).tolist()  # undo the length penalty (length = L)
     return codes, scores
