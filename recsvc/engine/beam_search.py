@@ -26,6 +26,7 @@ class BeamOutput:
     leaves: torch.Tensor  # [B, K] trie leaf nodes, best first (-1: fewer than K valid items)
     scores: torch.Tensor  # [B, K] float32 sums of log-probs (-inf where leaves == -1)
     target_calls: int  # forward calls of the model for the whole batch
+    beams: list[torch.Tensor]  # L tensors [B, K]: the beams (nodes) after each step (the oracle drafts these)
 
 
 def expand_beams(
@@ -47,28 +48,30 @@ def expand_beams(
     return new_nodes, new_scores, flat // c
 
 
+def node_logprobs(model: PreTrainedModel, cache: TreeCache, nodes: torch.Tensor) -> torch.Tensor:
+    """[B, m] cached nodes -> [B, m, C] log-probs of the codes that may follow each (level = node depth)."""
+    trie = cache.trie
+    hidden = cache.hidden_at(nodes)  # [B, m, H]
+    levels = trie.depth[nodes.clamp(min=0)].clamp(max=trie.levels - 1)  # [B, m]
+    flat = code_logprobs(model, hidden.reshape(-1, hidden.shape[-1]), levels.reshape(-1), cache.code_offset,
+                         trie.codebook_size)
+    return flat.view(*nodes.shape, -1)
+
+
 class BeamSearch:
     def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int) -> None:
         self.model, self.trie, self.code_offset = model, trie, code_offset
-
-    def logprobs(self, hidden: torch.Tensor, level: int) -> torch.Tensor:
-        """[..., H] -> [..., C] code log-probs of the given level."""
-        flat = code_logprobs(self.model, hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset,
-                             self.trie.codebook_size)
-        return flat.view(*hidden.shape[:-1], -1)
 
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None) -> BeamOutput:
         cache = TreeCache(self.model, self.trie, self.code_offset, prompts)
         b = len(prompts.lengths)
-        empty = torch.zeros(b, 0, dtype=torch.long)
-        last, _ = cache.forward(empty)  # prefill: [B, H]
         nodes = torch.zeros(b, 1, dtype=torch.long)  # the root
         scores = torch.zeros(b, 1)
-        logp = self.logprobs(last, 0)[:, None]  # [B, 1, C]
-        for level in range(self.trie.levels):
-            if level > 0:
-                _, hidden = cache.forward(nodes)  # [B, K, H]
-                logp = self.logprobs(hidden, level)  # [B, K, C]
+        beams = []
+        for _ in range(self.trie.levels):
+            cache.feed(nodes)  # first step: the prompt prefill; then the K beams' last tokens
+            logp = node_logprobs(self.model, cache, nodes)  # [B, K, C]
             nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, k, dead)
-        return BeamOutput(nodes, scores, cache.calls)
+            beams.append(nodes)
+        return BeamOutput(nodes, scores, cache.calls, beams)

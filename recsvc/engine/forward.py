@@ -51,7 +51,7 @@ def tree_forward(
 def code_logprobs(
     model: PreTrainedModel,
     hidden: torch.Tensor,  # [M, H]
-    level: int,
+    level: torch.Tensor,  # [M] code level (0..L-1) whose tokens each row scores
     code_offset: int,
     codebook_size: int,
 ) -> torch.Tensor:  # [M, C] float32 log-probabilities of the level's code tokens
@@ -60,5 +60,5 @@ def code_logprobs(
 
     The LM head runs only on the rows that need a next-token distribution, never on the prompt."""
     logits = model.get_output_embeddings()(hidden).float()  # [M, V]
-    start = code_offset + level * codebook_size
-    return torch.log_softmax(logits, dim=-1)[:, start : start + codebook_size]
+    cols = code_offset + level[:, None] * codebook_size + torch.arange(codebook_size, device=hidden.device)
+    return torch.log_softmax(logits, dim=-1).gather(1, cols)

@@ -4,9 +4,13 @@ Every token the engine feeds after the prompt is a node of the catalog trie (a c
 of a token depends only on the prompt and its ancestors. So each request keeps ONE cache row: the prompt's
 slots, then the slots of whatever nodes were fed (beams of several steps, a whole draft tree), each token
 masked to see the prompt, its ancestors and itself. Beams never copy KV entries; a node fed once is reused by
-later rounds (``slot_of_node``); ``compact`` drops the slots of nodes no longer needed.
+later steps and rounds (``slot_of_node``), together with its final hidden state (its next-token
+distribution); ``compact`` drops the slots of nodes no longer needed.
 
-Shapes: B requests, S cache slots, q new tokens, N trie nodes, L id length.
+Node ids are numbered depth-major (root, depth 1, depth 2, ...), so sorting nodes by id puts parents before
+children.
+
+Shapes: B requests, S cache slots, q new tokens, N trie nodes, L id length, H hidden size.
 """
 
 from __future__ import annotations
@@ -26,57 +30,88 @@ class TreeCache:
         b = len(prompts.lengths)
         dev = prompts.ids.device
         self.prompt_slot = torch.zeros(b, 0, dtype=torch.bool, device=dev)  # [B, S] slot holds a prompt token
+        self.node_of_slot = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, S] (-1: prompt / filler)
         self.slot_of_node = torch.full((b, trie.num_nodes), -1, dtype=torch.long, device=dev)  # [B, N]
-        self.node_of_slot = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, S] (-1: prompt / unused)
+        self.hidden = torch.zeros(b, 0, model.config.hidden_size, dtype=model.dtype, device=dev)  # [B, S, H]
+        self.last_prompt_hidden: torch.Tensor | None = None  # [B, H] distribution of the first code
         self.calls = 0
-        self._rows = torch.arange(b, device=dev)
+        self.tokens_fed = 0
 
     @property
     def prefilled(self) -> bool:
-        return self.prompt_slot.shape[1] > 0
+        return self.last_prompt_hidden is not None
 
     @property
     def width(self) -> int:
         return int(self.prompt_slot.shape[1])
 
+    def _rows(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.arange(like.shape[0], device=like.device)[:, None].expand_as(like)
+
     def tokens_of(self, nodes: torch.Tensor) -> torch.Tensor:
         """[B, q] node ids (-1 = padding) -> token ids: code_offset + (depth - 1) * C + code."""
-        n = nodes.clamp(min=0)
+        n = nodes.clamp(min=1)
         tok = self.code_offset + (self.trie.depth[n] - 1) * self.trie.codebook_size + self.trie.node_code[n]
-        return torch.where(nodes >= 0, tok, torch.full_like(tok, self.code_offset))
+        return torch.where(nodes >= 1, tok, torch.full_like(tok, self.code_offset))
 
-    def forward(self, nodes: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """Feed the prompt (on the first call) and the given nodes in ONE target call.
+    def missing(self, nodes: torch.Tensor) -> torch.Tensor:
+        """[B, m] nodes -> [B, q] those of them and their ancestors not cached yet, parents first (-1 pad).
 
-        nodes: [B, q] trie nodes not yet in the cache (-1 = padding), parents before children; each node's
-        ancestors must be cached or in ``nodes``. Returns (hidden at each prompt's last token [B, H] on the
-        first call else None, hidden of the nodes [B, q, H])."""
+        Example: with nodes [[5, 9]] where 9's ancestors are (2, 9) and node 2 is cached: [[5, 9]]."""
+        b = nodes.shape[0]
+        anc = self.trie.ancestors[nodes.clamp(min=0)]  # [B, m, L]
+        anc = torch.where((nodes >= 1)[..., None], anc, torch.full_like(anc, -1)).reshape(b, -1)
+        want = torch.zeros(b, self.trie.num_nodes + 1, dtype=torch.bool, device=nodes.device)
+        want.scatter_(1, torch.where(anc >= 0, anc, self.trie.num_nodes), True)
+        want = want[:, :-1] & (self.slot_of_node < 0)
+        q = int(want.sum(1).max()) if b else 0
+        idx = torch.sort((~want).to(torch.int8), dim=1, stable=True).indices[:, :q]  # ascending node ids
+        return torch.where(want.gather(1, idx), idx, torch.full_like(idx, -1))
+
+    def feed(self, nodes: torch.Tensor) -> int:
+        """Make sure the given nodes ([B, m], -1 = none) and their ancestors are cached, in ONE forward that also
+        runs the prompt on the first call. Returns the number of new tokens per row (0: no call was made)."""
+        new = self.missing(nodes) if nodes.numel() else nodes[:, :0]
+        if self.prefilled and new.shape[1] == 0:
+            return 0
+        self._forward(new)
+        return int(new.shape[1])
+
+    def hidden_at(self, nodes: torch.Tensor) -> torch.Tensor:
+        """[B, m] cached nodes (0 = root: the prompt's last token; -1: zeros) -> [B, m, H]."""
+        assert self.last_prompt_hidden is not None
+        slots = self.slot_of_node.gather(1, nodes.clamp(min=0))
+        assert not ((nodes >= 1) & (slots < 0)).any(), "hidden of a node that was never fed"
+        h = self.hidden.gather(1, slots.clamp(min=0)[..., None].expand(-1, -1, self.hidden.shape[2]))
+        h = torch.where((nodes == 0)[..., None], self.last_prompt_hidden[:, None], h)
+        return torch.where((nodes < 0)[..., None], torch.zeros_like(h), h)
+
+    def _forward(self, nodes: torch.Tensor) -> None:
         b, q = nodes.shape
+        dev = nodes.device
         s_past = self.width
         first = not self.prefilled
         t = self.prompts.width if first else 0
         s_total = s_past + t + q
-        valid = nodes >= 0
+        valid = nodes >= 1
         n = nodes.clamp(min=0)
-        assert not (valid & (self.slot_of_node.gather(1, n) >= 0)).any(), "node fed twice"
-        # slots of the new nodes, registered first so ancestors inside this call are found
-        new_slots = s_past + t + torch.arange(q, device=nodes.device)[None].expand(b, q)
-        rows = self._rows[:, None].expand(b, q)
-        self.slot_of_node[rows[valid], nodes[valid]] = new_slots[valid]
+        rows = self._rows(nodes)
+        new_slots = s_past + t + torch.arange(q, device=dev)[None].expand(b, q)
+        self.slot_of_node[rows[valid], nodes[valid]] = new_slots[valid]  # first, so in-call ancestors resolve
         anc = self.trie.ancestors[n]  # [B, q, L] ancestors incl. the node itself
         anc_slots = self.slot_of_node.gather(1, anc.clamp(min=0).reshape(b, -1)).reshape(anc.shape)
         need = (anc >= 0) & valid[..., None]
         assert not (need & (anc_slots < 0)).any(), "an ancestor of a fed node is not cached"
         anc_slots = torch.where(need, anc_slots, new_slots[..., None])  # unused -> own slot (always allowed)
-        attend_nodes = torch.zeros(b, q, s_total, dtype=torch.bool, device=nodes.device)
+        attend_nodes = torch.zeros(b, q, s_total, dtype=torch.bool, device=dev)
         attend_nodes.scatter_(2, anc_slots, True)
         attend_nodes.scatter_(2, new_slots[..., None], True)
         prompt_slot = torch.cat([self.prompt_slot, self.prompts.valid if first else self.prompt_slot[:, :0]], 1)
         attend_nodes[:, :, : s_past + t] |= prompt_slot[:, None, :] & valid[..., None]
-        positions = self.prompts.lengths[:, None] + self.trie.depth[n] - 1  # [B, q]
+        positions = self.prompts.lengths[:, None] + self.trie.depth[n] - 1  # [B, q]: prompt length + depth - 1
         ids = self.tokens_of(nodes)
         if first:
-            attend_prompt = torch.zeros(b, t, s_total, dtype=torch.bool, device=nodes.device)
+            attend_prompt = torch.zeros(b, t, s_total, dtype=torch.bool, device=dev)
             attend_prompt[:, :, s_past : s_past + t] = self.prompts.prefill_attend()
             ids = torch.cat([self.prompts.ids, ids], 1)
             positions = torch.cat([self.prompts.positions(), positions], 1)
@@ -85,37 +120,48 @@ class TreeCache:
             attend = attend_nodes
         hidden = tree_forward(self.model, self.cache, ids, positions, attend)  # [B, t + q, H]
         self.calls += 1
-        self.prompt_slot = torch.cat([prompt_slot, torch.zeros(b, q, dtype=torch.bool, device=nodes.device)], 1)
-        self.node_of_slot = torch.cat(
-            [self.node_of_slot, torch.full((b, t), -1, device=nodes.device, dtype=torch.long), nodes], 1
-        )
+        self.tokens_fed += t + q
         if first:
-            last = hidden[self._rows, self.prompts.lengths - 1]  # [B, H]
-            return last, hidden[:, t:]
-        return None, hidden
+            self.last_prompt_hidden = hidden[torch.arange(b, device=dev), self.prompts.lengths - 1]
+        self.prompt_slot = torch.cat([prompt_slot, torch.zeros(b, q, dtype=torch.bool, device=dev)], 1)
+        filler = torch.full((b, t), -1, device=dev, dtype=torch.long)
+        self.node_of_slot = torch.cat([self.node_of_slot, filler, torch.where(valid, nodes, -1)], 1)
+        self.hidden = torch.cat([self.hidden, hidden], 1)
 
     def compact(self, keep_nodes: torch.Tensor) -> None:
-        """Keep the prompt and the slots of ``keep_nodes`` ([B, m] node ids, -1 = none) with their ancestors;
+        """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included);
         drop every other slot from the KV cache (an explicit gather along the sequence axis)."""
-        b = keep_nodes.shape[0]
         anc = self.trie.ancestors[keep_nodes.clamp(min=0)]  # [B, m, L]
-        anc = torch.where((keep_nodes >= 0)[..., None], anc, torch.full_like(anc, -1)).reshape(b, -1)
+        anc = torch.where((keep_nodes >= 1)[..., None], anc, torch.full_like(anc, -1)).reshape(len(anc), -1)
         anc_slots = self.slot_of_node.gather(1, anc.clamp(min=0))
         keep = self.prompt_slot.clone()  # [B, S]
         ok = (anc >= 0) & (anc_slots >= 0)
-        keep[self._rows[:, None].expand_as(anc)[ok], anc_slots[ok]] = True
+        keep[self._rows(anc)[ok], anc_slots[ok]] = True
+        self._gather_slots(keep)
+
+    def _gather_slots(self, keep: torch.Tensor) -> None:
         width = int(keep.sum(1).max())
-        # kept slots first (stable), then filler slots that stay masked
-        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :width]  # [B, width]
-        kept = keep.gather(1, order)
+        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :width]  # kept first
+        kept = keep.gather(1, order)  # [B, width]; False = filler slot, never attended
         for layer in self.cache.layers:
             idx = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, idx)
             layer.values = layer.values.gather(2, idx)
+        self.hidden = self.hidden.gather(1, order[..., None].expand(-1, -1, self.hidden.shape[2]))
         self.prompt_slot = self.prompt_slot.gather(1, order) & kept
         self.node_of_slot = torch.where(kept, self.node_of_slot.gather(1, order), -1)
         self.slot_of_node.fill_(-1)
-        nos = self.node_of_slot
-        has = nos >= 0
-        pos = torch.arange(width, device=nos.device)[None].expand_as(nos)
-        self.slot_of_node[self._rows[:, None].expand_as(nos)[has], nos[has]] = pos[has]
+        has = self.node_of_slot >= 0
+        pos = torch.arange(width, device=keep.device)[None].expand_as(self.node_of_slot)
+        self.slot_of_node[self._rows(self.node_of_slot)[has], self.node_of_slot[has]] = pos[has]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only the given requests (finished ones leave the batch)."""
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[rows]
+            layer.values = layer.values[rows]
+        self.prompts = PromptBatch(self.prompts.ids[rows], self.prompts.lengths[rows], self.prompts.valid[rows])
+        for name in ("prompt_slot", "node_of_slot", "slot_of_node", "hidden"):
+            setattr(self, name, getattr(self, name)[rows])
+        if self.last_prompt_hidden is not None:
+            self.last_prompt_hidden = self.last_prompt_hidden[rows]
