@@ -85,12 +85,13 @@ class CatalogTrie:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Codes allowed after each prefix node.
 
-        nodes: [M] internal node ids, or -1 for a dead beam (nothing allowed); dead: [B, num_nodes] bool (per
+        nodes: [M] node ids (-1 for a dead beam and leaves: nothing allowed); dead: [B, num_nodes] bool (per
         request) or None; rows: [M] request row of each node (required with ``dead``).
         Returns (mask [M, C] bool, child [M, C] node ids, -1 where absent).
         """
-        child = self.children[nodes.clamp(min=0)]  # [M, C]
-        child = torch.where(nodes[:, None] >= 0, child, torch.full_like(child, -1))
+        internal = (nodes >= 0) & (nodes < self.num_internal)  # leaves and -1 have no children
+        child = self.children[torch.where(internal, nodes, 0)]  # [M, C]
+        child = torch.where(internal[:, None], child, torch.full_like(child, -1))
         mask = child >= 0
         if dead is not None:
             assert rows is not None and rows.shape == nodes.shape

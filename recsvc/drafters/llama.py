@@ -1,0 +1,62 @@
+"""The LLaMA drafter: a small causal LM on the target's tokenizer drafts by trie-constrained beam search.
+
+Each round starts from the target's beams (scored with the target's beam scores, the best estimate of their
+rank) and runs ``steps`` beam-search steps of width N, keeping every step's beams. Its KV cache is a
+``TreeCache`` like the target's: nodes drafted in one round are reused in the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from recsvc.engine.beam_search import expand_beams, node_logprobs
+from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.tree_cache import TreeCache
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+class LlamaDraftSession:
+    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
+                 dead: torch.Tensor | None) -> None:
+        self.model, self.trie, self.dead = model, trie, dead
+        self.cache = TreeCache(model, trie, code_offset, prompts)
+
+    @property
+    def calls(self) -> int:
+        return self.cache.calls
+
+    @torch.inference_mode()
+    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor,
+                width: int) -> list[torch.Tensor]:
+        nodes, scores = roots, root_scores
+        drafts: list[torch.Tensor] = []
+        for s in range(1, int(steps.max()) + 1):
+            active = (steps >= s)[:, None]  # [B, 1]
+            nodes = torch.where(active, nodes, torch.full_like(nodes, -1))
+            self.cache.feed(nodes)
+            logp = node_logprobs(self.model, self.cache, nodes)  # [B, n, C]
+            nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, width, self.dead)
+            drafts.append(torch.where(active, nodes, torch.full_like(nodes, -1)))
+        return drafts
+
+    def observe(self, beams: torch.Tensor) -> None:
+        self.cache.compact(beams)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.select_rows(rows)
+        if self.dead is not None:
+            self.dead = self.dead[rows]
+
+
+class LlamaDrafter:
+    name = "llama"
+
+    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int) -> None:
+        self.model, self.trie, self.code_offset = model, trie, code_offset
+
+    def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
+                dead: torch.Tensor | None) -> LlamaDraftSession:
+        return LlamaDraftSession(self.model, self.trie, self.code_offset, prompts, dead)

@@ -1,0 +1,53 @@
+"""The oracle drafter proposes the target's own beams (from a plain beam search run beforehand).
+
+It measures the engine's ceiling on the hardware: every draft is accepted, so the speculative engine spends
+one target call per request and the remaining cost is the tree forward itself. Its own cost is not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.prompts import PromptBatch
+
+
+class OracleDraftSession:
+    calls = 0
+
+    def __init__(self, beams: list[torch.Tensor], node_depth: torch.Tensor) -> None:
+        self.beams = torch.stack(beams, 1)  # [B, L, K]: the target's beams after depth 1..L
+        self.node_depth = node_depth  # [num_nodes] trie depth of each node
+
+    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor,
+                width: int) -> list[torch.Tensor]:
+        b, levels, k = self.beams.shape
+        depth = self.node_depth[roots.max(dim=1).values.clamp(min=0)]  # [B] all roots of a row share a depth
+        out = []
+        for s in range(1, int(steps.max()) + 1):
+            d = (depth + s - 1).clamp(max=levels - 1)  # beams of depth j + s
+            rows = self.beams[torch.arange(b), d][:, :width]  # [B, min(N, K)]
+            if width > k:
+                rows = torch.cat([rows, torch.full((b, width - k), -1, dtype=rows.dtype)], 1)
+            out.append(torch.where((steps >= s)[:, None], rows, torch.full_like(rows, -1)))
+        return out
+
+    def observe(self, beams: torch.Tensor) -> None:
+        pass
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.beams = self.beams[rows]
+
+
+class OracleDrafter:
+    name = "oracle"
+
+    def __init__(self, engine: BeamSearch, k: int) -> None:
+        self.engine, self.k = engine, k
+
+    def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
+                dead: torch.Tensor | None) -> OracleDraftSession:
+        out = self.engine.search(prompts, self.k, dead)
+        return OracleDraftSession(out.beams, self.engine.trie.depth)

@@ -1,0 +1,109 @@
+"""Speculative beam search with strict top-K verification (AtSpeed Algorithm 1): lossless.
+
+One round, for every unfinished request (rows may sit at different depths j):
+  draft   -> the drafter proposes N beams for each of the next g = min(gamma, L - j) depths
+  tree    -> the drafted nodes (trie prefixes, so already deduplicated) plus the current beams form a tree
+  verify  -> ONE target forward over the tree (fused with the prompt prefill in the first round)
+  accept  -> replay the target's own beam search on the tree: at each depth, the target's top-K over the
+             children of its accepted beams (``expand_beams``, the plain engine's step); accept the depth iff
+             every one of those K is among the drafted N. The first rejected depth's top-K is still the
+             target's exact result, and if all g depths pass, one more depth comes free from the
+             distributions at the last drafted depth.
+  commit  -> keep the KV slots of the surviving beams' paths, drop the rest; finished rows leave the batch.
+The output is the plain beam search's (same items, order and, up to float error, scores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from recsvc.drafters.base import DraftSession
+from recsvc.engine.beam_search import expand_beams, node_logprobs
+from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.tree_cache import TreeCache
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+@dataclass(frozen=True)
+class SpecOutput:
+    leaves: torch.Tensor  # [B, K] trie leaves, best first (-1: fewer valid items)
+    scores: torch.Tensor  # [B, K] float32 beam scores
+    target_calls: torch.Tensor  # [B] target forward calls per request (= rounds)
+    accepted: torch.Tensor  # [B] draft depths accepted per request (AS)
+    draft_calls: int  # drafter forward calls for the batch
+
+
+def accepted_depth(target_beams: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
+    """Strict check: every valid target beam [B, K] is among the drafted nodes [B, N] -> [B] bool.
+
+    Example: target [[4, 7]], drafted [[7, 9, 4]] -> [True]; target [[4, 8]] -> [False]."""
+    hit = (target_beams[:, :, None] == drafted[:, None, :]).any(-1) | (target_beams < 0)
+    return hit.all(1)
+
+
+@torch.inference_mode()
+def speculative_search(
+    target: PreTrainedModel,
+    trie: CatalogTrie,
+    code_offset: int,
+    prompts: PromptBatch,
+    k: int,
+    drafts: DraftSession,
+    draft_beams: int,  # N
+    gamma: int,  # draft depths per round
+    dead: torch.Tensor | None = None,  # [B, num_nodes]
+) -> SpecOutput:
+    b, levels = len(prompts.lengths), trie.levels
+    cache = TreeCache(target, trie, code_offset, prompts)
+    rows = torch.arange(b)  # original request index of each active row
+    nodes = torch.zeros(b, 1, dtype=torch.long)  # current target beams (the root)
+    scores = torch.zeros(b, 1)
+    depth = torch.zeros(b, dtype=torch.long)
+    out_leaves = torch.full((b, k), -1, dtype=torch.long)
+    out_scores = torch.full((b, k), float("-inf"))
+    calls = torch.zeros(b, dtype=torch.long)
+    accepted = torch.zeros(b, dtype=torch.long)
+    while len(rows):
+        steps = (levels - depth).clamp(max=gamma)  # [R]
+        drafted = drafts.propose(nodes, scores, steps, draft_beams)  # g x [R, N]
+        tree = torch.cat([nodes, *drafted], 1)
+        cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
+        calls[rows] += 1
+        running = torch.ones(len(rows), dtype=torch.bool)
+        for s in range(1, gamma + 2):
+            go = running & (depth < levels)
+            if not go.any():
+                break
+            live = torch.where(go[:, None], nodes, -1)  # finished rows take no step
+            logp = node_logprobs(target, cache, live)  # [R, Kc, C]
+            new_nodes, new_scores, _ = expand_beams(trie, live, scores, logp, k, dead)
+            ok = go & (steps >= s)
+            if s <= len(drafted):
+                ok &= accepted_depth(new_nodes, drafted[s - 1])
+            else:
+                ok &= False  # the free depth after all g drafted depths passed
+            if nodes.shape[1] != k:  # first depth of the request: every row goes
+                nodes, scores = new_nodes, new_scores
+            else:
+                nodes = torch.where(go[:, None], new_nodes, nodes)
+                scores = torch.where(go[:, None], new_scores, scores)
+            depth += go.long()
+            accepted[rows] += ok.long()
+            running = ok
+        done = depth >= levels
+        out_leaves[rows[done]] = nodes[done]
+        out_scores[rows[done]] = scores[done]
+        keep = torch.nonzero(~done).reshape(-1)
+        if len(keep) < len(rows):
+            rows, nodes, scores, depth = rows[keep], nodes[keep], scores[keep], depth[keep]
+            cache.select_rows(keep)
+            drafts.select_rows(keep)
+            if dead is not None:
+                dead = dead[keep]
+        if len(rows):
+            cache.compact(nodes)
+            drafts.observe(nodes)
+    return SpecOutput(out_leaves, out_scores, calls, accepted, drafts.calls)

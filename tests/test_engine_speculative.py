@@ -1,0 +1,82 @@
+"""Strict speculative beam search returns exactly the plain constrained beam search's output."""
+
+from __future__ import annotations
+
+import torch
+from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from recsvc.drafters.llama import LlamaDrafter
+from recsvc.drafters.oracle import OracleDrafter
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.speculative import accepted_depth, speculative_search
+from tokenizer_rqvae.trie import CatalogTrie
+
+L = 4
+SCORE_TOL = 1e-4  # scores of the tree forward vs step-by-step decoding differ only by float error (fp32)
+
+
+def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None):
+    dead = trie.dead_nodes(excluded) if excluded else None
+    plain = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), k, dead)
+    session = drafter.session(batch(prompts), [], dead)
+    spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, dead)
+    assert torch.equal(spec.leaves, plain.leaves)  # same items, same order
+    finite = torch.isfinite(plain.scores)
+    assert torch.equal(torch.isfinite(spec.scores), finite)
+    torch.testing.assert_close(spec.scores[finite], plain.scores[finite], atol=SCORE_TOL, rtol=0)
+    assert (spec.target_calls >= 1).all() and (spec.target_calls <= L).all()
+    return spec
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    codebook=st.sampled_from([8, 16]),
+    k=st.integers(1, 20),
+    n_rel=st.sampled_from(["less", "equal", "more"]),
+    gamma=st.integers(1, 5),
+    batch_size=st.integers(1, 4),
+    with_exclusions=st.booleans(),
+)
+def test_strict_equals_plain_on_random_models(seed, codebook, k, n_rel, gamma, batch_size, with_exclusions):
+    ids = random_catalog(120, L, codebook, seed)
+    trie = CatalogTrie(ids)
+    model = tiny_llama(L, codebook, seed)
+    drafter = LlamaDrafter(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1), trie, TEXT_VOCAB)
+    n = {"less": max(1, k // 2), "equal": k, "more": k + 3}[n_rel]
+    prompts = random_prompts(batch_size, seed, min_len=1, max_len=15)
+    excluded = [ids.item_ids[(seed + r) % len(ids) :][:5].tolist() for r in range(batch_size)] if with_exclusions else None
+    check_strict(model, drafter, trie, prompts, k, n, gamma, excluded)
+
+
+def test_oracle_drafter_accepts_everything_in_one_call() -> None:
+    trie = CatalogTrie(random_catalog(200, L, 16, 3))
+    model = tiny_llama(L, 16, 3)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    spec = check_strict(model, OracleDrafter(engine, 10), trie, random_prompts(3, 3), 10, 10, 3)
+    assert spec.target_calls.tolist() == [1, 1, 1]  # prefill + tree verification fused into one forward
+    assert spec.accepted.tolist() == [3, 3, 3]  # depths 1-3 accepted, depth 4 comes free
+
+
+def test_target_as_its_own_drafter_is_always_accepted() -> None:
+    trie = CatalogTrie(random_catalog(200, L, 16, 4))
+    model = tiny_llama(L, 16, 4)
+    spec = check_strict(model, LlamaDrafter(model, trie, TEXT_VOCAB), trie, random_prompts(2, 4), 5, 5, 2)
+    assert spec.target_calls.tolist() == [2, 2]  # gamma 2: depths 1-2 + free 3, then 4
+
+
+def test_a_bad_drafter_still_gives_the_exact_result() -> None:
+    trie = CatalogTrie(random_catalog(200, L, 16, 5))
+    model = tiny_llama(L, 16, 5)
+    drafter = LlamaDrafter(tiny_llama(L, 16, 99, hidden=8, layers=1), trie, TEXT_VOCAB)
+    spec = check_strict(model, drafter, trie, random_prompts(3, 5), 10, 1, 3)  # N=1 < K: never accepted
+    assert spec.accepted.tolist() == [0, 0, 0] and spec.target_calls.tolist() == [4, 4, 4]
+
+
+def test_accepted_depth_table() -> None:
+    drafted = torch.tensor([[7, 9, 4]])
+    assert accepted_depth(torch.tensor([[4, 7]]), drafted).tolist() == [True]  # both drafted
+    assert accepted_depth(torch.tensor([[4, 8]]), drafted).tolist() == [False]  # 8 was not drafted
+    assert accepted_depth(torch.tensor([[4, -1]]), drafted).tolist() == [True]  # dead beams need no draft
