@@ -47,7 +47,9 @@ def test_strict_equals_plain_on_random_models(seed, codebook, k, n_rel, gamma, b
     drafter = LlamaDrafter(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1), trie, TEXT_VOCAB)
     n = {"less": max(1, k // 2), "equal": k, "more": k + 3}[n_rel]
     prompts = random_prompts(batch_size, seed, min_len=1, max_len=15)
-    excluded = [ids.item_ids[(seed + r) % len(ids) :][:5].tolist() for r in range(batch_size)] if with_exclusions else None
+    excluded = None
+    if with_exclusions:  # five different items per request
+        excluded = [ids.item_ids[(seed + r) % len(ids) :][:5].tolist() for r in range(batch_size)]
     check_strict(model, drafter, trie, prompts, k, n, gamma, excluded)
 
 
