@@ -1,0 +1,138 @@
+"""A bundle turned into a ``Recommender``: prompts, exclusions, plain / strict / relaxed decoding, item ids.
+
+Queries of one batch are grouped by (mode, k) and each group runs as one batched engine call; results come
+back in the queries' order. Timers and counters are the caller's (``RecStats`` holds only counts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from recsvc.drafters.base import Drafter
+from recsvc.drafters.llama import LlamaDrafter
+from recsvc.engine.api import RecQuery, RecResult, RecStats
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.speculative import speculative_search
+from recsvc.model.prompt import PromptBuilder
+from tokenizer_rqvae.ids import SemanticIds
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    draft_beams: int | None = None  # N; None = K
+    gamma: int = 3  # draft depths per round (3 finishes a 4-token id in one round when all are accepted)
+
+    def beams_for(self, k: int) -> int:
+        return self.draft_beams or k
+
+
+class BundleRecommender:
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        prompts: PromptBuilder,
+        ids: SemanticIds,
+        drafter: Drafter | None = None,
+        popularity: dict[int, int] | None = None,
+        spec: SpecSettings | None = None,
+        max_k: int = 50,
+    ) -> None:
+        self.target, self.prompts, self.ids = target, prompts, ids
+        self.trie = CatalogTrie(ids)
+        self.engine = BeamSearch(target, self.trie, prompts.code_offset)
+        self.drafter = drafter
+        self.spec = spec or SpecSettings()
+        self.max_k = max_k
+        self.max_history = prompts.max_history
+        counts = popularity or {}
+        self._popular = sorted(ids.item_ids.tolist(), key=lambda i: (-counts.get(i, 0), i))
+
+    @classmethod
+    def from_bundle(cls, path: str | Path, dtype: str = "bf16", device: str = "cpu",
+                    use_drafter: bool = True) -> BundleRecommender:
+        from recsvc.model.bundle import Bundle
+
+        bundle = Bundle.open(path)
+        ids = bundle.load_ids()
+        tokenizer = bundle.load_tokenizer()
+        prompts = PromptBuilder(tokenizer, ids)
+        target = bundle.load_target(dtype=dtype, device=device)
+        drafter = None
+        if use_drafter and (bundle.drafter_dir / "config.json").is_file():
+            drafter = LlamaDrafter(bundle.load_drafter(dtype=dtype, device=device), CatalogTrie(ids),
+                                   prompts.code_offset)
+        popularity = None
+        pop_file = Path(path) / "popularity.json"
+        if pop_file.is_file():
+            popularity = {int(k): int(v) for k, v in json.loads(pop_file.read_text()).items()}
+        rec = cls(target, prompts, ids, drafter, popularity)
+        if drafter is not None:
+            drafter.trie = rec.trie  # one trie for both
+        return rec
+
+    # ---- catalog -------------------------------------------------------------------------------------------
+    def known_item(self, item_id: int) -> bool:
+        return item_id in self.ids
+
+    def semantic_id(self, item_id: int) -> list[str]:
+        return self.ids.tokens_of(item_id)
+
+    def popular_items(self, k: int, exclude: Sequence[int] = ()) -> list[int]:
+        ex = set(exclude)
+        out = []
+        for item in self._popular:
+            if item not in ex:
+                out.append(item)
+                if len(out) == k:
+                    break
+        return out
+
+    # ---- decoding -------------------------------------------------------------------------------------------
+    def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]:
+        results: list[RecResult | None] = [None] * len(queries)
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, q in enumerate(queries):
+            mode = q.mode if (q.mode == "plain" or self.drafter is not None) else "plain"
+            groups.setdefault((mode, q.k), []).append(i)
+        for (mode, k), idx in groups.items():
+            for i, res in zip(idx, self._decode([queries[i] for i in idx], mode, k), strict=True):
+                results[i] = res
+        return [r for r in results if r is not None]
+
+    def _decode(self, queries: list[RecQuery], mode: str, k: int) -> list[RecResult]:
+        batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries])
+        excluded = [list(q.exclude) for q in queries]
+        dead = self.trie.dead_nodes(excluded) if any(excluded) else None
+        if mode == "plain":
+            out = self.engine.search(batch, k, dead)
+            calls = [out.target_calls] * len(queries)
+            accepted = [0] * len(queries)
+            leaves, scores, draft_calls = out.leaves, out.scores, 0
+        elif mode == "strict":
+            assert self.drafter is not None
+            session = self.drafter.session(batch, [q.history for q in queries], dead)
+            out = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
+                                     self.spec.beams_for(k), self.spec.gamma, dead)
+            calls, accepted = out.target_calls.tolist(), out.accepted.tolist()
+            leaves, scores, draft_calls = out.leaves, out.scores, out.draft_calls
+        else:
+            raise NotImplementedError(f"decoding mode {mode!r}")
+        return [
+            self._result(leaves[r], scores[r], excluded[r],
+                         RecStats(target_calls=calls[r], draft_calls=draft_calls, accepted_steps=accepted[r],
+                                  rounds=calls[r]))
+            for r in range(len(queries))
+        ]
+
+    def _result(self, leaves: torch.Tensor, scores: torch.Tensor, excluded: list[int], stats: RecStats) -> RecResult:
+        ok = leaves >= 0
+        items = self.trie.leaf_items(leaves[ok], excluded)
+        return RecResult(item_ids=items, scores=scores[ok].tolist(), stats=stats)
