@@ -7,6 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.reference import generate_topk
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -42,29 +43,8 @@ def random_prompts(n: int, seed: int, min_len: int = 3, max_len: int = 12) -> li
 
 def generate_reference(model: LlamaForCausalLM, trie: CatalogTrie, prompt: list[int], k: int,
                        excluded: list[int] | None = None) -> tuple[list[tuple[int, ...]], list[float]]:
-    """transformers' own constrained beam search for one prompt: (codes of the K ids best first, sum log-probs)."""
-    c, levels = trie.codebook_size, trie.levels
-    dead_row = trie.dead_nodes([excluded])[0] if excluded else None
-
-    def allowed(batch_id: int, input_ids: torch.Tensor) -> list[int]:
-        gen = input_ids[len(prompt):].tolist()
-        prefix = [t - TEXT_VOCAB - lv * c for lv, t in enumerate(gen)]
-        codes = trie.allowed_codes(prefix, dead_row)
-        return [TEXT_VOCAB + len(prefix) * c + x for x in codes]
-
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         num_beams=k, num_return_sequences=k, max_new_tokens=levels, min_new_tokens=levels,
-                         do_sample=False, prefix_allowed_tokens_fn=allowed, output_scores=True,
-                         output_logits=True, return_dict_in_generate=True, length_penalty=1.0,
-                         pad_token_id=0, eos_token_id=None)
-    seqs = out.sequences[:, len(prompt):].tolist()
-    codes = [tuple(t - TEXT_VOCAB - lv * c for lv, t in enumerate(s)) for s in seqs]
-    if k == 1:  # greedy search: no beam scores, sum the chosen tokens' full-vocabulary log-probs
-        chosen = out.sequences[0, len(prompt):]
-        steps = [torch.log_softmax(lg.float(), -1)[0, t] for lg, t in zip(out.logits, chosen, strict=True)]
-        return codes, [float(sum(steps))]
-    scores = (out.sequences_scores * levels).tolist()  # undo the length penalty (length = L)
-    return codes, scores
+    """transformers' own constrained beam search for one prompt (see recsvc.engine.reference)."""
+    return generate_topk(model, trie, TEXT_VOCAB, prompt, k, excluded)
 
 
 def engine_codes(trie: CatalogTrie, leaves: torch.Tensor) -> list[list[tuple[int, ...]]]:

@@ -1,0 +1,39 @@
+"""`recsvc bench decode|speculative|serve`: benchmarks are commands, not timed tests (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from recsvc.errors import UserError
+
+BENCHES = {
+    "decode": ("recsvc.bench.decode", "engine beam search vs transformers generate (same model, same users)"),
+    "speculative": ("recsvc.bench.speculative", "plain vs speculative beam search: WS@K, AS@K, target calls"),
+    "serve": ("recsvc.bench.serve", "load test of the gRPC service: throughput, latency percentiles"),
+}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmarks (results go to BENCHMARKS.md)")
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", required=True)
+    for name, (module_name, text) in BENCHES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue
+            raise
+        bp = sub.add_parser(name, help=text)
+        module.add_args(bp)
+        bp.set_defaults(func=_runner(module))
+
+
+def _runner(module):
+    def run(args: argparse.Namespace) -> int:
+        if getattr(args, "users", 1) is not None and getattr(args, "users", 1) < 1:
+            raise UserError("--users must be >= 1")
+        module.run(args)
+        return 0
+
+    return run

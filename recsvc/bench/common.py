@@ -1,0 +1,91 @@
+"""Shared pieces of the `recsvc bench ...` commands: loading a bundle's parts, users, output."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from recsvc.errors import UserError
+
+
+def parse_int_list(text: str, flag: str, lo: int = 1, hi: int = 100) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if not values or min(values) < lo or max(values) > hi:
+        raise UserError(f"{flag} values must lie in {lo}..{hi}, got {text!r}")
+    return values
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {torch.get_num_threads()} threads, {dev}, torch {torch.__version__}"
+
+
+@dataclass
+class BenchContext:
+    bundle_dir: Path
+    model: Any
+    builder: Any  # PromptBuilder
+    trie: Any  # CatalogTrie
+    users: list  # list[EvalUser]
+    data: Any  # SplitData
+
+
+def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype: str = "bf16",
+                 data_dir: str | Path | None = None, seed: int = 0) -> BenchContext:
+    from recsvc.model.bundle import Bundle
+    from recsvc.model.prompt import PromptBuilder
+    from tokenizer_rqvae.trie import CatalogTrie
+    from training.data.dataset import load_split_dir
+    from training.evaluate import sample_users
+
+    bundle = Bundle.open(bundle_dir)
+    data_path = data_dir or bundle.data_dir()
+    if data_path is None:
+        raise UserError(f"bundle {bundle_dir} records no data directory: pass --data DIR")
+    data = load_split_dir(data_path)
+    ids = bundle.load_ids()
+    builder = PromptBuilder(bundle.load_tokenizer(), ids)
+    model = bundle.load_target(dtype=dtype)
+    return BenchContext(Path(bundle_dir), model, builder, CatalogTrie(ids),
+                        sample_users(data.eval_users(split), users, seed), data)
+
+
+def timed(fn, *args, **kwargs) -> tuple[Any, float]:
+    """(result, milliseconds)."""
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, 1000 * (time.perf_counter() - start)
+
+
+def write_json(path: str | Path | None, payload: dict) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=1))
+
+
+def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """columns: (key, header). Floats get 3 decimals."""
+    head = "| " + " | ".join(h for _, h in columns) + " |"
+    sep = "| " + " | ".join("---" for _ in columns) + " |"
+    body = []
+    for r in rows:
+        cells = [f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k, _ in columns]
+        body.append("| " + " | ".join(cells) + " |")
+    return "\n".join([head, sep, *body])

@@ -1,0 +1,61 @@
+"""`recsvc bench decode`: the engine's plain beam search vs transformers ``generate`` with the trie callback.
+
+Same model, same users, one request at a time for both (latency per request); per K: ms/request of each,
+their ratio, and the identical-output rate (same items in the same order).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from tqdm import tqdm
+
+from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, timed, write_json
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--users", type=int, default=200)
+    p.add_argument("--k", default="1,5,10,20")
+    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--data", help="data directory (default: the bundle's)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--json", dest="json_path")
+
+
+@torch.inference_mode()
+def run(args: argparse.Namespace) -> dict:
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.reference import generate_topk
+
+    ks = parse_int_list(args.k, "--k")
+    ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
+    engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset)
+    prompts = [ctx.builder.prompt_ids(u.history) for u in ctx.users]
+    rows = []
+    for k in ks:
+        for p in prompts[: args.warmup]:  # warm both paths (allocator, kernels)
+            engine.search(PromptBatch.from_lists([p]), k)
+            generate_topk(ctx.model, ctx.trie, ctx.builder.code_offset, p, k)
+        eng_ms, gen_ms, same = [], [], 0
+        for p in tqdm(prompts, desc=f"decode K={k}", leave=False):
+            out, ms_e = timed(engine.search, PromptBatch.from_lists([p]), k)
+            (ref_codes, _), ms_g = timed(generate_topk, ctx.model, ctx.trie, ctx.builder.code_offset, p, k)
+            codes = ctx.trie.codes_of_nodes(out.leaves[0][out.leaves[0] >= 0]).tolist()
+            same += [tuple(c) for c in codes] == ref_codes
+            eng_ms.append(ms_e)
+            gen_ms.append(ms_g)
+        e, g = statistics.mean(eng_ms), statistics.mean(gen_ms)
+        rows.append({"k": k, "engine_ms": e, "generate_ms": g, "speedup": g / e,
+                     "identical_rate": same / len(prompts), "users": len(prompts)})
+        print(f"K={k}: engine {e:.1f} ms, generate {g:.1f} ms, x{g / e:.2f}, identical {same}/{len(prompts)}")
+    payload = {"bench": "decode", "bundle": str(ctx.bundle_dir), "dtype": args.dtype, "split": args.split,
+               "machine": machine(), "rows": rows}
+    print(markdown_table(rows, [("k", "K"), ("engine_ms", "engine ms/req"), ("generate_ms", "generate ms/req"),
+                                ("speedup", "speedup"), ("identical_rate", "identical"), ("users", "users")]))
+    write_json(args.json_path, payload)
+    return payload
