@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from recsvc.engine.attention import use_tree_attention
 from recsvc.engine.forward import code_logprobs
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.topk import select_topk
@@ -61,6 +62,7 @@ def node_logprobs(model: PreTrainedModel, cache: TreeCache, nodes: torch.Tensor)
 class BeamSearch:
     def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int) -> None:
         self.model, self.trie, self.code_offset = model, trie, code_offset
+        use_tree_attention(model)
 
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None) -> BeamOutput:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from recsvc.engine.attention import TreeGroups
+
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     return DynamicCache(config=model.config)
@@ -30,6 +32,7 @@ def tree_forward(
     input_ids: torch.Tensor,  # [B, q] token ids (padding: any valid id, masked)
     position_ids: torch.Tensor,  # [B, q] rotary positions (prompt length + depth for tree tokens)
     attend: torch.Tensor,  # [B, q, S_past + q] bool: True where the new token may attend the slot
+    tree: TreeGroups | None = None,  # exact per-token key sets (models switched to tree attention)
 ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
     s_past = cache_length(cache)
     b, q = input_ids.shape
@@ -44,6 +47,7 @@ def tree_forward(
         position_ids=position_ids,
         past_key_values=cache,
         use_cache=True,
+        tree=tree,
     )
     return out.last_hidden_state
 

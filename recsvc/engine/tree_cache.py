@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from recsvc.engine.attention import TREE_ATTENTION, TreeGroups
 from recsvc.engine.forward import new_cache, tree_forward
 from recsvc.engine.prompts import PromptBatch
 from tokenizer_rqvae.trie import CatalogTrie
@@ -118,7 +119,10 @@ class TreeCache:
             attend = torch.cat([attend_prompt, attend_nodes], 1)
         else:
             attend = attend_nodes
-        hidden = tree_forward(self.model, self.cache, ids, positions, attend)  # [B, t + q, H]
+        groups = None
+        if getattr(self.model.config, "_attn_implementation", None) == TREE_ATTENTION:
+            groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t)
+        hidden = tree_forward(self.model, self.cache, ids, positions, attend, groups)  # [B, t + q, H]
         self.calls += 1
         self.tokens_fed += t + q
         if first:
@@ -127,6 +131,21 @@ class TreeCache:
         filler = torch.full((b, t), -1, device=dev, dtype=torch.long)
         self.node_of_slot = torch.cat([self.node_of_slot, filler, torch.where(valid, nodes, -1)], 1)
         self.hidden = torch.cat([self.hidden, hidden], 1)
+
+    @staticmethod
+    def _groups(prompt_slot: torch.Tensor, anc_slots: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
+                t: int) -> TreeGroups:
+        """Exact key sets: node i of row b at depth d attends [b's prompt slots, anc_slots[b, i, :d]].
+
+        prompt_slot [B, S_past + t], anc_slots [B, q, L], valid / depth [B, q]."""
+        groups = []
+        for row in range(valid.shape[0]):
+            prompt_keys = torch.nonzero(prompt_slot[row]).reshape(-1)  # [T_b] in order
+            for d in torch.unique(depth[row][valid[row]]).tolist():
+                sel = torch.nonzero(valid[row] & (depth[row] == d)).reshape(-1)  # [g]
+                keys = torch.cat([prompt_keys[None].expand(len(sel), -1), anc_slots[row, sel, :d]], 1)
+                groups.append((row, t + sel, keys))
+        return TreeGroups(prompt_queries=t, prompt_keys=int(prompt_slot.shape[1]) if t else 0, groups=groups)
 
     def compact(self, keep_nodes: torch.Tensor) -> None:
         """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included);

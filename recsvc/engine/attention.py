@@ -1,0 +1,71 @@
+"""Tree attention with exact numerics: every generated token attends exactly its own keys, in order.
+
+A token of depth d in request b attends ``[prompt slots of b, its ancestors' slots (depth order), itself]``:
+the very keys, in the very order, that a beam of transformers' ``generate`` holds in its own cache row. The
+engine gathers those keys per token and runs SDPA on them with no mask, grouping tokens of one (request,
+depth) into one call (they share the key count). Consequences, checked by the tests and the benchmarks:
+- a node's hidden state does not depend on what else is in the forward (the other beams, a draft tree of any
+  shape, the prompt of the first round), so strict speculative decoding reproduces plain beam search and the
+  engine reproduces ``generate`` bit for bit in bf16 (bf16 linear layers on CPU are row-independent);
+- the prompt's own queries (first call only) use ordinary masked SDPA over the prompt slots.
+Without a ``tree`` argument the function is transformers' SDPA, so training and ``generate`` are unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+TREE_ATTENTION = "recsvc_tree"
+
+
+@dataclass(frozen=True)
+class TreeGroups:
+    """How the queries of one forward attend (shared by all layers).
+
+    prompt_queries: the first ``prompt_queries`` queries are prompt tokens (masked SDPA over ``prompt_keys``
+    slots); groups: (row, query indices [g], key slots [g, S]) for tree tokens with S keys each."""
+
+    prompt_queries: int
+    prompt_keys: int
+    groups: list[tuple[int, torch.Tensor, torch.Tensor]]
+
+
+def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                   tree: TreeGroups | None = None, **kwargs):
+    """query [B, h, q, d], key/value [B, h_kv, S, d] -> ([B, q, h, d], None), like sdpa_attention_forward."""
+    if tree is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    b, h, q, d = query.shape
+    out = query.new_zeros(b, q, h, d)
+    p, pk = tree.prompt_queries, tree.prompt_keys
+    if p:
+        mask = attention_mask[:, :, :p, :pk] if attention_mask is not None else None
+        o, _ = sdpa_attention_forward(module, query[:, :, :p], key[:, :, :pk], value[:, :, :pk], mask,
+                                      dropout=0.0, scaling=scaling)
+        out[:, :p] = o
+    for row, qidx, slots in tree.groups:
+        qg = query[row][:, qidx].transpose(0, 1)[:, :, None]  # [g, h, 1, d]
+        kg = key[row][:, slots].transpose(0, 1)  # [g, h_kv, S, d]
+        vg = value[row][:, slots].transpose(0, 1)
+        o, _ = sdpa_attention_forward(module, qg, kg, vg, None, dropout=0.0, scaling=scaling)  # [g, 1, h, d]
+        out[row, qidx] = o[:, 0]
+    return out, None
+
+
+AttentionInterface.register(TREE_ATTENTION, tree_attention)
+AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
+
+
+def use_tree_attention(model) -> None:
+    """Switch a loaded model to tree attention (SDPA whenever no tree is given: training, generate)."""
+    model.config._attn_implementation = TREE_ATTENTION
+    for sub in model.modules():
+        cfg = getattr(sub, "config", None)
+        if cfg is not None and getattr(cfg, "_attn_implementation", None) not in (None, TREE_ATTENTION):
+            cfg._attn_implementation = TREE_ATTENTION
