@@ -1,0 +1,45 @@
+"""Structured logs: one JSON object per line (``ts``, ``level``, ``logger``, ``event`` and event fields)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+# A library does not print by default: without configure_json_logging() records go nowhere (no lastResort).
+logging.getLogger("recsvc.service").addHandler(logging.NullHandler())
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as a single JSON line; fields passed via ``extra={"fields": {...}}`` are merged."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """Logs ``event`` with structured ``fields`` (cheap when the level is disabled)."""
+    if logger.isEnabledFor(level):
+        logger.log(level, event, extra={"fields": fields})
+
+
+def configure_json_logging(level: str | int = "INFO", stream=None) -> None:
+    """Routes the ``recsvc`` loggers to JSON lines on stderr (idempotent)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("recsvc")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False

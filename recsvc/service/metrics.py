@@ -1,0 +1,66 @@
+"""Prometheus metrics of one server instance (own registry, exported on a separate HTTP port)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from recsvc.errors import UserError
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class ServiceMetrics:
+    """Request latency by method, requests/errors by code, batch sizes, engine work counters."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.latency = Histogram(
+            "recsvc_request_latency_seconds",
+            "Server-side latency per RPC",
+            ["method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "recsvc_requests", "RPCs by method and status code", ["method", "code"], registry=r
+        )
+        self.errors = Counter(
+            "recsvc_errors", "Failed RPCs by method and status code", ["method", "code"], registry=r
+        )
+        self.batch_size = Histogram(
+            "recsvc_batch_size", "Queries per engine call", buckets=_BATCH_BUCKETS, registry=r
+        )
+        self.engine_seconds = Histogram(
+            "recsvc_engine_call_seconds", "Duration of one engine call", buckets=_LATENCY_BUCKETS, registry=r
+        )
+        self.target_calls = Counter("recsvc_target_forward_calls", "Target model forward calls", registry=r)
+        self.draft_calls = Counter("recsvc_draft_forward_calls", "Drafter forward calls", registry=r)
+        self.accepted_steps = Counter("recsvc_accepted_steps", "Accepted speculative draft steps", registry=r)
+        self.fallbacks = Counter(
+            "recsvc_fallbacks", "Requests answered by a fallback", ["reason"], registry=r
+        )
+        self.expired = Counter(
+            "recsvc_expired_in_queue", "Queries dropped: deadline passed in queue", registry=r
+        )
+        self.queue_depth = Gauge("recsvc_queue_depth", "Queries waiting for the engine", registry=r)
+        self.store_errors = Counter(
+            "recsvc_history_store_errors", "History store failures", ["operation"], registry=r
+        )
+        self._http = None
+
+    def serve_http(self, port: int, host: str = "127.0.0.1") -> int:
+        """Starts /metrics in a daemon thread; returns the bound port (``port=0`` picks a free one)."""
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise UserError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from exc
+        self._http = server
+        return int(server.server_port)
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None

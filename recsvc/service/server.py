@@ -1,0 +1,230 @@
+"""The gRPC server: recommender + history store + batcher + health + reflection + metrics, with a clean drain.
+
+Start one from Python with :func:`serve` (any object implementing :class:`recsvc.engine.api.Recommender`)::
+
+    server = serve(recommender, store=None, config=ServerConfig(port=0))  # started; server.port is bound
+    ...
+    server.stop(grace_s=5.0)  # stop accepting, finish in-flight RPCs, release everything
+
+``recsvc serve`` (``recsvc/service/cli.py``) wraps the same object and drains on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from recsvc.engine.api import MODES, Mode, Recommender, RecQuery
+from recsvc.errors import UserError
+
+from .batcher import Batcher
+from .logs import log_event
+from .metrics import ServiceMetrics
+from .security import ApiKeyInterceptor, server_credentials
+from .servicer import SERVICE_NAME, RecommenderServicer
+from .stores import HistoryStore, InMemoryHistoryStore
+from .validation import Limits
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerConfig:
+    """Everything ``recsvc serve`` can set; the defaults suit tests (localhost, free port, no TLS/key)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 -> a free port (see RecServer.port)
+    max_batch: int = 16
+    max_wait_ms: float = 5.0
+    max_queue: int = 1024  # queries waiting for the engine before RESOURCE_EXHAUSTED
+    default_mode: Mode = "strict"
+    limits: Limits = field(default_factory=Limits)
+    max_message_bytes: int = 1 << 20
+    api_key: str | None = None
+    tls_cert: str | Path | None = None
+    tls_key: str | Path | None = None
+    metrics_port: int | None = None  # None -> no metrics endpoint; 0 -> a free port
+    metrics_host: str = "127.0.0.1"
+    workers: int = 64  # handler threads (each waiting RPC holds one)
+    request_timeout_s: float = 30.0  # longest wait for the engine when the client set no deadline
+    warmup: bool = True
+    reflection: bool = True
+
+    def check(self) -> None:
+        if self.default_mode not in MODES:
+            raise UserError(f"default mode must be one of {', '.join(MODES)} (got {self.default_mode!r})")
+        if self.max_batch < 1 or self.max_wait_ms < 0 or self.max_queue < 1 or self.workers < 1:
+            raise UserError("max batch, max queue and workers must be >= 1 and max wait >= 0")
+        if self.limits.max_k < 1 or self.limits.max_history < 1:
+            raise UserError("max k and max history must be >= 1")
+        if self.max_message_bytes < 1024:
+            raise UserError(f"max message bytes must be >= 1024 (got {self.max_message_bytes})")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise UserError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
+
+
+class RecServer:
+    """One running service instance. Not restartable: build a new one after :meth:`stop`."""
+
+    def __init__(
+        self, recommender: Recommender, store: HistoryStore | None = None, config: ServerConfig | None = None
+    ) -> None:
+        self.config = config or ServerConfig()
+        self.config.check()
+        self.recommender = recommender
+        self._owns_store = store is None
+        self.store = (
+            store if store is not None else InMemoryHistoryStore(max_len=self.config.limits.max_history)
+        )
+        self.metrics = ServiceMetrics()
+        self.health = health.HealthServicer(experimental_non_blocking=True)
+        self.batcher: Batcher | None = None
+        self._server: grpc.Server | None = None
+        self.port: int = 0
+        self.metrics_port: int | None = None
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        """``host:port`` to dial (valid after :meth:`start`)."""
+        return f"{self.config.host}:{self.port}"
+
+    def start(self) -> RecServer:
+        if self._server is not None:
+            raise RuntimeError("server already started")
+        if self.config.warmup:
+            self._warm_up()
+        try:
+            self._start_serving()
+        except BaseException:
+            if self.batcher is not None:
+                self.batcher.close(timeout_s=1.0)
+            self.metrics.close()
+            raise
+        return self
+
+    def _start_serving(self) -> None:
+        cfg = self.config
+        self.batcher = Batcher(
+            self.recommender.recommend,
+            max_batch=cfg.max_batch,
+            max_wait_s=cfg.max_wait_ms / 1000.0,
+            max_queue=cfg.max_queue,
+            metrics=self.metrics,
+        )
+        servicer = RecommenderServicer(
+            self.recommender,
+            self.store,
+            self.batcher,
+            limits=cfg.limits,
+            default_mode=cfg.default_mode,
+            metrics=self.metrics,
+            request_timeout_s=cfg.request_timeout_s,
+        )
+        interceptors = [ApiKeyInterceptor(cfg.api_key, metrics=self.metrics)] if cfg.api_key else []
+        options = [
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.max_message_bytes),
+            ("grpc.so_reuseport", 0),  # a busy port is an error, not a silent second listener
+        ]
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="recsvc-rpc"),
+            interceptors=interceptors,
+            options=options,
+            maximum_concurrent_rpcs=cfg.max_queue + cfg.workers,
+        )
+        server.add_generic_rpc_handlers([servicer.generic_handler()])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        if cfg.reflection:
+            names = (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            )
+            reflection.enable_server_reflection(names, server)
+        self.port = self._bind(server)
+        if cfg.metrics_port is not None:
+            self.metrics_port = self.metrics.serve_http(cfg.metrics_port, cfg.metrics_host)
+        server.start()
+        self._server = server
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log_event(
+            log,
+            "serving",
+            address=self.address,
+            tls=bool(cfg.tls_cert),
+            api_key=bool(cfg.api_key),
+            metrics_port=self.metrics_port,
+            max_batch=cfg.max_batch,
+            max_wait_ms=cfg.max_wait_ms,
+            default_mode=cfg.default_mode,
+            store=type(self.store).__name__,
+        )
+
+    def _bind(self, server: grpc.Server) -> int:
+        cfg = self.config
+        address = f"{cfg.host}:{cfg.port}"
+        try:
+            if cfg.tls_cert:
+                return server.add_secure_port(address, server_credentials(cfg.tls_cert, cfg.tls_key))
+            return server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise UserError(f"cannot listen on {address}: {exc}") from exc
+
+    def _warm_up(self) -> None:
+        """One engine call per mode before serving, so the first user request does not pay for lazy init."""
+        seed_items = list(self.recommender.popular_items(2))
+        if not seed_items:
+            raise UserError("the recommender has an empty catalog")
+        k = min(10, self.recommender.max_k, self.config.limits.max_k)
+        modes = dict.fromkeys((self.config.default_mode, "plain"))
+        queries = [RecQuery(history=tuple(seed_items), k=k, mode=mode) for mode in modes]
+        results = self.recommender.recommend(queries)
+        if len(results) != len(queries):
+            raise RuntimeError(
+                f"warm-up: the engine returned {len(results)} results for {len(queries)} queries"
+            )
+        log_event(log, "warmed_up", modes=list(modes))
+
+    def stop(self, grace_s: float | None = 5.0) -> None:
+        """Drains: NOT_SERVING, refuse new RPCs, let in-flight ones finish for ``grace_s``, then release."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            self.health.enter_graceful_shutdown()
+            log_event(log, "draining", grace_s=grace_s)
+            if self._server is not None:
+                self._server.stop(grace_s).wait()
+            if self.batcher is not None:
+                self.batcher.close(timeout_s=grace_s)
+            self.metrics.close()
+            if self._owns_store:
+                self.store.close()
+            self._stopped.set()
+            log_event(log, "stopped")
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Blocks until :meth:`stop` has finished; returns whether it has."""
+        return self._stopped.wait(timeout_s)
+
+    def __enter__(self) -> RecServer:
+        return self.start() if self._server is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop(grace_s=1.0)
+
+
+def serve(
+    recommender: Recommender, store: HistoryStore | None = None, config: ServerConfig | None = None
+) -> RecServer:
+    """Builds and starts a server (``store=None`` -> a fresh in-memory store owned by the server)."""
+    return RecServer(recommender, store, config).start()

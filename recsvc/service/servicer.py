@@ -1,0 +1,244 @@
+"""The ``recsvc.v1.Recommender`` RPC handlers: validation, history lookup, batching, status mapping.
+
+Status codes: user mistakes -> INVALID_ARGUMENT (never INTERNAL), history store down -> UNAVAILABLE
+("history store unavailable: ..."), deadline passed while queued -> DEADLINE_EXCEEDED (not computed), queue
+full -> RESOURCE_EXHAUSTED, shutting down -> UNAVAILABLE, a mode the engine does not implement ->
+UNIMPLEMENTED. Anything unexpected is logged with its traceback and answered INTERNAL "internal error"
+without details; handlers never raise into gRPC.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from recsvc.engine.api import Mode, Recommender, RecQuery, RecResult
+from recsvc.errors import UserError
+
+from .batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
+from .gen import recommender_pb2 as pb
+from .logs import log_event
+from .metrics import ServiceMetrics
+from .stores import HistoryStore, HistoryStoreUnavailable
+from .validation import MODE_TO_WIRE, Limits, check_user_id, validate_recommend, validate_record
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Recommender"].full_name  # "recsvc.v1.Recommender"
+NO_HISTORY_REASON = "no_history: popular items"
+_LOG_LEVEL = {grpc.StatusCode.INVALID_ARGUMENT: logging.INFO, grpc.StatusCode.INTERNAL: logging.ERROR}
+_NO_DEADLINE = 1e8  # grpc reports a huge time_remaining() when the client set no deadline
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    """What the deserializer returns for bytes that are not a valid message (answered INVALID_ARGUMENT)."""
+
+    error: str
+
+
+def _lenient(message_type: type[Message]) -> Callable[[bytes], Message | _Malformed]:
+    def parse(data: bytes) -> Message | _Malformed:
+        try:
+            return message_type.FromString(data)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return _Malformed(str(exc) or type(exc).__name__)
+
+    return parse
+
+
+class RecommenderServicer:
+    """Serves Recommend / RecordInteractions / GetHistory on top of a recommender, a store and a batcher."""
+
+    def __init__(
+        self,
+        recommender: Recommender,
+        store: HistoryStore,
+        batcher: Batcher,
+        *,
+        limits: Limits,
+        default_mode: Mode,
+        metrics: ServiceMetrics,
+        request_timeout_s: float = 30.0,
+    ) -> None:
+        self.recommender = recommender
+        self.store = store
+        self.batcher = batcher
+        self.limits = limits
+        self.default_mode = default_mode
+        self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        """Method handlers with lenient deserializers (malformed bytes -> INVALID_ARGUMENT, not INTERNAL)."""
+
+        def unary(
+            fn: Callable, request_type: type[Message], response_type: type[Message]
+        ) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=_lenient(request_type),
+                response_serializer=response_type.SerializeToString,
+            )
+
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Recommend": unary(self.Recommend, pb.RecommendRequest, pb.RecommendResponse),
+                "RecordInteractions": unary(
+                    self.RecordInteractions, pb.RecordInteractionsRequest, pb.RecordInteractionsResponse
+                ),
+                "GetHistory": unary(self.GetHistory, pb.GetHistoryRequest, pb.GetHistoryResponse),
+            },
+        )
+
+    # --- RPCs -------------------------------------------------------------------------------------------
+
+    def Recommend(self, request: Any, context: grpc.ServicerContext) -> pb.RecommendResponse:  # noqa: N802
+        return self._serve("Recommend", request, context, self._recommend, pb.RecommendResponse)
+
+    def RecordInteractions(
+        self, request: Any, context: grpc.ServicerContext
+    ) -> pb.RecordInteractionsResponse:  # noqa: N802
+        return self._serve(
+            "RecordInteractions", request, context, self._record, pb.RecordInteractionsResponse
+        )
+
+    def GetHistory(self, request: Any, context: grpc.ServicerContext) -> pb.GetHistoryResponse:  # noqa: N802
+        return self._serve("GetHistory", request, context, self._get_history, pb.GetHistoryResponse)
+
+    # --- implementations ----------------------------------------------------------------------------------
+
+    def _recommend(
+        self, request: pb.RecommendRequest, context: grpc.ServicerContext, fields: dict
+    ) -> Message:
+        started = time.perf_counter()
+        args = validate_recommend(request, self.recommender, self.limits, self.default_mode)
+        if args.inline_history:
+            history, fields["history"] = list(args.inline_history), "inline"
+        else:
+            history, fields["history"] = self._stored_history(args.user_id), "stored"
+        exclude = set(args.exclude)
+        if args.exclude_history:
+            exclude.update(history)
+        response = pb.RecommendResponse()
+        response.stats.mode = MODE_TO_WIRE[args.mode]
+        if not history:
+            items = self.recommender.popular_items(args.k, sorted(exclude))
+            result = RecResult(item_ids=list(items), scores=[0.0] * len(items))
+            response.fallback_reason = NO_HISTORY_REASON
+            self.metrics.fallbacks.labels("no_history").inc()
+            batch_size = 0
+        else:
+            query = RecQuery(
+                history=tuple(history),
+                k=args.k,
+                mode=args.mode,
+                exclude=tuple(sorted(exclude)),
+                temperature=args.temperature,
+                seed=args.seed,
+            )
+            outcome = self._compute(query, context)
+            result, batch_size = outcome.result, outcome.batch_size
+        for item_id, score in zip(result.item_ids, result.scores, strict=True):
+            response.items.add(
+                item_id=item_id, score=score, semantic_id=self.recommender.semantic_id(item_id)
+            )
+        stats = result.stats
+        response.stats.target_forward_calls = stats.target_calls
+        response.stats.draft_forward_calls = stats.draft_calls
+        response.stats.accepted_steps = stats.accepted_steps
+        response.stats.batch_size = batch_size
+        response.stats.server_ms = (time.perf_counter() - started) * 1000.0
+        self.metrics.target_calls.inc(stats.target_calls)
+        self.metrics.draft_calls.inc(stats.draft_calls)
+        self.metrics.accepted_steps.inc(stats.accepted_steps)
+        fields.update(mode=args.mode, k=args.k, items=len(result.item_ids), batch_size=batch_size)
+        return response
+
+    def _record(
+        self, request: pb.RecordInteractionsRequest, context: grpc.ServicerContext, fields: dict
+    ) -> Message:
+        user_id, items = validate_record(request, self.recommender, self.limits)
+        length = self._store_call("append", lambda: self.store.append(user_id, items))
+        fields.update(items=len(items), history_length=length)
+        return pb.RecordInteractionsResponse(history_length=length)
+
+    def _get_history(
+        self, request: pb.GetHistoryRequest, context: grpc.ServicerContext, fields: dict
+    ) -> Message:
+        user_id = check_user_id(request.user_id, self.limits)
+        items = self._store_call("get", lambda: self.store.get(user_id))
+        fields["items"] = len(items)
+        return pb.GetHistoryResponse(item_ids=items)
+
+    def _stored_history(self, user_id: str) -> list[int]:
+        """The newest ``max_history`` stored items still in the catalog (a new bundle may drop items)."""
+        items = self._store_call("get", lambda: self.store.get(user_id))
+        return [item for item in items if self.recommender.known_item(item)][-self.limits.max_history :]
+
+    def _store_call(self, operation: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except HistoryStoreUnavailable:
+            self.metrics.store_errors.labels(operation).inc()
+            raise
+
+    def _compute(self, query: RecQuery, context: grpc.ServicerContext):
+        remaining = context.time_remaining()
+        has_deadline = remaining is not None and remaining < _NO_DEADLINE
+        wait_s = remaining if has_deadline else self.request_timeout_s
+        deadline = time.monotonic() + wait_s
+        future = self.batcher.submit(query, deadline)
+        context.add_callback(future.cancel)  # client gone -> the batcher skips the query
+        try:
+            return future.result(timeout=max(wait_s, 0.0))
+        except FutureTimeout:
+            future.cancel()
+            raise DeadlineExpired("deadline exceeded while the query was being computed") from None
+
+    # --- status mapping -------------------------------------------------------------------------------------
+
+    def _serve(self, method: str, request: Any, context: grpc.ServicerContext, fn: Callable, response_type):
+        started = time.perf_counter()
+        fields: dict[str, Any] = {}
+        code, message = grpc.StatusCode.OK, ""
+        try:
+            if isinstance(request, _Malformed):
+                raise UserError(f"malformed {method} request: {request.error}")
+            response = fn(request, context, fields)
+        except UserError as exc:
+            code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except HistoryStoreUnavailable as exc:
+            code, message = grpc.StatusCode.UNAVAILABLE, f"history store unavailable: {exc}"
+        except DeadlineExpired as exc:
+            code, message = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
+        except Overloaded as exc:
+            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+        except BatcherClosed as exc:
+            code, message = grpc.StatusCode.UNAVAILABLE, str(exc)
+        except NotImplementedError as exc:  # e.g. a decoding mode this engine build does not offer
+            code, message = grpc.StatusCode.UNIMPLEMENTED, f"not supported by this engine: {exc}"
+        except Exception:
+            log.exception("unexpected error in %s", method)
+            code, message = grpc.StatusCode.INTERNAL, "internal error"
+        elapsed = time.perf_counter() - started
+        self.metrics.latency.labels(method).observe(elapsed)
+        self.metrics.requests.labels(method, code.name).inc()
+        level = logging.INFO
+        if code != grpc.StatusCode.OK:
+            self.metrics.errors.labels(method, code.name).inc()
+            fields["error"] = message
+            level = _LOG_LEVEL.get(code, logging.WARNING)
+        log_event(log, "rpc", level, method=method, code=code.name, ms=round(elapsed * 1000.0, 3), **fields)
+        if code != grpc.StatusCode.OK:
+            context.set_code(code)
+            context.set_details(message)
+            return response_type()
+        return response

@@ -1,0 +1,142 @@
+"""Request validation: turns wire messages into checked values or raises :class:`InvalidRequest`.
+
+Every message names the field, the limit and the offending value, so INVALID_ARGUMENT answers are actionable.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from recsvc.engine.api import MODES, Mode, Recommender
+from recsvc.errors import UserError
+
+from .gen import recommender_pb2 as pb
+
+DEFAULT_K = 10
+DEFAULT_TEMPERATURE = 1.0
+_SHOWN_UNKNOWN = 5  # unknown item ids named in a message
+
+MODE_FROM_WIRE: dict[int, Mode] = {
+    pb.STRICT_SPECULATIVE: "strict",
+    pb.RELAXED_SPECULATIVE: "relaxed",
+    pb.PLAIN: "plain",
+}
+MODE_TO_WIRE: dict[Mode, int] = {mode: wire for wire, mode in MODE_FROM_WIRE.items()}
+
+
+class InvalidRequest(UserError):
+    """A request the client must fix; maps to INVALID_ARGUMENT."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Server-side request limits (the effective ``max_k`` is also capped by the engine's)."""
+
+    max_k: int = 50
+    max_history: int = 200
+    max_exclude: int = 1000
+    max_user_id_chars: int = 128
+    max_record_items: int = 200
+
+
+@dataclass(frozen=True)
+class RecommendArgs:
+    """A validated ``RecommendRequest``."""
+
+    user_id: str
+    inline_history: tuple[int, ...]  # empty -> use the stored history
+    k: int
+    mode: Mode
+    exclude: frozenset[int]
+    exclude_history: bool
+    temperature: float
+    seed: int | None
+
+
+def check_user_id(user_id: str, limits: Limits) -> str:
+    if not user_id:
+        raise InvalidRequest("user_id is empty")
+    if len(user_id) > limits.max_user_id_chars:
+        raise InvalidRequest(
+            f"user_id has {len(user_id)} characters; the limit is {limits.max_user_id_chars}"
+        )
+    if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in user_id):
+        raise InvalidRequest("user_id contains control characters")
+    return user_id
+
+
+def check_items(field: str, items: Sequence[int], recommender: Recommender, limit: int) -> tuple[int, ...]:
+    """All ids known to the catalog and at most ``limit`` of them."""
+    if len(items) > limit:
+        raise InvalidRequest(f"{field} has {len(items)} items; the limit is {limit}")
+    unknown = [item for item in items if item <= 0 or not recommender.known_item(item)]
+    if unknown:
+        shown = ", ".join(str(item) for item in unknown[:_SHOWN_UNKNOWN])
+        more = f" and {len(unknown) - _SHOWN_UNKNOWN} more" if len(unknown) > _SHOWN_UNKNOWN else ""
+        raise InvalidRequest(f"unknown item ids in {field}: {shown}{more}")
+    return tuple(int(item) for item in items)
+
+
+def resolve_mode(wire_mode: int, default: Mode) -> Mode:
+    if wire_mode == pb.UNSPECIFIED:
+        return default
+    mode = MODE_FROM_WIRE.get(wire_mode)
+    if mode is None:
+        names = ", ".join(pb.DecodingMode.keys())
+        raise InvalidRequest(f"unknown mode {wire_mode} (expected one of {names})")
+    return mode
+
+
+def check_k(request: pb.RecommendRequest, max_k: int) -> int:
+    if not request.HasField("k"):
+        return min(DEFAULT_K, max_k)
+    if not 1 <= request.k <= max_k:
+        raise InvalidRequest(f"k must be between 1 and {max_k} (got {request.k})")
+    return int(request.k)
+
+
+def check_temperature(request: pb.RecommendRequest) -> float:
+    if not request.HasField("temperature"):
+        return DEFAULT_TEMPERATURE
+    value = float(request.temperature)
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidRequest(f"temperature must be a finite number > 0 (got {value})")
+    return value
+
+
+def validate_recommend(
+    request: pb.RecommendRequest, recommender: Recommender, limits: Limits, default_mode: Mode
+) -> RecommendArgs:
+    if default_mode not in MODES:
+        raise ValueError(f"default mode {default_mode!r} is not one of {MODES}")
+    user_id = check_user_id(request.user_id, limits)
+    mode = resolve_mode(request.mode, default_mode)
+    k = check_k(request, min(limits.max_k, recommender.max_k))
+    temperature = check_temperature(request)
+    history = check_items("history", request.history, recommender, limits.max_history)
+    if len(request.exclude_items) > limits.max_exclude:
+        raise InvalidRequest(
+            f"exclude_items has {len(request.exclude_items)} items; the limit is {limits.max_exclude}"
+        )
+    return RecommendArgs(
+        user_id=user_id,
+        inline_history=history,
+        k=k,
+        mode=mode,
+        exclude=frozenset(int(item) for item in request.exclude_items),  # unknown ids are harmless here
+        exclude_history=request.exclude_history,
+        temperature=temperature,
+        seed=int(request.seed) if request.HasField("seed") else None,
+    )
+
+
+def validate_record(
+    request: pb.RecordInteractionsRequest, recommender: Recommender, limits: Limits
+) -> tuple[str, tuple[int, ...]]:
+    user_id = check_user_id(request.user_id, limits)
+    if not request.item_ids:
+        raise InvalidRequest("item_ids is empty")
+    return user_id, check_items("item_ids", request.item_ids, recommender, limits.max_record_items)

@@ -1,0 +1,69 @@
+"""Shared fixtures: private redis-server processes and in-process recommendation servers."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+
+import pytest
+
+REDIS_MISSING = "redis-server is not installed (apt-get install -y redis-server, or `make redis`)"
+
+
+def _redis_process(tmp_path, persistent: bool):
+    if shutil.which("redis-server") is None:
+        pytest.skip(REDIS_MISSING)
+    from recsvc.service.stores.redis_spawn import RedisProcess
+
+    data_dir = tmp_path / ("redis-aof" if persistent else "redis")
+    data_dir.mkdir()
+    return RedisProcess(persistent=persistent, data_dir=data_dir)
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator:
+    """A private ``redis-server --port <free> --save "" --appendonly no`` on 127.0.0.1.
+
+    The fixture value is a RedisProcess (``.url``, ``.stop()``, ``.start()``); skipped without redis-server.
+    """
+    proc = _redis_process(tmp_path, persistent=False)
+    proc.start()
+    yield proc
+    proc.close()
+
+
+@pytest.fixture
+def persistent_redis_server(tmp_path) -> Iterator:
+    """Like ``redis_server`` but with an fsync-always append-only file, so data survives ``.restart()``."""
+    proc = _redis_process(tmp_path, persistent=True)
+    proc.start()
+    yield proc
+    proc.close()
+
+
+@pytest.fixture
+def catalog():
+    """A popularity recommender over items 1..2000 (item i has count 3000 - i), with semantic ids."""
+    from recsvc.service.popularity import PopularityRecommender
+
+    counts = {item: 3000 - item for item in range(1, 2001)}
+    semantic_ids = {item: [f"<a_{item % 256}>", f"<b_{item // 256}>", "<c_0>", "<d_0>"] for item in counts}
+    return PopularityRecommender(counts, max_k=50, max_history=200, semantic_ids=semantic_ids)
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable]:
+    """``make_server(recommender, store=None, **config_fields)`` -> a started RecServer (stopped after)."""
+    from recsvc.service.server import RecServer, ServerConfig
+
+    servers = []
+
+    def factory(recommender, store=None, **config):
+        config.setdefault("max_wait_ms", 2.0)
+        server = RecServer(recommender, store, ServerConfig(**config)).start()
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        server.stop(grace_s=0.5)
