@@ -89,3 +89,34 @@ def test_fewer_items_than_k_returns_what_exists() -> None:
 def test_select_topk_table(cand, k, scores, index) -> None:
     s, i = select_topk(torch.tensor(cand), k)
     assert s.tolist() == scores and i.tolist() == index
+
+
+def test_bf16_engine_is_bit_identical_to_generate() -> None:
+    """Exact tree attention + generate's selection: same items, same order, same scores, in bf16."""
+    ids = random_catalog(3000, L, 64, seed=2)
+    trie = CatalogTrie(ids)
+    model = tiny_llama(L, 64, seed=2, hidden=64, init=0.2, dtype=torch.bfloat16)
+    prompts = random_prompts(6, seed=2, min_len=5, max_len=40)
+    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), 10)
+    got = engine_codes(trie, out.leaves)
+    for row, prompt in enumerate(prompts):
+        ref_codes, ref_scores = generate_reference(model, trie, prompt, 10)
+        assert got[row] == ref_codes
+        assert out.scores[row].tolist() == ref_scores
+
+
+@pytest.mark.parametrize("tie_break", ["index", "generate"])
+def test_tie_breaks_on_exact_ties(tie_break: str) -> None:
+    """A model whose code logits are all equal: every candidate ties; the documented rule decides."""
+    ids = random_catalog(60, L, 8, seed=4)
+    trie = CatalogTrie(ids)
+    model = tiny_llama(L, 8, seed=4)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()  # all logits 0: all allowed codes tie at every step
+    engine = BeamSearch(model, trie, TEXT_VOCAB, tie_break=tie_break)
+    out = engine.search(batch([[5, 6, 7]]), 4)
+    got = engine_codes(trie, out.leaves)[0]
+    if tie_break == "index":  # lower beam, then lower code: the lexicographically smallest ids
+        assert got == sorted(tuple(r) for r in ids.codes.tolist())[:4]
+    else:
+        assert got == generate_reference(model, trie, [5, 6, 7], 4)[0]

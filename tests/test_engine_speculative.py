@@ -19,9 +19,10 @@ SCORE_TOL = 1e-4  # scores of the tree forward vs step-by-step decoding differ o
 
 def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None):
     dead = trie.dead_nodes(excluded) if excluded else None
-    plain = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), k, dead)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    plain = engine.search(batch(prompts), k, dead)
     session = drafter.session(batch(prompts), [], dead)
-    spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, dead)
+    spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, dead, engine.select)
     assert torch.equal(spec.leaves, plain.leaves)  # same items, same order
     finite = torch.isfinite(plain.scores)
     assert torch.equal(torch.isfinite(spec.scores), finite)
@@ -82,3 +83,19 @@ def test_accepted_depth_table() -> None:
     assert accepted_depth(torch.tensor([[4, 7]]), drafted).tolist() == [True]  # both drafted
     assert accepted_depth(torch.tensor([[4, 8]]), drafted).tolist() == [False]  # 8 was not drafted
     assert accepted_depth(torch.tensor([[4, -1]]), drafted).tolist() == [True]  # dead beams need no draft
+
+
+def test_strict_is_bit_identical_in_bf16() -> None:
+    """Exact tree attention: a node's hidden state does not depend on the tree around it, so even in bf16 the
+    speculative result equals plain beam search bit for bit (items, order and scores)."""
+    trie = CatalogTrie(random_catalog(2000, L, 32, 6))
+    model = tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16)
+    drafter = LlamaDrafter(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16), trie, TEXT_VOCAB)
+    prompts = random_prompts(5, 6, min_len=3, max_len=40)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    for k, n, gamma in ((10, 10, 3), (20, 8, 2), (5, 12, 1)):
+        plain = engine.search(batch(prompts), k)
+        spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, drafter.session(batch(prompts), [], None),
+                                  n, gamma, None, engine.select)
+        assert torch.equal(spec.leaves, plain.leaves)
+        assert torch.equal(spec.scores, plain.scores)

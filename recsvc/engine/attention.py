@@ -7,7 +7,7 @@ depth) into one call (they share the key count). Consequences, checked by the te
 - a node's hidden state does not depend on what else is in the forward (the other beams, a draft tree of any
   shape, the prompt of the first round), so strict speculative decoding reproduces plain beam search and the
   engine reproduces ``generate`` bit for bit in bf16 (bf16 linear layers on CPU are row-independent);
-- the prompt's own queries (first call only) use ordinary masked SDPA over the prompt slots.
+- each prompt's own queries (first call only) run causal SDPA over that prompt alone, unpadded.
 Without a ``tree`` argument the function is transformers' SDPA, so training and ``generate`` are unchanged.
 """
 
@@ -27,11 +27,11 @@ TREE_ATTENTION = "recsvc_tree"
 class TreeGroups:
     """How the queries of one forward attend (shared by all layers).
 
-    prompt_queries: the first ``prompt_queries`` queries are prompt tokens (masked SDPA over ``prompt_keys``
-    slots); groups: (row, query indices [g], key slots [g, S]) for tree tokens with S keys each."""
+    prompt_lengths: the first call's prompts (row b's tokens are queries and keys 0..len-1, causal; padding
+    queries get zeros); empty on later calls. groups: (row, query indices [g], key slots [g, S]) for tree
+    tokens with S keys each."""
 
-    prompt_queries: int
-    prompt_keys: int
+    prompt_lengths: list[int]
     groups: list[tuple[int, torch.Tensor, torch.Tensor]]
 
 
@@ -43,12 +43,10 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
                                       **kwargs)
     b, h, q, d = query.shape
     out = query.new_zeros(b, q, h, d)
-    p, pk = tree.prompt_queries, tree.prompt_keys
-    if p:
-        mask = attention_mask[:, :, :p, :pk] if attention_mask is not None else None
-        o, _ = sdpa_attention_forward(module, query[:, :, :p], key[:, :, :pk], value[:, :, :pk], mask,
-                                      dropout=0.0, scaling=scaling)
-        out[:, :p] = o
+    for row, n in enumerate(tree.prompt_lengths):  # each prompt alone, causal, unpadded: as generate's prefill
+        o, _ = sdpa_attention_forward(module, query[row : row + 1, :, :n], key[row : row + 1, :, :n],
+                                      value[row : row + 1, :, :n], None, dropout=0.0, scaling=scaling)
+        out[row, :n] = o[0]
     for row, qidx, slots in tree.groups:
         qg = query[row][:, qidx].transpose(0, 1)[:, :, None]  # [g, h, 1, d]
         kg = key[row][:, slots].transpose(0, 1)  # [g, h_kv, S, d]

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 from recsvc.engine.attention import use_tree_attention
 from recsvc.engine.forward import code_logprobs
 from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.topk import select_topk
+from recsvc.engine.topk import GenerateSelector, IndexSelector, Selector
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -37,13 +37,15 @@ def expand_beams(
     logp: torch.Tensor,  # [B, k_in, C] next-code log-probs of each beam
     k: int,
     dead: torch.Tensor | None,  # [B, num_nodes] excluded prefixes
+    select: Selector | None = None,  # tie-break (default: lower index)
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One beam-search step: (nodes [B, k], scores [B, k], parent beam index [B, k])."""
     b, k_in, c = logp.shape
     rows = torch.arange(b, device=nodes.device)[:, None].expand(b, k_in).reshape(-1)
     mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
     cand = torch.where(mask.view(b, k_in, c), scores[..., None] + logp, float("-inf"))
-    new_scores, flat = select_topk(cand.view(b, k_in * c), k)
+    level = trie.depth[nodes.max(dim=1).values.clamp(min=0)]  # [B] a row's beams share one depth
+    new_scores, flat = (select or IndexSelector())(cand, k, level)
     new_nodes = child.view(b, k_in * c).gather(1, flat)
     new_nodes = torch.where(torch.isfinite(new_scores), new_nodes, torch.full_like(new_nodes, -1))
     return new_nodes, new_scores, flat // c
@@ -59,10 +61,22 @@ def node_logprobs(model: PreTrainedModel, cache: TreeCache, nodes: torch.Tensor)
     return flat.view(*nodes.shape, -1)
 
 
+def make_selector(model: PreTrainedModel, trie: CatalogTrie, code_offset: int, tie_break: str) -> Selector:
+    """"generate": transformers' exact selection (ties included); "index": lower beam, then lower code."""
+    if tie_break == "index":
+        return IndexSelector()
+    if tie_break != "generate":
+        raise ValueError(f"tie_break must be 'generate' or 'index', got {tie_break!r}")
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return GenerateSelector(vocab, code_offset, trie.codebook_size, trie.levels)
+
+
 class BeamSearch:
-    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int) -> None:
+    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int,
+                 tie_break: str = "generate") -> None:
         self.model, self.trie, self.code_offset = model, trie, code_offset
         use_tree_attention(model)
+        self.select = make_selector(model, trie, code_offset, tie_break)
 
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None) -> BeamOutput:
@@ -74,6 +88,6 @@ class BeamSearch:
         for _ in range(self.trie.levels):
             cache.feed(nodes)  # first step: the prompt prefill; then the K beams' last tokens
             logp = node_logprobs(self.model, cache, nodes)  # [B, K, C]
-            nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, k, dead)
+            nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, k, dead, self.select)
             beams.append(nodes)
         return BeamOutput(nodes, scores, cache.calls, beams)

@@ -120,7 +120,7 @@ class BundleRecommender:
             assert self.drafter is not None
             session = self.drafter.session(batch, [q.history for q in queries], dead)
             out = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
-                                     self.spec.beams_for(k), self.spec.gamma, dead)
+                                     self.spec.beams_for(k), self.spec.gamma, dead, self.engine.select)
             calls, accepted = out.target_calls.tolist(), out.accepted.tolist()
             leaves, scores, draft_calls = out.leaves, out.scores, out.draft_calls
         else:

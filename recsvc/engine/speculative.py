@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 from recsvc.drafters.base import DraftSession
 from recsvc.engine.beam_search import expand_beams, node_logprobs
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.topk import Selector
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -55,6 +56,7 @@ def speculative_search(
     draft_beams: int,  # N
     gamma: int,  # draft depths per round
     dead: torch.Tensor | None = None,  # [B, num_nodes]
+    select: Selector | None = None,  # the plain engine's tie-break (BeamSearch.select)
 ) -> SpecOutput:
     b, levels = len(prompts.lengths), trie.levels
     cache = TreeCache(target, trie, code_offset, prompts)
@@ -79,7 +81,7 @@ def speculative_search(
                 break
             live = torch.where(go[:, None], nodes, -1)  # finished rows take no step
             logp = node_logprobs(target, cache, live)  # [R, Kc, C]
-            new_nodes, new_scores, _ = expand_beams(trie, live, scores, logp, k, dead)
+            new_nodes, new_scores, _ = expand_beams(trie, live, scores, logp, k, dead, select)
             ok = go & (steps >= s)
             if s <= len(drafted):
                 ok &= accepted_depth(new_nodes, drafted[s - 1])

@@ -1,13 +1,22 @@
-"""Beam selection with a documented tie-break, shared by plain beam search and speculative verification.
+"""Beam selection, shared by plain beam search and speculative verification (so both break ties alike).
 
-Candidates are ordered by score (higher first); equal scores go to the lower flat index, i.e. the lower beam
-index, then the lower code. Both the plain engine and the speculative replay call this one function, so they
-break ties identically.
+Two tie-breaks, both documented and tested:
+- ``IndexSelector``: higher score first, equal scores to the lower flat index (lower beam, then lower code).
+- ``GenerateSelector`` (the engine's default): reproduces transformers' beam search selection exactly, ties
+  included: the candidates laid out as generate lays them out ([K beams x full vocabulary], the first step's
+  missing beams at -1e9), top-2K by ``torch.topk``, then top-K of those (the last step: generate's merge of
+  finished hypotheses). bf16 logits are coarse, so exact ties do occur; this makes the engine return what
+  ``generate`` returns even then. Cost: one [K, V] row per request per step.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+NEG = -1.0e9  # transformers' "very large negative" for unused beams
+INVALID = -1.0e8  # anything at or below this is a padding beam, not a real candidate
 
 
 def select_topk(cand: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,3 +31,45 @@ def select_topk(cand: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     scores, idx = torch.sort(cand, dim=1, descending=True, stable=True)
     scores, idx = scores[:, :k], idx[:, :k]
     return scores, torch.where(idx < n, idx, torch.zeros_like(idx))
+
+
+class IndexSelector:
+    def __call__(self, cand: torch.Tensor, k: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cand [B, k_in, C], level [B] (code level being chosen) -> (scores [B, k], flat index into k_in * C)."""
+        b, k_in, c = cand.shape
+        return select_topk(cand.reshape(b, k_in * c), k)
+
+
+@dataclass(frozen=True)
+class GenerateSelector:
+    vocab_size: int  # V: the LM head's rows
+    code_offset: int
+    codebook_size: int
+    levels: int
+
+    def __call__(self, cand: torch.Tensor, k: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, k_in, c = cand.shape
+        v, dev = self.vocab_size, cand.device
+        start = self.code_offset + level * c  # [B] first token id of the level's codes
+        full = torch.full((b, k, v), float("-inf"), dtype=cand.dtype, device=dev)  # generate's layout
+        cols = (start[:, None] + torch.arange(c, device=dev))[:, None, :]  # [B, 1, C]
+        if k_in < k:  # first step: generate's beams 1..K-1 hold the same prompt at score -1e9
+            cand = torch.cat([cand, (cand[:, :1] + NEG).expand(b, k - k_in, c)], 1)
+        full.scatter_(2, cols.expand(b, k, c), cand[:, :k])
+        top_v, top_i = torch.topk(full.view(b, k * v), 2 * k)  # [B, 2K]
+        # the last step merges with the (empty, -1e9) finished hypotheses, scores / length, as generate does
+        fin = top_v / float(self.levels) + (torch.arange(2 * k, device=dev) >= k) * NEG
+        merged = torch.cat([torch.full((b, k), NEG, dtype=cand.dtype, device=dev), fin], 1)
+        order_last = torch.topk(merged, k).indices - k  # < 0: an empty finished slot, not a candidate
+        last = (level == self.levels - 1)[:, None]
+        order = torch.where(last, order_last, torch.topk(top_v, k).indices)
+        flat = top_i.gather(1, order.clamp(min=0))  # into [K * V]
+        scores = torch.where(order >= 0, top_v.gather(1, order.clamp(min=0)), float("-inf"))
+        beam, code = flat // v, flat % v - start[:, None]
+        ok = (beam < k_in) & (scores > INVALID) & (code >= 0) & (code < c)
+        scores = torch.where(ok, scores, float("-inf"))
+        flat_in = torch.where(ok, beam * c + code, torch.zeros_like(flat))  # into [k_in * C]
+        return scores, flat_in
+
+
+Selector = IndexSelector | GenerateSelector

@@ -121,7 +121,8 @@ class TreeCache:
             attend = attend_nodes
         groups = None
         if getattr(self.model.config, "_attn_implementation", None) == TREE_ATTENTION:
-            groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t)
+            groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t,
+                                  self.prompts.lengths.tolist())
         hidden = tree_forward(self.model, self.cache, ids, positions, attend, groups)  # [B, t + q, H]
         self.calls += 1
         self.tokens_fed += t + q
@@ -134,7 +135,7 @@ class TreeCache:
 
     @staticmethod
     def _groups(prompt_slot: torch.Tensor, anc_slots: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
-                t: int) -> TreeGroups:
+                t: int, lengths: list[int]) -> TreeGroups:
         """Exact key sets: node i of row b at depth d attends [b's prompt slots, anc_slots[b, i, :d]].
 
         prompt_slot [B, S_past + t], anc_slots [B, q, L], valid / depth [B, q]."""
@@ -145,7 +146,7 @@ class TreeCache:
                 sel = torch.nonzero(valid[row] & (depth[row] == d)).reshape(-1)  # [g]
                 keys = torch.cat([prompt_keys[None].expand(len(sel), -1), anc_slots[row, sel, :d]], 1)
                 groups.append((row, t + sel, keys))
-        return TreeGroups(prompt_queries=t, prompt_keys=int(prompt_slot.shape[1]) if t else 0, groups=groups)
+        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups)
 
     def compact(self, keep_nodes: torch.Tensor) -> None:
         """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included);
