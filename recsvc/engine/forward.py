@@ -31,12 +31,12 @@ def tree_forward(
     cache: DynamicCache,
     input_ids: torch.Tensor,  # [B, q] token ids (padding: any valid id, masked)
     position_ids: torch.Tensor,  # [B, q] rotary positions (prompt length + depth for tree tokens)
-    attend: torch.Tensor,  # [B, q, S_past + q] bool: True where the new token may attend the slot
+    attend: torch.Tensor,  # [B, q, S_past + q] bool: True where the new token may attend the slot (unused with tree)
     tree: TreeGroups | None = None,  # exact per-token key sets (models switched to tree attention)
 ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
     s_past = cache_length(cache)
     b, q = input_ids.shape
-    assert attend.shape == (b, q, s_past + q), f"attend {tuple(attend.shape)} != {(b, q, s_past + q)}"
+    assert tree is not None or attend.shape == (b, q, s_past + q), f"attend {tuple(attend.shape)}"
     dtype = model.dtype
     # additive mask: 0 where allowed, dtype-min elsewhere (a fully masked padding row stays finite)
     mask = torch.zeros(attend.shape, dtype=dtype, device=input_ids.device)

@@ -58,16 +58,19 @@ class TreeCache:
     def missing(self, nodes: torch.Tensor) -> torch.Tensor:
         """[B, m] nodes -> [B, q] those of them and their ancestors not cached yet, parents first (-1 pad).
 
-        Example: with nodes [[5, 9]] where 9's ancestors are (2, 9) and node 2 is cached: [[5, 9]]."""
+        Works on the small [B, m * L] candidate tensor (sort, drop repeats and cached nodes), never on a
+        [B, num_nodes] table. Example: nodes [[5, 9]] where 9's ancestors are (2, 9), node 2 cached: [[5, 9]]."""
         b = nodes.shape[0]
+        big = self.trie.num_nodes
         anc = self.trie.ancestors[nodes.clamp(min=0)]  # [B, m, L]
-        anc = torch.where((nodes >= 1)[..., None], anc, torch.full_like(anc, -1)).reshape(b, -1)
-        want = torch.zeros(b, self.trie.num_nodes + 1, dtype=torch.bool, device=nodes.device)
-        want.scatter_(1, torch.where(anc >= 0, anc, self.trie.num_nodes), True)
-        want = want[:, :-1] & (self.slot_of_node < 0)
-        q = int(want.sum(1).max()) if b else 0
-        idx = torch.sort((~want).to(torch.int8), dim=1, stable=True).indices[:, :q]  # ascending node ids
-        return torch.where(want.gather(1, idx), idx, torch.full_like(idx, -1))
+        anc = torch.where((nodes >= 1)[..., None] & (anc >= 0), anc, big).reshape(b, -1)
+        s = torch.sort(anc, dim=1).values  # ascending node id = parents first (ids are depth-major)
+        repeat = torch.cat([torch.zeros_like(s[:, :1], dtype=torch.bool), s[:, 1:] == s[:, :-1]], 1)
+        cached = self.slot_of_node.gather(1, s.clamp(max=big - 1)) >= 0
+        keep = (s < big) & ~repeat & ~cached
+        q = int(keep.sum(1).max()) if b else 0
+        order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :q]
+        return torch.where(keep.gather(1, order), s.gather(1, order), -1)
 
     def feed(self, nodes: torch.Tensor) -> int:
         """Make sure the given nodes ([B, m], -1 = none) and their ancestors are cached, in ONE forward that also
@@ -93,7 +96,6 @@ class TreeCache:
         s_past = self.width
         first = not self.prefilled
         t = self.prompts.width if first else 0
-        s_total = s_past + t + q
         valid = nodes >= 1
         n = nodes.clamp(min=0)
         rows = self._rows(nodes)
@@ -104,13 +106,31 @@ class TreeCache:
         need = (anc >= 0) & valid[..., None]
         assert not (need & (anc_slots < 0)).any(), "an ancestor of a fed node is not cached"
         anc_slots = torch.where(need, anc_slots, new_slots[..., None])  # unused -> own slot (always allowed)
+        positions = self.prompts.lengths[:, None] + self.trie.depth[n] - 1  # [B, q]: prompt length + depth - 1
+        ids = self.tokens_of(nodes)
+        prompt_slot = torch.cat([self.prompt_slot, self.prompts.valid if first else self.prompt_slot[:, :0]], 1)
+        if getattr(self.model.config, "_attn_implementation", None) == TREE_ATTENTION:
+            groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t,
+                                  self.prompts.lengths.tolist())
+            if first:
+                ids = torch.cat([self.prompts.ids, ids], 1)
+                positions = torch.cat([self.prompts.positions(), positions], 1)
+            attend = torch.ones(b, 1, 1, dtype=torch.bool, device=dev)  # unused: every query has its key set
+            hidden = tree_forward(self.model, self.cache, ids, positions, attend, groups)  # [B, t + q, H]
+        else:
+            hidden = self._masked_forward(nodes, ids, positions, anc_slots, new_slots, prompt_slot, valid, s_past, t)
+        self._append(hidden, nodes, valid, prompt_slot, first, t)
+
+    def _masked_forward(self, nodes, ids, positions, anc_slots, new_slots, prompt_slot, valid, s_past, t):
+        """The same forward with a dense [B, q, S] mask (models not switched to tree attention)."""
+        b, q = nodes.shape
+        dev = nodes.device
+        s_total = s_past + t + q
+        first = t > 0
         attend_nodes = torch.zeros(b, q, s_total, dtype=torch.bool, device=dev)
         attend_nodes.scatter_(2, anc_slots, True)
         attend_nodes.scatter_(2, new_slots[..., None], True)
-        prompt_slot = torch.cat([self.prompt_slot, self.prompts.valid if first else self.prompt_slot[:, :0]], 1)
         attend_nodes[:, :, : s_past + t] |= prompt_slot[:, None, :] & valid[..., None]
-        positions = self.prompts.lengths[:, None] + self.trie.depth[n] - 1  # [B, q]: prompt length + depth - 1
-        ids = self.tokens_of(nodes)
         if first:
             attend_prompt = torch.zeros(b, t, s_total, dtype=torch.bool, device=dev)
             attend_prompt[:, :, s_past : s_past + t] = self.prompts.prefill_attend()
@@ -119,11 +139,12 @@ class TreeCache:
             attend = torch.cat([attend_prompt, attend_nodes], 1)
         else:
             attend = attend_nodes
-        groups = None
-        if getattr(self.model.config, "_attn_implementation", None) == TREE_ATTENTION:
-            groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t,
-                                  self.prompts.lengths.tolist())
-        hidden = tree_forward(self.model, self.cache, ids, positions, attend, groups)  # [B, t + q, H]
+        return tree_forward(self.model, self.cache, ids, positions, attend)
+
+    def _append(self, hidden: torch.Tensor, nodes: torch.Tensor, valid: torch.Tensor, prompt_slot: torch.Tensor,
+                first: bool, t: int) -> None:
+        b, q = nodes.shape
+        dev = nodes.device
         self.calls += 1
         self.tokens_fed += t + q
         if first:
