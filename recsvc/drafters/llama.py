@@ -14,6 +14,8 @@ from transformers import PreTrainedModel
 
 from recsvc.engine.beam_search import expand_beams, node_logprobs
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.relaxed import DraftStep
+from recsvc.engine.sampling import sample_children, tempered_logp
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -41,6 +43,29 @@ class LlamaDraftSession:
             nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, width, self.dead)
             drafts.append(torch.where(active, nodes, torch.full_like(nodes, -1)))
         return drafts
+
+    @torch.inference_mode()
+    def sample(self, roots: torch.Tensor, root_logp: torch.Tensor, steps: torch.Tensor, width: int,
+               temperature: torch.Tensor, gens: Sequence[torch.Generator]) -> list[DraftStep]:
+        """Relaxed mode: sample ``width`` sequences per depth without replacement from the drafter's tempered,
+        trie-masked distribution over the children of its previous depth's samples (starting from the target's
+        beams, weighted by their target log-probs)."""
+        nodes, weights = roots, root_logp
+        b = roots.shape[0]
+        out: list[DraftStep] = []
+        for s in range(1, int(steps.max()) + 1):
+            active = (steps >= s)[:, None]
+            nodes = torch.where(active, nodes, torch.full_like(nodes, -1))
+            self.cache.feed(nodes)
+            logq, child = tempered_logp(self.model, self.cache, nodes, temperature, self.dead)  # [B, n, C]
+            cand = weights[..., None] + logq
+            lse = torch.logsumexp(cand.reshape(b, -1), 1)  # [B]
+            lse = torch.where(torch.isfinite(lse), lse, 0.0)
+            new_nodes, new_w = sample_children(cand.reshape(b, -1), child.reshape(b, -1), width, gens, range(b))
+            out.append(DraftStep(torch.where(active, new_nodes, -1), new_w - lse[:, None], nodes,
+                                 cand - lse[:, None, None]))
+            nodes, weights = new_nodes, new_w
+        return out
 
     def observe(self, beams: torch.Tensor) -> None:
         self.cache.compact(beams)

@@ -19,6 +19,8 @@ from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.api import RecQuery, RecResult, RecStats
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.relaxed import relaxed_speculative_search
+from recsvc.engine.sampling import make_generators
 from recsvc.engine.speculative import speculative_search
 from recsvc.model.prompt import PromptBuilder
 from tokenizer_rqvae.ids import SemanticIds
@@ -123,6 +125,17 @@ class BundleRecommender:
                                      self.spec.beams_for(k), self.spec.gamma, dead, self.engine.select)
             calls, accepted = out.target_calls.tolist(), out.accepted.tolist()
             leaves, scores, draft_calls = out.leaves, out.scores, out.draft_calls
+        elif mode == "relaxed":
+            assert self.drafter is not None
+            temps = torch.tensor([float(q.temperature) for q in queries])
+            gens = make_generators([q.seed for q in queries])
+            session = self.drafter.session(batch, [q.history for q in queries], dead)
+            if not hasattr(session, "sample"):
+                raise NotImplementedError(f"the {self.drafter.name} drafter cannot sample (relaxed mode)")
+            rel = relaxed_speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
+                                             self.spec.beams_for(k), self.spec.gamma, temps, gens, dead)
+            calls, accepted = rel.target_calls.tolist(), rel.accepted.tolist()
+            leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
         else:
             raise NotImplementedError(f"decoding mode {mode!r}")
         return [

@@ -1,0 +1,174 @@
+"""Speculative sampling beam search with relaxed verification (AtSpeed Algorithm 2, ALGORITHMS.md section 4).
+
+Per depth s of a round (every unfinished request; p: target, q: drafter, both trie-masked and renormalised
+sequence distributions over the children of their own current beams):
+  - the drafter has sampled N >= K sequences from q_s without replacement;
+  - each drafted y is accepted with probability min(1, p_s(y) / q_s(y));
+  - >= K accepted: keep K of them uniformly at random, go to the next depth;
+  - else: the missing K - a are sampled without replacement from p' = norm(max(0, p_s - q_s)) with the accepted
+    ones zeroed, and the round stops here.
+If all g drafted depths pass, one more depth is sampled from the target directly (its distributions at the last
+drafted depth are already computed). The accepted set is reset at every depth (the paper's listing does not);
+N >= K drafts are tested against ">= K" (the listing samples K and tests "> K").
+The result follows the target's sampling beam search distribution approximately (with-replacement
+approximation); tests compare item frequencies over many seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp
+from recsvc.engine.tree_cache import TreeCache
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """What the drafter sampled at one depth, and what the verifier needs of its distribution there."""
+
+    nodes: torch.Tensor  # [B, N] sampled nodes (-1 none)
+    logq: torch.Tensor  # [B, N] log q_s(node) (normalised over the step's candidates)
+    parents: torch.Tensor  # [B, n] the drafter's beams the step extended (-1 none)
+    parent_logq: torch.Tensor  # [B, n, C] log q_s(child) of each parent's children (normalised, -inf = none)
+
+
+@dataclass(frozen=True)
+class RelaxedOutput:
+    leaves: torch.Tensor  # [B, K] ranked by target sequence log-prob
+    logp: torch.Tensor  # [B, K]
+    target_calls: torch.Tensor  # [B]
+    accepted: torch.Tensor  # [B] depths accepted without resampling
+    draft_calls: int
+
+
+def _uniform_pick(mask: torch.Tensor, k: int, gens, rows) -> torch.Tensor:
+    """[R, n] bool -> [R, k] indices of k True entries chosen uniformly (rows with >= k True)."""
+    keys = torch.where(mask, gumbel((mask.shape[1],), gens, rows), float("-inf"))
+    return torch.topk(keys, k, dim=1).indices
+
+
+@torch.inference_mode()
+def relaxed_speculative_search(
+    target: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
+    drafts,  # a draft session with sample(roots, root_logp, steps, width, temperature, gens) -> list[DraftStep]
+    draft_beams: int, gamma: int, temperature: torch.Tensor, gens: Sequence[torch.Generator],
+    dead: torch.Tensor | None = None,
+) -> RelaxedOutput:
+    b, levels = len(prompts.lengths), trie.levels
+    n_draft = max(draft_beams, k)
+    cache = TreeCache(target, trie, code_offset, prompts)
+    rows = torch.arange(b)
+    nodes, weights = torch.zeros(b, 1, dtype=torch.long), torch.zeros(b, 1)
+    depth = torch.zeros(b, dtype=torch.long)
+    out_leaves = torch.full((b, k), -1, dtype=torch.long)
+    out_logp = torch.full((b, k), float("-inf"))
+    calls = torch.zeros(b, dtype=torch.long)
+    accepted = torch.zeros(b, dtype=torch.long)
+    temp = temperature.clone()
+    while len(rows):
+        grow = rows.tolist()
+        steps = (levels - depth).clamp(max=gamma)
+        drafted: list[DraftStep] = drafts.sample(nodes, weights, steps, n_draft, temp, [gens[r] for r in grow])
+        tree = torch.cat([nodes, *[d.nodes for d in drafted]], 1)
+        cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))
+        calls[rows] += 1
+        running = torch.ones(len(rows), dtype=torch.bool)
+        for s in range(1, gamma + 2):
+            go = running & (depth < levels)
+            if not go.any():
+                break
+            live = torch.where(go[:, None], nodes, -1)
+            logp, child = tempered_logp(target, cache, live, temp, dead)  # [R, Kc, C]
+            cand_w = (weights[..., None] + logp).reshape(len(rows), -1)  # log P(child), unnormalised over set
+            cand_nodes = child.reshape(len(rows), -1)
+            verify = go & (steps >= s) & (s <= len(drafted))
+            if not verify.any():  # the free depth (or nothing drafted): sample from the target directly
+                new_nodes, new_w = sample_children(cand_w, cand_nodes, k, gens, grow)
+                ok = torch.zeros_like(go)
+            else:
+                new_nodes, new_w, ok = _verify_depth(cand_w, cand_nodes, nodes, drafted[s - 1], k, gens, grow)
+                free = go & ~verify
+                if free.any():
+                    fn, fw = sample_children(cand_w, cand_nodes, k, gens, grow)
+                    new_nodes = torch.where(free[:, None], fn, new_nodes)
+                    new_w = torch.where(free[:, None], fw, new_w)
+                ok &= verify
+            if nodes.shape[1] != k:
+                nodes, weights = new_nodes, new_w
+            else:
+                nodes = torch.where(go[:, None], new_nodes, nodes)
+                weights = torch.where(go[:, None], new_w, weights)
+            depth += go.long()
+            accepted[rows] += ok.long()
+            running = ok
+        done = depth >= levels
+        if done.any():
+            lv, lw = rank_final(nodes[done], weights[done])
+            out_leaves[rows[done]], out_logp[rows[done]] = lv, lw
+        keep = torch.nonzero(~done).reshape(-1)
+        if len(keep) < len(rows):
+            rows, nodes, weights, depth, temp = rows[keep], nodes[keep], weights[keep], depth[keep], temp[keep]
+            cache.select_rows(keep)
+            drafts.select_rows(keep)
+            if dead is not None:
+                dead = dead[keep]
+        if len(rows):
+            cache.compact(nodes)
+            drafts.observe(nodes)
+    return RelaxedOutput(out_leaves, out_logp, calls, accepted, drafts.calls)
+
+
+def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.Tensor, step: DraftStep, k: int,
+                  gens, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One depth of relaxed verification. cand_w / cand_nodes: [R, Kc*C] target candidates (children of the
+    target's beams ``beams`` [R, Kc]). Returns (new beams [R, K], their log P [R, K], accepted-all [R])."""
+    r, n_cand = cand_w.shape
+    c = step.parent_logq.shape[2]
+    lse_p = torch.logsumexp(cand_w, 1, keepdim=True)
+    logp = torch.where(torch.isfinite(lse_p), cand_w - lse_p, float("-inf"))  # [R, n_cand] normalised p_s
+    # q_s at the target's candidates: a target beam that is also a drafter parent has q mass on its children
+    match = (beams[:, :, None] == step.parents[:, None, :]) & (beams[:, :, None] >= 0)  # [R, Kc, n]
+    has = match.any(-1)
+    idx = match.float().argmax(-1)  # [R, Kc]
+    q_children = step.parent_logq.gather(1, idx[..., None].expand(-1, -1, c))  # [R, Kc, C]
+    logq_cand = torch.where(has[..., None], q_children, float("-inf")).reshape(r, n_cand)
+    # drafted sequences: p(y) from the candidates (0 if y's parent is not a target beam), q(y) from the drafter
+    hit = (step.nodes[:, :, None] == cand_nodes[:, None, :]) & (step.nodes[:, :, None] >= 0)  # [R, N, n_cand]
+    in_cand = hit.any(-1)
+    pos = hit.float().argmax(-1)
+    p_y = torch.where(in_cand, logp.gather(1, pos).exp(), 0.0)
+    q_y = step.logq.exp()
+    u = torch.stack([torch.rand(step.nodes.shape[1], generator=gens[i]) for i in rows])
+    acc = (step.nodes >= 0) & (u < torch.where(q_y > 0, p_y / q_y, 0.0).clamp(max=1.0)) & in_cand  # [R, N]
+    n_acc = acc.sum(1)
+    enough = n_acc >= k
+    # >= K accepted: K of them uniformly at random
+    pick = _uniform_pick(acc, k, gens, rows)  # [R, K] (garbage rows without enough)
+    nodes_a = step.nodes.gather(1, pick)
+    w_a = cand_w.gather(1, pos.gather(1, pick))
+    # < K accepted: keep them, draw the rest from norm(max(0, p - q)) without the accepted ones
+    acc_cand = (hit & acc[..., None]).any(1)  # [R, n_cand] candidates that were drafted and accepted
+    resid = (logp.exp() - logq_cand.exp()).clamp(min=0.0)
+    resid = torch.where(acc_cand, 0.0, resid)
+    fallback = resid.sum(1, keepdim=True) <= 0  # p == q where it matters: draw from p itself
+    resid = torch.where(fallback, torch.where(acc_cand, 0.0, logp.exp()), resid)
+    log_resid = torch.where(resid > 0, resid.log(), float("-inf"))
+    # order: accepted first (key +inf), then residual samples by Gumbel key; take K
+    keys = torch.where(acc_cand, float("inf"), log_resid + gumbel((n_cand,), gens, rows))
+    keys = torch.where(torch.isfinite(log_resid) | acc_cand, keys, float("-inf"))
+    top = torch.topk(keys, min(k, n_cand), dim=1)
+    nodes_r = torch.where(torch.isfinite(top.values) | (top.values > 0), cand_nodes.gather(1, top.indices), -1)
+    w_r = torch.where(nodes_r >= 0, cand_w.gather(1, top.indices), float("-inf"))
+    if nodes_r.shape[1] < k:
+        pad = k - nodes_r.shape[1]
+        nodes_r = torch.cat([nodes_r, torch.full((r, pad), -1, dtype=torch.long)], 1)
+        w_r = torch.cat([w_r, torch.full((r, pad), float("-inf"))], 1)
+    new_nodes = torch.where(enough[:, None], nodes_a, nodes_r)
+    new_w = torch.where(enough[:, None], w_a, w_r)
+    return new_nodes, new_w, enough

@@ -1,0 +1,101 @@
+"""Sampling beam search (the relaxed mode's target baseline) and its building blocks.
+
+Distributions here are trie-masked and renormalised: p(code | prefix) = softmax(logits / T) over the codes the
+trie allows after the prefix (minus exclusions). A beam's weight is its sequence log-probability P(y) (sum of
+those). One step samples K distinct children of the current beams without replacement, with probability
+proportional to exp(P(child)) (Gumbel-top-K). Every request has its own ``torch.Generator``, so a seeded
+request gives the same items whatever batch it shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from recsvc.engine.beam_search import node_logprobs
+from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.tree_cache import TreeCache
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+def make_generators(seeds: Sequence[int | None]) -> list[torch.Generator]:
+    gens = []
+    for s in seeds:
+        g = torch.Generator()
+        g.manual_seed(int(s) if s is not None else int(torch.randint(0, 2**62, (1,)).item()))
+        gens.append(g)
+    return gens
+
+
+def gumbel(shape: tuple[int, ...], gens: Sequence[torch.Generator], rows: Sequence[int] | None = None) -> torch.Tensor:
+    """[B, *shape] standard Gumbel noise, row b drawn from gens[rows[b]]."""
+    rows = list(range(len(gens))) if rows is None else list(rows)
+    u = torch.stack([torch.rand(shape, generator=gens[r]) for r in rows])
+    return -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
+
+
+def tempered_logp(model: PreTrainedModel, cache: TreeCache, nodes: torch.Tensor, temperature: torch.Tensor,
+                  dead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, m] cached nodes -> (log p(code | node) [B, m, C] renormalised over allowed codes (-inf elsewhere),
+    child node ids [B, m, C]). temperature: [B]."""
+    trie = cache.trie
+    b, m = nodes.shape
+    logp = node_logprobs(model, cache, nodes) / temperature[:, None, None]  # [B, m, C]
+    rows = torch.arange(b)[:, None].expand(b, m).reshape(-1)
+    mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
+    logp = torch.where(mask.view(b, m, -1), logp, float("-inf"))
+    norm = torch.logsumexp(logp, -1, keepdim=True)
+    logp = torch.where(torch.isfinite(norm), logp - norm, float("-inf"))
+    return logp, child.view(b, m, -1)
+
+
+def sample_children(weights: torch.Tensor, child: torch.Tensor, k: int, gens: Sequence[torch.Generator],
+                    rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample k distinct children without replacement, P(child) ∝ exp(weight).
+
+    weights / child: [B, n] (-inf = impossible). Returns (nodes [B, k] (-1 if fewer), weights [B, k])."""
+    keys = weights + gumbel((weights.shape[1],), gens, rows)
+    keys = torch.where(torch.isfinite(weights), keys, float("-inf"))
+    kk = min(k, weights.shape[1])
+    top = torch.topk(keys, kk, dim=1)
+    nodes = child.gather(1, top.indices)
+    w = weights.gather(1, top.indices)
+    ok = torch.isfinite(top.values)
+    nodes, w = torch.where(ok, nodes, -1), torch.where(ok, w, float("-inf"))
+    if kk < k:
+        nodes = torch.cat([nodes, torch.full((len(nodes), k - kk), -1, dtype=nodes.dtype)], 1)
+        w = torch.cat([w, torch.full((len(w), k - kk), float("-inf"))], 1)
+    return nodes, w
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    leaves: torch.Tensor  # [B, K] sampled items' leaves, ranked by sequence log-prob (-1: fewer)
+    logp: torch.Tensor  # [B, K] sequence log-probs under the tempered, renormalised target
+    target_calls: int
+
+
+def rank_final(nodes: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    order = torch.sort(weights, dim=1, descending=True, stable=True).indices
+    return nodes.gather(1, order), weights.gather(1, order)
+
+
+@torch.inference_mode()
+def sampling_beam_search(model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
+                         temperature: torch.Tensor, gens: Sequence[torch.Generator],
+                         dead: torch.Tensor | None = None) -> SampleOutput:
+    """The target's own sampling beam search: L steps of K-without-replacement sampling."""
+    cache = TreeCache(model, trie, code_offset, prompts)
+    b = len(prompts.lengths)
+    nodes = torch.zeros(b, 1, dtype=torch.long)
+    weights = torch.zeros(b, 1)
+    for _ in range(trie.levels):
+        cache.feed(nodes)
+        logp, child = tempered_logp(model, cache, nodes, temperature, dead)
+        cand = (weights[..., None] + logp).reshape(b, -1)
+        nodes, weights = sample_children(cand, child.reshape(b, -1), k, gens, range(b))
+    leaves, logp_seq = rank_final(nodes, weights)
+    return SampleOutput(leaves, logp_seq, cache.calls)

@@ -1,0 +1,81 @@
+"""Relaxed speculative sampling: seeded determinism, and item frequencies close to the target's own sampling."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+
+from recsvc.drafters.llama import LlamaDrafter
+from recsvc.engine.relaxed import relaxed_speculative_search
+from recsvc.engine.sampling import make_generators, sampling_beam_search
+from tokenizer_rqvae.trie import CatalogTrie
+
+L, C, K = 4, 8, 3
+RUNS = 150
+
+
+def setup():
+    trie = CatalogTrie(random_catalog(60, L, C, 0))
+    model = tiny_llama(L, C, 0, init=0.1)
+    return trie, model, random_prompts(1, 1)
+
+
+def frequencies(fn, seeds) -> Counter:
+    c: Counter = Counter()
+    for s in seeds:
+        c.update(x for x in fn(s) if x >= 0)
+    return c
+
+
+def tvd(a: Counter, b: Counter, n: int) -> float:
+    return sum(abs(a[x] - b[x]) for x in set(a) | set(b)) / (2 * n * K)
+
+
+def test_seeded_runs_are_reproducible_and_batch_independent() -> None:
+    trie, model, _ = setup()
+    drafter = LlamaDrafter(tiny_llama(L, C, 5, hidden=16, layers=1), trie, TEXT_VOCAB)
+    prompts = random_prompts(3, 2)
+    temp = torch.ones(3)
+
+    def run(ps, seeds):
+        pb = batch(ps)
+        return relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, K, drafter.session(pb, [], None), 5, 3,
+                                          temp[: len(ps)], make_generators(seeds)).leaves
+
+    first, again = run(prompts, [1, 2, 3]), run(prompts, [1, 2, 3])
+    assert torch.equal(first, again)
+    assert torch.equal(run(prompts[1:2], [2])[0], first[1])  # the same seed alone gives the same items
+    assert not torch.equal(run(prompts, [4, 5, 6]), first)
+
+
+def test_item_frequencies_match_the_targets_sampling_beam_search() -> None:
+    trie, model, prompt = setup()
+    temp = torch.ones(1)
+
+    def target(seed):
+        return sampling_beam_search(model, trie, TEXT_VOCAB, batch(prompt), K, temp, make_generators([seed])).leaves[0]
+
+    def relaxed(drafter_model):
+        drafter = LlamaDrafter(drafter_model, trie, TEXT_VOCAB)
+
+        def run(seed):
+            pb = batch(prompt)
+            return relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, K, drafter.session(pb, [], None), K, 3,
+                                              temp, make_generators([seed])).leaves[0]
+        return run
+
+    base = frequencies(lambda s: target(s).tolist(), range(RUNS))
+    noise = tvd(base, frequencies(lambda s: target(s).tolist(), range(RUNS, 2 * RUNS)), RUNS)
+    self_draft = tvd(base, frequencies(lambda s: relaxed(model)(s).tolist(), range(2 * RUNS, 3 * RUNS)), RUNS)
+    # a drafter with a different distribution: its own sampling is far from the target's ...
+    other = tiny_llama(L, C, 9, init=0.1)
+    other_own = frequencies(lambda s: sampling_beam_search(other, trie, TEXT_VOCAB, batch(prompt), K, temp,
+                                                           make_generators([s])).leaves[0].tolist(), range(RUNS))
+    far = tvd(base, other_own, RUNS)
+    # ... but verification pulls its drafts towards the target
+    verified = tvd(base, frequencies(lambda s: relaxed(other)(s).tolist(), range(3 * RUNS, 4 * RUNS)), RUNS)
+    assert self_draft < noise + 0.08, (self_draft, noise)
+    assert verified < far, (verified, far)
+    assert verified < noise + 0.15, (verified, noise)
