@@ -1,0 +1,158 @@
+"""`recsvc bench speculative`: plain vs speculative beam search on the same engine, users and K.
+
+Per K: plain and speculative ms/request (measured interleaved, user by user, in one run), WS@K (their
+ratio), AS@K (accepted draft depths per request), target forward calls per request, the identical-output
+rate (strict) or Recall@K / NDCG@K of both (relaxed; the baseline is the target's own sampling beam search).
+Every (N, gamma) of the grid is measured, then ``auto`` (chosen at start-up on calibration users from the
+validation split, as the server does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, write_json
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--users", type=int, default=200)
+    p.add_argument("--k", default="1,3,5,10,20")
+    p.add_argument("--mode", choices=["strict", "relaxed"], default="strict")
+    p.add_argument("--drafter", choices=["llama", "oracle", "retrieval"], default="llama")
+    p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, "
+                   "e.g. 10:3,20:2")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--data", help="data directory (default: the bundle's)")
+    p.add_argument("--calibration-users", type=int, default=8)
+    p.add_argument("--json", dest="json_path")
+
+
+def make_drafter(kind: str, ctx, engine, k: int, dtype: str):
+    from recsvc.drafters.llama import LlamaDrafter
+    from recsvc.drafters.oracle import OracleDrafter
+    from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
+    from recsvc.errors import UserError
+    from recsvc.model.bundle import Bundle
+
+    if kind == "oracle":
+        return OracleDrafter(engine, k)
+    if kind == "retrieval":
+        return RetrievalDrafter(RetrievalDatastore(ctx.data.train.values()), ctx.trie)
+    bundle = Bundle.open(ctx.bundle_dir)
+    if not (bundle.drafter_dir / "config.json").is_file():
+        raise UserError(f"bundle {ctx.bundle_dir} has no drafter: run `recsvc train drafter` or use --drafter "
+                        "oracle|retrieval")
+    return LlamaDrafter(bundle.load_drafter(dtype=dtype), ctx.trie, ctx.builder.code_offset)
+
+
+def parse_grid(text: str) -> list[tuple[int, int]] | None:
+    from recsvc.errors import UserError
+
+    if text == "auto":
+        return None
+    try:
+        pairs = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        raise UserError(f"--grid takes N:gamma pairs like 10:3,20:2, got {text!r}") from None
+    if any(len(p) != 2 or p[0] < 1 or not 1 <= p[1] <= 5 for p in pairs):
+        raise UserError(f"--grid pairs need N >= 1 and gamma in 1..5, got {text!r}")
+    return [(p[0], p[1]) for p in pairs]
+
+
+@torch.inference_mode()
+def run(args: argparse.Namespace) -> dict:
+    from recsvc.engine.autotune import autotune, grid_for
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.relaxed import relaxed_speculative_search
+    from recsvc.engine.sampling import make_generators, sampling_beam_search
+    from recsvc.engine.speculative import speculative_search
+    from training.evaluate import sample_users
+    from training.metrics import evaluate_rankings
+
+    ks = parse_int_list(args.k, "--k")
+    fixed_grid = parse_grid(args.grid)
+    ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
+    engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset)
+    off = ctx.builder.code_offset
+    calib = sample_users(ctx.data.eval_users("valid"), args.calibration_users, seed=1)
+    relaxed = args.mode == "relaxed"
+    temp = torch.tensor([args.temperature])
+
+    def spec_once(user_history, k, n, gamma, drafter, seed=0):
+        pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
+        session = drafter.session(pb, [user_history], None)  # oracle: its plain search happens here, untimed
+        start = time.perf_counter()
+        if relaxed:
+            out = relaxed_speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, temp,
+                                             make_generators([seed]))
+            leaves = out.leaves
+        else:
+            out = speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, None, engine.select)
+            leaves = out.leaves
+        ms = 1000 * (time.perf_counter() - start)
+        return leaves[0], ms, int(out.target_calls[0]), int(out.accepted[0])
+
+    def plain_once(user_history, k, seed=0):
+        pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
+        start = time.perf_counter()
+        if relaxed:
+            out = sampling_beam_search(ctx.model, ctx.trie, off, pb, k, temp, make_generators([seed]))
+        else:
+            out = engine.search(pb, k)
+        return out.leaves[0], 1000 * (time.perf_counter() - start), out.target_calls
+
+    rows = []
+    for k in ks:
+        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype)
+        candidates = fixed_grid or grid_for(k)
+        auto = autotune(lambda k_, n, g: [spec_once(u.history, k_, n, g, drafter) for u in calib], [k],
+                        repeats=1, grid=candidates)[k]
+        settings = [*candidates, auto] if fixed_grid is None else candidates
+        for u in ctx.users[:2]:  # warm-up
+            plain_once(u.history, k)
+        for idx, (n, gamma) in enumerate(settings):
+            label = "auto" if (fixed_grid is None and idx == len(settings) - 1) else "fixed"
+            plain_ms, spec_ms, calls, acc, same = [], [], [], [], 0
+            rank_plain, rank_spec = {}, {}
+            for i, u in enumerate(tqdm(ctx.users, desc=f"K={k} N={n} g={gamma}", leave=False)):
+                leaves_p, ms_p, _ = plain_once(u.history, k, seed=i)
+                leaves_s, ms_s, c, a = spec_once(u.history, k, n, gamma, drafter, seed=i)
+                plain_ms.append(ms_p)
+                spec_ms.append(ms_s)
+                calls.append(c)
+                acc.append(a)
+                same += torch.equal(leaves_p, leaves_s)
+                rank_plain[u.user_id] = ctx.trie.leaf_items(leaves_p[leaves_p >= 0])
+                rank_spec[u.user_id] = ctx.trie.leaf_items(leaves_s[leaves_s >= 0])
+            p, s = statistics.mean(plain_ms), statistics.mean(spec_ms)
+            row = {"k": k, "setting": label, "N": n, "gamma": gamma, "plain_ms": p, "spec_ms": s, "WS": p / s,
+                   "AS": statistics.mean(acc), "target_calls_plain": float(engine.trie.levels),
+                   "target_calls_spec": statistics.mean(calls), "users": len(ctx.users)}
+            if relaxed:
+                m_p = evaluate_rankings(rank_plain, ctx.users, [k])
+                m_s = evaluate_rankings(rank_spec, ctx.users, [k])
+                row.update({"recall_plain": m_p[f"recall@{k}"], "recall_spec": m_s[f"recall@{k}"],
+                            "ndcg_plain": m_p[f"ndcg@{k}"], "ndcg_spec": m_s[f"ndcg@{k}"]})
+            else:
+                row["identical"] = same / len(ctx.users)
+            rows.append(row)
+            print({kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in row.items()})
+    cols = [("k", "K"), ("setting", "setting"), ("N", "N"), ("gamma", "gamma"), ("plain_ms", "plain ms"),
+            ("spec_ms", "spec ms"), ("WS", "WS"), ("AS", "AS"), ("target_calls_spec", "target calls (spec)")]
+    cols += ([("recall_plain", "Recall plain"), ("recall_spec", "Recall spec"), ("ndcg_plain", "NDCG plain"),
+              ("ndcg_spec", "NDCG spec")] if relaxed else [("identical", "identical")])
+    table = markdown_table(rows, cols)
+    print(table)
+    payload = {"bench": "speculative", "mode": args.mode, "drafter": args.drafter, "dtype": args.dtype,
+               "split": args.split, "machine": machine(), "rows": rows, "table": table}
+    write_json(args.json_path, payload)
+    return payload
