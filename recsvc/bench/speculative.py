@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
     for k in ks:
         drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype)
         candidates = fixed_grid or grid_for(k)
-        auto = autotune(lambda k_, n, g: [spec_once(u.history, k_, n, g, drafter) for u in calib], [k],
+        auto = autotune(lambda k_, n, g, d=drafter: [spec_once(u.history, k_, n, g, d) for u in calib], [k],
                         repeats=1, grid=candidates)[k]
         settings = [*candidates, auto] if fixed_grid is None else candidates
         for u in ctx.users[:2]:  # warm-up
