@@ -1,0 +1,164 @@
+"""A bundle: one directory with everything the service needs (docs/ARCHITECTURE.md, "Bundle").
+
+::
+
+    BUNDLE/bundle.json     {"version": 1, "data": "<data dir>", "stages": {"ids": {"done": true, "seconds": 12.3},
+                            ...}, "target_preset": "small", "drafter": null | {"preset": ..., ...}}
+    BUNDLE/ids/            semantic_ids.json (+ the RQ-VAE files)
+    BUNDLE/tokenizer/      HF fast tokenizer with the 1024 code tokens
+    BUNDLE/target/         LlamaForCausalLM (safetensors)
+    BUNDLE/drafter/        drafter LlamaForCausalLM (optional)
+    BUNDLE/checkpoints/    training checkpoints (resume); not needed to serve
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from recsvc.errors import UserError
+from tokenizer_rqvae.ids import SemanticIds
+
+VERSION = 1
+META_FILE = "bundle.json"
+
+
+class Bundle:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    # ------------------------------------------------------------------ paths
+    @property
+    def meta_path(self) -> Path:
+        return self.root / META_FILE
+
+    @property
+    def ids_dir(self) -> Path:
+        return self.root / "ids"
+
+    @property
+    def semantic_ids_path(self) -> Path:
+        return self.ids_dir / "semantic_ids.json"
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+    @property
+    def target_dir(self) -> Path:
+        return self.root / "target"
+
+    @property
+    def drafter_dir(self) -> Path:
+        return self.root / "drafter"
+
+    def checkpoint_dir(self, stage: str) -> Path:
+        return self.root / "checkpoints" / stage
+
+    # ------------------------------------------------------------------ bundle.json
+    @classmethod
+    def create(cls, root: str | Path, data: str | Path | None = None) -> Bundle:
+        """Open ``root`` as a bundle, creating the directory and bundle.json when missing.
+
+        An existing bundle built from another data directory is a UserError (its ids would not match).
+        """
+        bundle = cls(root)
+        if bundle.meta_path.is_file():
+            meta = bundle.read()
+            if data is not None and meta.get("data") and Path(meta["data"]).resolve() != Path(data).resolve():
+                raise UserError(f"bundle {bundle.root} was built from {meta['data']}, not {data}")
+            if data is not None and not meta.get("data"):
+                meta["data"] = str(Path(data).resolve())
+                bundle.write(meta)
+            return bundle
+        if bundle.root.exists() and not bundle.root.is_dir():
+            raise UserError(f"bundle path {bundle.root} exists and is not a directory")
+        bundle.root.mkdir(parents=True, exist_ok=True)
+        data_path = str(Path(data).resolve()) if data is not None else None
+        bundle.write({"version": VERSION, "data": data_path, "stages": {},
+                      "target_preset": None, "drafter": None})
+        return bundle
+
+    @classmethod
+    def open(cls, root: str | Path) -> Bundle:
+        """An existing bundle (UserError if ``root`` has no bundle.json)."""
+        bundle = cls(root)
+        bundle.read()
+        return bundle
+
+    def read(self) -> dict[str, Any]:
+        if not self.meta_path.is_file():
+            raise UserError(f"not a bundle: {self.root} has no {META_FILE}")
+        try:
+            meta = json.loads(self.meta_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{self.meta_path} is not valid JSON: {exc}") from exc
+        if not isinstance(meta, dict) or meta.get("version") != VERSION:
+            raise UserError(f"{self.meta_path}: unsupported bundle version {meta.get('version')!r} "
+                            f"(expected {VERSION})" if isinstance(meta, dict) else f"{self.meta_path}: not an object")
+        meta.setdefault("stages", {})
+        return meta
+
+    def write(self, meta: dict[str, Any]) -> None:
+        """Atomic write (temp file + rename): a crash never leaves a half-written bundle.json."""
+        tmp = self.meta_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.meta_path)
+
+    def update(self, **fields: Any) -> dict[str, Any]:
+        meta = self.read()
+        meta.update(fields)
+        self.write(meta)
+        return meta
+
+    def data_dir(self) -> Path | None:
+        """The data directory recorded at creation (None if unknown)."""
+        data = self.read().get("data")
+        return Path(data) if data else None
+
+    # ------------------------------------------------------------------ stages
+    def mark_done(self, stage: str, **info: Any) -> None:
+        """Record a finished stage: ``stages[stage] = {"done": true, "finished_at": ..., **info}``."""
+        meta = self.read()
+        meta["stages"][stage] = {"done": True, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **info}
+        self.write(meta)
+
+    def clear_stage(self, stage: str) -> None:
+        meta = self.read()
+        meta["stages"].pop(stage, None)
+        self.write(meta)
+
+    def is_done(self, stage: str) -> bool:
+        if not self.meta_path.is_file():
+            return False
+        return bool(self.read()["stages"].get(stage, {}).get("done"))
+
+    def stage_info(self, stage: str) -> dict[str, Any]:
+        return dict(self.read()["stages"].get(stage, {}))
+
+    # ------------------------------------------------------------------ artifacts
+    def load_ids(self) -> SemanticIds:
+        if not self.semantic_ids_path.is_file():
+            raise UserError(f"bundle {self.root} has no semantic ids yet ({self.semantic_ids_path}); "
+                            "run `recsvc build` (or the ids stage) first")
+        return SemanticIds.load(self.semantic_ids_path)
+
+    def load_tokenizer(self):
+        from recsvc.model.tokenizer import load_tokenizer
+
+        if not self.tokenizer_dir.is_dir():
+            raise UserError(f"bundle {self.root} has no tokenizer yet ({self.tokenizer_dir})")
+        return load_tokenizer(self.tokenizer_dir)
+
+    def load_target(self, dtype: str = "bf16", device: str = "cpu"):
+        from recsvc.model.loading import load_causal_lm
+
+        return load_causal_lm(self.target_dir, dtype=dtype, device=device)
+
+    def load_drafter(self, dtype: str = "bf16", device: str = "cpu"):
+        from recsvc.model.loading import load_causal_lm
+
+        return load_causal_lm(self.drafter_dir, dtype=dtype, device=device)

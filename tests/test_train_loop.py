@@ -1,0 +1,123 @@
+"""The training loop: loss, checkpoints (safetensors, no pickles), exact resume, early stopping, budget."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_train_fixtures import one_thread, random_ids, small_tokenizer  # noqa: F401 (one_thread: a fixture)
+
+from recsvc.model.presets import new_model
+from recsvc.model.prompt import PromptBuilder
+from training.data.dataset import EvalUser
+from training.sequences import collate, eval_examples, train_examples
+from training.train_target import (
+    TrainConfig,
+    fit_causal_lm,
+    flatten_optimizer_state,
+    lm_loss,
+    resolve_bf16,
+    unflatten_optimizer_state,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOK = small_tokenizer()
+ITEMS = list(range(1, 31))
+BUILDER = PromptBuilder(TOK, random_ids(ITEMS, seed=3), max_history=5)
+# users walk the catalog in steps of 1 or 2: a learnable pattern
+SEQS = {u: [ITEMS[(u + j * (1 + u % 2)) % 30] for j in range(3 + u % 7)] for u in range(1, 41)}
+TRAIN = train_examples(BUILDER, SEQS)
+VALID = eval_examples(BUILDER, [EvalUser(u, s[:-1], [s[-1]]) for u, s in list(SEQS.items())[:10]])
+
+
+def cfg(**kw) -> TrainConfig:
+    return TrainConfig(**{"epochs": 2, "batch_size": 8, "lr": 3e-3, "seed": 0, "patience": 0, "bf16": "off",
+                          **kw})
+
+
+def test_resolve_bf16() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_bf16("on", cpu) and not resolve_bf16("off", cpu)
+    assert isinstance(resolve_bf16("auto", cpu), bool)
+    with pytest.raises(Exception, match="auto, on or off"):
+        resolve_bf16("maybe", cpu)
+
+
+def test_bf16_autocast_loop_runs(tmp_path) -> None:
+    _, res = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN[:16], VALID, cfg(epochs=1, bf16="on"),
+                           tmp_path, TOK.pad_token_id)
+    assert res.steps == 2 and res.history[0]["valid_loss"] < 8
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_lm_loss_matches_transformers_loss() -> None:
+    model = new_model("tiny", TOK, seed=0)
+    batch = collate(TRAIN[:6], TOK.pad_token_id)
+    loss, n = lm_loss(model, batch)
+    ref = model(**batch).loss  # transformers' own shifted, masked cross-entropy
+    torch.testing.assert_close(loss, ref)
+    assert n == int((batch["labels"] != -100).sum())
+
+
+def test_optimizer_state_flatten_roundtrip() -> None:
+    model = new_model("tiny", TOK, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        lm_loss(model, collate(TRAIN[:4], TOK.pad_token_id))[0].backward()
+        opt.step()
+    tensors, meta = flatten_optimizer_state(opt.state_dict())
+    json.dumps(meta)  # the non-tensor part is plain JSON
+    fresh = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    fresh.load_state_dict(unflatten_optimizer_state(tensors, json.loads(json.dumps(meta))))
+    for p in model.parameters():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(fresh.state[p][key], opt.state[p][key])
+
+
+def test_fit_learns_and_interrupted_resume_is_exact(tmp_path) -> None:
+    full, res = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(), tmp_path / "a", TOK.pad_token_id)
+    assert res.epochs == 2 and res.stopped == "epochs" and res.steps == 2 * ((len(TRAIN) + 7) // 8)
+    assert res.history[-1]["valid_loss"] < res.history[0]["valid_loss"] or res.history[0]["valid_loss"] < 7
+    assert (tmp_path / "a" / "last" / "optimizer.safetensors").is_file()
+    assert not list((tmp_path / "a").rglob("*.bin")) and not list((tmp_path / "a").rglob("*.pt"))
+
+    # stop after the first optimizer step (a zero budget), then resume: same weights as the straight run
+    _, cut = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(max_minutes=0.0), tmp_path / "b",
+                           TOK.pad_token_id)
+    assert cut.stopped == "max_minutes" and cut.steps == 1
+    state = json.loads((tmp_path / "b" / "last" / "state.json").read_text())["state"]
+    assert (state["epoch"], state["batch"]) == (0, 1)
+    resumed, res2 = fit_causal_lm(new_model("tiny", TOK, seed=5), TRAIN, VALID, cfg(resume=True), tmp_path / "b",
+                                  TOK.pad_token_id)
+    assert res2.steps == res.steps
+    # "best" = lowest valid loss; the straight run's last epoch is its best here, so compare last weights
+    final_a = json.loads((tmp_path / "a" / "last" / "state.json").read_text())
+    final_b = json.loads((tmp_path / "b" / "last" / "state.json").read_text())
+    assert final_a["scheduler"]["last_epoch"] == final_b["scheduler"]["last_epoch"]
+    from safetensors.torch import load_file
+
+    wa = load_file(str(tmp_path / "a" / "last" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "last" / "model.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
+
+
+def test_early_stopping_on_evaluator_metric_keeps_best(tmp_path) -> None:
+    scores = iter([0.30, 0.20, 0.10, 0.05])
+    snapshots = []
+
+    def evaluator(model) -> dict[str, float]:
+        snapshots.append(weights(model))
+        return {"recall@10": next(scores), "ndcg@10": 0.0}
+
+    best, res = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(epochs=4, patience=2),
+                              tmp_path, TOK.pad_token_id, evaluator=evaluator)
+    assert res.stopped == "patience" and res.epochs == 3 and res.best_epoch == 1
+    assert res.score_name == "recall@10" and res.best_score == pytest.approx(0.30)
+    for k, v in weights(best).items():  # the returned model holds epoch 1's weights
+        torch.testing.assert_close(v, snapshots[0][k])

@@ -1,0 +1,110 @@
+"""``recsvc build``: make a servable bundle from a data directory, stage by stage, resumable.
+
+    recsvc build --data ../shared/data/amazon-beauty --out artifacts/beauty --preset small --max-minutes 50
+
+Stages (each recorded in BUNDLE/bundle.json when finished; a finished stage is skipped on re-runs, an
+interrupted training stage resumes from its checkpoint):
+
+    ids        item texts -> RQ-VAE -> collision-free semantic ids (tokenizer_rqvae.build), or --ids FILE
+    tokenizer  text BPE + 1024 code tokens (or --base-model's tokenizer)
+    target     the LC-Rec style target LM (training.train_target)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+from recsvc.errors import UserError
+from training.cli import add_loop_args, add_model_args, loop_config, lora_settings
+
+STAGES = ("ids", "tokenizer", "target")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("build", help="build a bundle (ids, tokenizer, target) from a data directory")
+    p.add_argument("--data", type=Path, required=True, help="split data directory")
+    p.add_argument("--out", type=Path, required=True, help="bundle directory (created or resumed)")
+    p.add_argument("--ids", type=Path, default=None,
+                   help="use this semantic_ids.json instead of training the RQ-VAE (e.g. the reference ids)")
+    p.add_argument("--drafter-preset", default=None, help="also train a drafter (when that stage exists)")
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of " + ",".join(STAGES))
+    add_model_args(p)
+    add_loop_args(p)
+    p.set_defaults(func=cmd_build)
+
+
+def stage_ids(bundle, data_dir: Path, ids_file: Path | None) -> dict:
+    from tokenizer_rqvae.ids import SemanticIds
+
+    t0 = time.monotonic()
+    bundle.ids_dir.mkdir(parents=True, exist_ok=True)
+    if ids_file is not None:
+        ids = SemanticIds.load(ids_file)  # validates the file
+        shutil.copyfile(ids_file, bundle.semantic_ids_path)
+        report = {"source": str(ids_file.resolve()), "items": len(ids), "collisions": ids.collisions()}
+    else:
+        from tokenizer_rqvae.build import build_semantic_ids  # heavy (embedder, faiss): imported lazily
+
+        # an interrupted RQ-VAE run left ids/checkpoint/: continue it
+        report = build_semantic_ids(data_dir, bundle.ids_dir, resume=(bundle.ids_dir / "checkpoint").is_dir())
+        if not bundle.semantic_ids_path.is_file():
+            raise UserError(f"the ids stage wrote no {bundle.semantic_ids_path}")
+        ids = bundle.load_ids()
+    bundle.mark_done("ids", seconds=round(time.monotonic() - t0, 1), items=len(ids),
+                     collisions=ids.collisions(), source=str(ids_file) if ids_file else "rqvae")
+    return _summary(report)
+
+
+def _summary(report) -> dict:
+    if not isinstance(report, dict):
+        return {}
+    return {k: v for k, v in report.items() if isinstance(v, int | float | str | bool) or v is None}
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from recsvc.model.bundle import Bundle
+    from training.data.dataset import load_split_dir
+    from training.train_target import ensure_tokenizer, train_target
+
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise UserError(f"unknown stage(s) {', '.join(unknown)}: expected a subset of {', '.join(STAGES)}")
+    if not args.data.is_dir():
+        raise UserError(f"data directory not found: {args.data}")
+    cfg = loop_config(args)
+    lora = lora_settings(args)
+    bundle = Bundle.create(args.out, data=args.data)
+    data = None
+    for stage in stages:
+        if bundle.is_done(stage) and not (args.force and stage == "target"):
+            print(f"[{stage}] done earlier, skipped")
+            continue
+        t0 = time.monotonic()
+        print(f"[{stage}] running")
+        if stage == "ids":
+            info = stage_ids(bundle, args.data, args.ids)
+        elif stage == "tokenizer":
+            data = data or load_split_dir(args.data)
+            tok = ensure_tokenizer(bundle, data, args.base_model)
+            info = {"vocab_size": len(tok)}
+        else:
+            if not bundle.semantic_ids_path.is_file():
+                raise UserError(f"the target stage needs semantic ids: run the ids stage first ({bundle.root})")
+            ckpt_exists = (bundle.checkpoint_dir("target") / "last").is_dir()
+            cfg.resume = cfg.resume or (ckpt_exists and not args.force)  # build always resumes
+            info = train_target(args.data, bundle.root, preset=args.preset, cfg=cfg, base_model=args.base_model,
+                                lora=lora, force=args.force, eval_max_users=args.eval_users,
+                                window_stride=args.window_stride)
+            info = {k: v for k, v in info.items() if k not in ("config", "main_process")}
+        print(f"[{stage}] finished in {time.monotonic() - t0:.1f}s: {json.dumps(info, default=str)}")
+    if args.drafter_preset:
+        bundle.update(drafter={"preset": args.drafter_preset, "done": False})
+        print(f"[drafter] preset {args.drafter_preset} recorded; train it with `recsvc train drafter` "
+              "(not part of this build yet)")
+    print(f"bundle: {bundle.root}")
+    return 0

@@ -1,0 +1,103 @@
+"""``recsvc train ...``: model training commands (``target``; a drafter command registers next to it).
+
+    recsvc train target --data ../shared/data/amazon-beauty --bundle artifacts/beauty --preset small
+    recsvc train target --data D --bundle B --base-model ~/llama --lora --lora-r 8 --lora-targets q_proj,v_proj
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from recsvc.errors import UserError
+
+
+def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3) -> None:
+    """Flags of the generic training loop (TrainConfig); shared with `recsvc build`."""
+    p.add_argument("--epochs", type=int, default=epochs)
+    p.add_argument("--batch-size", type=int, default=32, help="windows per micro-batch (per process)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--warmup", type=float, default=0.05, help="< 1: fraction of the steps; >= 1: steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget; stops cleanly")
+    p.add_argument("--patience", type=int, default=2, help="epochs without improvement (0: off)")
+    p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto", help="bf16 autocast")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--force", action="store_true", help="discard checkpoints and retrain")
+    p.add_argument("--eval-users", type=int, default=2000, help="validation users sampled for the loss")
+    p.add_argument("--window-stride", type=int, default=1,
+                   help="targets per window after a user's first (1: exact prompts; 5: ~1.5x faster epochs)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: all cores; 1 is faster on a busy shared machine)")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    from recsvc.model.presets import TARGET_PRESETS
+
+    p.add_argument("--preset", default="small", choices=TARGET_PRESETS, help="target shape (no --base-model)")
+    p.add_argument("--base-model", type=Path, default=None, help="local pretrained LLaMA-family checkpoint")
+    p.add_argument("--lora", action="store_true", help="LoRA fine-tuning of --base-model")
+    p.add_argument("--lora-r", type=int, default=8)
+    p.add_argument("--lora-alpha", type=int, default=16)
+    p.add_argument("--lora-dropout", type=float, default=0.05)
+    p.add_argument("--lora-targets", default="q_proj,v_proj", help="comma-separated module names")
+
+
+def register(subparsers) -> None:
+    train = subparsers.add_parser("train", help="train models into a bundle")
+    sub = train.add_subparsers(dest="train_command", metavar="MODEL")
+    p = sub.add_parser("target", help="train the target recommender LM (bundle stage 'target')")
+    p.add_argument("--data", type=Path, required=True, help="split data directory")
+    p.add_argument("--bundle", type=Path, required=True, help="bundle directory (needs ids/)")
+    add_model_args(p)
+    add_loop_args(p)
+    p.set_defaults(func=cmd_target)
+    train.set_defaults(func=lambda _args: train.print_help() or 2)
+
+
+def loop_config(args: argparse.Namespace):
+    """TrainConfig from the flags (also applies --threads)."""
+    import torch
+
+    from training.train_target import TrainConfig
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+
+    for name in ("epochs", "batch_size", "grad_accum"):
+        if getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.lr <= 0:
+        raise UserError("--lr must be > 0")
+    return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
+                       weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
+                       max_minutes=args.max_minutes, patience=args.patience, bf16=args.bf16, resume=args.resume)
+
+
+def lora_settings(args: argparse.Namespace):
+    from training.lora import LoraSettings, parse_targets
+
+    if not args.lora:
+        return None
+    if args.lora_r < 1:
+        raise UserError("--lora-r must be >= 1")
+    return LoraSettings(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
+                        targets=parse_targets(args.lora_targets))
+
+
+def cmd_target(args: argparse.Namespace) -> int:
+    from training.train_target import train_target
+
+    if not args.data.is_dir():
+        raise UserError(f"data directory not found: {args.data}")
+    info = train_target(args.data, args.bundle, preset=args.preset, cfg=loop_config(args),
+                        base_model=args.base_model, lora=lora_settings(args), force=args.force,
+                        eval_max_users=args.eval_users, window_stride=args.window_stride)
+    if info.pop("main_process", True):
+        print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
+    return 0
