@@ -28,6 +28,9 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--force", action="store_true", help="discard checkpoints and retrain")
     p.add_argument("--eval-users", type=int, default=2000, help="validation users sampled for the loss")
+    p.add_argument("--select-by", choices=["recall", "loss"], default="recall",
+                   help="keep the epoch with the best validation Recall@10 (beam search) or the lowest loss")
+    p.add_argument("--recall-users", type=int, default=1000, help="validation users for the Recall@10 check")
     p.add_argument("--window-stride", type=int, default=1,
                    help="targets per window after a user's first (1: exact prompts; 5: ~1.5x faster epochs)")
     p.add_argument("--threads", type=int, default=None,
@@ -79,6 +82,19 @@ def loop_config(args: argparse.Namespace):
                        max_minutes=args.max_minutes, patience=args.patience, bf16=args.bf16, resume=args.resume)
 
 
+def evaluator_factory(args: argparse.Namespace):
+    """make_evaluator(builder, data) for early stopping on validation Recall@10, or None (validation loss)."""
+    if getattr(args, "select_by", "loss") != "recall":
+        return None
+    if args.recall_users < 1:
+        raise UserError("--recall-users must be >= 1")
+    from functools import partial
+
+    from training.evaluate import make_evaluator
+
+    return partial(make_evaluator, split="valid", k=10, ks=(10,), max_users=args.recall_users)
+
+
 def lora_settings(args: argparse.Namespace):
     from training.lora import LoraSettings, parse_targets
 
@@ -97,7 +113,8 @@ def cmd_target(args: argparse.Namespace) -> int:
         raise UserError(f"data directory not found: {args.data}")
     info = train_target(args.data, args.bundle, preset=args.preset, cfg=loop_config(args),
                         base_model=args.base_model, lora=lora_settings(args), force=args.force,
-                        eval_max_users=args.eval_users, window_stride=args.window_stride)
+                        eval_max_users=args.eval_users, window_stride=args.window_stride,
+                        make_evaluator=evaluator_factory(args))
     if info.pop("main_process", True):
         print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
     return 0
