@@ -30,7 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, required=True, help="bundle directory (created or resumed)")
     p.add_argument("--ids", type=Path, default=None,
                    help="use this semantic_ids.json instead of training the RQ-VAE (e.g. the reference ids)")
-    p.add_argument("--drafter-preset", default=None, help="also train a drafter (when that stage exists)")
+    p.add_argument("--drafter-preset", default=None,
+                   help="also train a drafter of this preset (stage 'drafter', SFT; e.g. drafter-small)")
+    p.add_argument("--drafter-epochs", type=int, default=None, help="drafter epochs (default: --epochs)")
     p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of " + ",".join(STAGES))
     add_model_args(p)
     add_loop_args(p)
@@ -103,8 +105,20 @@ def cmd_build(args: argparse.Namespace) -> int:
             info = {k: v for k, v in info.items() if k not in ("config", "main_process")}
         print(f"[{stage}] finished in {time.monotonic() - t0:.1f}s: {json.dumps(info, default=str)}")
     if args.drafter_preset:
-        bundle.update(drafter={"preset": args.drafter_preset, "done": False})
-        print(f"[drafter] preset {args.drafter_preset} recorded; train it with `recsvc train drafter` "
-              "(not part of this build yet)")
+        from dataclasses import replace
+
+        from training.train_drafter import train_drafter
+
+        if bundle.is_done("drafter") and not args.force:
+            print("[drafter] done earlier, skipped")
+        else:
+            t0 = time.monotonic()
+            print(f"[drafter] running ({args.drafter_preset}, sft)")
+            dcfg = replace(cfg, epochs=args.drafter_epochs or cfg.epochs,
+                           resume=(bundle.checkpoint_dir("drafter") / "last").is_dir() and not args.force)
+            info = train_drafter(bundle.root, args.data, args.drafter_preset, "sft", dcfg, args.eval_users,
+                                 args.window_stride, args.force)
+            info = {k: v for k, v in info.items() if k != "config"}
+            print(f"[drafter] finished in {time.monotonic() - t0:.1f}s: {json.dumps(info, default=str)}")
     print(f"bundle: {bundle.root}")
     return 0

@@ -58,6 +58,15 @@ def register(subparsers) -> None:
     add_model_args(p)
     add_loop_args(p)
     p.set_defaults(func=cmd_target)
+    from recsvc.model import presets
+
+    d = sub.add_parser("drafter", help="train the drafter LM into the bundle (stage 'drafter')")
+    d.add_argument("--bundle", type=Path, required=True, help="bundle directory with ids + tokenizer")
+    d.add_argument("--data", type=Path, default=None, help="split data directory (default: the bundle's)")
+    d.add_argument("--preset", default="drafter-small", choices=presets.DRAFTER_PRESETS)
+    d.add_argument("--method", default="sft", choices=["sft"], help="training objective")
+    add_loop_args(d)
+    d.set_defaults(func=cmd_drafter)
     train.set_defaults(func=lambda _args: train.print_help() or 2)
 
 
@@ -104,6 +113,17 @@ def lora_settings(args: argparse.Namespace):
         raise UserError("--lora-r must be >= 1")
     return LoraSettings(r=args.lora_r, alpha=args.lora_alpha, dropout=args.lora_dropout,
                         targets=parse_targets(args.lora_targets))
+
+
+def cmd_drafter(args: argparse.Namespace) -> int:
+    from training.train_drafter import train_drafter
+
+    if args.data is not None and not args.data.is_dir():
+        raise UserError(f"data directory not found: {args.data}")
+    info = train_drafter(args.bundle, args.data, preset=args.preset, method=args.method, cfg=loop_config(args),
+                         eval_max_users=args.eval_users, window_stride=args.window_stride, force=args.force)
+    print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
+    return 0
 
 
 def cmd_target(args: argparse.Namespace) -> int:
