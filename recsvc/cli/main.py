@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "recsvc.bench.cli",
     "serve": "recsvc.service.cli",
     "client": "recsvc.service.client_cli",
+    "demo": "recsvc.cli.demo",
 }
 
 

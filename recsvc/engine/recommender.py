@@ -36,6 +36,24 @@ class SpecSettings:
         return self.draft_beams or k
 
 
+def load_popularity(bundle_dir: Path, data_dir: Path | None) -> dict[int, int] | None:
+    """Item -> interaction count for the cold-start fallback: BUNDLE/popularity.json if present, else counted
+    over the bundle's data (every period a deployed model may have seen), else None (item id order)."""
+    pop_file = bundle_dir / "popularity.json"
+    if pop_file.is_file():
+        return {int(k): int(v) for k, v in json.loads(pop_file.read_text()).items()}
+    if data_dir is not None and (Path(data_dir) / "sequential_train.txt").is_file():
+        counts: dict[int, int] = {}
+        for name in ("sequential_train.txt", "sequential_valid.txt", "sequential_test.txt"):
+            f = Path(data_dir) / name
+            if f.is_file():
+                for line in f.read_text().splitlines():
+                    for tok in line.split()[1:]:
+                        counts[int(tok)] = counts.get(int(tok), 0) + 1
+        return counts
+    return None
+
+
 class BundleRecommender:
     def __init__(
         self,
@@ -71,10 +89,7 @@ class BundleRecommender:
         if use_drafter and (bundle.drafter_dir / "config.json").is_file():
             drafter = LlamaDrafter(bundle.load_drafter(dtype=dtype, device=device), CatalogTrie(ids),
                                    prompts.code_offset)
-        popularity = None
-        pop_file = Path(path) / "popularity.json"
-        if pop_file.is_file():
-            popularity = {int(k): int(v) for k, v in json.loads(pop_file.read_text()).items()}
+        popularity = load_popularity(Path(path), bundle.data_dir())
         rec = cls(target, prompts, ids, drafter, popularity)
         if drafter is not None:
             drafter.trie = rec.trie  # one trie for both

@@ -159,9 +159,12 @@ def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.T
     fallback = resid.sum(1, keepdim=True) <= 0  # p == q where it matters: draw from p itself
     resid = torch.where(fallback, torch.where(acc_cand, 0.0, logp.exp()), resid)
     log_resid = torch.where(resid > 0, resid.log(), float("-inf"))
-    # order: accepted first (key +inf), then residual samples by Gumbel key; take K
-    keys = torch.where(acc_cand, float("inf"), log_resid + gumbel((n_cand,), gens, rows))
-    keys = torch.where(torch.isfinite(log_resid) | acc_cand, keys, float("-inf"))
+    # order: accepted first (key +inf), then residual samples by Gumbel key, then (only if the residual's
+    # support is too small to fill K) samples from p itself; take K
+    noise = gumbel((n_cand,), gens, rows)
+    from_p = torch.where(torch.isfinite(logp) & ~acc_cand, logp + noise - 1.0e6, float("-inf"))
+    keys = torch.where(torch.isfinite(log_resid), log_resid + noise, from_p)
+    keys = torch.where(acc_cand, float("inf"), keys)
     top = torch.topk(keys, min(k, n_cand), dim=1)
     nodes_r = torch.where(torch.isfinite(top.values) | (top.values > 0), cand_nodes.gather(1, top.indices), -1)
     w_r = torch.where(nodes_r >= 0, cand_w.gather(1, top.indices), float("-inf"))
