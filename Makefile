@@ -23,7 +23,7 @@ lint: install
 
 test: install redis
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -x --timeout 900
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -x --timeout 900 -p no:cacheprovider
 
 demo: install
 	$(VENV)/bin/recsvc demo --out artifacts/demo

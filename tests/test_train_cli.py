@@ -40,7 +40,7 @@ def test_build_then_skip_then_train_errors(data, tmp_path, capsys) -> None:
     b = Bundle.open(out)
     assert all(b.is_done(s) for s in ("ids", "tokenizer", "target"))
     meta = b.read()
-    assert meta["target_preset"] == "tiny" and meta["stages"]["target"]["best"]["metric"] == "valid_loss"
+    assert meta["target_preset"] == "tiny" and meta["stages"]["target"]["best"]["metric"] == "recall@10"
     model = b.load_target(dtype="fp32")
     tok = b.load_tokenizer()
     assert model.config.vocab_size == len(tok)
