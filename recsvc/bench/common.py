@@ -24,6 +24,13 @@ def parse_int_list(text: str, flag: str, lo: int = 1, hi: int = 100) -> list[int
     return values
 
 
+def set_threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise UserError("--threads must be >= 1")
+        torch.set_num_threads(threads)
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:

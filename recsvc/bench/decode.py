@@ -12,7 +12,7 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, timed, write_json
+from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, set_threads, timed, write_json
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -23,6 +23,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--json", dest="json_path")
 
 
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.reference import generate_topk
 
+    set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
     engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset)

@@ -16,7 +16,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, write_json
+from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, set_threads, write_json
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -32,6 +32,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--calibration-users", type=int, default=8)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--json", dest="json_path")
 
 
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> dict:
     from training.evaluate import sample_users
     from training.metrics import evaluate_rankings
 
+    set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")
     fixed_grid = parse_grid(args.grid)
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
