@@ -23,6 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
@@ -63,64 +64,47 @@ def relaxed_speculative_search(
     b, levels = len(prompts.lengths), trie.levels
     n_draft = max(draft_beams, k)
     cache = TreeCache(target, trie, code_offset, prompts)
-    rows = torch.arange(b)
-    nodes, weights = torch.zeros(b, 1, dtype=torch.long), torch.zeros(b, 1)
-    depth = torch.zeros(b, dtype=torch.long)
+    beams = ActiveBeams.start(b, dead=dead, temp=temperature.clone())
     out_leaves = torch.full((b, k), -1, dtype=torch.long)
     out_logp = torch.full((b, k), float("-inf"))
     calls = torch.zeros(b, dtype=torch.long)
     accepted = torch.zeros(b, dtype=torch.long)
-    temp = temperature.clone()
-    while len(rows):
-        grow = rows.tolist()
-        steps = (levels - depth).clamp(max=gamma)
-        drafted: list[DraftStep] = drafts.sample(nodes, weights, steps, n_draft, temp, [gens[r] for r in grow])
-        tree = torch.cat([nodes, *[d.nodes for d in drafted]], 1)
+    while len(beams.rows):
+        dead, temp = beams.per_row["dead"], beams.per_row["temp"]
+        grow = beams.rows.tolist()
+        steps = (levels - beams.depth).clamp(max=gamma)
+        drafted: list[DraftStep] = drafts.sample(beams.nodes, beams.scores, steps, n_draft, temp,
+                                                 [gens[r] for r in grow])
+        tree = torch.cat([beams.nodes, *[d.nodes for d in drafted]], 1)
         cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))
-        calls[rows] += 1
-        running = torch.ones(len(rows), dtype=torch.bool)
+        calls[beams.rows] += 1
+        running = torch.ones(len(grow), dtype=torch.bool)
         for s in range(1, gamma + 2):
-            go = running & (depth < levels)
+            go = running & (beams.depth < levels)
             if not go.any():
                 break
-            live = torch.where(go[:, None], nodes, -1)
+            live = torch.where(go[:, None], beams.nodes, -1)
             logp, child = tempered_logp(target, cache, live, temp, dead)  # [R, Kc, C]
-            cand_w = (weights[..., None] + logp).reshape(len(rows), -1)  # log P(child), unnormalised over set
-            cand_nodes = child.reshape(len(rows), -1)
+            cand_w = (beams.scores[..., None] + logp).reshape(len(grow), -1)  # log P(child), unnormalised
+            cand_nodes = child.reshape(len(grow), -1)
             verify = go & (steps >= s) & (s <= len(drafted))
             if not verify.any():  # the free depth (or nothing drafted): sample from the target directly
                 new_nodes, new_w = sample_children(cand_w, cand_nodes, k, gens, grow)
                 ok = torch.zeros_like(go)
             else:
-                new_nodes, new_w, ok = _verify_depth(cand_w, cand_nodes, nodes, drafted[s - 1], k, gens, grow)
+                new_nodes, new_w, ok = _verify_depth(cand_w, cand_nodes, beams.nodes, drafted[s - 1], k, gens, grow)
                 free = go & ~verify
                 if free.any():
                     fn, fw = sample_children(cand_w, cand_nodes, k, gens, grow)
                     new_nodes = torch.where(free[:, None], fn, new_nodes)
                     new_w = torch.where(free[:, None], fw, new_w)
                 ok &= verify
-            if nodes.shape[1] != k:
-                nodes, weights = new_nodes, new_w
-            else:
-                nodes = torch.where(go[:, None], new_nodes, nodes)
-                weights = torch.where(go[:, None], new_w, weights)
-            depth += go.long()
-            accepted[rows] += ok.long()
+            beams.advance(go, new_nodes, new_w)
+            accepted[beams.rows] += ok.long()
             running = ok
-        done = depth >= levels
-        if done.any():
-            lv, lw = rank_final(nodes[done], weights[done])
-            out_leaves[rows[done]], out_logp[rows[done]] = lv, lw
-        keep = torch.nonzero(~done).reshape(-1)
-        if len(keep) < len(rows):
-            rows, nodes, weights, depth, temp = rows[keep], nodes[keep], weights[keep], depth[keep], temp[keep]
-            cache.select_rows(keep)
-            drafts.select_rows(keep)
-            if dead is not None:
-                dead = dead[keep]
+        rows, leaves, logp_seq = beams.retire(levels, cache, drafts)
         if len(rows):
-            cache.compact(nodes)
-            drafts.observe(nodes)
+            out_leaves[rows], out_logp[rows] = rank_final(leaves, logp_seq)
     return RelaxedOutput(out_leaves, out_logp, calls, accepted, drafts.calls)
 
 

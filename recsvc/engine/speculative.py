@@ -23,6 +23,7 @@ from transformers import PreTrainedModel
 from recsvc.drafters.base import DraftSession
 from recsvc.engine.beam_search import expand_beams, node_logprobs
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.topk import Selector
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
@@ -60,52 +61,34 @@ def speculative_search(
 ) -> SpecOutput:
     b, levels = len(prompts.lengths), trie.levels
     cache = TreeCache(target, trie, code_offset, prompts)
-    rows = torch.arange(b)  # original request index of each active row
-    nodes = torch.zeros(b, 1, dtype=torch.long)  # current target beams (the root)
-    scores = torch.zeros(b, 1)
-    depth = torch.zeros(b, dtype=torch.long)
+    beams = ActiveBeams.start(b, dead=dead)
     out_leaves = torch.full((b, k), -1, dtype=torch.long)
     out_scores = torch.full((b, k), float("-inf"))
     calls = torch.zeros(b, dtype=torch.long)
     accepted = torch.zeros(b, dtype=torch.long)
-    while len(rows):
-        steps = (levels - depth).clamp(max=gamma)  # [R]
-        drafted = drafts.propose(nodes, scores, steps, draft_beams)  # g x [R, N]
-        tree = torch.cat([nodes, *drafted], 1)
+    while len(beams.rows):
+        dead = beams.per_row["dead"]
+        steps = (levels - beams.depth).clamp(max=gamma)  # [R]
+        drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams)  # g x [R, N]
+        tree = torch.cat([beams.nodes, *drafted], 1)
         cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
-        calls[rows] += 1
-        running = torch.ones(len(rows), dtype=torch.bool)
+        calls[beams.rows] += 1
+        running = torch.ones(len(beams.rows), dtype=torch.bool)
         for s in range(1, gamma + 2):
-            go = running & (depth < levels)
+            go = running & (beams.depth < levels)
             if not go.any():
                 break
-            live = torch.where(go[:, None], nodes, -1)  # finished rows take no step
+            live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
             logp = node_logprobs(target, cache, live)  # [R, Kc, C]
-            new_nodes, new_scores, _ = expand_beams(trie, live, scores, logp, k, dead, select)
+            new_nodes, new_scores, _ = expand_beams(trie, live, beams.scores, logp, k, dead, select)
             ok = go & (steps >= s)
             if s <= len(drafted):
                 ok &= accepted_depth(new_nodes, drafted[s - 1])
             else:
                 ok &= False  # the free depth after all g drafted depths passed
-            if nodes.shape[1] != k:  # first depth of the request: every row goes
-                nodes, scores = new_nodes, new_scores
-            else:
-                nodes = torch.where(go[:, None], new_nodes, nodes)
-                scores = torch.where(go[:, None], new_scores, scores)
-            depth += go.long()
-            accepted[rows] += ok.long()
+            beams.advance(go, new_nodes, new_scores)
+            accepted[beams.rows] += ok.long()
             running = ok
-        done = depth >= levels
-        out_leaves[rows[done]] = nodes[done]
-        out_scores[rows[done]] = scores[done]
-        keep = torch.nonzero(~done).reshape(-1)
-        if len(keep) < len(rows):
-            rows, nodes, scores, depth = rows[keep], nodes[keep], scores[keep], depth[keep]
-            cache.select_rows(keep)
-            drafts.select_rows(keep)
-            if dead is not None:
-                dead = dead[keep]
-        if len(rows):
-            cache.compact(nodes)
-            drafts.observe(nodes)
+        rows, leaves, scores = beams.retire(levels, cache, drafts)
+        out_leaves[rows], out_scores[rows] = leaves, scores
     return SpecOutput(out_leaves, out_scores, calls, accepted, drafts.calls)
