@@ -30,3 +30,25 @@ demo: install
 
 clean:
 	rm -rf artifacts .pytest_cache .ruff_cache
+
+# The Beauty acceptance runs (hours of CPU in all; each writes JSON under artifacts/beauty/bench).
+BEAUTY ?= ../shared/data/amazon-beauty
+BUNDLE ?= artifacts/beauty/bundle
+BENCH ?= artifacts/beauty/bench
+.PHONY: beauty-bundle bench-beauty
+beauty-bundle: install
+	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
+	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
+	  --preset small --threads 1 --max-minutes 50 --epochs 12 --patience 3 --drafter-preset drafter-small --drafter-epochs 4
+
+bench-beauty: install redis
+	mkdir -p $(BENCH)
+	$(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 1,5,10,20 --json $(BENCH)/eval_test.json
+	$(VENV)/bin/recsvc bench decode --bundle $(BUNDLE) --users 200 --k 1,5,10,20 --threads 1 --json $(BENCH)/decode.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter oracle --threads 1 --json $(BENCH)/spec_oracle.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 500 --k 10,20 --drafter llama --grid 10:3 --threads 1 --json $(BENCH)/spec_identical.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter llama --threads 1 --json $(BENCH)/spec_llama.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter retrieval --threads 1 --json $(BENCH)/spec_retrieval.json
+	$(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 1,16 --duration 30 --k 10 --batching both --json $(BENCH)/serve.json
+	$(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 16 --duration 60 --k 10 --redis-url spawn --outage --json $(BENCH)/serve_outage.json
+	$(VENV)/bin/recsvc bench fuzz --bundle $(BUNDLE) --requests 10000 --json $(BENCH)/fuzz.json
