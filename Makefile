@@ -46,7 +46,7 @@ bench-beauty: install redis
 	$(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 1,5,10,20 --json $(BENCH)/eval_test.json
 	$(VENV)/bin/recsvc bench decode --bundle $(BUNDLE) --users 200 --k 1,5,10,20 --threads 1 --json $(BENCH)/decode.json
 	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter oracle --threads 1 --json $(BENCH)/spec_oracle.json
-	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 500 --k 10,20 --drafter llama --grid 10:3 --threads 1 --json $(BENCH)/spec_identical.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 500 --k 10,20 --drafter llama --grid K:3 --threads 1 --json $(BENCH)/spec_identical.json
 	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter llama --threads 1 --json $(BENCH)/spec_llama.json
 	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter retrieval --threads 1 --json $(BENCH)/spec_retrieval.json
 	$(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 1,16 --duration 30 --k 10 --batching both --json $(BENCH)/serve.json

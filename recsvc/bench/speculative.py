@@ -54,18 +54,34 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str):
     return LlamaDrafter(bundle.load_drafter(dtype=dtype), ctx.trie, ctx.builder.code_offset)
 
 
-def parse_grid(text: str) -> list[tuple[int, int]] | None:
+def parse_grid(text: str) -> list[tuple[str, int]] | None:
+    """'auto' -> None; else N:gamma pairs where N is a number or relative to K: 'K', '2K', 'K/2'.
+
+    Example: parse_grid("K:3,20:2") == [("K", 3), ("20", 2)]."""
     from recsvc.errors import UserError
 
     if text == "auto":
         return None
-    try:
-        pairs = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
-    except ValueError:
-        raise UserError(f"--grid takes N:gamma pairs like 10:3,20:2, got {text!r}") from None
-    if any(len(p) != 2 or p[0] < 1 or not 1 <= p[1] <= 5 for p in pairs):
-        raise UserError(f"--grid pairs need N >= 1 and gamma in 1..5, got {text!r}")
-    return [(p[0], p[1]) for p in pairs]
+    pairs = []
+    for item in text.split(","):
+        n, _, gamma = item.partition(":")
+        if not (n.isdigit() or n in ("K", "2K", "K/2")) or not gamma.isdigit() or not 1 <= int(gamma) <= 5:
+            raise UserError(f"--grid takes N:gamma pairs (N a number, K, 2K or K/2; gamma 1..5), got {text!r}")
+        if n.isdigit() and int(n) < 1:
+            raise UserError(f"--grid: N must be >= 1, got {text!r}")
+        pairs.append((n, int(gamma)))
+    return pairs
+
+
+def resolve_grid(pairs: list[tuple[str, int]], k: int) -> list[tuple[int, int]]:
+    """resolve_grid([("K", 3), ("2K", 2)], 10) == [(10, 3), (20, 2)]."""
+    size = {"K": k, "2K": 2 * k, "K/2": max(1, k // 2)}
+    out: list[tuple[int, int]] = []
+    for n, gamma in pairs:
+        pair = (size[n] if n in size else int(n), gamma)
+        if pair not in out:
+            out.append(pair)
+    return out
 
 
 @torch.inference_mode()
@@ -115,7 +131,7 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     for k in ks:
         drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype)
-        candidates = fixed_grid or grid_for(k)
+        candidates = resolve_grid(fixed_grid, k) if fixed_grid else grid_for(k)
         auto = autotune(lambda k_, n, g, d=drafter: [spec_once(u.history, k_, n, g, d) for u in calib], [k],
                         repeats=1, grid=candidates)[k]
         settings = [*candidates, auto] if fixed_grid is None else candidates
