@@ -90,3 +90,14 @@ def test_concurrent_clients_are_batched(make_server, recommender) -> None:
         t.join()
     assert not errors and len(results) == 12
     assert max(r.stats.batch_size for r in results) > 1
+
+
+def test_autotune_picks_a_setting_per_k_and_keeps_results_exact(recommender) -> None:
+    from recsvc.engine.api import RecQuery
+
+    histories = [[1, 2, 3], [4, 5]]
+    before = [r.item_ids for r in recommender.recommend([RecQuery(h, k=5, mode="plain") for h in histories])]
+    choice = recommender.autotune(histories, ks=(5,))
+    assert set(choice) == {5} and (choice[5] == (0, 0) or choice[5][0] >= 1)
+    after = [r.item_ids for r in recommender.recommend([RecQuery(h, k=5, mode="strict") for h in histories])]
+    assert after == before

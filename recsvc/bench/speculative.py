@@ -73,20 +73,9 @@ def parse_grid(text: str) -> list[tuple[str, int]] | None:
     return pairs
 
 
-def resolve_grid(pairs: list[tuple[str, int]], k: int) -> list[tuple[int, int]]:
-    """resolve_grid([("K", 3), ("2K", 2)], 10) == [(10, 3), (20, 2)]."""
-    size = {"K": k, "2K": 2 * k, "K/2": max(1, k // 2)}
-    out: list[tuple[int, int]] = []
-    for n, gamma in pairs:
-        pair = (size[n] if n in size else int(n), gamma)
-        if pair not in out:
-            out.append(pair)
-    return out
-
-
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
-    from recsvc.engine.autotune import autotune, grid_for
+    from recsvc.engine.autotune import DEFAULT_GRID, autotune, resolve_grid
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.relaxed import relaxed_speculative_search
@@ -106,6 +95,9 @@ def run(args: argparse.Namespace) -> dict:
     temp = torch.tensor([args.temperature])
 
     def spec_once(user_history, k, n, gamma, drafter, seed=0):
+        if n == 0:  # autotune chose not to speculate: plain (or sampling) beam search
+            leaves, ms, calls = plain_once(user_history, k, seed)
+            return leaves, ms, calls, 0
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
         session = drafter.session(pb, [user_history], None)  # oracle: its plain search happens here, untimed
         start = time.perf_counter()
@@ -131,9 +123,9 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     for k in ks:
         drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype)
-        candidates = resolve_grid(fixed_grid, k) if fixed_grid else grid_for(k)
+        candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
         auto = autotune(lambda k_, n, g, d=drafter: [spec_once(u.history, k_, n, g, d) for u in calib], [k],
-                        repeats=1, grid=candidates)[k]
+                        lambda _k, c=candidates: c, repeats=1)[k]
         settings = [*candidates, auto] if fixed_grid is None else candidates
         for u in ctx.users[:2]:  # warm-up
             plain_once(u.history, k)

@@ -2,7 +2,11 @@
 
 A CPU has little free verification width (a tree of 160 tokens costs several decode steps), a GPU has a lot,
 so (N, gamma) is not copied from the paper: at start-up the engine times strict speculative decoding for each
-candidate on a few calibration prompts and keeps the fastest per K (ties: fewer target calls).
+candidate on a few calibration prompts and keeps the fastest per K. Plain beam search, (N, gamma) = (0, 0),
+is always a candidate: where no draft pays for itself (a weak drafter, a large K), the engine does not
+speculate.
+
+Candidates are written with N relative to K ("K", "2K", "K/2") or as a number.
 """
 
 from __future__ import annotations
@@ -10,27 +14,30 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-DEFAULT_GRID: tuple[tuple[int, int], ...] = ((1, 1), (1, 3), (0, 1), (0, 2), (0, 3), (-1, 3))
-# N relative to K: 0 -> N = K, -1 -> N = 2K, 1 -> N = max(1, K // 2); gamma as given
+DEFAULT_GRID: tuple[tuple[str, int], ...] = (("K/2", 1), ("K/2", 3), ("K", 1), ("K", 2), ("K", 3), ("2K", 3))
 
 
-def grid_for(k: int, grid: Sequence[tuple[int, int]] = DEFAULT_GRID) -> list[tuple[int, int]]:
-    """Concrete (N, gamma) candidates for K. Example: grid_for(10) -> [(5, 1), (5, 3), (10, 1), ...]."""
-    out = []
-    for rel, gamma in grid:
-        n = {0: k, -1: 2 * k, 1: max(1, k // 2)}[rel]
-        if (n, gamma) not in out:
-            out.append((n, gamma))
+def resolve_grid(pairs: Sequence[tuple[str, int]], k: int) -> list[tuple[int, int]]:
+    """Concrete (N, gamma) for K. Example: resolve_grid([("K", 3), ("2K", 2), ("7", 1)], 10) ->
+    [(10, 3), (20, 2), (7, 1)]."""
+    size = {"K": k, "2K": 2 * k, "K/2": max(1, k // 2)}
+    out: list[tuple[int, int]] = []
+    for n, gamma in pairs:
+        pair = (size[n] if n in size else int(n), gamma)
+        if pair not in out:
+            out.append(pair)
     return out
 
 
-def autotune(run: Callable[[int, int, int], object], ks: Sequence[int], repeats: int = 2,
-             grid: Sequence[tuple[int, int]] = DEFAULT_GRID) -> dict[int, tuple[int, int]]:
-    """run(k, n, gamma) decodes the calibration batch once. Returns {k: (N, gamma)} of the fastest median."""
+def autotune(run: Callable[[int, int, int], object], ks: Sequence[int],
+             candidates: Callable[[int], list[tuple[int, int]]] | None = None,
+             repeats: int = 2) -> dict[int, tuple[int, int]]:
+    """run(k, n, gamma) decodes the calibration batch once ((0, 0): plain beam search); candidates(k) lists the
+    (N, gamma) to try besides plain (default: DEFAULT_GRID). Returns {k: (N, gamma)} of the lowest median."""
     choice: dict[int, tuple[int, int]] = {}
     for k in ks:
         best: tuple[float, tuple[int, int]] | None = None
-        for n, gamma in grid_for(k, grid):
+        for n, gamma in [(0, 0), *(candidates(k) if candidates else resolve_grid(DEFAULT_GRID, k))]:
             run(k, n, gamma)  # warm
             times = []
             for _ in range(repeats):

@@ -31,9 +31,15 @@ from tokenizer_rqvae.trie import CatalogTrie
 class SpecSettings:
     draft_beams: int | None = None  # N; None = K
     gamma: int = 3  # draft depths per round (3 finishes a 4-token id in one round when all are accepted)
+    per_k: dict[int, tuple[int, int]] | None = None  # autotuned {K: (N, gamma)}; (0, 0) = do not speculate
 
-    def beams_for(self, k: int) -> int:
-        return self.draft_beams or k
+    def for_k(self, k: int) -> tuple[int, int]:
+        """(N, gamma) for K: the autotuned choice (nearest tuned K at or above, else the largest), else the
+        fixed setting."""
+        if self.per_k:
+            above = [kk for kk in sorted(self.per_k) if kk >= k]
+            return self.per_k[above[0] if above else max(self.per_k)]
+        return (self.draft_beams or k, self.gamma)
 
 
 def load_popularity(bundle_dir: Path, data_dir: Path | None) -> dict[int, int] | None:
@@ -95,6 +101,24 @@ class BundleRecommender:
             drafter.trie = rec.trie  # one trie for both
         return rec
 
+    def autotune(self, histories: Sequence[Sequence[int]], ks: Sequence[int] = (1, 5, 10, 20)) -> dict:
+        """Measure strict speculative decoding for the default (N, gamma) grid (and plain) on these calibration
+        histories, per K, and keep the fastest (``SpecSettings.per_k``). Returns the choice."""
+        from dataclasses import replace
+
+        from recsvc.engine.autotune import autotune
+
+        if self.drafter is None:
+            return {}
+
+        def run(k: int, n: int, gamma: int) -> None:
+            self.spec = replace(self.spec, per_k={k: (n, gamma)})
+            self.recommend([RecQuery(history=h, k=k, mode="strict") for h in histories])
+
+        choice = autotune(run, ks)
+        self.spec = replace(self.spec, per_k=choice)
+        return choice
+
     # ---- catalog -------------------------------------------------------------------------------------------
     def known_item(self, item_id: int) -> bool:
         return item_id in self.ids
@@ -118,6 +142,8 @@ class BundleRecommender:
         groups: dict[tuple[str, int], list[int]] = {}
         for i, q in enumerate(queries):
             mode = q.mode if (q.mode == "plain" or self.drafter is not None) else "plain"
+            if mode == "strict" and self.spec.for_k(q.k)[0] == 0:
+                mode = "plain"  # autotuned: speculation does not pay at this K on this hardware
             groups.setdefault((mode, q.k), []).append(i)
         for (mode, k), idx in groups.items():
             for i, res in zip(idx, self._decode([queries[i] for i in idx], mode, k), strict=True):
@@ -136,8 +162,9 @@ class BundleRecommender:
         elif mode == "strict":
             assert self.drafter is not None
             session = self.drafter.session(batch, [q.history for q in queries], dead)
+            n, gamma = self.spec.for_k(k)
             out = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
-                                     self.spec.beams_for(k), self.spec.gamma, dead, self.engine.select)
+                                     n, gamma, dead, self.engine.select)
             calls, accepted = out.target_calls.tolist(), out.accepted.tolist()
             leaves, scores, draft_calls = out.leaves, out.scores, out.draft_calls
         elif mode == "relaxed":
@@ -147,8 +174,9 @@ class BundleRecommender:
             session = self.drafter.session(batch, [q.history for q in queries], dead)
             if not hasattr(session, "sample"):
                 raise NotImplementedError(f"the {self.drafter.name} drafter cannot sample (relaxed mode)")
+            n, gamma = self.spec.for_k(k)
             rel = relaxed_speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
-                                             self.spec.beams_for(k), self.spec.gamma, temps, gens, dead)
+                                             max(n, k), max(gamma, 1), temps, gens, dead)
             calls, accepted = rel.target_calls.tolist(), rel.accepted.tolist()
             leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
         else:

@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=64, help="RPC handler threads")
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--log-level", default="INFO", help="log level (JSON lines on stderr)")
+    p.add_argument("--spec", default="auto",
+                   help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), or N:gamma")
     p.set_defaults(func=run_serve)
 
 
@@ -58,7 +60,26 @@ def load_recommender(args: argparse.Namespace) -> Recommender:
         from recsvc.engine.recommender import BundleRecommender
     except ImportError as exc:
         raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
-    return BundleRecommender.from_bundle(args.bundle, dtype=args.dtype)
+    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype)
+    configure_speculation(rec, args.spec)
+    return rec
+
+
+def configure_speculation(rec, spec: str) -> None:
+    """'auto': time strict speculation per K on calibration histories (popular items) and keep the fastest
+    (N, gamma) or plain; 'N:gamma': fixed."""
+    from dataclasses import replace
+
+    if spec == "auto":
+        popular = rec.popular_items(40)
+        histories = [popular[i : i + 5 + i % 7] for i in range(0, 24, 3)]
+        choice = rec.autotune(histories)
+        print(f"speculation autotuned per K: {choice}", flush=True)
+        return
+    n, _, gamma = spec.partition(":")
+    if not (n.isdigit() and gamma.isdigit() and int(n) >= 1 and 1 <= int(gamma) <= 5):
+        raise UserError(f"--spec takes 'auto' or N:gamma (N >= 1, gamma 1..5), got {spec!r}")
+    rec.spec = replace(rec.spec, draft_beams=int(n), gamma=int(gamma))
 
 
 def run_serve(args: argparse.Namespace) -> int:
