@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 from hypothesis import HealthCheck, given, settings
@@ -85,14 +86,16 @@ def test_accepted_depth_table() -> None:
     assert accepted_depth(torch.tensor([[4, -1]]), drafted).tolist() == [True]  # dead beams need no draft
 
 
-def test_strict_is_bit_identical_in_bf16() -> None:
-    """Exact tree attention: a node's hidden state does not depend on the tree around it, so even in bf16 the
-    speculative result equals plain beam search bit for bit (items, order and scores)."""
+@pytest.mark.parametrize("attention", ["exact", "fp32"])
+def test_strict_is_bit_identical_in_bf16(attention: str) -> None:
+    """Per-token key sets: a node's hidden state does not depend on the tree around it, so even in bf16 the
+    speculative result equals plain beam search bit for bit (items, order and scores), in both attention
+    modes."""
     trie = CatalogTrie(random_catalog(2000, L, 32, 6))
     model = tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16)
     drafter = LlamaDrafter(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16), trie, TEXT_VOCAB)
     prompts = random_prompts(5, 6, min_len=3, max_len=40)
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    engine = BeamSearch(model, trie, TEXT_VOCAB, attention=attention)
     for k, n, gamma in ((10, 10, 3), (20, 8, 2), (5, 12, 1)):
         plain = engine.search(batch(prompts), k)
         spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, drafter.session(batch(prompts), [], None),

@@ -1,6 +1,8 @@
-"""``recsvc train ...``: model training commands (``target``; a drafter command registers next to it).
+"""``recsvc train ...``: model training commands (``target``, ``teacher``, ``drafter``).
 
     recsvc train target --data ../shared/data/amazon-beauty --bundle artifacts/beauty --preset small
+    recsvc train teacher --bundle artifacts/beauty --k 20
+    recsvc train drafter --bundle artifacts/beauty --method atspeed-s --alpha 0.5 --out-name atspeed-s
     recsvc train target --data D --bundle B --base-model ~/llama --lora --lora-r 8 --lora-targets q_proj,v_proj
 """
 
@@ -29,7 +31,8 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
     p.add_argument("--force", action="store_true", help="discard checkpoints and retrain")
     p.add_argument("--eval-users", type=int, default=2000, help="validation users sampled for the loss")
     p.add_argument("--select-by", choices=["recall", "loss"], default="recall",
-                   help="keep the epoch with the best validation Recall@10 (beam search) or the lowest loss")
+                   help="keep the epoch with the best validation Recall@10 (beam search; drafters: AS@K, "
+                        "strict acceptance) or the lowest loss")
     p.add_argument("--recall-users", type=int, default=1000, help="validation users for the Recall@10 check")
     p.add_argument("--window-stride", type=int, default=1,
                    help="targets per window after a user's first (1: exact prompts; 5: ~1.5x faster epochs)")
@@ -49,6 +52,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="comma-separated module names")
 
 
+DRAFTER_METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
+
+
 def register(subparsers) -> None:
     train = subparsers.add_parser("train", help="train models into a bundle")
     sub = train.add_subparsers(dest="train_command", metavar="MODEL")
@@ -64,9 +70,36 @@ def register(subparsers) -> None:
     d.add_argument("--bundle", type=Path, required=True, help="bundle directory with ids + tokenizer")
     d.add_argument("--data", type=Path, default=None, help="split data directory (default: the bundle's)")
     d.add_argument("--preset", default="drafter-small", choices=presets.DRAFTER_PRESETS)
-    d.add_argument("--method", default="sft", choices=["sft"], help="training objective")
+    d.add_argument("--method", default="sft", choices=DRAFTER_METHODS,
+                   help="training objective (all but sft need `recsvc train teacher` first)")
+    d.add_argument("--alpha", type=float, default=0.5, help="alpha * L_align + (1 - alpha) * L_rec")
+    d.add_argument("--k", type=int, default=None, help="teacher beams per prefix used (default: all stored)")
+    d.add_argument("--out-name", default=None,
+                   help="save to BUNDLE/drafters/NAME (what `recsvc bench drafters` compares) instead of "
+                        "BUNDLE/drafter (the served one)")
+    d.add_argument("--init-from", type=Path, default=None, help="start from a saved drafter, e.g. the SFT one")
+    d.add_argument("--as-users", type=int, default=200,
+                   help="validation users for AS@K (strict acceptance); the best epoch by AS is kept")
+    d.add_argument("--as-k", type=int, default=10, help="K of the validation AS@K")
+    d.add_argument("--gamma", type=int, default=3, help="draft depths per round for the validation AS")
+    d.add_argument("--draft-beams", type=int, default=None, help="N for the validation AS (default: K)")
     add_loop_args(d)
     d.set_defaults(func=cmd_drafter)
+
+    t = sub.add_parser("teacher", help="target beams + log-probs per training prefix (BUNDLE/teacher)")
+    t.add_argument("--bundle", type=Path, required=True, help="bundle directory with a trained target")
+    t.add_argument("--data", type=Path, default=None, help="split data directory (default: the bundle's)")
+    t.add_argument("--k", type=int, default=20, help="target beams stored per prefix")
+    t.add_argument("--max-prefixes", type=int, default=None, help="a seeded random sample of the prefixes")
+    t.add_argument("--batch-size", type=int, default=32, help="prefixes per beam search")
+    t.add_argument("--lambda-mix", type=float, default=0.0,
+                   help="probability that a prefix's sequences come from the current drafter's own beam search")
+    t.add_argument("--shard-size", type=int, default=1024, help="prefixes per shard (the unit of resuming)")
+    t.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="target (and drafter) precision")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    t.add_argument("--force", action="store_true", help="discard existing teacher data and rebuild")
+    t.set_defaults(func=cmd_teacher)
     train.set_defaults(func=lambda _args: train.print_help() or 2)
 
 
@@ -120,9 +153,32 @@ def cmd_drafter(args: argparse.Namespace) -> int:
 
     if args.data is not None and not args.data.is_dir():
         raise UserError(f"data directory not found: {args.data}")
+    if args.as_users < 0 or args.as_k < 1 or args.gamma < 1:
+        raise UserError("--as-users must be >= 0, --as-k and --gamma >= 1")
+    select_by = "as" if args.select_by == "recall" and args.as_users > 0 else "loss"
     info = train_drafter(args.bundle, args.data, preset=args.preset, method=args.method, cfg=loop_config(args),
-                         eval_max_users=args.eval_users, window_stride=args.window_stride, force=args.force)
-    print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
+                         eval_max_users=args.eval_users, window_stride=args.window_stride, force=args.force,
+                         alpha=args.alpha, k=args.k, select_by=select_by, as_users=args.as_users, as_k=args.as_k,
+                         gamma=args.gamma, draft_beams=args.draft_beams, out_name=args.out_name,
+                         init_from=args.init_from)
+    if info.pop("main_process", True):
+        print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
+    return 0
+
+
+def cmd_teacher(args: argparse.Namespace) -> int:
+    from training.teacher import build_teacher
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
+    if args.data is not None and not args.data.is_dir():
+        raise UserError(f"data directory not found: {args.data}")
+    meta = build_teacher(args.bundle, k=args.k, max_prefixes=args.max_prefixes, batch_size=args.batch_size,
+                         lambda_mix=args.lambda_mix, shard_size=args.shard_size, seed=args.seed, dtype=args.dtype,
+                         data_dir=args.data, force=args.force)
+    print(json.dumps(meta, indent=1))
     return 0
 
 

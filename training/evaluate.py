@@ -38,7 +38,7 @@ def rank_users(
     batch_size: int = 32, exclude_history: bool = False, progress: bool = True,
 ) -> dict[int, list[int]]:
     """user_id -> the engine's top-k item ids (plain constrained beam search)."""
-    engine = BeamSearch(model, trie, builder.code_offset)
+    engine = BeamSearch(model, trie, builder.code_offset, attention="fp32")  # what the service runs
     out: dict[int, list[int]] = {}
     # similar prompt lengths together: less padding per batch
     order = sorted(users, key=lambda u: min(len(u.history), builder.max_history))

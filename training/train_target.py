@@ -115,9 +115,33 @@ def validation_loss(model, examples: Sequence[Example], pad_id: int, batch_size:
     return total / max(count, 1)
 
 
+@dataclass(frozen=True)
+class BatchSource:
+    """What the loop trains on, when it is not whole-sequence windows (the drafter's alignment methods).
+
+    lengths: one per example (similar lengths are batched together); make_batch(indices) -> tensors (moved to
+    the device by the loop; an optional 0-dim "num_tokens" counts tokens for the throughput display, else the
+    2-D "attention_mask" is summed); loss(model, batch) -> (mean loss, count)."""
+
+    lengths: Sequence[int]
+    make_batch: Callable[[list[int]], dict[str, torch.Tensor]]
+    loss: Callable[[Any, dict[str, torch.Tensor]], tuple[torch.Tensor, int]]
+
+    @classmethod
+    def windows(cls, examples: Sequence[Example], pad_id: int) -> BatchSource:
+        """Causal-LM windows (the default): collate + ``lm_loss``."""
+        return cls([len(e) for e in examples], lambda idx: collate([examples[i] for i in idx], pad_id), lm_loss)
+
+
+def _batch_tokens(batch: dict[str, torch.Tensor]) -> int:
+    if "num_tokens" in batch:
+        return int(batch["num_tokens"])
+    return int(batch["attention_mask"].sum())
+
+
 def fit_causal_lm(
     model,
-    train: Sequence[Example],
+    train: Sequence[Example] | BatchSource,
     valid: Sequence[Example],
     cfg: TrainConfig,
     ckpt_dir: Path,
@@ -125,13 +149,17 @@ def fit_causal_lm(
     evaluator: Evaluator | None = None,
     desc: str = "train",
 ) -> tuple[Any, FitResult]:
-    """Train ``model`` in place; returns (the best model, unwrapped, best weights loaded; FitResult)."""
+    """Train ``model`` in place; returns (the best model, unwrapped, best weights loaded; FitResult).
+
+    ``train``: windows (Examples, trained with ``lm_loss``) or any ``BatchSource`` (its own batches and loss).
+    ``valid``: Examples for the validation loss (next-item cross-entropy)."""
     from accelerate import Accelerator
     from accelerate.utils import broadcast_object_list, set_seed
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
-    if not train:
+    source = train if isinstance(train, BatchSource) else BatchSource.windows(train, pad_id)
+    if not source.lengths:
         raise UserError("no training examples (every user has fewer than 2 items?)")
     start = time.monotonic()
     set_seed(cfg.seed)
@@ -143,11 +171,11 @@ def fit_causal_lm(
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
     model, optimizer = acc.prepare(model, optimizer)
 
-    lengths = [len(e) for e in train]
+    lengths = list(source.lengths)
     world, rank = acc.num_processes, acc.process_index
-    n_batches = math.ceil(len(train) / cfg.batch_size) // world  # per process, equal on every rank
+    n_batches = math.ceil(len(lengths) / cfg.batch_size) // world  # per process, equal on every rank
     if n_batches == 0:
-        raise UserError(f"{len(train)} examples are too few for batch size {cfg.batch_size} x {world} processes")
+        raise UserError(f"{len(lengths)} examples are too few for batch size {cfg.batch_size} x {world} processes")
     steps_per_epoch = math.ceil(n_batches / cfg.grad_accum)
     total_steps = steps_per_epoch * cfg.epochs
     warmup = int(cfg.warmup * total_steps) if cfg.warmup < 1 else int(cfg.warmup)
@@ -189,10 +217,10 @@ def fit_causal_lm(
             group_end = min((b // cfg.grad_accum + 1) * cfg.grad_accum, n_batches)
             group = group_end - (b // cfg.grad_accum) * cfg.grad_accum  # micro-batches in this step
             sync = b + 1 == group_end
-            batch = {k: v.to(acc.device) for k, v in collate([train[i] for i in batches[b]], pad_id).items()}
+            batch = {k: v.to(acc.device) for k, v in source.make_batch(batches[b]).items()}
             with acc.no_sync(model) if not sync else nullcontext():
                 with torch.autocast(device_type=acc.device.type, dtype=torch.bfloat16, enabled=bf16):
-                    loss, _ = lm_loss(model, batch)
+                    loss, _ = source.loss(model, batch)
                 acc.backward(loss / group)
             if sync:
                 if cfg.max_grad_norm:
@@ -201,7 +229,7 @@ def fit_causal_lm(
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 state["step"] += 1
-            tokens += int(batch["attention_mask"].sum()) * world
+            tokens += _batch_tokens(batch) * world
             loss_val = float(loss.detach())
             loss_ema = loss_val if loss_ema is None else 0.98 * loss_ema + 0.02 * loss_val
             state["batch"] = b + 1

@@ -24,6 +24,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--attention", choices=["exact", "fp32"], default="exact",
+                   help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
     p.add_argument("--json", dest="json_path")
 
 
@@ -36,7 +38,7 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
-    engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset)
+    engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset, attention=args.attention)
     prompts = [ctx.builder.prompt_ids(u.history) for u in ctx.users]
     rows = []
     for k in ks:

@@ -33,6 +33,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--calibration-users", type=int, default=8)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
+                   help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
     p.add_argument("--json", dest="json_path")
 
 
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace) -> dict:
     ks = parse_int_list(args.k, "--k")
     fixed_grid = parse_grid(args.grid)
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
-    engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset)
+    engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset, attention=args.attention)
     off = ctx.builder.code_offset
     calib = sample_users(ctx.data.eval_users("valid"), args.calibration_users, seed=1)
     relaxed = args.mode == "relaxed"

@@ -23,16 +23,22 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 TREE_ATTENTION = "recsvc_tree"
 
 
+ATTENTION_MODES = ("exact", "fp32")
+
+
 @dataclass(frozen=True)
 class TreeGroups:
     """How the queries of one forward attend (shared by all layers).
 
     prompt_lengths: the first call's prompts (row b's tokens are queries and keys 0..len-1, causal; padding
-    queries get zeros); empty on later calls. groups: (row, query indices [g], key slots [g, S]) for tree
-    tokens with S keys each."""
+    queries get zeros); empty on later calls. groups: (rows [g], query indices [g], key slots [g, S]) for tree
+    tokens with S keys each (tokens of any requests that share a key count run in one SDPA call: SDPA's result
+    for one query does not depend on the others in the batch). upcast: run the tree tokens' attention in fp32
+    ("fp32" mode: bf16 SDPA with one query per row is several times slower on CPUs than fp32)."""
 
     prompt_lengths: list[int]
-    groups: list[tuple[int, torch.Tensor, torch.Tensor]]
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    upcast: bool = False
 
 
 def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
@@ -47,12 +53,14 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         o, _ = sdpa_attention_forward(module, query[row : row + 1, :, :n], key[row : row + 1, :, :n],
                                       value[row : row + 1, :, :n], None, dropout=0.0, scaling=scaling)
         out[row, :n] = o[0]
-    for row, qidx, slots in tree.groups:
-        qg = query[row][:, qidx].transpose(0, 1)[:, :, None]  # [g, h, 1, d]
-        kg = key[row][:, slots].transpose(0, 1)  # [g, h_kv, S, d]
-        vg = value[row][:, slots].transpose(0, 1)
+    for rows, qidx, slots in tree.groups:
+        qg = query[rows, :, qidx][:, :, None]  # [g, h, 1, d]
+        kg = key[rows[:, None], :, slots].transpose(1, 2)  # [g, h_kv, S, d]
+        vg = value[rows[:, None], :, slots].transpose(1, 2)
+        if tree.upcast:
+            qg, kg, vg = qg.float(), kg.float(), vg.float()
         o, _ = sdpa_attention_forward(module, qg, kg, vg, None, dropout=0.0, scaling=scaling)  # [g, 1, h, d]
-        out[row, qidx] = o[:, 0]
+        out[rows, qidx] = o[:, 0].to(out.dtype)
     return out, None
 
 
@@ -60,8 +68,15 @@ AttentionInterface.register(TREE_ATTENTION, tree_attention)
 AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
 
 
-def use_tree_attention(model) -> None:
-    """Switch a loaded model to tree attention (SDPA whenever no tree is given: training, generate)."""
+def use_tree_attention(model, mode: str = "exact") -> None:
+    """Switch a loaded model to tree attention (SDPA whenever no tree is given: training, generate).
+
+    mode "exact": bf16 SDPA exactly as transformers runs it (the engine reproduces ``generate`` bit for bit);
+    "fp32": the generated tokens' attention in fp32 (faster on CPUs; strict speculative decoding still
+    reproduces plain beam search bit for bit, since both use the same per-token computation)."""
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"attention mode must be one of {ATTENTION_MODES}, got {mode!r}")
+    model.recsvc_attention = mode
     model.config._attn_implementation = TREE_ATTENTION
     for sub in model.modules():
         cfg = getattr(sub, "config", None)

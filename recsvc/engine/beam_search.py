@@ -73,9 +73,9 @@ def make_selector(model: PreTrainedModel, trie: CatalogTrie, code_offset: int, t
 
 class BeamSearch:
     def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int,
-                 tie_break: str = "generate") -> None:
+                 tie_break: str = "generate", attention: str = "exact") -> None:
         self.model, self.trie, self.code_offset = model, trie, code_offset
-        use_tree_attention(model)
+        use_tree_attention(model, attention)
         self.select = make_selector(model, trie, code_offset, tie_break)
 
     @torch.inference_mode()

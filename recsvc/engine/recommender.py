@@ -70,10 +70,11 @@ class BundleRecommender:
         popularity: dict[int, int] | None = None,
         spec: SpecSettings | None = None,
         max_k: int = 50,
+        attention: str = "fp32",
     ) -> None:
         self.target, self.prompts, self.ids = target, prompts, ids
         self.trie = CatalogTrie(ids)
-        self.engine = BeamSearch(target, self.trie, prompts.code_offset)
+        self.engine = BeamSearch(target, self.trie, prompts.code_offset, attention=attention)
         self.drafter = drafter
         self.spec = spec or SpecSettings()
         self.max_k = max_k
@@ -83,7 +84,9 @@ class BundleRecommender:
 
     @classmethod
     def from_bundle(cls, path: str | Path, dtype: str = "bf16", device: str = "cpu",
-                    use_drafter: bool = True) -> BundleRecommender:
+                    use_drafter: bool = True, attention: str = "fp32") -> BundleRecommender:
+        """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
+        speculation reproduces plain beam search bit for bit in both."""
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(path)
@@ -96,7 +99,7 @@ class BundleRecommender:
             drafter = LlamaDrafter(bundle.load_drafter(dtype=dtype, device=device), CatalogTrie(ids),
                                    prompts.code_offset)
         popularity = load_popularity(Path(path), bundle.data_dir())
-        rec = cls(target, prompts, ids, drafter, popularity)
+        rec = cls(target, prompts, ids, drafter, popularity, attention=attention)
         if drafter is not None:
             drafter.trie = rec.trie  # one trie for both
         return rec

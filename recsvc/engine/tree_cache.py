@@ -154,20 +154,22 @@ class TreeCache:
         self.node_of_slot = torch.cat([self.node_of_slot, filler, torch.where(valid, nodes, -1)], 1)
         self.hidden = torch.cat([self.hidden, hidden], 1)
 
-    @staticmethod
-    def _groups(prompt_slot: torch.Tensor, anc_slots: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
+    def _groups(self, prompt_slot: torch.Tensor, anc_slots: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
                 t: int, lengths: list[int]) -> TreeGroups:
-        """Exact key sets: node i of row b at depth d attends [b's prompt slots, anc_slots[b, i, :d]].
+        """Exact key sets: node i of row b at depth d attends [b's prompt slots, anc_slots[b, i, :d]], grouped by
+        key count (T_b + d) across rows.
 
         prompt_slot [B, S_past + t], anc_slots [B, q, L], valid / depth [B, q]."""
+        n_prompt = prompt_slot.sum(1)  # [B] real prompt tokens per row (in slot order)
+        count = torch.where(valid, n_prompt[:, None] + depth, -1)  # [B, q] keys per token
         groups = []
-        for row in range(valid.shape[0]):
-            prompt_keys = torch.nonzero(prompt_slot[row]).reshape(-1)  # [T_b] in order
-            for d in torch.unique(depth[row][valid[row]]).tolist():
-                sel = torch.nonzero(valid[row] & (depth[row] == d)).reshape(-1)  # [g]
-                keys = torch.cat([prompt_keys[None].expand(len(sel), -1), anc_slots[row, sel, :d]], 1)
-                groups.append((row, t + sel, keys))
-        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups)
+        for s, d in torch.unique(torch.stack([count[valid], depth[valid]], 1), dim=0).tolist():
+            rows, qidx = torch.nonzero((count == s) & (depth == d), as_tuple=True)  # [g], [g]
+            prompt_keys = torch.stack([torch.nonzero(prompt_slot[r]).reshape(-1) for r in rows.tolist()])
+            keys = torch.cat([prompt_keys, anc_slots[rows, qidx, :d]], 1)  # [g, S]
+            groups.append((rows, t + qidx, keys))
+        upcast = getattr(self.model, "recsvc_attention", "exact") == "fp32"
+        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups, upcast=upcast)
 
     def compact(self, keep_nodes: torch.Tensor) -> None:
         """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included);

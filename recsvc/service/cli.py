@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=64, help="RPC handler threads")
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--log-level", default="INFO", help="log level (JSON lines on stderr)")
+    p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
+                   help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
     p.add_argument("--spec", default="auto",
                    help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), or N:gamma")
     p.set_defaults(func=run_serve)
@@ -60,7 +62,7 @@ def load_recommender(args: argparse.Namespace) -> Recommender:
         from recsvc.engine.recommender import BundleRecommender
     except ImportError as exc:
         raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
-    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype)
+    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention=args.attention)
     configure_speculation(rec, args.spec)
     return rec
 
