@@ -89,8 +89,8 @@ def test_accepted_depth_table() -> None:
 @pytest.mark.parametrize("attention", ["exact", "fp32"])
 def test_strict_is_bit_identical_in_bf16(attention: str) -> None:
     """Per-token key sets: a node's hidden state does not depend on the tree around it, so even in bf16 the
-    speculative result equals plain beam search bit for bit (items, order and scores), in both attention
-    modes."""
+    speculative result equals plain beam search: bit for bit with exact attention, up to fp32 rounding with
+    fp32 split attention (same items, same order)."""
     trie = CatalogTrie(random_catalog(2000, L, 32, 6))
     model = tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16)
     drafter = LlamaDrafter(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16), trie, TEXT_VOCAB)
@@ -101,4 +101,7 @@ def test_strict_is_bit_identical_in_bf16(attention: str) -> None:
         spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, drafter.session(batch(prompts), [], None),
                                   n, gamma, None, engine.select)
         assert torch.equal(spec.leaves, plain.leaves)
-        assert torch.equal(spec.scores, plain.scores)
+        if attention == "exact":  # the very same per-token computation
+            assert torch.equal(spec.scores, plain.scores)
+        else:  # the prompt part's flash-attention blocks depend on how many tokens share the call
+            torch.testing.assert_close(spec.scores, plain.scores, atol=SCORE_TOL, rtol=0)

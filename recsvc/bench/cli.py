@@ -11,6 +11,7 @@ BENCHES = {
     "decode": ("recsvc.bench.decode", "engine beam search vs transformers generate (same model, same users)"),
     "speculative": ("recsvc.bench.speculative", "plain vs speculative beam search: WS@K, AS@K, target calls"),
     "serve": ("recsvc.bench.serve", "load test of the gRPC service: throughput, latency percentiles"),
+    "drafters": ("recsvc.bench.drafters", "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"),
     "fuzz": ("recsvc.bench.fuzz", "generated bad requests against a real server: status codes, no INTERNAL"),
 }
 

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> dict:
         from recsvc.engine.recommender import BundleRecommender
         from recsvc.service.server import ServerConfig, serve
 
-        rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype)
+        rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype)  # fp32 attention: the serving default
         server = serve(rec, None, ServerConfig(port=0))
         target, known = f"127.0.0.1:{server.port}", rec.popular_items(500)
     else:

@@ -39,6 +39,9 @@ class TreeGroups:
     prompt_lengths: list[int]
     groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     upcast: bool = False
+    # "fp32" mode: per request, (row, query indices [n], ancestor slots [n, L] (-1 pad), prompt length T_b);
+    # the prompt occupies slots 0..T_b-1 of the row
+    split: list[tuple[int, torch.Tensor, torch.Tensor, int]] | None = None
 
 
 def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
@@ -53,15 +56,56 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         o, _ = sdpa_attention_forward(module, query[row : row + 1, :, :n], key[row : row + 1, :, :n],
                                       value[row : row + 1, :, :n], None, dropout=0.0, scaling=scaling)
         out[row, :n] = o[0]
+    if tree.split is not None:
+        _split_attention(module, query, key, value, scaling, tree.split, out)
+        return out, None
+    if tree.groups:
+        s_all, h_kv = key.shape[2], key.shape[1]
+        if tree.upcast:  # once per layer, not once per gathered copy
+            query, key, value = query.float(), key.float(), value.float()
+        flat_k = key.transpose(1, 2).reshape(b * s_all, h_kv, d)  # [B*S, h_kv, d] rows = (request, slot)
+        flat_v = value.transpose(1, 2).reshape(b * s_all, h_kv, d)
     for rows, qidx, slots in tree.groups:
+        g, n_keys = slots.shape
         qg = query[rows, :, qidx][:, :, None]  # [g, h, 1, d]
-        kg = key[rows[:, None], :, slots].transpose(1, 2)  # [g, h_kv, S, d]
-        vg = value[rows[:, None], :, slots].transpose(1, 2)
-        if tree.upcast:
-            qg, kg, vg = qg.float(), kg.float(), vg.float()
+        idx = (rows[:, None] * s_all + slots).reshape(-1)  # [g * S]
+        kg = flat_k.index_select(0, idx).view(g, n_keys, h_kv, d).transpose(1, 2)  # [g, h_kv, S, d]
+        vg = flat_v.index_select(0, idx).view(g, n_keys, h_kv, d).transpose(1, 2)
         o, _ = sdpa_attention_forward(module, qg, kg, vg, None, dropout=0.0, scaling=scaling)  # [g, 1, h, d]
         out[rows, qidx] = o[:, 0].to(out.dtype)
     return out, None
+
+
+def _split_attention(module, query, key, value, scaling, split, out) -> None:
+    """fp32 mode: per request, the generated tokens' attention = the shared prompt part (one flash-attention call
+    over the prompt's keys, which also returns each query's log-sum-exp) merged with the tiny ancestor part
+    (<= L keys per token): no per-token copy of the prompt's keys. out: [B, q, h, d] (filled in place)."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    for row, qidx, anc, n_prompt in split:
+        q = query[row][:, qidx].float()  # [h, n, d]
+        k, v = key[row].float(), value[row].float()  # [h_kv, S, d]
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+        if q.is_cuda:
+            from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+            scores = torch.einsum("hnd,hsd->hns", q, k[:, :n_prompt]) * scale
+            lse_p = torch.logsumexp(scores, -1)
+            out_p = sdpa(q[None], k[None, :, :n_prompt], v[None, :, :n_prompt], scale=scale)[0]
+        else:
+            o, lse, *_ = flash(q[None], k[None, :, :n_prompt], v[None, :, :n_prompt], 0.0, False, attn_mask=None,
+                               scale=scale)
+            out_p, lse_p = o[0], lse[0]  # [h, n, d], [h, n]
+        ka, va = k[:, anc.clamp(min=0)], v[:, anc.clamp(min=0)]  # [h, n, L, d]
+        sa = (q[:, :, None, :] * ka).sum(-1) * scale  # [h, n, L]
+        sa = sa.masked_fill((anc < 0)[None], float("-inf"))
+        lse_a = torch.logsumexp(sa, -1)  # [h, n]
+        out_a = (torch.softmax(sa, -1)[..., None] * va).sum(-2)  # [h, n, d]
+        lse = torch.logaddexp(lse_p, lse_a)
+        merged = (lse_p - lse).exp()[..., None] * out_p + (lse_a - lse).exp()[..., None] * out_a
+        out[row, qidx] = merged.transpose(0, 1).to(out.dtype)  # [n, h, d]
 
 
 AttentionInterface.register(TREE_ATTENTION, tree_attention)
@@ -71,9 +115,11 @@ AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
 def use_tree_attention(model, mode: str = "exact") -> None:
     """Switch a loaded model to tree attention (SDPA whenever no tree is given: training, generate).
 
-    mode "exact": bf16 SDPA exactly as transformers runs it (the engine reproduces ``generate`` bit for bit);
-    "fp32": the generated tokens' attention in fp32 (faster on CPUs; strict speculative decoding still
-    reproduces plain beam search bit for bit, since both use the same per-token computation)."""
+    mode "exact": each generated token's own keys gathered and run through bf16 SDPA exactly as transformers
+    does (the engine reproduces ``generate`` bit for bit; strict == plain bit for bit);
+    "fp32": the generated tokens' attention in fp32, split into the prompt part (shared by all of a request's
+    tokens, never copied) and the ancestors part, merged by log-sum-exp (several times faster on CPUs in
+    batches; strict speculative decoding equals plain beam search up to fp32 rounding)."""
     if mode not in ATTENTION_MODES:
         raise ValueError(f"attention mode must be one of {ATTENTION_MODES}, got {mode!r}")
     model.recsvc_attention = mode

@@ -161,6 +161,17 @@ class TreeCache:
 
         prompt_slot [B, S_past + t], anc_slots [B, q, L], valid / depth [B, q]."""
         n_prompt = prompt_slot.sum(1)  # [B] real prompt tokens per row (in slot order)
+        upcast = getattr(self.model, "recsvc_attention", "exact") == "fp32"
+        if upcast:  # split attention: per request, its tokens + their ancestors' slots
+            split = []
+            for row in range(valid.shape[0]):
+                qidx = torch.nonzero(valid[row]).reshape(-1)
+                if len(qidx):
+                    d = depth[row, qidx]  # [n]
+                    levels = torch.arange(anc_slots.shape[2])[None]
+                    anc = torch.where(levels < d[:, None], anc_slots[row, qidx], -1)  # [n, L]
+                    split.append((row, t + qidx, anc, int(n_prompt[row])))
+            return TreeGroups(prompt_lengths=lengths if t else [], groups=[], upcast=True, split=split)
         count = torch.where(valid, n_prompt[:, None] + depth, -1)  # [B, q] keys per token
         groups = []
         for s, d in torch.unique(torch.stack([count[valid], depth[valid]], 1), dim=0).tolist():
@@ -168,8 +179,7 @@ class TreeCache:
             prompt_keys = torch.stack([torch.nonzero(prompt_slot[r]).reshape(-1) for r in rows.tolist()])
             keys = torch.cat([prompt_keys, anc_slots[rows, qidx, :d]], 1)  # [g, S]
             groups.append((rows, t + qidx, keys))
-        upcast = getattr(self.model, "recsvc_attention", "exact") == "fp32"
-        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups, upcast=upcast)
+        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups)
 
     def compact(self, keep_nodes: torch.Tensor) -> None:
         """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included);

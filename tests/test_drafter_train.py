@@ -1,0 +1,110 @@
+"""Drafter training per method on a tiny bundle: each method runs, saves under BUNDLE/drafters/<method>, and
+lowers its own loss on a fixed teacher batch; AS-based selection; exact resume of an alignment run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_drafter_fixtures import tiny_bundle
+from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
+
+from recsvc.errors import UserError
+from recsvc.model.bundle import Bundle
+from recsvc.model.loading import load_causal_lm
+from recsvc.model.presets import new_model
+from recsvc.model.prompt import PromptBuilder
+from tokenizer_rqvae.trie import CatalogTrie
+from training.data.dataset import load_split_dir
+from training.drafter_losses import METHODS, code_logprobs_tree, method_loss
+from training.teacher import TeacherStore, build_teacher, collate_tree, teacher_dir
+from training.train_drafter import train_drafter
+from training.train_target import TrainConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+K, ALPHA = 4, 0.5
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    root = tiny_bundle(tmp_path_factory.mktemp("train"))
+    build_teacher(root, k=K, max_prefixes=160, batch_size=16, shard_size=64, progress=False)
+    return Bundle.open(root)
+
+
+def cfg(**kw) -> TrainConfig:
+    return TrainConfig(**{"epochs": 3, "batch_size": 16, "lr": 5e-3, "seed": 0, "patience": 0, "bf16": "off", **kw})
+
+
+def fixed_batch(bundle: Bundle):
+    store = TeacherStore(teacher_dir(bundle))
+    data = load_split_dir(bundle.data_dir())
+    builder = PromptBuilder(bundle.load_tokenizer(), bundle.load_ids())
+    idx = list(range(0, len(store), 4))
+    prompts = [builder.prompt_ids(data.train[int(store.user[i])][: int(store.position[i])]) for i in idx]
+    batch = collate_tree(store.rows(idx), prompts, CatalogTrie(builder.ids), builder.code_offset,
+                         builder.tokenizer.pad_token_id, K)
+    return batch, builder
+
+
+def loss_of(model, method: str, batch, builder) -> float:
+    with torch.no_grad():
+        lq, lq_gt = code_logprobs_tree(model.eval(), batch, builder.code_offset)
+        return float(method_loss(method, ALPHA, lq, lq_gt, batch, K)[0])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_trains_and_lowers_its_loss(bundle, method: str) -> None:
+    info = train_drafter(bundle.root, preset="drafter-tiny", method=method, cfg=cfg(), eval_max_users=20,
+                         alpha=ALPHA, out_name=method)
+    out = bundle.root / "drafters" / method
+    assert info["out"] == str(out) and (out / "config.json").is_file()
+    assert info["epochs"] == 3 and info["best"]["metric"] == "valid_loss"
+    assert bundle.is_done(f"drafter:{method}") and bundle.read()["drafter"] is None  # the served one untouched
+    history = json.loads((out / "training.json").read_text())["history"]
+    assert len(history) == 3 and history[-1]["valid_loss"] < history[0]["valid_loss"] + 0.5
+    batch, builder = fixed_batch(bundle)
+    before = loss_of(new_model("drafter-tiny", builder.tokenizer, seed=0), method, batch, builder)
+    after = loss_of(load_causal_lm(out, dtype="fp32"), method, batch, builder)
+    assert after < before - 0.05, (method, before, after)
+    if method != "sft":
+        assert info["k"] == K and info["alpha"] == ALPHA
+
+
+def test_selection_by_acceptance(bundle) -> None:
+    info = train_drafter(bundle.root, preset="drafter-tiny", method="atspeed-s", cfg=cfg(epochs=2),
+                         eval_max_users=10, out_name="as", select_by="as", as_users=6, as_k=3, k=2)
+    assert info["best"]["metric"] == "as@3" and 0.0 <= info["best"]["value"] <= 3.0 and info["k"] == 2
+    history = json.loads((bundle.root / "drafters" / "as" / "training.json").read_text())["history"]
+    assert all("as@3" in row and "calls@3" in row for row in history)
+    assert all(1.0 <= row["calls@3"] <= 4.0 for row in history)
+
+
+def test_interrupted_alignment_run_resumes_exactly(bundle) -> None:
+    straight = train_drafter(bundle.root, preset="drafter-tiny", method="atspeed-r", cfg=cfg(epochs=2),
+                             eval_max_users=10, out_name="r-straight")
+    cut = train_drafter(bundle.root, preset="drafter-tiny", method="atspeed-r", cfg=cfg(epochs=2, max_minutes=0.0),
+                        eval_max_users=10, out_name="r-cut")
+    assert cut["stopped"] == "max_minutes" and cut["steps"] == 1
+    with pytest.raises(UserError, match="--resume"):
+        train_drafter(bundle.root, preset="drafter-tiny", method="atspeed-r", cfg=cfg(epochs=2), out_name="r-cut")
+    resumed = train_drafter(bundle.root, preset="drafter-tiny", method="atspeed-r", cfg=cfg(epochs=2, resume=True),
+                            eval_max_users=10, out_name="r-cut")
+    assert resumed["steps"] == straight["steps"]
+    ckpt = bundle.root / "checkpoints"
+    wa = load_file(str(ckpt / "drafter-r-straight" / "last" / "model.safetensors"))
+    wb = load_file(str(ckpt / "drafter-r-cut" / "last" / "model.safetensors"))
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=0, atol=1e-6)
+
+
+def test_errors(bundle, tmp_path) -> None:
+    with pytest.raises(UserError, match="unknown drafter method"):
+        train_drafter(bundle.root, method="distill")
+    with pytest.raises(UserError, match="--k 9"):
+        train_drafter(bundle.root, preset="drafter-tiny", method="seqkd", cfg=cfg(), k=9, out_name="x", force=True)
+    bare = tiny_bundle(tmp_path, n_users=12)
+    with pytest.raises(UserError, match="recsvc train teacher"):
+        train_drafter(bare, preset="drafter-tiny", method="atspeed-s", cfg=cfg())
