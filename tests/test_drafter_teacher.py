@@ -70,7 +70,7 @@ def test_beams_are_the_engine_top_k_and_logprobs_are_the_targets(built) -> None:
     idx = [0, 5, 33, 69]
     rows = store.rows(idx)
     prompts = [builder.prompt_ids(data.train[int(store.user[i])][: int(store.position[i])]) for i in idx]
-    res = BeamSearch(target, trie, builder.code_offset).search(PromptBatch.from_lists(prompts), K)
+    res = BeamSearch(target, trie, builder.code_offset, attention="fp32").search(PromptBatch.from_lists(prompts), K)
     assert torch.equal(rows["codes"].long(), trie.codes_of_nodes(res.leaves))
     for r, i in enumerate(idx):
         assert rows["gt_codes"][r].tolist() == builder.ids.codes[builder.ids.index_of(int(store.item[i]))].tolist()

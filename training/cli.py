@@ -96,6 +96,8 @@ def register(subparsers) -> None:
                    help="probability that a prefix's sequences come from the current drafter's own beam search")
     t.add_argument("--shard-size", type=int, default=1024, help="prefixes per shard (the unit of resuming)")
     t.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="target (and drafter) precision")
+    t.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
+                   help="the engine's attention mode for the target (fp32: what the service runs)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     t.add_argument("--force", action="store_true", help="discard existing teacher data and rebuild")
@@ -177,7 +179,7 @@ def cmd_teacher(args: argparse.Namespace) -> int:
         raise UserError(f"data directory not found: {args.data}")
     meta = build_teacher(args.bundle, k=args.k, max_prefixes=args.max_prefixes, batch_size=args.batch_size,
                          lambda_mix=args.lambda_mix, shard_size=args.shard_size, seed=args.seed, dtype=args.dtype,
-                         data_dir=args.data, force=args.force)
+                         data_dir=args.data, force=args.force, attention=args.attention)
     print(json.dumps(meta, indent=1))
     return 0
 

@@ -165,21 +165,23 @@ def _path_logprobs(target, cache, leaves: torch.Tensor, gt_leaves: torch.Tensor)
 
 
 def _config(k: int, max_prefixes: int | None, lambda_mix: float, shard_size: int, seed: int, dtype: str,
-            max_history: int) -> dict[str, Any]:
+            max_history: int, attention: str) -> dict[str, Any]:
     return {"k": k, "max_prefixes": max_prefixes, "lambda_mix": lambda_mix, "shard_size": shard_size,
-            "seed": seed, "dtype": dtype, "max_history": max_history}
+            "seed": seed, "dtype": dtype, "max_history": max_history, "attention": attention}
 
 
 def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None = None, batch_size: int = 32,
                   lambda_mix: float = 0.0, shard_size: int = 1024, seed: int = 0, dtype: str = "bf16",
-                  data_dir: str | Path | None = None, force: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Build (or resume) BUNDLE/teacher; returns meta.json's content."""
+                  data_dir: str | Path | None = None, force: bool = False, progress: bool = True,
+                  attention: str = "fp32") -> dict[str, Any]:
+    """Build (or resume) BUNDLE/teacher; returns meta.json's content. ``dtype`` / ``attention``: the target as
+    the service runs it (bf16, the engine's "fp32" attention mode) unless told otherwise."""
     import shutil
 
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
-    from recsvc.engine.beam_search import make_selector
+    from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.prompts import PromptBatch
     from recsvc.model.bundle import Bundle
     from recsvc.model.prompt import PromptBuilder
@@ -200,7 +202,7 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     ids = bundle.load_ids()
     builder = PromptBuilder(bundle.load_tokenizer(), ids)
     out = teacher_dir(bundle)
-    cfg = _config(k, max_prefixes, lambda_mix, shard_size, seed, dtype, builder.max_history)
+    cfg = _config(k, max_prefixes, lambda_mix, shard_size, seed, dtype, builder.max_history, attention)
     fingerprints = {"target": model_fingerprint(bundle.target_dir),
                     "ids": file_sha256(bundle.semantic_ids_path)[:16],
                     "drafter": model_fingerprint(bundle.drafter_dir) if lambda_mix > 0 else None}
@@ -233,7 +235,8 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     trie = CatalogTrie(ids)
     off = builder.code_offset
     target = bundle.load_target(dtype=dtype)
-    select = make_selector(target, trie, off, "generate")  # the engine's tie-break: BeamSearch's own top-K
+    select = BeamSearch(target, trie, off, attention=attention).select  # the served engine: its attention mode
+    # (the target is switched to it here) and its tie-break
     drafter = bundle.load_drafter(dtype=dtype) if lambda_mix > 0 else None
     todo = [s for s in range(n_shards) if not (out / shard_name(s)).is_file()]
     start = time.monotonic()

@@ -33,6 +33,7 @@ from recsvc.errors import UserError
 from training.train_target import TrainConfig, _best_entry, fit_causal_lm
 
 METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
+GT_ONLY = ("wordkd", "tvdkd")  # alignment on ground-truth prefixes: no beams in their batches
 
 
 def drafter_output_dir(bundle, out_name: str | None) -> Path:
@@ -46,10 +47,10 @@ def drafter_output_dir(bundle, out_name: str | None) -> Path:
 
 def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: int = 200, gamma: int = 3,
                          draft_beams: int | None = None, dtype: str = "bf16", seed: int = 0,
-                         batch_size: int = 16):
+                         batch_size: int = 16, attention: str = "fp32"):
     """model -> {"as@K": accepted draft depths per request, "calls@K": target calls per request} under strict
     verification on a fixed sample of validation users. The target is loaded on first use; the drafter is
-    evaluated as served (a ``dtype`` copy)."""
+    evaluated as served (a ``dtype`` copy; the target in the engine's ``attention`` mode)."""
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.prompts import PromptBatch
@@ -64,7 +65,8 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
     @torch.inference_mode()
     def evaluate(model) -> dict[str, float]:
         if "engine" not in state:
-            state["engine"] = BeamSearch(bundle.load_target(dtype=dtype), trie, builder.code_offset)
+            state["engine"] = BeamSearch(bundle.load_target(dtype=dtype), trie, builder.code_offset,
+                                         attention=attention)
         engine = state["engine"]
         draft = copy.deepcopy(model).to(torch_dtype(dtype)).eval()
         drafter = LlamaDrafter(draft, trie, builder.code_offset)
@@ -95,6 +97,7 @@ def teacher_source(bundle, builder, data, method: str, alpha: float, k: int | No
     k = k or store.k
     if not 1 <= k <= store.k:
         raise UserError(f"--k {k}: the teacher data holds {store.k} beams per prefix")
+    beams = 0 if method in GT_ONLY else k  # word-level KD looks at the ground-truth branch only
     users, positions, items = store.user.tolist(), store.position.tolist(), store.item.tolist()
     for u, t, item in zip(users, positions, items, strict=True):
         seq = data.train.get(u, [])
@@ -103,18 +106,18 @@ def teacher_source(bundle, builder, data, method: str, alpha: float, k: int | No
     trie = CatalogTrie(builder.ids)
     off, pad = builder.code_offset, builder.tokenizer.pad_token_id
     head = len(builder.header_ids)
-    lengths = [head + builder.item_len * min(t, builder.max_history) + 3 * (k + 1) for t in positions]
+    lengths = [head + builder.item_len * min(t, builder.max_history) + 3 * (beams + 1) for t in positions]
 
     def make_batch(idx: list[int]) -> dict[str, torch.Tensor]:
         prompts = [builder.prompt_ids(data.train[users[i]][: positions[i]]) for i in idx]
-        return collate_tree(store.rows(idx), prompts, trie, off, pad, k)
+        return collate_tree(store.rows(idx), prompts, trie, off, pad, beams)
 
     def loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         lq, lq_gt = code_logprobs_tree(model, batch, off, trie.codebook_size)
         value, _ = method_loss(method, alpha, lq, lq_gt, batch, k)
         return value, int(batch["gt"].shape[0])
 
-    return BatchSource(lengths, make_batch, loss), k
+    return BatchSource(lengths, make_batch, loss), (None if method in GT_ONLY else k)
 
 
 def train_drafter(
@@ -189,11 +192,13 @@ def train_drafter(
     n_params = sum(x.numel() for x in model.parameters())
     if dist.is_main_process:
         print(f"drafter: {p.name} ({n_params / 1e6:.2f}M parameters), method {method}"
-              + (f" (alpha {alpha}, K {k_used})" if method != "sft" else "") + f", ~{tokens} tokens/epoch")
+              + (f" (alpha {alpha}" + (f", K {k_used})" if k_used else ")") if method != "sft" else "")
+              + f", ~{tokens} tokens/epoch")
     best, result = fit_causal_lm(model, train, valid, cfg, ckpt, builder.tokenizer.pad_token_id, evaluator,
                                  desc=f"drafter[{method}]")
     info = {"seconds": round(result.seconds, 1), "preset": p.name, "method": method, "params": n_params,
-            "epochs": result.epochs, "best_epoch": result.best_epoch, "best": _best_entry(result),
+            "epochs": result.epochs, "steps": result.steps, "best_epoch": result.best_epoch,
+            "best": _best_entry(result),
             "stopped": result.stopped, "train_tokens_per_s": round(result.train_tokens_per_s, 1),
             "config": asdict(cfg)}
     if method != "sft":

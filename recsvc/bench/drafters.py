@@ -32,6 +32,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-mult", type=float, default=1.0, help="draft beams N = max(K, round(n_mult * K))")
     p.add_argument("--temperature", type=float, default=1.0, help="relaxed mode's sampling temperature")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
+                   help="engine attention: exact (bit-identical to generate) or fp32 (what the service runs)")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--seed", type=int, default=0, help="user sample")
     p.add_argument("--json", dest="json_path")
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(f"--modes takes strict and/or relaxed, got {args.modes!r}")
     if not 1 <= args.gamma <= 5 or args.n_mult <= 0:
         raise UserError("--gamma must lie in 1..5 and --n-mult be > 0")
-    setup = load_setup(args.bundle, args.dtype, args.data)
+    setup = load_setup(args.bundle, args.dtype, args.data, attention=args.attention)
     drafters = {m: load_drafter(setup, m) for m in methods}  # every drafter loads before any timing starts
     users = pick_users(setup, args.split, args.users, args.seed)
     rows = measure_acceptance(setup, drafters, users, ks, modes, n_mult=args.n_mult, gamma=args.gamma,
@@ -91,6 +93,6 @@ def run(args: argparse.Namespace) -> dict:
     print(table)
     payload = {"bench": "drafters", "bundle": str(args.bundle), "methods": methods, "ks": ks, "modes": modes,
                "users": len(users), "split": args.split, "gamma": args.gamma, "n_mult": args.n_mult,
-               "dtype": args.dtype, "machine": machine(), "rows": rows, "table": table}
+               "dtype": args.dtype, "attention": args.attention, "machine": machine(), "rows": rows, "table": table}
     write_json(args.json_path, payload)
     return payload

@@ -3,8 +3,9 @@
 Per K: plain and speculative ms/request (measured interleaved, user by user, in one run), WS@K (their
 ratio), AS@K (accepted draft depths per request), target forward calls per request, the identical-output
 rate (strict) or Recall@K / NDCG@K of both (relaxed; the baseline is the target's own sampling beam search).
-Every (N, gamma) of the grid is measured, then ``auto`` (chosen at start-up on calibration users from the
-validation split, as the server does).
+Every (N, gamma) of the grid is measured, then ``auto``: chosen among plain beam search and the grid on
+calibration users from the validation split (as the server does at start-up), then measured like the others.
+N = 0 in a row means auto chose plain beam search.
 """
 
 from __future__ import annotations
@@ -128,11 +129,11 @@ def run(args: argparse.Namespace) -> dict:
         candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
         auto = autotune(lambda k_, n, g, d=drafter: [spec_once(u.history, k_, n, g, d) for u in calib], [k],
                         lambda _k, c=candidates: c, repeats=1)[k]
-        settings = [*candidates, auto] if fixed_grid is None else candidates
+        settings = [*candidates, auto]  # auto: chosen among plain + the candidates on calibration users
         for u in ctx.users[:2]:  # warm-up
             plain_once(u.history, k)
         for idx, (n, gamma) in enumerate(settings):
-            label = "auto" if (fixed_grid is None and idx == len(settings) - 1) else "fixed"
+            label = "auto" if idx == len(settings) - 1 else "fixed"
             plain_ms, spec_ms, calls, acc, same = [], [], [], [], 0
             rank_plain, rank_spec = {}, {}
             for i, u in enumerate(tqdm(ctx.users, desc=f"K={k} N={n} g={gamma}", leave=False)):
