@@ -44,11 +44,19 @@ beauty-bundle: install
 bench-beauty: install redis
 	mkdir -p $(BENCH)
 	$(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 1,5,10,20 --json $(BENCH)/eval_test.json
-	$(VENV)/bin/recsvc bench decode --bundle $(BUNDLE) --users 200 --k 1,5,10,20 --threads 1 --json $(BENCH)/decode.json
-	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter oracle --threads 1 --json $(BENCH)/spec_oracle.json
-	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 500 --k 10,20 --drafter llama --grid K:3 --threads 1 --json $(BENCH)/spec_identical.json
-	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter llama --threads 1 --json $(BENCH)/spec_llama.json
-	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter retrieval --threads 1 --json $(BENCH)/spec_retrieval.json
-	$(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 1,16 --duration 30 --k 10 --batching both --json $(BENCH)/serve.json
-	$(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 16 --duration 60 --k 10 --redis-url spawn --outage --json $(BENCH)/serve_outage.json
+	$(VENV)/bin/recsvc bench decode --bundle $(BUNDLE) --users 200 --k 1,5,10,20 --json $(BENCH)/decode.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter oracle \
+	  --grid K:3,K:2,2K:3 --attention exact --json $(BENCH)/spec_oracle.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 500 --k 10,20 --drafter llama --grid K:3 \
+	  --attention exact --json $(BENCH)/spec_identical.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter llama \
+	  --grid K:3,K:1,2K:3 --json $(BENCH)/spec_llama.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,3,5,10,20 --drafter retrieval \
+	  --grid K:3,K:1,2K:3 --json $(BENCH)/spec_retrieval.json
+	$(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --users 200 --k 1,5,10,20 --drafter llama \
+	  --mode relaxed --grid K:3,2K:3 --json $(BENCH)/spec_relaxed.json
+	$(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 1,16 --duration 30 --k 10 --batching both \
+	  --speculation both --json $(BENCH)/serve.json
+	$(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 16 --duration 60 --k 10 --redis-url spawn \
+	  --outage --json $(BENCH)/serve_outage.json
 	$(VENV)/bin/recsvc bench fuzz --bundle $(BUNDLE) --requests 10000 --json $(BENCH)/fuzz.json
