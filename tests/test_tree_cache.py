@@ -96,8 +96,21 @@ def test_compact_keeps_prompt_and_surviving_paths(trie, model) -> None:
     assert torch.equal(cache.hidden_at(torch.tensor([[1]])), hidden_1)
 
 
-def test_a_node_is_the_same_whether_fed_alone_or_in_a_tree(trie, model) -> None:
-    """Exact tree attention: node 3's hidden state does not depend on its siblings / cousins in the call."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_node_is_the_same_whether_fed_alone_or_in_a_tree(trie, threads) -> None:
+    """Exact tree attention, bf16: node 3's hidden state does not depend on its siblings / cousins in the call
+    (bf16 linear layers are row-independent on this CPU; fp32 GEMMs are not, across thread partitions)."""
+    model = tiny_llama(2, 4, seed=0, dtype=torch.bfloat16)
+    use_tree_attention(model, "exact")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _check_same(model, trie)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_same(model, trie) -> None:
     alone = cache_for(model, trie, [[5, 6, 7]])
     alone.feed(torch.tensor([[3]]))
     tree = cache_for(model, trie, [[5, 6, 7]])

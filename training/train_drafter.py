@@ -7,10 +7,12 @@
 Methods (ALGORITHMS.md section 5; losses in ``training/drafter_losses.py``), all ``alpha * L_align +
 (1 - alpha) * L_rec``:
 - ``sft``: L_rec only, on the same whole-sequence windows as the target (no teacher data needed);
-- ``wordkd`` / ``tvdkd`` / ``seqkd`` / ``atspeed-s`` / ``atspeed-r``: one forward per training prefix over
-  [prompt + the tree of the target's top-K beams + the ground truth] (``teacher.collate_tree``); L_rec comes
-  from the ground-truth branch of the same forward, L_align from the teacher data (BUNDLE/teacher, which must
-  come from the bundle's current target: rebuild it whenever the target changes).
+- ``seqkd`` / ``atspeed-s`` / ``atspeed-r``: one forward per training prefix over [prompt + the tree of the
+  target's top-K beams + the ground truth] (``teacher.collate_tree``); L_rec comes from the ground-truth
+  branch of the same forward, L_align from the teacher data (BUNDLE/teacher, which must come from the bundle's
+  current target: rebuild it whenever the target changes);
+- ``wordkd`` / ``tvdkd``: the same per-prefix forward with the ground-truth branch only (their alignment is on
+  ground-truth prefixes; the teacher data supplies the target's distributions there).
 
 Validation: the next-item loss on validation users, and (``select_by="as"``, the CLI default) AS@K: the mean
 number of accepted draft depths under strict verification (``speculative_search`` with this drafter, N = K,

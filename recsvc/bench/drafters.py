@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from recsvc.bench.common import machine, markdown_table, parse_int_list, write_json
+from recsvc.bench.common import machine, markdown_table, parse_int_list, set_threads, write_json
 from recsvc.errors import UserError
 
 
@@ -36,6 +36,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="engine attention: exact (bit-identical to generate) or fp32 (what the service runs)")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--seed", type=int, default=0, help="user sample")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--json", dest="json_path")
 
 
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(f"--modes takes strict and/or relaxed, got {args.modes!r}")
     if not 1 <= args.gamma <= 5 or args.n_mult <= 0:
         raise UserError("--gamma must lie in 1..5 and --n-mult be > 0")
+    set_threads(args.threads)
     setup = load_setup(args.bundle, args.dtype, args.data, attention=args.attention)
     drafters = {m: load_drafter(setup, m) for m in methods}  # every drafter loads before any timing starts
     users = pick_users(setup, args.split, args.users, args.seed)
