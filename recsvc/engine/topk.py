@@ -2,8 +2,8 @@
 
 Two tie-breaks, both documented and tested:
 - ``IndexSelector``: higher score first, equal scores to the lower flat index (lower beam, then lower code).
-- ``GenerateSelector`` (the engine's default): reproduces transformers' beam search selection exactly, ties
-  included: the candidates laid out as generate lays them out ([K beams x full vocabulary], the first step's
+- ``GenerateSelector`` (the engine's default): reproduces transformers' selection exactly, ties included:
+  for K = 1 greedy search's argmax (the lowest token id among equal scores); for K > 1 beam search: the candidates laid out as generate lays them out ([K beams x full vocabulary], the first step's
   missing beams at -1e9), top-2K by ``torch.topk``, then top-K of those (the last step: generate's merge of
   finished hypotheses). bf16 logits are coarse, so exact ties do occur; this makes the engine return what
   ``generate`` returns even then. Cost: one [K, V] row per request per step.
@@ -48,6 +48,8 @@ class GenerateSelector:
     levels: int
 
     def __call__(self, cand: torch.Tensor, k: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if k == 1:  # generate runs greedy search for one beam: argmax, i.e. ties go to the lowest token id
+            return IndexSelector()(cand, k, level)
         fast = self._without_ties(cand, k)
         return fast if fast is not None else self._as_generate(cand, k, level)
 
