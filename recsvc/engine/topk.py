@@ -3,10 +3,12 @@
 Two tie-breaks, both documented and tested:
 - ``IndexSelector``: higher score first, equal scores to the lower flat index (lower beam, then lower code).
 - ``GenerateSelector`` (the engine's default): reproduces transformers' selection exactly, ties included:
-  for K = 1 greedy search's argmax (the lowest token id among equal scores); for K > 1 beam search: the candidates laid out as generate lays them out ([K beams x full vocabulary], the first step's
-  missing beams at -1e9), top-2K by ``torch.topk``, then top-K of those (the last step: generate's merge of
-  finished hypotheses). bf16 logits are coarse, so exact ties do occur; this makes the engine return what
-  ``generate`` returns even then. Cost: one [K, V] row per request per step.
+  for K = 1 greedy search's argmax (the lowest token id among equal scores); for K > 1 beam search: the
+  candidates laid out as generate lays them out ([K beams x full vocabulary], the first step's missing beams
+  at -1e9), top-2K by ``torch.topk``, then top-K of those (the last step: generate's merge of finished
+  hypotheses); without ties among the best 2K+1 this is simply "best K by score". bf16 logits are coarse,
+  so exact ties do occur; this makes the engine return what ``generate`` returns even then (at the cost of
+  one [K, V] row per request per step when ties occur).
 """
 
 from __future__ import annotations
