@@ -127,8 +127,8 @@ def run(args: argparse.Namespace) -> dict:
     for k in ks:
         drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype)
         candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
-        auto = autotune(lambda k_, n, g, d=drafter: [spec_once(u.history, k_, n, g, d) for u in calib], [k],
-                        lambda _k, c=candidates: c, repeats=1)[k]
+        auto = autotune(lambda k_, n, g, d=drafter: sum(spec_once(u.history, k_, n, g, d)[1] for u in calib) / 1e3,
+                        [k], lambda _k, c=candidates: c, repeats=1)[k]
         settings = [*candidates, auto]  # auto: chosen among plain + the candidates on calibration users
         for u in ctx.users[:2]:  # warm-up
             plain_once(u.history, k)
