@@ -101,3 +101,14 @@ def test_autotune_picks_a_setting_per_k_and_keeps_results_exact(recommender) -> 
     assert set(choice) == {5} and (choice[5] == (0, 0) or choice[5][0] >= 1)
     after = [r.item_ids for r in recommender.recommend([RecQuery(h, k=5, mode="strict") for h in histories])]
     assert after == before
+
+
+def test_relaxed_without_a_drafter_samples_from_the_target(tiny_bundle) -> None:
+    from recsvc.engine.api import RecQuery
+
+    rec = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32", use_drafter=False)
+    q = lambda seed: RecQuery([1, 2, 3], k=5, mode="relaxed", seed=seed, temperature=1.0)  # noqa: E731
+    a, b = rec.recommend([q(1), q(1)])
+    assert a.item_ids == b.item_ids and len(a.item_ids) == 5  # seeded: reproducible
+    assert a.stats.target_calls == 4 and a.stats.accepted_steps == 0
+    assert rec.recommend([RecQuery([1, 2, 3], k=5, mode="strict")])[0].stats.target_calls == 4  # plain

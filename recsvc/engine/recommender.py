@@ -20,7 +20,7 @@ from recsvc.engine.api import RecQuery, RecResult, RecStats
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.relaxed import relaxed_speculative_search
-from recsvc.engine.sampling import make_generators
+from recsvc.engine.sampling import make_generators, sampling_beam_search
 from recsvc.engine.speculative import speculative_search
 from recsvc.model.prompt import PromptBuilder
 from tokenizer_rqvae.ids import SemanticIds
@@ -144,9 +144,9 @@ class BundleRecommender:
         results: list[RecResult | None] = [None] * len(queries)
         groups: dict[tuple[str, int], list[int]] = {}
         for i, q in enumerate(queries):
-            mode = q.mode if (q.mode == "plain" or self.drafter is not None) else "plain"
-            if mode == "strict" and self.spec.for_k(q.k)[0] == 0:
-                mode = "plain"  # autotuned: speculation does not pay at this K on this hardware
+            mode = q.mode
+            if mode == "strict" and (self.drafter is None or self.spec.for_k(q.k)[0] == 0):
+                mode = "plain"  # no drafter, or autotuned: speculation does not pay at this K on this hardware
             groups.setdefault((mode, q.k), []).append(i)
         for (mode, k), idx in groups.items():
             for i, res in zip(idx, self._decode([queries[i] for i in idx], mode, k), strict=True):
@@ -171,17 +171,21 @@ class BundleRecommender:
             calls, accepted = out.target_calls.tolist(), out.accepted.tolist()
             leaves, scores, draft_calls = out.leaves, out.scores, out.draft_calls
         elif mode == "relaxed":
-            assert self.drafter is not None
             temps = torch.tensor([float(q.temperature) for q in queries])
             gens = make_generators([q.seed for q in queries])
-            session = self.drafter.session(batch, [q.history for q in queries], dead)
-            if not hasattr(session, "sample"):
-                raise NotImplementedError(f"the {self.drafter.name} drafter cannot sample (relaxed mode)")
             n, gamma = self.spec.for_k(k)
-            rel = relaxed_speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
-                                             max(n, k), max(gamma, 1), temps, gens, dead)
-            calls, accepted = rel.target_calls.tolist(), rel.accepted.tolist()
-            leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
+            session = (self.drafter.session(batch, [q.history for q in queries], dead)
+                       if self.drafter is not None and n > 0 else None)
+            if session is None or not hasattr(session, "sample"):  # the target's own sampling beam search
+                smp = sampling_beam_search(self.target, self.trie, self.prompts.code_offset, batch, k, temps, gens,
+                                           dead)
+                calls, accepted = [smp.target_calls] * len(queries), [0] * len(queries)
+                leaves, scores, draft_calls = smp.leaves, smp.logp, 0
+            else:
+                rel = relaxed_speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k,
+                                                 session, max(n, k), max(gamma, 1), temps, gens, dead)
+                calls, accepted = rel.target_calls.tolist(), rel.accepted.tolist()
+                leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
         else:
             raise NotImplementedError(f"decoding mode {mode!r}")
         return [
