@@ -52,10 +52,16 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
                                       **kwargs)
     b, h, q, d = query.shape
     out = query.new_zeros(b, q, h, d)
-    for row, n in enumerate(tree.prompt_lengths):  # each prompt alone, causal, unpadded: as generate's prefill
-        o, _ = sdpa_attention_forward(module, query[row : row + 1, :, :n], key[row : row + 1, :, :n],
-                                      value[row : row + 1, :, :n], None, dropout=0.0, scaling=scaling)
-        out[row, :n] = o[0]
+    # each prompt causal and unpadded, as generate's prefill; prompts of one length share a call (SDPA's result
+    # for one sequence does not depend on the others in the batch)
+    by_length: dict[int, list[int]] = {}
+    for row, n in enumerate(tree.prompt_lengths):
+        by_length.setdefault(n, []).append(row)
+    for n, rows in by_length.items():
+        idx = torch.tensor(rows, device=query.device)
+        o, _ = sdpa_attention_forward(module, query[idx, :, :n], key[idx, :, :n], value[idx, :, :n], None,
+                                      dropout=0.0, scaling=scaling)
+        out[idx, :n] = o
     if tree.split is not None:
         _split_attention(module, query, key, value, scaling, tree.split, out)
         return out, None
@@ -77,35 +83,42 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
 
 
 def _split_attention(module, query, key, value, scaling, split, out) -> None:
-    """fp32 mode: per request, the generated tokens' attention = the shared prompt part (one flash-attention call
-    over the prompt's keys, which also returns each query's log-sum-exp) merged with the tiny ancestor part
-    (<= L keys per token): no per-token copy of the prompt's keys. out: [B, q, h, d] (filled in place)."""
+    """fp32 mode: the generated tokens' attention = the shared prompt part (one flash-attention call over the
+    prompt's keys, which also returns each query's log-sum-exp) merged with the tiny ancestor part (<= L keys
+    per token): no per-token copy of the prompt's keys. Requests with the same prompt length and token count
+    share one call. out: [B, q, h, d] (filled in place)."""
     groups = getattr(module, "num_key_value_groups", 1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    batches: dict[tuple[int, int], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
     for row, qidx, anc, n_prompt in split:
-        q = query[row][:, qidx].float()  # [h, n, d]
-        k, v = key[row].float(), value[row].float()  # [h_kv, S, d]
+        batches.setdefault((n_prompt, len(qidx)), []).append((row, qidx, anc))
+    for (n_prompt, _), items in batches.items():
+        rows = torch.tensor([r for r, _, _ in items], device=query.device)  # [g]
+        qidx = torch.stack([q for _, q, _ in items])  # [g, n]
+        anc = torch.stack([a for _, _, a in items])  # [g, n, L]
+        q = query[rows[:, None], :, qidx].transpose(1, 2).float()  # [g, h, n, d]
+        k, v = key[rows].float(), value[rows].float()  # [g, h_kv, S, d]
         if groups > 1:
-            k, v = k.repeat_interleave(groups, 0), v.repeat_interleave(groups, 0)
+            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         if q.is_cuda:
             from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-            scores = torch.einsum("hnd,hsd->hns", q, k[:, :n_prompt]) * scale
-            lse_p = torch.logsumexp(scores, -1)
-            out_p = sdpa(q[None], k[None, :, :n_prompt], v[None, :, :n_prompt], scale=scale)[0]
+            lse_p = torch.logsumexp(torch.einsum("ghnd,ghsd->ghns", q, k[:, :, :n_prompt]) * scale, -1)
+            out_p = sdpa(q, k[:, :, :n_prompt], v[:, :, :n_prompt], scale=scale)
         else:
-            o, lse, *_ = flash(q[None], k[None, :, :n_prompt], v[None, :, :n_prompt], 0.0, False, attn_mask=None,
-                               scale=scale)
-            out_p, lse_p = o[0], lse[0]  # [h, n, d], [h, n]
-        ka, va = k[:, anc.clamp(min=0)], v[:, anc.clamp(min=0)]  # [h, n, L, d]
-        sa = (q[:, :, None, :] * ka).sum(-1) * scale  # [h, n, L]
-        sa = sa.masked_fill((anc < 0)[None], float("-inf"))
-        lse_a = torch.logsumexp(sa, -1)  # [h, n]
-        out_a = (torch.softmax(sa, -1)[..., None] * va).sum(-2)  # [h, n, d]
+            out_p, lse_p, *_ = flash(q, k[:, :, :n_prompt], v[:, :, :n_prompt], 0.0, False, attn_mask=None,
+                                     scale=scale)  # [g, h, n, d], [g, h, n]
+        g_idx = torch.arange(len(items), device=query.device)[:, None, None]
+        ka = k[g_idx, :, anc.clamp(min=0)].permute(0, 3, 1, 2, 4)  # [g, h, n, L, d]
+        va = v[g_idx, :, anc.clamp(min=0)].permute(0, 3, 1, 2, 4)
+        sa = (q[:, :, :, None, :] * ka).sum(-1) * scale  # [g, h, n, L]
+        sa = sa.masked_fill((anc < 0)[:, None], float("-inf"))
+        lse_a = torch.logsumexp(sa, -1)  # [g, h, n]
+        out_a = (torch.softmax(sa, -1)[..., None] * va).sum(-2)  # [g, h, n, d]
         lse = torch.logaddexp(lse_p, lse_a)
         merged = (lse_p - lse).exp()[..., None] * out_p + (lse_a - lse).exp()[..., None] * out_a
-        out[row, qidx] = merged.transpose(0, 1).to(out.dtype)  # [n, h, d]
+        out[rows[:, None], qidx] = merged.transpose(1, 2).to(out.dtype)  # [g, n, h, d]
 
 
 AttentionInterface.register(TREE_ATTENTION, tree_attention)
