@@ -7,29 +7,15 @@ import threading
 
 import grpc
 import pytest
-from test_train_fixtures import make_data, small_tokenizer, write_ids
+from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 
 from recsvc.engine.recommender import BundleRecommender
-from recsvc.model.bundle import Bundle
-from recsvc.model.loading import save_causal_lm
-from recsvc.model.presets import new_model
 from recsvc.service.client import RecClient
 
 
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bundle")
-    data = make_data(root)
-    bundle = Bundle.create(root / "b", data=data)
-    bundle.ids_dir.mkdir(parents=True, exist_ok=True)
-    write_ids(data, bundle.semantic_ids_path)
-    tok = small_tokenizer()
-    tok.save_pretrained(str(bundle.tokenizer_dir))
-    save_causal_lm(new_model("tiny", tok, seed=0), bundle.target_dir)
-    save_causal_lm(new_model("drafter-tiny", tok, seed=1), bundle.drafter_dir)
-    for stage in ("ids", "tokenizer", "target", "drafter"):
-        bundle.mark_done(stage)
-    return bundle.root
+    return make_tiny_bundle(tmp_path_factory.mktemp("bundle"), n_users=80)
 
 
 @pytest.fixture(scope="module")
