@@ -93,9 +93,7 @@ def load_setup(bundle: str | Path | Bundle, dtype: str = "bf16", data_dir: str |
     from training.data.dataset import load_split_dir
 
     b = load_bundle(bundle)
-    data_path = data_dir or b.data_dir()
-    if data_path is None:
-        raise UserError(f"bundle {b.root} records no data directory: pass data_dir")
+    data_path = b.resolve_data_dir(data_dir)
     ids = b.load_ids()
     builder = PromptBuilder(b.load_tokenizer(), ids)
     trie = CatalogTrie(ids)

@@ -82,14 +82,11 @@ def evaluate_bundle(
     """Model and popularity metrics on a split: {"model": {...}, "popularity": {...}, "users": n, ...}."""
     import time
 
-    from recsvc.errors import UserError
     from recsvc.model.bundle import Bundle
     from training.data.dataset import load_split_dir
 
     bundle = Bundle.open(bundle_dir)
-    data_path = data_dir or bundle.data_dir()
-    if data_path is None:
-        raise UserError(f"bundle {bundle_dir} records no data directory: pass --data DIR")
+    data_path = bundle.resolve_data_dir(data_dir)
     data = load_split_dir(data_path)
     ids = bundle.load_ids()
     builder = PromptBuilder(bundle.load_tokenizer(), ids)

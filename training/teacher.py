@@ -195,9 +195,7 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     if max_prefixes is not None and max_prefixes < 1:
         raise UserError("--max-prefixes must be >= 1")
     bundle = Bundle.open(bundle_dir)
-    data_path = data_dir or bundle.data_dir()
-    if data_path is None:
-        raise UserError(f"bundle {bundle_dir} records no data directory: pass --data DIR")
+    data_path = bundle.resolve_data_dir(data_dir)
     data = load_split_dir(data_path)
     ids = bundle.load_ids()
     builder = PromptBuilder(bundle.load_tokenizer(), ids)

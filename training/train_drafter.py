@@ -156,9 +156,7 @@ def train_drafter(
         raise UserError(f"{preset!r} is a target preset; drafter presets: drafter-tiny, drafter-small, llama-68m")
     dist = PartialState(cpu=not torch.cuda.is_available())
     bundle = Bundle.open(bundle_dir)
-    data_path = data_dir or bundle.data_dir()
-    if data_path is None:
-        raise UserError(f"bundle {bundle_dir} records no data directory: pass --data DIR")
+    data_path = bundle.resolve_data_dir(data_dir)
     data = load_split_dir(data_path)
     out_dir = drafter_output_dir(bundle, out_name)
     stage = "drafter" if out_name is None else f"drafter:{out_name}"

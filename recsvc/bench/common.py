@@ -63,9 +63,7 @@ def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype:
     from training.evaluate import sample_users
 
     bundle = Bundle.open(bundle_dir)
-    data_path = data_dir or bundle.data_dir()
-    if data_path is None:
-        raise UserError(f"bundle {bundle_dir} records no data directory: pass --data DIR")
+    data_path = bundle.resolve_data_dir(data_dir)
     data = load_split_dir(data_path)
     ids = bundle.load_ids()
     builder = PromptBuilder(bundle.load_tokenizer(), ids)

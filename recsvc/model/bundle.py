@@ -119,6 +119,13 @@ class Bundle:
         data = self.read().get("data")
         return Path(data) if data else None
 
+    def resolve_data_dir(self, data_dir: str | Path | None = None) -> Path:
+        """``data_dir`` if given, else the recorded one; UserError when neither is known."""
+        path = data_dir or self.data_dir()
+        if path is None:
+            raise UserError(f"bundle {self.root} records no data directory: pass --data DIR")
+        return Path(path)
+
     # ------------------------------------------------------------------ stages
     def mark_done(self, stage: str, **info: Any) -> None:
         """Record a finished stage: ``stages[stage] = {"done": true, "finished_at": ..., **info}``."""
