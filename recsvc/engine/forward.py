@@ -14,26 +14,37 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from recsvc.engine.attention import TreeGroups
+from recsvc.engine.attention import TREE_ATTENTION, TreeGroups
+from recsvc.engine.lean import LeanCache, LeanLlama
 
 
-def new_cache(model: PreTrainedModel) -> DynamicCache:
+def new_cache(model: PreTrainedModel) -> DynamicCache | LeanCache:
+    """A LeanCache (the lean forward) for models switched to tree attention that it supports, else transformers'."""
+    if getattr(model.config, "_attn_implementation", None) == TREE_ATTENTION:
+        lean = LeanLlama.for_model(model)
+        if lean is not None:
+            return lean.new_cache()
     return DynamicCache(config=model.config)
 
 
-def cache_length(cache: DynamicCache) -> int:
+def cache_length(cache: DynamicCache | LeanCache) -> int:
     return int(cache.get_seq_length())
 
 
 @torch.inference_mode()
 def tree_forward(
     model: PreTrainedModel,
-    cache: DynamicCache,
+    cache: DynamicCache | LeanCache,
     input_ids: torch.Tensor,  # [B, q] token ids (padding: any valid id, masked)
     position_ids: torch.Tensor,  # [B, q] rotary positions (prompt length + depth for tree tokens)
     attend: torch.Tensor,  # [B, q, S_past + q] bool: True where the new token may attend the slot (unused with tree)
     tree: TreeGroups | None = None,  # exact per-token key sets (models switched to tree attention)
 ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
+    if isinstance(cache, LeanCache):
+        assert tree is not None, "the lean forward needs the tree's key sets"
+        lean = LeanLlama.for_model(model)
+        assert lean is not None
+        return lean.forward(cache, input_ids, position_ids, tree)
     s_past = cache_length(cache)
     b, q = input_ids.shape
     assert tree is not None or attend.shape == (b, q, s_past + q), f"attend {tuple(attend.shape)}"
