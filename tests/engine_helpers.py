@@ -15,11 +15,11 @@ TEXT_VOCAB = 24  # text tokens before the code tokens; code_offset = TEXT_VOCAB
 
 
 def tiny_llama(levels: int, codebook: int, seed: int, hidden: int = 32, layers: int = 2,
-               init: float = 0.5, dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+               init: float = 0.5, dtype: torch.dtype = torch.float32, kv_heads: int = 2) -> LlamaForCausalLM:
     """A random LLaMA whose next-token distributions are peaked (large init), so beam ties are rare."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=TEXT_VOCAB + levels * codebook, hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=kv_heads,
                       max_position_embeddings=256, initializer_range=init, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2, tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"

@@ -32,10 +32,10 @@ def header_prompts(n: int, seed: int, max_items: int = 6) -> list[list[int]]:
     return out
 
 
-@pytest.fixture()
-def bf16_setup():
+@pytest.fixture(params=[2, 4], ids=["gqa", "mha"])
+def bf16_setup(request):
     ids = random_catalog(300, L, C, seed=3)
-    model = tiny_llama(L, C, seed=4, hidden=64, init=0.2, dtype=torch.bfloat16)
+    model = tiny_llama(L, C, seed=4, hidden=64, init=0.2, dtype=torch.bfloat16, kv_heads=request.param)
     return CatalogTrie(ids), model
 
 

@@ -1,7 +1,10 @@
 """`recsvc bench decode`: the engine's plain beam search vs transformers ``generate`` with the trie callback.
 
 Same model, same users, one request at a time for both (latency per request); per K: ms/request of each,
-their ratio, and the identical-output rate (same items in the same order).
+their ratio, and the identical-output rate (same items in the same order). Both paths are warmed first on
+prompts of every history length 0..max_history built from training items (not the measured users): the
+engine's prefix cache keeps the shared header's rows per prompt length, so this measures a server in its
+steady state (``--cold`` skips that warm-up).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--attention", choices=["exact", "fp32"], default="exact",
                    help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
+    p.add_argument("--cold", action="store_true",
+                   help="no warm-up per prompt length (the first request of each length then pays the header)")
     p.add_argument("--json", dest="json_path")
 
 
@@ -40,10 +45,12 @@ def run(args: argparse.Namespace) -> dict:
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
     engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset, attention=args.attention)
     prompts = [ctx.builder.prompt_ids(u.history) for u in ctx.users]
+    warm = warmup_prompts(ctx, args.warmup, args.cold)
     rows = []
     for k in ks:
-        for p in prompts[: args.warmup]:  # warm both paths (allocator, kernels)
+        for p in warm:  # warm both paths (allocator, kernels, the engine's per-length prefix rows)
             engine.search(PromptBatch.from_lists([p]), k)
+        for p in warm[: args.warmup]:
             generate_topk(ctx.model, ctx.trie, ctx.builder.code_offset, p, k)
         eng_ms, gen_ms, same = [], [], 0
         for p in tqdm(prompts, desc=f"decode K={k}", leave=False):
@@ -58,8 +65,21 @@ def run(args: argparse.Namespace) -> dict:
                      "identical_rate": same / len(prompts), "users": len(prompts)})
         print(f"K={k}: engine {e:.1f} ms, generate {g:.1f} ms, x{g / e:.2f}, identical {same}/{len(prompts)}")
     payload = {"bench": "decode", "bundle": str(ctx.bundle_dir), "dtype": args.dtype, "split": args.split,
+               "attention": args.attention, "warm_per_length": not args.cold,
                "machine": machine(), "rows": rows}
     print(markdown_table(rows, [("k", "K"), ("engine_ms", "engine ms/req"), ("generate_ms", "generate ms/req"),
                                 ("speedup", "speedup"), ("identical_rate", "identical"), ("users", "users")]))
     write_json(args.json_path, payload)
     return payload
+
+
+def warmup_prompts(ctx, n: int, cold: bool) -> list[list[int]]:
+    """``n`` prompts of the first training users, plus (unless ``cold``) one prompt per history length
+    0..max_history made of training items: none of them is a measured (valid/test) user's prompt."""
+    train_users = [items for items in ctx.data.train.values() if items][: max(n, 1)]
+    out = [ctx.builder.prompt_ids(items) for items in train_users[:n]]
+    if not cold:
+        pool = [i for items in train_users for i in items] or [next(iter(ctx.data.train.values()))[0]]
+        out += [ctx.builder.prompt_ids((pool * (ctx.builder.max_history + 1))[:h])
+                for h in range(ctx.builder.max_history + 1)]
+    return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -42,6 +43,9 @@ class TreeGroups:
     # "fp32" mode: per request, (row, query indices [n], ancestor slots [n, L] (-1 pad), prompt length T_b);
     # the prompt occupies slots 0..T_b-1 of the row
     split: list[tuple[int, torch.Tensor, torch.Tensor, int]] | None = None
+    # exact mode: per group, its key slots as rows of the flattened [B * width] cache (the same for all layers)
+    flat: list[torch.Tensor] | None = None
+    width: int = 0  # the cache's slot count after this call (what ``flat`` indexes into)
 
 
 def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
@@ -70,14 +74,24 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
         if tree.upcast:  # once per layer, not once per gathered copy
             query, key, value = query.float(), key.float(), value.float()
         flat_k = key.transpose(1, 2).reshape(b * s_all, h_kv, d)  # [B*S, h_kv, d] rows = (request, slot)
-        flat_v = value.transpose(1, 2).reshape(b * s_all, h_kv, d)
-    for rows, qidx, slots in tree.groups:
+        flat_v = value.transpose(1, 2).reshape(b * s_all, h_kv, d)  # (free views of a token-major cache)
+        direct = getattr(module, "num_key_value_groups", 1) == 1
+    whole = not tree.prompt_lengths and len(tree.groups) == 1 and len(tree.groups[0][0]) == b * q
+    for i, (rows, qidx, slots) in enumerate(tree.groups):
         g, n_keys = slots.shape
         qg = query[rows, :, qidx][:, :, None]  # [g, h, 1, d]
-        idx = (rows[:, None] * s_all + slots).reshape(-1)  # [g * S]
+        if tree.flat is not None and tree.width == s_all:
+            idx = tree.flat[i]
+        else:
+            idx = (rows[:, None] * s_all + slots).reshape(-1)  # [g * S]
         kg = flat_k.index_select(0, idx).view(g, n_keys, h_kv, d).transpose(1, 2)  # [g, h_kv, S, d]
         vg = flat_v.index_select(0, idx).view(g, n_keys, h_kv, d).transpose(1, 2)
-        o, _ = sdpa_attention_forward(module, qg, kg, vg, None, dropout=0.0, scaling=scaling)  # [g, 1, h, d]
+        if direct:  # what sdpa_attention_forward runs for one query without GQA, minus its bookkeeping
+            o = F.scaled_dot_product_attention(qg, kg, vg, dropout_p=0.0, scale=scaling).transpose(1, 2)
+        else:
+            o, _ = sdpa_attention_forward(module, qg, kg, vg, None, dropout=0.0, scaling=scaling)  # [g, 1, h, d]
+        if whole:  # one group holding every query, in row-major order (nonzero's): no scatter
+            return o[:, 0].to(out.dtype).view(b, q, h, d), None
         out[rows, qidx] = o[:, 0].to(out.dtype)
     return out, None
 

@@ -1,7 +1,8 @@
 """Plain trie-constrained beam search: the reference the speculative engine must reproduce exactly.
 
 Exactly L steps. Step 1 scores the first code from the prompt's last position; each later step feeds the K
-beams' last tokens (tree attention over one cache row per request, no KV copies) and extends them.
+beams' last tokens (tree attention over one cache row per request, no KV copies: ``BeamCache``) and extends
+them.
 Scores follow transformers' ``generate(num_beams=K, prefix_allowed_tokens_fn=trie)``: full-vocabulary
 log_softmax in float32, disallowed codes at -inf, a beam's score is the sum of its steps' log-probs. Ties:
 see ``recsvc.engine.topk``.
@@ -15,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from recsvc.engine.attention import use_tree_attention
+from recsvc.engine.beam_cache import BeamCache
 from recsvc.engine.forward import code_logprobs
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.topk import GenerateSelector, IndexSelector, Selector
@@ -80,14 +82,18 @@ class BeamSearch:
 
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None) -> BeamOutput:
-        cache = TreeCache(self.model, self.trie, self.code_offset, prompts)
-        b = len(prompts.lengths)
+        cache = BeamCache(self.model, self.trie, self.code_offset, prompts)
+        b, c = len(prompts.lengths), self.trie.codebook_size
         nodes = torch.zeros(b, 1, dtype=torch.long)  # the root
         scores = torch.zeros(b, 1)
+        parents = torch.zeros(b, 1, dtype=torch.long)
         beams = []
-        for _ in range(self.trie.levels):
-            cache.feed(nodes)  # first step: the prompt prefill; then the K beams' last tokens
-            logp = node_logprobs(self.model, cache, nodes)  # [B, K, C]
-            nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, k, dead, self.select)
+        for step in range(self.trie.levels):
+            # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
+            hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
+            level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long)
+            logp = code_logprobs(self.model, hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
+            nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
+                                                  self.select)
             beams.append(nodes)
         return BeamOutput(nodes, scores, cache.calls, beams)

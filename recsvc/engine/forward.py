@@ -74,6 +74,8 @@ def code_logprobs(
     the level's code tokens (tokens outside the trie are masked by the caller, without renormalising).
 
     The LM head runs only on the rows that need a next-token distribution, never on the prompt."""
-    logits = model.get_output_embeddings()(hidden).float()  # [M, V]
+    lean = LeanLlama.current(model)
+    head = lean.lm_head if lean is not None else model.get_output_embeddings()
+    logits = head(hidden).float()  # [M, V]
     cols = code_offset + level[:, None] * codebook_size + torch.arange(codebook_size, device=hidden.device)
     return torch.log_softmax(logits, dim=-1).gather(1, cols)

@@ -166,6 +166,7 @@ class LeanLlama:
                 down=_Linear(m.down_proj.weight),
             ))
         self.intermediate = cfg.intermediate_size
+        self.lm_head = _Linear(model.get_output_embeddings().weight)
         self.scaling = self.layers[0].attn.scaling if self.layers else 1.0
         self._params = list(model.parameters())
         self._version = self.version()
@@ -183,6 +184,12 @@ class LeanLlama:
         return (type(model) is LlamaForCausalLM and not getattr(cfg, "attention_bias", False)
                 and not getattr(cfg, "mlp_bias", False) and getattr(cfg, "hidden_act", "") == "silu"
                 and getattr(cfg, "pretraining_tp", 1) == 1)
+
+    @classmethod
+    def current(cls, model: PreTrainedModel) -> LeanLlama | None:
+        """The model's lean forward if one was built and is up to date (no rebuilding)."""
+        lean = getattr(model, "_recsvc_lean", None)
+        return lean if lean is not None and lean._version == lean.version() else None
 
     @classmethod
     def for_model(cls, model: PreTrainedModel) -> LeanLlama | None:
@@ -258,11 +265,10 @@ class LeanLlama:
             residual = hidden
             x = _rms_norm(hidden, layer.norm1, layer.eps1)
             qkv = layer.qkv(x)  # [B, m, (h + 2 h_kv) d]
-            q = qkv[..., :nq].view(b, m, -1, hd).transpose(1, 2)  # [B, h, m, d]
-            k = qkv[..., nq:nq + nkv].view(b, m, -1, hd).transpose(1, 2)  # [B, h_kv, m, d]
+            qk = qkv[..., :nq + nkv].view(b, m, -1, hd).transpose(1, 2)  # [B, h + h_kv, m, d]
+            qk = (qk * cos) + (_rotate_half(qk) * sin)  # elementwise: q and k rotated in one go
+            q, k = qk[:, :self.heads], qk[:, self.heads:]  # [B, h, m, d], [B, h_kv, m, d]
             v = qkv[..., nq + nkv:].view(b, m, -1, hd).transpose(1, 2)
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
             if skip:
                 q, k, v = (torch.cat([torch.stack([r[i][j] for r in prefix]), t], 2) for j, t in enumerate((q, k, v)))
             if capture is not None:

@@ -174,12 +174,21 @@ class TreeCache:
             return TreeGroups(prompt_lengths=lengths if t else [], groups=[], upcast=True, split=split)
         count = torch.where(valid, n_prompt[:, None] + depth, -1)  # [B, q] keys per token
         groups = []
+        prompt_keys_of: dict[int, torch.Tensor] = {}  # row -> its prompt slots (computed once per row)
         for s, d in torch.unique(torch.stack([count[valid], depth[valid]], 1), dim=0).tolist():
             rows, qidx = torch.nonzero((count == s) & (depth == d), as_tuple=True)  # [g], [g]
-            prompt_keys = torch.stack([torch.nonzero(prompt_slot[r]).reshape(-1) for r in rows.tolist()])
+            row_list = rows.tolist()
+            for r in set(row_list) - prompt_keys_of.keys():
+                prompt_keys_of[r] = torch.nonzero(prompt_slot[r]).reshape(-1)
+            if len(set(row_list)) == 1:
+                prompt_keys = prompt_keys_of[row_list[0]][None].expand(len(row_list), -1)
+            else:
+                prompt_keys = torch.stack([prompt_keys_of[r] for r in row_list])
             keys = torch.cat([prompt_keys, anc_slots[rows, qidx, :d]], 1)  # [g, S]
             groups.append((rows, t + qidx, keys))
-        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups)
+        width = prompt_slot.shape[1] + valid.shape[1]  # the cache's slots once this call's tokens are in
+        flat = [(rows[:, None] * width + keys).reshape(-1) for rows, _, keys in groups]
+        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups, flat=flat, width=width)
 
     def compact(self, keep_nodes: torch.Tensor) -> None:
         """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included);

@@ -1,0 +1,82 @@
+"""The KV cache of plain beam search: each beam's key slots follow from its parent's.
+
+One cache row per request: ``[prompt (padded to T) | K slots of step 1 | K slots of step 2 | ...]``. Beam j of
+step d sits at slot ``T + (d - 1) K + j`` and attends its request's prompt slots and the slots of its path
+(its parent's path + itself), exactly the keys a beam of transformers' ``generate`` holds in its own cache row,
+so it goes through the same tree attention as ``TreeCache`` (bit-identical hidden states). What ``TreeCache``
+adds for speculative decoding (nodes of any tree, reuse across rounds, compaction) is not needed here: the
+beams' paths are carried along by the parent indices the selection returns.
+
+Shapes: B requests, K beams, T padded prompt width, d depth, H hidden size.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from recsvc.engine.attention import TreeGroups
+from recsvc.engine.forward import new_cache, tree_forward
+from recsvc.engine.prompts import PromptBatch
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+class BeamCache:
+    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
+        self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
+        self.cache = new_cache(model)
+        self.fp32 = getattr(model, "recsvc_attention", "exact") == "fp32"
+        self.lengths = prompts.lengths.tolist()
+        self.path: torch.Tensor | None = None  # [B, K, d] cache slots of each beam's path (depth 1..d)
+        self.width = 0  # slots in the cache
+        self.calls = 0
+
+    def prefill(self) -> torch.Tensor:
+        """Run the prompts: [B, H] hidden state of each prompt's last token (the first code's distribution)."""
+        p = self.prompts
+        tree = TreeGroups(prompt_lengths=self.lengths, groups=[], upcast=self.fp32,
+                          split=[] if self.fp32 else None, flat=[], width=p.width)
+        attend = torch.ones(len(self.lengths), 1, 1, dtype=torch.bool)  # unused: every query has its key set
+        hidden = tree_forward(self.model, self.cache, p.ids, p.positions(), attend, tree)  # [B, T, H]
+        self.width, self.calls = p.width, self.calls + 1
+        return hidden[torch.arange(len(self.lengths)), p.lengths - 1]
+
+    def feed(self, nodes: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Feed the beams ``nodes`` [B, K] (trie nodes of depth d, -1 = dead) whose parents are beams
+        ``parents`` [B, K] of the previous step (ignored at depth 1): their [B, K, H] hidden states."""
+        b, k = nodes.shape
+        own = (self.width + torch.arange(k))[None, :, None].expand(b, k, 1)  # [B, K, 1]
+        if self.path is None:
+            path = own
+        else:
+            path = torch.cat([self.path.gather(1, parents[..., None].expand(-1, -1, self.path.shape[2])), own], 2)
+        d = path.shape[2]
+        alive = nodes >= 1
+        n = torch.where(alive, nodes, 1)
+        c = self.trie.codebook_size
+        ids = torch.where(alive, self.code_offset + (d - 1) * c + self.trie.node_code[n], self.code_offset)
+        positions = self.prompts.lengths[:, None] + (d - 1)  # [B, 1]: the prompt length + depth - 1
+        width = self.width + k
+        attend = torch.ones(b, 1, 1, dtype=torch.bool)
+        hidden = tree_forward(self.model, self.cache, ids, positions.expand(b, k), attend,
+                              self._groups(path, width))  # [B, K, H]
+        self.path, self.width, self.calls = path, width, self.calls + 1
+        return hidden
+
+    def _groups(self, path: torch.Tensor, width: int) -> TreeGroups:
+        """Every beam of row r attends [r's prompt slots 0..T_r-1, its path]; rows with equal T_r share a call."""
+        b, k, d = path.shape
+        if self.fp32:  # split attention: the prompt part shared per request, the path part per beam
+            split = [(r, torch.arange(k), path[r], self.lengths[r]) for r in range(b)]
+            return TreeGroups(prompt_lengths=[], groups=[], upcast=True, split=split)
+        by_length: dict[int, list[int]] = {}
+        for r, t in enumerate(self.lengths):
+            by_length.setdefault(t, []).append(r)
+        groups, flat = [], []
+        for t, rs in by_length.items():
+            rows = torch.tensor(rs).repeat_interleave(k)  # [g = len(rs) K]
+            qidx = torch.arange(k).repeat(len(rs))
+            keys = torch.cat([torch.arange(t)[None].expand(len(rows), t), path[rows, qidx]], 1)  # [g, t + d]
+            groups.append((rows, qidx, keys))
+            flat.append((rows[:, None] * width + keys).reshape(-1))
+        return TreeGroups(prompt_lengths=[], groups=groups, flat=flat, width=width)
