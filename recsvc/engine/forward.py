@@ -42,9 +42,7 @@ def tree_forward(
 ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
     if isinstance(cache, LeanCache):
         assert tree is not None, "the lean forward needs the tree's key sets"
-        lean = LeanLlama.for_model(model)
-        assert lean is not None
-        return lean.forward(cache, input_ids, position_ids, tree)
+        return cache.lean.forward(cache, input_ids, position_ids, tree)
     s_past = cache_length(cache)
     b, q = input_ids.shape
     assert tree is not None or attend.shape == (b, q, s_past + q), f"attend {tuple(attend.shape)}"

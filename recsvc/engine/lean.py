@@ -70,9 +70,9 @@ class _KV:
 class LeanCache:
     """The per-layer KV tensors (the interface ``TreeCache.compact`` / ``select_rows`` use: ``layers[i].keys``)."""
 
-    def __init__(self, num_layers: int) -> None:
+    def __init__(self, lean: LeanLlama) -> None:
         self.layers: list[_KV] = []
-        self.num_layers = num_layers
+        self.lean = lean  # the forward (weights version) this cache was started with
 
     def get_seq_length(self) -> int:
         return int(self.layers[0].keys.shape[2]) if self.layers else 0
@@ -203,7 +203,7 @@ class LeanLlama:
         return lean
 
     def new_cache(self) -> LeanCache:
-        return LeanCache(len(self.layers))
+        return LeanCache(self)
 
     def _prefix_plan(self, input_ids: torch.Tensor, tree: TreeGroups) -> tuple[int, list[int]] | None:
         """On a first call (prompts in it): update the shared prefix with these prompts and return (P, the rows'
