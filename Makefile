@@ -35,7 +35,7 @@ clean:
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle bench-beauty
+.PHONY: beauty-bundle bench-beauty drafters-beauty
 beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
@@ -60,3 +60,19 @@ bench-beauty: install redis
 	$(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 16 --duration 60 --k 10 --redis-url spawn \
 	  --outage --json $(BENCH)/serve_outage.json
 	$(VENV)/bin/recsvc bench fuzz --bundle $(BUNDLE) --requests 10000 --json $(BENCH)/fuzz.json
+
+# drafter alignment on Beauty (BENCHMARKS.md "Drafter alignment"): teacher data, the six methods, the Table-1 run.
+# One thread per job; run two jobs side by side on a 2-core machine for ~1 h in all.
+ALPHA ?= 0.5
+DRAFTER_EPOCHS ?= 2
+drafters-beauty: install
+	$(VENV)/bin/recsvc train teacher --bundle $(BUNDLE) --k 20 --threads 1
+	$(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) --preset drafter-small --method sft --epochs 4 \
+	  --threads 1 --out-name sft
+	for m in wordkd tvdkd; do $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) --preset drafter-small \
+	  --method $$m --alpha $(ALPHA) --epochs $(DRAFTER_EPOCHS) --threads 1 --out-name $$m || exit 1; done
+	for m in seqkd atspeed-s atspeed-r; do $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
+	  --preset drafter-small --method $$m --alpha $(ALPHA) --k 10 --epochs $(DRAFTER_EPOCHS) --threads 1 \
+	  --out-name $$m || exit 1; done
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --methods sft,wordkd,tvdkd,seqkd,atspeed-s,atspeed-r \
+	  --k 1,5,10,20 --users 200 --threads 1 --json $(BENCH)/drafters.json
