@@ -79,7 +79,7 @@ def warmup_prompts(ctx, n: int, cold: bool) -> list[list[int]]:
     train_users = [items for items in ctx.data.train.values() if items][: max(n, 1)]
     out = [ctx.builder.prompt_ids(items) for items in train_users[:n]]
     if not cold:
-        pool = [i for items in train_users for i in items] or [next(iter(ctx.data.train.values()))[0]]
+        pool = [i for items in train_users for i in items]
         out += [ctx.builder.prompt_ids((pool * (ctx.builder.max_history + 1))[:h])
                 for h in range(ctx.builder.max_history + 1)]
     return out

@@ -13,7 +13,7 @@ Without a ``tree`` argument the function is transformers' SDPA, so training and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -43,9 +43,17 @@ class TreeGroups:
     # "fp32" mode: per request, (row, query indices [n], ancestor slots [n, L] (-1 pad), prompt length T_b);
     # the prompt occupies slots 0..T_b-1 of the row
     split: list[tuple[int, torch.Tensor, torch.Tensor, int]] | None = None
-    # exact mode: per group, its key slots as rows of the flattened [B * width] cache (the same for all layers)
-    flat: list[torch.Tensor] | None = None
-    width: int = 0  # the cache's slot count after this call (what ``flat`` indexes into)
+    # exact mode: per (group, cache width), its key slots as rows of the flattened [B * S] cache; computed by the
+    # first layer, reused by the others
+    _flat: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def flat_keys(self, i: int, width: int) -> torch.Tensor:
+        """[g * S] rows (request * width + slot) of group i's key slots in a [B * width] flattened cache."""
+        got = self._flat.get((i, width))
+        if got is None:
+            rows, _, slots = self.groups[i]
+            got = self._flat[(i, width)] = (rows[:, None] * width + slots).reshape(-1)
+        return got
 
 
 def tree_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
@@ -80,10 +88,7 @@ def tree_attention(module, query, key, value, attention_mask, dropout: float = 0
     for i, (rows, qidx, slots) in enumerate(tree.groups):
         g, n_keys = slots.shape
         qg = query[rows, :, qidx][:, :, None]  # [g, h, 1, d]
-        if tree.flat is not None and tree.width == s_all:
-            idx = tree.flat[i]
-        else:
-            idx = (rows[:, None] * s_all + slots).reshape(-1)  # [g * S]
+        idx = tree.flat_keys(i, s_all)  # [g * S]
         kg = flat_k.index_select(0, idx).view(g, n_keys, h_kv, d).transpose(1, 2)  # [g, h_kv, S, d]
         vg = flat_v.index_select(0, idx).view(g, n_keys, h_kv, d).transpose(1, 2)
         if direct:  # what sdpa_attention_forward runs for one query without GQA, minus its bookkeeping

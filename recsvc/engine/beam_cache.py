@@ -35,7 +35,7 @@ class BeamCache:
         """Run the prompts: [B, H] hidden state of each prompt's last token (the first code's distribution)."""
         p = self.prompts
         tree = TreeGroups(prompt_lengths=self.lengths, groups=[], upcast=self.fp32,
-                          split=[] if self.fp32 else None, flat=[], width=p.width)
+                          split=[] if self.fp32 else None)
         attend = torch.ones(len(self.lengths), 1, 1, dtype=torch.bool)  # unused: every query has its key set
         hidden = tree_forward(self.model, self.cache, p.ids, p.positions(), attend, tree)  # [B, T, H]
         self.width, self.calls = p.width, self.calls + 1
@@ -59,11 +59,11 @@ class BeamCache:
         width = self.width + k
         attend = torch.ones(b, 1, 1, dtype=torch.bool)
         hidden = tree_forward(self.model, self.cache, ids, positions.expand(b, k), attend,
-                              self._groups(path, width))  # [B, K, H]
+                              self._groups(path))  # [B, K, H]
         self.path, self.width, self.calls = path, width, self.calls + 1
         return hidden
 
-    def _groups(self, path: torch.Tensor, width: int) -> TreeGroups:
+    def _groups(self, path: torch.Tensor) -> TreeGroups:
         """Every beam of row r attends [r's prompt slots 0..T_r-1, its path]; rows with equal T_r share a call."""
         b, k, d = path.shape
         if self.fp32:  # split attention: the prompt part shared per request, the path part per beam
@@ -72,11 +72,10 @@ class BeamCache:
         by_length: dict[int, list[int]] = {}
         for r, t in enumerate(self.lengths):
             by_length.setdefault(t, []).append(r)
-        groups, flat = [], []
+        groups = []
         for t, rs in by_length.items():
             rows = torch.tensor(rs).repeat_interleave(k)  # [g = len(rs) K]
             qidx = torch.arange(k).repeat(len(rs))
             keys = torch.cat([torch.arange(t)[None].expand(len(rows), t), path[rows, qidx]], 1)  # [g, t + d]
             groups.append((rows, qidx, keys))
-            flat.append((rows[:, None] * width + keys).reshape(-1))
-        return TreeGroups(prompt_lengths=[], groups=groups, flat=flat, width=width)
+        return TreeGroups(prompt_lengths=[], groups=groups)

@@ -186,9 +186,7 @@ class TreeCache:
                 prompt_keys = torch.stack([prompt_keys_of[r] for r in row_list])
             keys = torch.cat([prompt_keys, anc_slots[rows, qidx, :d]], 1)  # [g, S]
             groups.append((rows, t + qidx, keys))
-        width = prompt_slot.shape[1] + valid.shape[1]  # the cache's slots once this call's tokens are in
-        flat = [(rows[:, None] * width + keys).reshape(-1) for rows, _, keys in groups]
-        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups, flat=flat, width=width)
+        return TreeGroups(prompt_lengths=lengths if t else [], groups=groups)
 
     def compact(self, keep_nodes: torch.Tensor) -> None:
         """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included);
