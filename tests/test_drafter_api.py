@@ -56,8 +56,14 @@ def test_commands_and_bench(bundle, tmp_path, capsys) -> None:
             "--out-name", "atspeed-r"]
     assert cli.main(argv) == 0
     printed = capsys.readouterr().out
-    assert json.loads(printed[printed.index("\n{") :])["best"]["metric"] == "as@2"
+    assert json.loads(printed[printed.index("\n{") :])["best"]["metric"] == "as_relaxed@2"  # auto: relaxed
     assert (bundle.root / "drafters" / "atspeed-r" / "config.json").is_file()
+    assert cli.main([*argv[:-1], "atspeed-r-strict", "--verify", "strict"]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed[printed.index("\n{") :])["best"]["metric"] == "as@2"
+    with pytest.raises(SystemExit) as bad:
+        cli.main([*argv, "--verify", "lenient"])
+    assert bad.value.code == 2 and "--verify" in capsys.readouterr().err
 
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "drafters", "--bundle", root, "--methods", "atspeed-r,retrieval", "--k", "1,5",

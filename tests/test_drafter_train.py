@@ -20,7 +20,7 @@ from tokenizer_rqvae.trie import CatalogTrie
 from training.data.dataset import load_split_dir
 from training.drafter_losses import METHODS, code_logprobs_tree, method_loss
 from training.teacher import TeacherStore, build_teacher, collate_tree, teacher_dir
-from training.train_drafter import train_drafter
+from training.train_drafter import acceptance_evaluator, train_drafter, validation_metric
 from training.train_target import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -80,6 +80,30 @@ def test_selection_by_acceptance(bundle) -> None:
     history = json.loads((bundle.root / "drafters" / "as" / "training.json").read_text())["history"]
     assert all("as@3" in row and "calls@3" in row for row in history)
     assert all(1.0 <= row["calls@3"] <= 4.0 for row in history)
+    assert all(0.0 <= row["as_relaxed@3"] <= 4.0 and 1.0 <= row["calls_relaxed@3"] <= 4.0 for row in history)
+
+
+def test_atspeed_r_selects_by_relaxed_acceptance(bundle) -> None:
+    info = train_drafter(bundle.root, preset="drafter-tiny", method="atspeed-r", cfg=cfg(epochs=2),
+                         eval_max_users=10, out_name="as-r", select_by="as", as_users=6, as_k=3, k=2)
+    history = json.loads((bundle.root / "drafters" / "as-r" / "training.json").read_text())["history"]
+    assert info["best"]["metric"] == "as_relaxed@3"
+    assert info["best"]["value"] == max(row["as_relaxed@3"] for row in history)
+    assert validation_metric("atspeed-r", "strict", 10) == "as@10"
+    assert validation_metric("seqkd", "auto", 5) == "as@5" and validation_metric("sft", "relaxed", 5) == "as_relaxed@5"
+    with pytest.raises(UserError, match="--verify"):
+        validation_metric("seqkd", "lenient", 5)
+
+
+def test_relaxed_validation_is_seeded(bundle) -> None:
+    """Two evaluations of the same drafter see the same draws (epochs compare like for like)."""
+    b = Bundle.open(bundle.root)
+    builder = PromptBuilder(b.load_tokenizer(), b.load_ids())
+    data = load_split_dir(b.resolve_data_dir(None))
+    evaluate = acceptance_evaluator(b, builder, CatalogTrie(builder.ids), data, k=3, max_users=6, batch_size=4)
+    model = new_model("drafter-tiny", builder.tokenizer, seed=0)
+    first, second = evaluate(model), evaluate(model)
+    assert first == second and set(first) == {"as@3", "calls@3", "as_relaxed@3", "calls_relaxed@3"}
 
 
 def test_interrupted_alignment_run_resumes_exactly(bundle) -> None:

@@ -51,7 +51,7 @@ def train_drafter(bundle: str | Path | Bundle, method: str = "atspeed-s", alpha:
                   seed: int = 0, max_minutes: float | None = None, patience: int = 2, bf16: str = "auto",
                   **kwargs: Any) -> dict[str, Any]:
     """Train one drafter (``training.train_drafter.train_drafter``; extra keywords go there: k, as_users, as_k,
-    gamma, draft_beams, init_from, eval_max_users, data_dir, ...). Saved to BUNDLE/drafters/<out_name>, or
+    gamma, draft_beams, verify, init_from, eval_max_users, data_dir, ...). Saved to BUNDLE/drafters/<out_name>, or
     BUNDLE/drafter (the served one) without ``out_name``."""
     from training.train_drafter import train_drafter as train
     from training.train_target import TrainConfig

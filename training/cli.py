@@ -79,7 +79,9 @@ def register(subparsers) -> None:
                         "BUNDLE/drafter (the served one)")
     d.add_argument("--init-from", type=Path, default=None, help="start from a saved drafter, e.g. the SFT one")
     d.add_argument("--as-users", type=int, default=200,
-                   help="validation users for AS@K (strict acceptance); the best epoch by AS is kept")
+                   help="validation users for AS@K (strict and relaxed acceptance); the best epoch by AS is kept")
+    d.add_argument("--verify", choices=["auto", "strict", "relaxed"], default="auto",
+                   help="which validation AS selects the epoch (auto: relaxed for atspeed-r, else strict)")
     d.add_argument("--as-k", type=int, default=10, help="K of the validation AS@K")
     d.add_argument("--gamma", type=int, default=3, help="draft depths per round for the validation AS")
     d.add_argument("--draft-beams", type=int, default=None, help="N for the validation AS (default: K)")
@@ -162,7 +164,7 @@ def cmd_drafter(args: argparse.Namespace) -> int:
                          eval_max_users=args.eval_users, window_stride=args.window_stride, force=args.force,
                          alpha=args.alpha, k=args.k, select_by=select_by, as_users=args.as_users, as_k=args.as_k,
                          gamma=args.gamma, draft_beams=args.draft_beams, out_name=args.out_name,
-                         init_from=args.init_from)
+                         init_from=args.init_from, verify=args.verify)
     if info.pop("main_process", True):
         print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
     return 0

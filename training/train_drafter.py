@@ -15,8 +15,11 @@ Methods (ALGORITHMS.md section 5; losses in ``training/drafter_losses.py``), all
   ground-truth prefixes; the teacher data supplies the target's distributions there).
 
 Validation: the next-item loss on validation users, and (``select_by="as"``, the CLI default) AS@K: the mean
-number of accepted draft depths under strict verification (``speculative_search`` with this drafter, N = K,
-gamma 3) on a fixed sample of validation users; the best epoch by AS is kept. Output: BUNDLE/drafter (the
+number of accepted draft depths per request under strict verification (``speculative_search`` with this
+drafter, N = K, gamma 3; key ``as@K``) and under relaxed sampling verification (``relaxed_speculative_search``,
+temperature 1, one seeded generator per user so epochs see the same draws; key ``as_relaxed@K``) on a fixed
+sample of validation users. The best epoch by the AS of ``verify`` is kept: "auto" = relaxed for atspeed-r
+(the method aligns the drafter for relaxed verification), strict for every other method. Output: BUNDLE/drafter (the
 served drafter, stage "drafter") or BUNDLE/drafters/<out_name> (what ``recsvc bench drafters`` compares).
 """
 
@@ -47,15 +50,30 @@ def drafter_output_dir(bundle, out_name: str | None) -> Path:
     return Path(bundle.root) / "drafters" / out_name
 
 
+VERIFY = ("auto", "strict", "relaxed")
+
+
+def validation_metric(method: str, verify: str, k: int) -> str:
+    """The evaluator key an epoch is selected by: ``as@K`` (strict) or ``as_relaxed@K``."""
+    if verify not in VERIFY:
+        raise UserError(f"--verify must be one of {', '.join(VERIFY)}, got {verify!r}")
+    relaxed = verify == "relaxed" or (verify == "auto" and method == "atspeed-r")
+    return f"as_relaxed@{k}" if relaxed else f"as@{k}"
+
+
 def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: int = 200, gamma: int = 3,
                          draft_beams: int | None = None, dtype: str = "bf16", seed: int = 0,
-                         batch_size: int = 16, attention: str = "fp32"):
-    """model -> {"as@K": accepted draft depths per request, "calls@K": target calls per request} under strict
-    verification on a fixed sample of validation users. The target is loaded on first use; the drafter is
-    evaluated as served (a ``dtype`` copy; the target in the engine's ``attention`` mode)."""
+                         batch_size: int = 16, attention: str = "fp32", relaxed: bool = True):
+    """model -> {"as@K": accepted draft depths per request and "calls@K": target calls per request under strict
+    verification, and (``relaxed``) "as_relaxed@K" / "calls_relaxed@K" under relaxed sampling verification
+    (temperature 1, user i's generator seeded with ``seed + i``)} on a fixed sample of validation users. The
+    target is loaded on first use; the drafter is evaluated as served (a ``dtype`` copy; the target in the
+    engine's ``attention`` mode)."""
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.relaxed import relaxed_speculative_search
+    from recsvc.engine.sampling import make_generators
     from recsvc.engine.speculative import speculative_search
     from recsvc.model.loading import torch_dtype
     from training.evaluate import sample_users
@@ -72,17 +90,28 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
         engine = state["engine"]
         draft = copy.deepcopy(model).to(torch_dtype(dtype)).eval()
         drafter = LlamaDrafter(draft, trie, builder.code_offset)
-        accepted, calls = [], []
+        n_draft = draft_beams or k
+        accepted, calls, acc_r, calls_r = [], [], [], []
         for i in range(0, len(users), batch_size):
             chunk = users[i : i + batch_size]
             hist = [u.history for u in chunk]
             pb = PromptBatch.from_lists([builder.prompt_ids(h) for h in hist])
             out = speculative_search(engine.model, trie, builder.code_offset, pb, k, drafter.session(pb, hist, None),
-                                     draft_beams or k, gamma, None, engine.select)
+                                     n_draft, gamma, None, engine.select)
             accepted += out.accepted.tolist()
             calls += out.target_calls.tolist()
+            if relaxed:
+                gens = make_generators([seed + i + j for j in range(len(chunk))])
+                temp = torch.ones(len(chunk))
+                rel = relaxed_speculative_search(engine.model, trie, builder.code_offset, pb, k,
+                                                 drafter.session(pb, hist, None), n_draft, gamma, temp, gens)
+                acc_r += rel.accepted.tolist()
+                calls_r += rel.target_calls.tolist()
         n = max(len(accepted), 1)
-        return {f"as@{k}": sum(accepted) / n, f"calls@{k}": sum(calls) / n}
+        res = {f"as@{k}": sum(accepted) / n, f"calls@{k}": sum(calls) / n}
+        if relaxed:
+            res.update({f"as_relaxed@{k}": sum(acc_r) / n, f"calls_relaxed@{k}": sum(calls_r) / n})
+        return res
 
     return evaluate
 
@@ -128,11 +157,13 @@ def train_drafter(
     force: bool = False, *, alpha: float = 0.5, k: int | None = None, select_by: str = "loss",
     as_users: int = 200, as_k: int = 10, gamma: int = 3, draft_beams: int | None = None,
     out_name: str | None = None, init_from: str | Path | None = None, eval_dtype: str = "bf16",
+    verify: str = "auto",
 ) -> dict[str, Any]:
     """Train a drafter with ``method`` and save it (BUNDLE/drafter, or BUNDLE/drafters/<out_name>).
 
-    ``select_by``: "as" keeps the epoch with the best validation AS@``as_k`` (strict verification, N =
-    ``draft_beams`` or K, ``gamma``, ``as_users`` users); "loss" the lowest validation loss. ``k``: teacher
+    ``select_by``: "as" keeps the epoch with the best validation AS@``as_k`` (N = ``draft_beams`` or K,
+    ``gamma``, ``as_users`` users; strict and relaxed are both reported, ``verify`` picks the one that selects:
+    "auto" = relaxed for atspeed-r, else strict); "loss" the lowest validation loss. ``k``: teacher
     beams per prefix used by the alignment losses (default: all stored). ``init_from``: start from a saved
     drafter (e.g. the SFT one) instead of random weights."""
     from accelerate import PartialState
@@ -150,6 +181,7 @@ def train_drafter(
         raise UserError(f"--alpha must lie in [0, 1], got {alpha}")
     if select_by not in ("as", "loss"):
         raise UserError(f"select_by must be 'as' or 'loss', got {select_by!r}")
+    metric = validation_metric(method, verify, as_k)
     cfg = cfg or TrainConfig()
     p = get_preset(preset)
     if p.role != "drafter":
@@ -182,7 +214,7 @@ def train_drafter(
 
         evaluator = acceptance_evaluator(bundle, builder, CatalogTrie(builder.ids), data, as_k, as_users, gamma,
                                          draft_beams, eval_dtype, cfg.seed)
-        cfg = replace(cfg, metric=f"as@{as_k}")
+        cfg = replace(cfg, metric=metric)
     if init_from is not None:
         model = load_causal_lm(init_from, dtype="fp32").train()
         if model.config.vocab_size != len(builder.tokenizer):
