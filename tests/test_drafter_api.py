@@ -79,6 +79,16 @@ def test_commands_and_bench(bundle, tmp_path, capsys) -> None:
     rel5 = next(r for r in rows if r["mode"] == "relaxed" and r["drafter"] == "atspeed-r" and r["k"] == 5)
     assert {"WS", "AS", "target_calls", "recall@5", "ndcg@5"} <= set(rel5)
     assert all(r["identical"] == 1.0 for r in rows if r["mode"] == "strict" and r["drafter"] != "target")
+    assert all(r["N"] == r["k"] for r in rows)  # default: N = K
+
+    assert cli.main(["bench", "drafters", "--bundle", root, "--methods", "atspeed-r", "--k", "1,5", "--users", "2",
+                     "--draft-beams", "4", "--modes", "strict", "--json", str(out)]) == 0
+    capsys.readouterr()
+    fixed = json.loads(out.read_text())
+    assert fixed["draft_beams"] == 4 and {r["k"]: r["N"] for r in fixed["rows"]} == {1: 4, 5: 5}  # max(K, N)
+    assert all(r["identical"] == 1.0 for r in fixed["rows"] if r["drafter"] != "target")
+    assert cli.main(["bench", "drafters", "--bundle", root, "--methods", "atspeed-r", "--draft-beams", "0"]) == 2
+    assert "--draft-beams" in capsys.readouterr().err
 
     assert cli.main(["bench", "drafters", "--bundle", root, "--methods", "wordkd", "--users", "2"]) == 2
     assert "--out-name wordkd" in capsys.readouterr().err

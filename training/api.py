@@ -146,10 +146,12 @@ def supports_relaxed(drafter) -> bool:
 @torch.inference_mode()
 def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequence, ks: Sequence[int],
                        modes: Sequence[str] = MODES, n_mult: float = 1.0, gamma: int = 3, temperature: float = 1.0,
-                       recall_at: int = 5, progress: bool = True) -> list[dict[str, Any]]:
+                       recall_at: int = 5, progress: bool = True,
+                       draft_beams: int | None = None) -> list[dict[str, Any]]:
     """One row per (mode, K, drafter): AS, WS, plain_ms, spec_ms, target_calls (speculative, per request),
     plain_calls, identical (strict) or recall@R / ndcg@R (relaxed, when K >= R); plus a row per (mode, K) for
-    drafter "target" (the target's own decoding: its recall@R / ndcg@R). N = max(K, round(n_mult * K))."""
+    drafter "target" (the target's own decoding: its recall@R / ndcg@R). N = max(K, round(n_mult * K)), or
+    max(K, ``draft_beams``) when given (a fixed N for every K, as in the AtSpeed paper: N = 40)."""
     from tqdm.auto import tqdm
 
     from recsvc.engine.prompts import PromptBatch
@@ -168,7 +170,7 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
         relaxed = mode == "relaxed"
         usable = {name: d for name, d in drafters.items() if not relaxed or supports_relaxed(d)}
         for k in ks:
-            n = max(k, round(n_mult * k))
+            n = max(k, draft_beams if draft_beams is not None else round(n_mult * k))
             plain_ms, rank_plain = [], {}
             stats = {name: {"ms": [], "calls": [], "acc": [], "same": 0, "rank": {}} for name in usable}
             for i, u in enumerate(tqdm(users, desc=f"{mode} K={k}", disable=not progress, leave=False)):

@@ -30,6 +30,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="strict,relaxed", help="strict, relaxed or both")
     p.add_argument("--gamma", type=int, default=3, help="draft depths per round")
     p.add_argument("--n-mult", type=float, default=1.0, help="draft beams N = max(K, round(n_mult * K))")
+    p.add_argument("--draft-beams", type=int, default=None,
+                   help="a fixed N for every K: N = max(K, this) (the AtSpeed paper: 40); overrides --n-mult")
     p.add_argument("--temperature", type=float, default=1.0, help="relaxed mode's sampling temperature")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
@@ -85,16 +87,19 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(f"--modes takes strict and/or relaxed, got {args.modes!r}")
     if not 1 <= args.gamma <= 5 or args.n_mult <= 0:
         raise UserError("--gamma must lie in 1..5 and --n-mult be > 0")
+    if args.draft_beams is not None and not 1 <= args.draft_beams <= 256:
+        raise UserError(f"--draft-beams must lie in 1..256, got {args.draft_beams}")
     set_threads(args.threads)
     setup = load_setup(args.bundle, args.dtype, args.data, attention=args.attention)
     drafters = {m: load_drafter(setup, m) for m in methods}  # every drafter loads before any timing starts
     users = pick_users(setup, args.split, args.users, args.seed)
     rows = measure_acceptance(setup, drafters, users, ks, modes, n_mult=args.n_mult, gamma=args.gamma,
-                              temperature=args.temperature)
+                              temperature=args.temperature, draft_beams=args.draft_beams)
     table = tables(rows, methods, ks, modes)
     print(table)
     payload = {"bench": "drafters", "bundle": str(args.bundle), "methods": methods, "ks": ks, "modes": modes,
                "users": len(users), "split": args.split, "gamma": args.gamma, "n_mult": args.n_mult,
+               "draft_beams": args.draft_beams,
                "dtype": args.dtype, "attention": args.attention, "machine": machine(), "rows": rows, "table": table}
     write_json(args.json_path, payload)
     return payload
