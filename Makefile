@@ -35,7 +35,7 @@ clean:
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle bench-beauty drafters-beauty
+.PHONY: beauty-bundle bench-beauty drafters-beauty drafters-beauty-alpha
 beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
@@ -76,3 +76,14 @@ drafters-beauty: install
 	  --out-name $$m || exit 1; done
 	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --methods sft,wordkd,tvdkd,seqkd,atspeed-s,atspeed-r \
 	  --k 1,5,10,20 --users 200 --threads 1 --json $(BENCH)/drafters.json
+
+# the alpha grid (after drafters-beauty): every alignment method at alpha 0.7 and 0.9 (named M-a07, M-a09), then
+# the selection runs on 1,000 validation users (strict and relaxed AS@10, N = K); ~2.5 h on one core.
+ALIGN_METHODS := wordkd tvdkd seqkd atspeed-s atspeed-r
+drafters-beauty-alpha: install
+	for a in 07 09; do for m in $(ALIGN_METHODS); do $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
+	  --preset drafter-small --method $$m --alpha 0.$${a#0} --k 10 --epochs $(DRAFTER_EPOCHS) --threads 1 \
+	  --out-name $$m-a$$a || exit 1; done; done
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --split valid --users 1000 --k 10 --threads 1 \
+	  --methods sft,$$(for m in $(ALIGN_METHODS); do printf '%s,%s-a07,%s-a09,' $$m $$m $$m; done | sed 's/,$$//') \
+	  --json $(BENCH)/alpha_valid.json
