@@ -63,9 +63,9 @@ def validation_metric(method: str, verify: str, k: int) -> str:
 
 def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: int = 200, gamma: int = 3,
                          draft_beams: int | None = None, dtype: str = "bf16", seed: int = 0,
-                         batch_size: int = 16, attention: str = "fp32", relaxed: bool = True):
+                         batch_size: int = 16, attention: str = "fp32"):
     """model -> {"as@K": accepted draft depths per request and "calls@K": target calls per request under strict
-    verification, and (``relaxed``) "as_relaxed@K" / "calls_relaxed@K" under relaxed sampling verification
+    verification, and "as_relaxed@K" / "calls_relaxed@K" under relaxed sampling verification
     (temperature 1, user i's generator seeded with ``seed + i``)} on a fixed sample of validation users. The
     target is loaded on first use; the drafter is evaluated as served (a ``dtype`` copy; the target in the
     engine's ``attention`` mode)."""
@@ -100,18 +100,15 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
                                      n_draft, gamma, None, engine.select)
             accepted += out.accepted.tolist()
             calls += out.target_calls.tolist()
-            if relaxed:
-                gens = make_generators([seed + i + j for j in range(len(chunk))])
-                temp = torch.ones(len(chunk))
-                rel = relaxed_speculative_search(engine.model, trie, builder.code_offset, pb, k,
-                                                 drafter.session(pb, hist, None), n_draft, gamma, temp, gens)
-                acc_r += rel.accepted.tolist()
-                calls_r += rel.target_calls.tolist()
+            gens = make_generators([seed + i + j for j in range(len(chunk))])
+            rel = relaxed_speculative_search(engine.model, trie, builder.code_offset, pb, k,
+                                             drafter.session(pb, hist, None), n_draft, gamma,
+                                             torch.ones(len(chunk)), gens)
+            acc_r += rel.accepted.tolist()
+            calls_r += rel.target_calls.tolist()
         n = max(len(accepted), 1)
-        res = {f"as@{k}": sum(accepted) / n, f"calls@{k}": sum(calls) / n}
-        if relaxed:
-            res.update({f"as_relaxed@{k}": sum(acc_r) / n, f"calls_relaxed@{k}": sum(calls_r) / n})
-        return res
+        return {f"as@{k}": sum(accepted) / n, f"calls@{k}": sum(calls) / n,
+                f"as_relaxed@{k}": sum(acc_r) / n, f"calls_relaxed@{k}": sum(calls_r) / n}
 
     return evaluate
 
