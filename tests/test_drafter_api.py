@@ -58,9 +58,14 @@ def test_commands_and_bench(bundle, tmp_path, capsys) -> None:
     printed = capsys.readouterr().out
     assert json.loads(printed[printed.index("\n{") :])["best"]["metric"] == "as_relaxed@2"  # auto: relaxed
     assert (bundle.root / "drafters" / "atspeed-r" / "config.json").is_file()
-    assert cli.main([*argv[:-1], "atspeed-r-strict", "--verify", "strict"]) == 0
+    assert cli.main([*argv[:-1], "atspeed-r-strict", "--verify", "strict", "--support", "trie"]) == 0
     printed = capsys.readouterr().out
-    assert json.loads(printed[printed.index("\n{") :])["best"]["metric"] == "as@2"
+    info = json.loads(printed[printed.index("\n{") :])
+    assert info["best"]["metric"] == "as@2" and info["support"] == "trie"
+    saved = json.loads((bundle.root / "drafters" / "atspeed-r-strict" / "training.json").read_text())
+    assert saved["support"] == "trie"
+    assert cli.main([*argv[:7], "seqkd", *argv[8:-1], "seqkd-trie", "--support", "trie"]) == 2
+    assert "atspeed-r only" in capsys.readouterr().err
     with pytest.raises(SystemExit) as bad:
         cli.main([*argv, "--verify", "lenient"])
     assert bad.value.code == 2 and "--verify" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 
 Conventions under test (training/drafter_losses.py): wordkd / tvdkd renormalise p and q over the level's codes;
 atspeed-s renormalises q over the trie-allowed codes and uses the stored p as is; atspeed-r renormalises both
-over V_c (the drafter's top-K allowed codes); the K-th sequence is the last valid one.
+over V_c (the drafter's top-K allowed codes), or with support "trie" over every allowed code; the K-th
+sequence is the last valid one.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ S_SEQ1 = (0.6 / 0.9) * math.log(0.4 / 0.1)
 # atspeed-r, k = 2. seq 0: V_c = {0, 1}: p' = [.5, .2]/.7, q' = [.4, .3]/.7 -> TVD = .1/.7
 # seq 1: V_c = {2, 1}: p' = {1: .8, 2: .2}, q' = {1: .25, 2: .75} -> TVD = .55
 R_SEQ0, R_SEQ1 = 0.1 / 0.7, 0.55
+# atspeed-r, support "trie" (every allowed code, here {0, 1, 2}; k plays no part):
+# seq 0: p' = [.5, .2, .1]/.8, q' = [.4, .3, .1]/.8 -> TVD = 1/2 (.1 + .1) / .8 = .125
+# seq 1: p' = [.3, .4, .1]/.8 = [.375, .5, .125], q' = [.1, .2, .6]/.9 -> 1/2 (.375-1/9 + .5-2/9 + 2/3-.125)
+RT_SEQ0 = 0.125
+RT_SEQ1 = 0.5 * ((0.375 - 1 / 9) + (0.5 - 2 / 9) + (2 / 3 - 0.125))
 
 CASES = [
     # (name, computed, by hand)
@@ -74,6 +80,14 @@ CASES = [
      0.5 * math.log(0.5 / 0.5) + 0.375 * math.log(0.5 / 0.2)),
     ("atspeed-r: k=2", lambda: atspeed_r_loss(LQ, LP, ALLOWED, BOTH, 2), (R_SEQ0 + R_SEQ1) / 2),
     ("atspeed-r: k=1 -> V_c has one code, TVD 0", lambda: atspeed_r_loss(LQ, LP, ALLOWED, BOTH, 1), 0.0),
+    ("atspeed-r trie: all allowed codes", lambda: atspeed_r_loss(LQ, LP, ALLOWED, BOTH, 2, "trie"),
+     (RT_SEQ0 + RT_SEQ1) / 2),
+    ("atspeed-r trie: k does not matter", lambda: atspeed_r_loss(LQ, LP, ALLOWED, BOTH, 1, "trie"),
+     (RT_SEQ0 + RT_SEQ1) / 2),
+    ("mix: atspeed-r trie through method_loss",
+     lambda: method_loss("atspeed-r", 0.3, LQ, LQ[:, 0], {"lp": LP, "allowed": ALLOWED, "valid": BOTH,
+                                                         "gt": T([[2]]), "codes": CODES}, 2, "trie")[0],
+     0.3 * (RT_SEQ0 + RT_SEQ1) / 2 + 0.7 * -math.log(0.1)),
     ("mix: alpha * atspeed-r + (1 - alpha) * rec",
      lambda: method_loss("atspeed-r", 0.3, LQ, LQ[:, 0], {"lp": LP, "allowed": ALLOWED, "valid": BOTH,
                                                          "gt": T([[2]]), "codes": CODES}, 2)[0],
@@ -95,7 +109,7 @@ def test_constrained_topk() -> None:
     assert constrained_topk(lq, T([False, True, True]), 5).tolist() == [False, True, True]  # fewer than k
 
 
-@pytest.mark.parametrize("which", ["atspeed-s", "atspeed-r"])
+@pytest.mark.parametrize("which", ["atspeed-s", "atspeed-r", "atspeed-r-trie"])
 def test_constrained_losses_ignore_tokens_outside_the_trie(which: str) -> None:
     """Any change of p or q on the forbidden code 3 leaves the loss and its gradient unchanged."""
     def run(lq_other: float, lp_other: float):
@@ -105,7 +119,7 @@ def test_constrained_losses_ignore_tokens_outside_the_trie(which: str) -> None:
         lp[..., 3] = lp_other
         lq.requires_grad_(True)
         loss = (atspeed_s_loss(lq, lp, ALLOWED, CODES, BOTH, 2) if which == "atspeed-s"
-                else atspeed_r_loss(lq, lp, ALLOWED, BOTH, 2))
+                else atspeed_r_loss(lq, lp, ALLOWED, BOTH, 2, "trie" if which.endswith("trie") else "topk"))
         loss.backward()
         return float(loss.detach()), lq.grad[..., :3].clone(), lq.grad[..., 3].clone()
 
@@ -131,3 +145,8 @@ def test_atspeed_s_gradient_moves_q_towards_codes_the_target_ranks_above_the_kth
 def test_unknown_method() -> None:
     with pytest.raises(ValueError, match="unknown drafter method"):
         method_loss("nope", 0.5, LQ, LQ[:, 0], {"gt": T([[0]])}, 2)
+
+
+def test_atspeed_r_support_is_checked() -> None:
+    with pytest.raises(ValueError, match="support"):
+        atspeed_r_loss(LQ, LP, ALLOWED, BOTH, 2, "vocab")

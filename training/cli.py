@@ -74,6 +74,9 @@ def register(subparsers) -> None:
                    help="training objective (all but sft need `recsvc train teacher` first)")
     d.add_argument("--alpha", type=float, default=0.5, help="alpha * L_align + (1 - alpha) * L_rec")
     d.add_argument("--k", type=int, default=None, help="teacher beams per prefix used (default: all stored)")
+    d.add_argument("--support", choices=["topk", "trie"], default="topk",
+                   help="atspeed-r only: TVD over the drafter's top-K allowed codes (the spec) or over every "
+                        "trie-allowed code (the paper's 'w/o CA' ablation)")
     d.add_argument("--out-name", default=None,
                    help="save to BUNDLE/drafters/NAME (what `recsvc bench drafters` compares) instead of "
                         "BUNDLE/drafter (the served one)")
@@ -164,7 +167,8 @@ def cmd_drafter(args: argparse.Namespace) -> int:
                          eval_max_users=args.eval_users, window_stride=args.window_stride, force=args.force,
                          alpha=args.alpha, k=args.k, select_by=select_by, as_users=args.as_users, as_k=args.as_k,
                          gamma=args.gamma, draft_beams=args.draft_beams, out_name=args.out_name,
-                         init_from=args.init_from, verify=args.verify)
+                         init_from=args.init_from, verify=args.verify,
+                         support=args.support)
     if info.pop("main_process", True):
         print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
     return 0

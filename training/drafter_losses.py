@@ -22,6 +22,8 @@ position) triples:
   probability, compares like the verifier's scores). The paper sums over the K sequences; we average (a
   constant factor K, absorbed by alpha).
 - ``atspeed-r`` (constrained): TVD between p and q both renormalised over V_c, on each of the top-K sequences.
+  ``support="trie"`` is the paper's "w/o CA" ablation (Table 3): the TVD over every code the trie allows, which
+  is the support relaxed verification samples from (its acceptance is 1 - TVD of the trie-masked distributions).
 
 ``code_logprobs_tree`` runs the drafter on a tree batch (``training.teacher.collate_tree``) and returns the
 ``lq`` of every (sequence, position) in one forward.
@@ -35,6 +37,7 @@ NEG_INF = float("-inf")
 LOGP_FLOOR = -1.0e4  # stands in for log 0 where a finite number is needed
 METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
 TEACHER_METHODS = METHODS[1:]  # methods that need teacher data (BUNDLE/teacher)
+SUPPORTS = ("topk", "trie")  # atspeed-r's TVD support: V_c (the spec) or every trie-allowed code (w/o CA)
 
 
 # ----------------------------------------------------------------------------------------- small helpers
@@ -117,19 +120,22 @@ def atspeed_s_loss(lq: torch.Tensor, lp: torch.Tensor, allowed: torch.Tensor, co
 
 
 def atspeed_r_loss(lq: torch.Tensor, lp: torch.Tensor, allowed: torch.Tensor, valid: torch.Tensor,
-                   k: int) -> torch.Tensor:
-    """AtSpeed-R: TVD(p', q') with p', q' renormalised over V_c, on each of the target's top-K sequences."""
-    vc = constrained_topk(lq, allowed, k)
+                   k: int, support: str = "topk") -> torch.Tensor:
+    """AtSpeed-R: TVD(p', q') with p', q' renormalised over V_c (``support="topk"``) or over every trie-allowed
+    code (``"trie"``), on each of the target's top-K sequences."""
+    if support not in SUPPORTS:
+        raise ValueError(f"unknown atspeed-r support {support!r}: expected one of {', '.join(SUPPORTS)}")
+    vc = constrained_topk(lq, allowed, k) if support == "topk" else allowed
     p, q = renormalise(lp.float(), vc).exp(), renormalise(lq, vc).exp()
     per_token = 0.5 * (p - q).abs().sum(-1)  # [P, K, L]
     return masked_mean(per_token, valid[..., None].expand_as(per_token))
 
 
 def method_loss(method: str, alpha: float, lq: torch.Tensor, lq_gt: torch.Tensor, batch: dict[str, torch.Tensor],
-                k: int) -> tuple[torch.Tensor, dict[str, float]]:
+                k: int, support: str = "topk") -> tuple[torch.Tensor, dict[str, float]]:
     """alpha * L_align + (1 - alpha) * L_rec for ``method``. batch: the teacher tensors of ``collate_tree``
     (``lp`` [P, K, L, C], ``lp_gt`` [P, L, C], ``codes`` [P, K, L], ``gt`` [P, L], ``allowed`` [P, K, L, C],
-    ``valid`` [P, K]). Returns (loss, {"rec": .., "align": ..})."""
+    ``valid`` [P, K]). ``support``: atspeed-r's TVD support. Returns (loss, {"rec": .., "align": ..})."""
     rec = rec_loss(lq_gt, batch["gt"])
     if method == "sft":
         return rec, {"rec": float(rec.detach()), "align": 0.0}
@@ -142,7 +148,7 @@ def method_loss(method: str, alpha: float, lq: torch.Tensor, lq_gt: torch.Tensor
     elif method == "atspeed-s":
         align = atspeed_s_loss(lq, batch["lp"], batch["allowed"], batch["codes"], batch["valid"], k)
     elif method == "atspeed-r":
-        align = atspeed_r_loss(lq, batch["lp"], batch["allowed"], batch["valid"], k)
+        align = atspeed_r_loss(lq, batch["lp"], batch["allowed"], batch["valid"], k, support)
     else:
         raise ValueError(f"unknown drafter method {method!r}: expected one of {', '.join(METHODS)}")
     loss = alpha * align + (1.0 - alpha) * rec

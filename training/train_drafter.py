@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from recsvc.errors import UserError
+from training.drafter_losses import SUPPORTS
 from training.train_target import TrainConfig, _best_entry, fit_causal_lm
 
 METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
@@ -113,7 +114,7 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
     return evaluate
 
 
-def teacher_source(bundle, builder, data, method: str, alpha: float, k: int | None):
+def teacher_source(bundle, builder, data, method: str, alpha: float, k: int | None, support: str = "topk"):
     """The BatchSource of an alignment method over BUNDLE/teacher, and the K it trains with."""
     from tokenizer_rqvae.trie import CatalogTrie
     from training.drafter_losses import code_logprobs_tree, method_loss
@@ -142,7 +143,7 @@ def teacher_source(bundle, builder, data, method: str, alpha: float, k: int | No
 
     def loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         lq, lq_gt = code_logprobs_tree(model, batch, off, trie.codebook_size)
-        value, _ = method_loss(method, alpha, lq, lq_gt, batch, k)
+        value, _ = method_loss(method, alpha, lq, lq_gt, batch, k, support)
         return value, int(batch["gt"].shape[0])
 
     return BatchSource(lengths, make_batch, loss), (None if method in GT_ONLY else k)
@@ -154,7 +155,7 @@ def train_drafter(
     force: bool = False, *, alpha: float = 0.5, k: int | None = None, select_by: str = "loss",
     as_users: int = 200, as_k: int = 10, gamma: int = 3, draft_beams: int | None = None,
     out_name: str | None = None, init_from: str | Path | None = None, eval_dtype: str = "bf16",
-    verify: str = "auto",
+    verify: str = "auto", support: str = "topk",
 ) -> dict[str, Any]:
     """Train a drafter with ``method`` and save it (BUNDLE/drafter, or BUNDLE/drafters/<out_name>).
 
@@ -162,7 +163,8 @@ def train_drafter(
     ``gamma``, ``as_users`` users; strict and relaxed are both reported, ``verify`` picks the one that selects:
     "auto" = relaxed for atspeed-r, else strict); "loss" the lowest validation loss. ``k``: teacher
     beams per prefix used by the alignment losses (default: all stored). ``init_from``: start from a saved
-    drafter (e.g. the SFT one) instead of random weights."""
+    drafter (e.g. the SFT one) instead of random weights. ``support``: atspeed-r's TVD support, "topk" (V_c, the
+    spec) or "trie" (every trie-allowed code: the paper's "w/o CA" ablation)."""
     from accelerate import PartialState
 
     from recsvc.model.bundle import Bundle
@@ -176,6 +178,10 @@ def train_drafter(
         raise UserError(f"unknown drafter method {method!r}: expected one of {', '.join(METHODS)}")
     if not 0.0 <= alpha <= 1.0:
         raise UserError(f"--alpha must lie in [0, 1], got {alpha}")
+    if support not in SUPPORTS:
+        raise UserError(f"--support must be one of {', '.join(SUPPORTS)}, got {support!r}")
+    if support != "topk" and method != "atspeed-r":
+        raise UserError(f"--support {support} applies to atspeed-r only (method {method!r})")
     if select_by not in ("as", "loss"):
         raise UserError(f"select_by must be 'as' or 'loss', got {select_by!r}")
     metric = validation_metric(method, verify, as_k)
@@ -203,7 +209,7 @@ def train_drafter(
         tokens, _ = count_tokens(train)
         k_used = None
     else:
-        train, k_used = teacher_source(bundle, builder, data, method, alpha, k)
+        train, k_used = teacher_source(bundle, builder, data, method, alpha, k, support)
         tokens = sum(train.lengths)
     evaluator = None
     if select_by == "as":
@@ -221,7 +227,8 @@ def train_drafter(
     n_params = sum(x.numel() for x in model.parameters())
     if dist.is_main_process:
         print(f"drafter: {p.name} ({n_params / 1e6:.2f}M parameters), method {method}"
-              + (f" (alpha {alpha}" + (f", K {k_used})" if k_used else ")") if method != "sft" else "")
+              + (f" (alpha {alpha}" + (f", K {k_used}" if k_used else "")
+                 + (f", support {support})" if method == "atspeed-r" else ")") if method != "sft" else "")
               + f", ~{tokens} tokens/epoch")
     best, result = fit_causal_lm(model, train, valid, cfg, ckpt, builder.tokenizer.pad_token_id, evaluator,
                                  desc=f"drafter[{method}]")
@@ -232,6 +239,8 @@ def train_drafter(
             "config": asdict(cfg)}
     if method != "sft":
         info.update(alpha=alpha, k=k_used)
+    if method == "atspeed-r":
+        info["support"] = support
     if out_name is not None:
         info["out"] = str(out_dir)
     if dist.is_main_process:
