@@ -35,7 +35,7 @@ clean:
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle bench-beauty drafters-beauty drafters-beauty-alpha
+.PHONY: beauty-bundle bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test
 beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
@@ -84,6 +84,16 @@ drafters-beauty-alpha: install
 	for a in 07 09; do for m in $(ALIGN_METHODS); do $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
 	  --preset drafter-small --method $$m --alpha 0.$${a#0} --k 10 --epochs $(DRAFTER_EPOCHS) --threads 1 \
 	  --out-name $$m-a$$a || exit 1; done; done
+	for a in 07 09; do $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) --preset drafter-small \
+	  --method atspeed-r --support trie --alpha 0.$${a#0} --k 10 --epochs $(DRAFTER_EPOCHS) --threads 1 \
+	  --out-name atspeed-r-trie-a$$a || exit 1; done
 	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --split valid --users 1000 --k 10 --threads 1 \
-	  --methods sft,$$(for m in $(ALIGN_METHODS); do printf '%s,%s-a07,%s-a09,' $$m $$m $$m; done | sed 's/,$$//') \
+	  --methods sft,$$(for m in $(ALIGN_METHODS); do printf '%s,%s-a07,%s-a09,' $$m $$m $$m; done)atspeed-r-trie-a07,atspeed-r-trie-a09 \
 	  --json $(BENCH)/alpha_valid.json
+
+# the test comparison: each method at the alpha its validation AS@10 chose (BENCHMARKS.md, "Alpha chosen per
+# method"), 1,000 test users (seed 1), K = 10, N = K, strict and relaxed.
+CHOSEN ?= sft,wordkd-a09,tvdkd-a09,seqkd-a09,atspeed-s-a09,atspeed-r-a09,atspeed-r-trie-a09
+drafters-beauty-test: install
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --methods $(CHOSEN) --k 10 --users 1000 --seed 1 \
+	  --threads 1 --json $(BENCH)/drafters_chosen_test.json

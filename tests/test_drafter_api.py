@@ -72,7 +72,7 @@ def test_commands_and_bench(bundle, tmp_path, capsys) -> None:
 
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "drafters", "--bundle", root, "--methods", "atspeed-r,retrieval", "--k", "1,5",
-                     "--users", "3", "--json", str(out)]) == 0
+                     "--users", "3", "--modes", "both", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "### Strict top-K verification" in printed and "### Relaxed sampling verification" in printed
     payload = json.loads(out.read_text())

@@ -27,7 +27,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", default="1,5,10,20", help="K values (items returned)")
     p.add_argument("--users", type=int, default=200, help="sampled users of the split")
     p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--modes", default="strict,relaxed", help="strict, relaxed or both")
+    p.add_argument("--modes", default="strict,relaxed", help="strict, relaxed, both (= strict,relaxed)")
     p.add_argument("--gamma", type=int, default=3, help="draft depths per round")
     p.add_argument("--n-mult", type=float, default=1.0, help="draft beams N = max(K, round(n_mult * K))")
     p.add_argument("--draft-beams", type=int, default=None,
@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> dict:
     ks = parse_int_list(args.k, "--k")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = ["strict", "relaxed"] if modes == ["both"] else modes
     if not methods:
         raise UserError("--methods is empty")
     if any(m not in ("strict", "relaxed") for m in modes) or not modes:
