@@ -35,10 +35,9 @@ from typing import Any
 import torch
 
 from recsvc.errors import UserError
-from training.drafter_losses import SUPPORTS
+from training.drafter_losses import METHODS, SUPPORTS
 from training.train_target import TrainConfig, _best_entry, fit_causal_lm
 
-METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
 GT_ONLY = ("wordkd", "tvdkd")  # alignment on ground-truth prefixes: no beams in their batches
 
 
@@ -226,10 +225,11 @@ def train_drafter(
         model = new_model(p, builder.tokenizer, seed=cfg.seed)
     n_params = sum(x.numel() for x in model.parameters())
     if dist.is_main_process:
+        extra = [] if method == "sft" else [f"alpha {alpha}"]
+        extra += [f"K {k_used}"] if k_used else []
+        extra += [f"support {support}"] if method == "atspeed-r" else []
         print(f"drafter: {p.name} ({n_params / 1e6:.2f}M parameters), method {method}"
-              + (f" (alpha {alpha}" + (f", K {k_used}" if k_used else "")
-                 + (f", support {support})" if method == "atspeed-r" else ")") if method != "sft" else "")
-              + f", ~{tokens} tokens/epoch")
+              + (f" ({', '.join(extra)})" if extra else "") + f", ~{tokens} tokens/epoch")
     best, result = fit_causal_lm(model, train, valid, cfg, ckpt, builder.tokenizer.pad_token_id, evaluator,
                                  desc=f"drafter[{method}]")
     info = {"seconds": round(result.seconds, 1), "preset": p.name, "method": method, "params": n_params,
