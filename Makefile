@@ -35,7 +35,7 @@ clean:
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test
+.PHONY: beauty-bundle bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds
 beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
@@ -97,3 +97,18 @@ CHOSEN ?= sft,wordkd-a09,tvdkd-a09,seqkd-a09,atspeed-s-a09,atspeed-r-a09,atspeed
 drafters-beauty-test: install
 	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --methods $(CHOSEN) --k 10 --users 1000 --seed 1 \
 	  --threads 1 --json $(BENCH)/drafters_chosen_test.json
+
+# the relaxed comparison across training seeds (after drafters-beauty-alpha): the relaxed contenders at alpha 0.9
+# retrained with --seed 1 and 2 (named M-s1, M-s2), every seed measured on all Beauty test users, then the
+# per-seed table with paired 95% intervals against AtSpeed-R (BENCHMARKS.md, "Across training seeds").
+SEEDED := wordkd-a09 seqkd-a09 atspeed-r-a09 atspeed-r-trie-a09
+drafters-beauty-seeds: install
+	for s in 1 2; do for m in $(SEEDED); do case $$m in wordkd*) x="--method wordkd";; \
+	  atspeed-r-trie*) x="--method atspeed-r --k 10 --support trie";; *) x="--method $${m%-a09} --k 10";; esac; \
+	  $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) --preset drafter-small $$x --alpha 0.9 \
+	  --epochs $(DRAFTER_EPOCHS) --threads 1 --seed $$s --out-name $$m-s$$s || exit 1; done; done
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --modes relaxed --k 10 --users 5000 --seed 1 --threads 1 \
+	  --methods tvdkd-a09,$$(for m in $(SEEDED); do printf '%s,%s-s1,%s-s2,' $$m $$m $$m; done | sed 's/,$$//') \
+	  --json $(BENCH)/seeds/relaxed.json
+	for r in atspeed-r-a09 atspeed-r-trie-a09; do $(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/relaxed.json \
+	  --mode relaxed --k 10 --reference $$r --out $(BENCH)/seeds/summary_$$r.json || exit 1; done

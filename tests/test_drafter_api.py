@@ -82,7 +82,14 @@ def test_commands_and_bench(bundle, tmp_path, capsys) -> None:
     assert strict == {(d, k) for d in ("target", "atspeed-r", "retrieval") for k in (1, 5)}
     assert relaxed == {(d, k) for d in ("target", "atspeed-r") for k in (1, 5)}  # retrieval cannot sample
     rel5 = next(r for r in rows if r["mode"] == "relaxed" and r["drafter"] == "atspeed-r" and r["k"] == 5)
-    assert {"WS", "AS", "target_calls", "recall@5", "ndcg@5"} <= set(rel5)
+    assert {"WS", "AS", "AS_se", "target_calls", "recall@5", "ndcg@5"} <= set(rel5)
+    assert len(payload["user_ids"]) == 3 and len(rel5["accepted"]) == 3
+    assert rel5["AS"] == pytest.approx(sum(rel5["accepted"]) / 3)
+    summary = tmp_path / "seeds.json"  # the seeds summary reads this file: one method, seed 0
+    assert cli.main(["bench", "seeds", "--json", str(out), "--k", "5", "--reference", "atspeed-r",
+                     "--out", str(summary)]) == 0
+    assert "atspeed-r" in capsys.readouterr().out
+    assert json.loads(summary.read_text())["methods"][0]["AS_mean"] == pytest.approx(rel5["AS"])
     assert all(r["identical"] == 1.0 for r in rows if r["mode"] == "strict" and r["drafter"] != "target")
     assert all(r["N"] == r["k"] for r in rows)  # default: N = K
 

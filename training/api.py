@@ -15,6 +15,7 @@ speculative time) compares runs under the same machine load. AS@K = accepted dra
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -148,7 +149,8 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
                        modes: Sequence[str] = MODES, n_mult: float = 1.0, gamma: int = 3, temperature: float = 1.0,
                        recall_at: int = 5, progress: bool = True,
                        draft_beams: int | None = None) -> list[dict[str, Any]]:
-    """One row per (mode, K, drafter): AS, WS, plain_ms, spec_ms, target_calls (speculative, per request),
+    """One row per (mode, K, drafter): AS, AS_se (its standard error over users), accepted (the accepted depths
+    of each user, in ``users`` order), WS, plain_ms, spec_ms, target_calls (speculative, per request),
     plain_calls, identical (strict) or recall@R / ndcg@R (relaxed, when K >= R); plus a row per (mode, K) for
     drafter "target" (the target's own decoding: its recall@R / ndcg@R). N = max(K, round(n_mult * K)), or
     max(K, ``draft_beams``) when given (a fixed N for every K, as in the AtSpeed paper: N = 40)."""
@@ -212,9 +214,11 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
             rows.append(target_row)
             for name, s in stats.items():
                 s_ms = statistics.mean(s["ms"])
-                row = {**base, "drafter": name, "AS": float(statistics.mean(s["acc"])), "WS": p_ms / s_ms,
+                acc = s["acc"]
+                se = statistics.stdev(acc) / math.sqrt(len(acc)) if len(acc) > 1 else 0.0
+                row = {**base, "drafter": name, "AS": float(statistics.mean(acc)), "AS_se": se, "WS": p_ms / s_ms,
                        "plain_ms": p_ms, "spec_ms": s_ms, "target_calls": float(statistics.mean(s["calls"])),
-                       "plain_calls": float(trie.levels)}
+                       "plain_calls": float(trie.levels), "accepted": acc}
                 if relaxed and k >= recall_at:
                     m = evaluate_rankings(s["rank"], users, [recall_at])
                     row.update({f"recall@{recall_at}": m[f"recall@{recall_at}"],
@@ -239,7 +243,8 @@ def evaluate_acceptance(bundle: str | Path | Bundle | Setup, split: str = "test"
     rows = measure_acceptance(setup, {"drafter": d}, chosen, [k], modes, n_mult=n / k, gamma=gamma,
                               temperature=temperature, progress=progress)
     out: dict[str, Any] = {"k": k, "n": n, "gamma": gamma, "users": len(chosen), "split": split}
-    keys = ("AS", "WS", "target_calls", "plain_calls", "plain_ms", "spec_ms", "identical", "recall@5", "ndcg@5")
+    keys = ("AS", "AS_se", "WS", "target_calls", "plain_calls", "plain_ms", "spec_ms", "identical", "recall@5",
+            "ndcg@5")
     for r in rows:
         if r["drafter"] == "drafter":
             out[r["mode"]] = {key: r[key] for key in keys if key in r}

@@ -99,8 +99,9 @@ def run(args: argparse.Namespace) -> dict:
     table = tables(rows, methods, ks, modes)
     print(table)
     payload = {"bench": "drafters", "bundle": str(args.bundle), "methods": methods, "ks": ks, "modes": modes,
-               "users": len(users), "split": args.split, "gamma": args.gamma, "n_mult": args.n_mult,
-               "draft_beams": args.draft_beams,
+               "users": len(users), "user_ids": [u.user_id for u in users], "split": args.split,
+               "gamma": args.gamma, "n_mult": args.n_mult,
+               "draft_beams": args.draft_beams, "temperature": args.temperature,
                "dtype": args.dtype, "attention": args.attention, "machine": machine(), "rows": rows, "table": table}
     write_json(args.json_path, payload)
     return payload
