@@ -123,7 +123,13 @@ def test_build_function_resolves_heavy_collisions(tmp_path: Path) -> None:
     cfg = replace(RQVAEConfig(), hidden_dims=(64,), latent_dim=8, levels=3, codebook_size=4, epochs=3,
                   batch_size=32)
     emb = HashEmbedder(cache_dir=tmp_path / "cache", progress=False)
-    report = build_semantic_ids(tmp_path, tmp_path / "out", cfg, embedder=emb, progress=False)
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        report = build_semantic_ids(tmp_path, tmp_path / "out", cfg, embedder=emb, progress=False)
+        assert torch.get_num_threads() == 1  # the library ran on every core and restored the caller's setting
+    finally:
+        torch.set_num_threads(caller_threads)
     assert report["collisions_before"] >= 19 and report["collisions_after"] == 0
     ids = SemanticIds.load(tmp_path / "out" / "semantic_ids.json", 4)
     assert ids.collisions() == 0 and ids.levels == 3 and "reference" not in report

@@ -19,7 +19,7 @@ from typing import Any
 from recsvc.errors import UserError
 from tokenizer_rqvae.build import IDS_FILE, REPORT_FILE, check_device
 from tokenizer_rqvae.collisions import IdSpace, check_capacity, last_level_distance, place
-from tokenizer_rqvae.embed import Embedder, available_cores, items_texts, load_items
+from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.rqvae import load_rqvae
 
@@ -33,6 +33,7 @@ def _recorded_model(ids_dir: Path) -> Path | None:
     return Path(path) if path and Path(path).is_dir() else None
 
 
+@torch_threads()
 def assign_new_items(
     ids_dir: str | Path,
     items_path: str | Path,
@@ -46,14 +47,12 @@ def assign_new_items(
 ) -> dict[str, Any]:
     """Write ``out_path`` = catalog ids (``ids_dir/semantic_ids.json``, unchanged) + ids for the new items of
     ``items_path`` (items.json format); returns a small report."""
-    import torch
 
     t0 = time.perf_counter()
     ids_dir = Path(ids_dir)
     if not ids_dir.is_dir():
         raise UserError(f"ids directory not found: {ids_dir}")
     device = check_device(device)
-    torch.set_num_threads(available_cores())
     model = load_rqvae(ids_dir, device=device)
     cfg = model.config
     catalog = SemanticIds.load(ids_dir / IDS_FILE, cfg.codebook_size)

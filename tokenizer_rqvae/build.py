@@ -14,7 +14,7 @@ from typing import Any
 
 from recsvc.errors import UserError
 from tokenizer_rqvae.collisions import check_capacity, resolve_collisions
-from tokenizer_rqvae.embed import Embedder, available_cores, items_texts, load_items
+from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads
 from tokenizer_rqvae.ids import LEVEL_NAMES, SemanticIds
 from tokenizer_rqvae.rqvae import RQVAEConfig, save_rqvae, train_rqvae
 
@@ -48,6 +48,7 @@ def reference_summary(path: Path) -> dict[str, Any]:
     }
 
 
+@torch_threads()
 def build_semantic_ids(
     data_dir: str | Path,
     out_dir: str | Path,
@@ -73,7 +74,6 @@ def build_semantic_ids(
     if config.levels > len(LEVEL_NAMES):
         raise UserError(f"the id format has at most {len(LEVEL_NAMES)} levels, config asks for {config.levels}")
     device = check_device(device)
-    torch.set_num_threads(available_cores())
     items = load_items(data / "items.json")
     item_ids, texts = items_texts(items)
     check_capacity(len(item_ids), config.levels, config.codebook_size)

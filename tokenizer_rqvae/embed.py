@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,20 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover - non-Linux
         return max(1, os.cpu_count() or 1)
+
+
+@contextmanager
+def torch_threads(threads: int | None = None) -> Iterator[None]:
+    """Run the block (or, as a decorator, the function) with ``threads`` torch intra-op threads (default: every
+    available core), then restore the caller's setting: library calls never change the process-wide count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or available_cores())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def default_model_path() -> Path:
@@ -216,10 +231,8 @@ class Embedder:
     # -- model
     def _load_model(self) -> Any:
         if self._model is None:
-            import torch
             from sentence_transformers import SentenceTransformer
 
-            torch.set_num_threads(available_cores())
             if not self.progress:
                 from transformers.utils import logging as hf_logging
 
@@ -230,10 +243,11 @@ class Embedder:
     def _encode(self, texts: list[str]) -> np.ndarray:
         """Model forward, no cache: [len(texts), dim] float32, L2-normalized."""
         model = self._load_model()
-        emb = model.encode(
-            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
-            show_progress_bar=False,
-        )
+        with torch_threads():
+            emb = model.encode(
+                texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                show_progress_bar=False,
+            )
         return np.asarray(emb, dtype=np.float32)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
