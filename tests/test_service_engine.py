@@ -98,3 +98,18 @@ def test_relaxed_without_a_drafter_samples_from_the_target(tiny_bundle) -> None:
     assert a.item_ids == b.item_ids and len(a.item_ids) == 5  # seeded: reproducible
     assert a.stats.target_calls == 4 and a.stats.accepted_steps == 0
     assert rec.recommend([RecQuery([1, 2, 3], k=5, mode="strict")])[0].stats.target_calls == 4  # plain
+
+
+def test_auto_speculation_calibrates_on_the_bundles_validation_users(tiny_bundle, recommender, tmp_path) -> None:
+    from recsvc.model.bundle import Bundle
+    from recsvc.service.cli import calibration_histories
+    from training.data.dataset import load_split_dir
+
+    data = load_split_dir(Bundle.open(tiny_bundle).resolve_data_dir())
+    valid = {tuple(u.history[-50:]) for u in data.eval_users("valid")}
+    histories, source = calibration_histories(recommender, str(tiny_bundle), n=4)
+    assert source == "4 validation users" and len(histories) == 4 and all(tuple(h) in valid for h in histories)
+    # no readable bundle data (here: no bundle at all): short lists of popular items
+    histories, source = calibration_histories(recommender, str(tmp_path / "nowhere"), n=4)
+    popular = set(recommender.popular_items(40))
+    assert source == "popular items" and len(histories) == 4 and all(h and set(h) <= popular for h in histories)

@@ -63,20 +63,42 @@ def load_recommender(args: argparse.Namespace) -> Recommender:
     except ImportError as exc:
         raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
     rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention=args.attention)
-    configure_speculation(rec, args.spec)
+    configure_speculation(rec, args.spec, args.bundle)
     return rec
 
 
-def configure_speculation(rec, spec: str) -> None:
-    """'auto': time strict speculation per K on calibration histories (popular items) and keep the fastest
-    (N, gamma) or plain; 'N:gamma': fixed."""
+def calibration_histories(rec, bundle: str | None, n: int = 8, max_len: int = 50) -> tuple[list[list[int]], str]:
+    """Histories to time speculation on: ``n`` validation users of the bundle's recorded data (seeded sample;
+    their last ``max_len`` items), the traffic the target and drafter were trained for; when that data is not
+    readable here, short lists of popular items. Returns (histories, where they came from)."""
+    if bundle is not None:
+        from recsvc.model.bundle import Bundle
+
+        try:
+            from training.data.dataset import load_split_dir
+            from training.evaluate import sample_users
+
+            data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
+            users = sample_users(data.eval_users("valid"), n, seed=1)
+            known = [[i for i in u.history[-max_len:] if rec.known_item(i)] for u in users]
+            known = [h for h in known if h]
+            if known:
+                return known, f"{len(known)} validation users"
+        except (UserError, OSError, ImportError):
+            pass
+    popular = rec.popular_items(40)
+    return [popular[i : i + 5 + i % 7] for i in range(0, 3 * n, 3)], "popular items"
+
+
+def configure_speculation(rec, spec: str, bundle: str | None = None) -> None:
+    """'auto': time strict speculation per K on calibration histories (``calibration_histories``) and keep the
+    fastest (N, gamma) or plain; 'N:gamma': fixed."""
     from dataclasses import replace
 
     if spec == "auto":
-        popular = rec.popular_items(40)
-        histories = [popular[i : i + 5 + i % 7] for i in range(0, 24, 3)]
+        histories, source = calibration_histories(rec, bundle)
         choice = rec.autotune(histories)
-        print(f"speculation autotuned per K: {choice}", flush=True)
+        print(f"speculation autotuned per K on {source}: {choice}", flush=True)
         return
     n, _, gamma = spec.partition(":")
     if not (n.isdigit() and gamma.isdigit() and int(n) >= 1 and 1 <= int(gamma) <= 5):
