@@ -76,7 +76,7 @@ def register(subparsers) -> None:
     d.add_argument("--k", type=int, default=None, help="teacher beams per prefix used (default: all stored)")
     d.add_argument("--support", choices=["topk", "trie"], default="topk",
                    help="atspeed-r only: TVD over the drafter's top-K allowed codes (the spec) or over every "
-                        "trie-allowed code (the paper's 'w/o CA' ablation)")
+                        "trie-allowed code (the paper's 'w/o CA' ablation; the better relaxed drafter on Beauty)")
     d.add_argument("--out-name", default=None,
                    help="save to BUNDLE/drafters/NAME (what `recsvc bench drafters` compares) instead of "
                         "BUNDLE/drafter (the served one)")
