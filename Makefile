@@ -112,3 +112,7 @@ drafters-beauty-seeds: install
 	  --json $(BENCH)/seeds/relaxed.json
 	for r in atspeed-r-a09 atspeed-r-trie-a09; do $(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/relaxed.json \
 	  --mode relaxed --k 10 --reference $$r --out $(BENCH)/seeds/summary_$$r.json || exit 1; done
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --modes strict --k 10 --users 5000 --seed 1 --threads 1 \
+	  --methods atspeed-s-a09,wordkd-a09,wordkd-a09-s1,wordkd-a09-s2 --json $(BENCH)/seeds/strict.json
+	$(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/strict.json --mode strict --k 10 --reference atspeed-s-a09 \
+	  --out $(BENCH)/seeds/summary_strict.json
