@@ -131,3 +131,12 @@ def test_serve_bad_popularity_file_is_a_clear_user_error(tmp_path, capsys):
     bad.write_text("[1, 2]")
     assert main(["serve", "--popularity", str(bad), "--port", "0"]) == 2
     assert "expected a JSON object" in capsys.readouterr().err
+
+
+def test_serve_drafter_flag_errors_are_clear(tmp_path, capsys):
+    from recsvc.cli.main import main
+
+    pop = tmp_path / "pop.json"
+    pop.write_text('{"1": 3}')
+    assert main(["serve", "--popularity", str(pop), "--drafter", "aligned", "--port", "0"]) == 2
+    assert "--drafter needs --bundle" in capsys.readouterr().err

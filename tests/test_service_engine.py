@@ -113,3 +113,21 @@ def test_auto_speculation_calibrates_on_the_bundles_validation_users(tiny_bundle
     histories, source = calibration_histories(recommender, str(tmp_path / "nowhere"), n=4)
     popular = set(recommender.popular_items(40))
     assert source == "popular items" and len(histories) == 4 and all(h and set(h) <= popular for h in histories)
+
+
+def test_a_named_drafter_can_be_served(tiny_bundle, tmp_path) -> None:
+    import shutil
+
+    from recsvc.engine.api import RecQuery
+    from recsvc.errors import UserError
+
+    named = tiny_bundle / "drafters" / "aligned"
+    if not named.is_dir():
+        shutil.copytree(tiny_bundle / "drafter", named)
+    rec = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32", drafter_name="aligned")
+    plain = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32", use_drafter=False)
+    q = RecQuery([1, 2, 3], k=5, mode="strict")
+    out, ref = rec.recommend([q])[0], plain.recommend([q])[0]
+    assert rec.drafter is not None and out.item_ids == ref.item_ids  # strict: lossless with any drafter
+    with pytest.raises(UserError, match="no drafter 'missing'"):
+        BundleRecommender.from_bundle(tiny_bundle, dtype="fp32", drafter_name="missing")

@@ -112,15 +112,7 @@ def load_drafter(setup: Setup, name: str | Path | None):
 
     if name == "retrieval":
         return RetrievalDrafter(RetrievalDatastore(setup.data.train.values()), setup.trie)
-    if name in (None, "drafter"):
-        path = setup.bundle.drafter_dir
-    elif (Path(setup.bundle.root) / "drafters" / str(name) / "config.json").is_file():
-        path = Path(setup.bundle.root) / "drafters" / str(name)
-    else:
-        path = Path(name)
-    if not (path / "config.json").is_file():
-        raise UserError(f"no drafter {name!r} (looked in {path}): train it with `recsvc train drafter --bundle "
-                        f"{setup.bundle.root} --method METHOD --out-name {name}`")
+    path = setup.bundle.drafter_path(name)
     return LlamaDrafter(load_causal_lm(path, dtype=setup.dtype), setup.trie, setup.builder.code_offset)
 
 

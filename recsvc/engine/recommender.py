@@ -84,9 +84,11 @@ class BundleRecommender:
 
     @classmethod
     def from_bundle(cls, path: str | Path, dtype: str = "bf16", device: str = "cpu",
-                    use_drafter: bool = True, attention: str = "fp32") -> BundleRecommender:
+                    use_drafter: bool = True, attention: str = "fp32",
+                    drafter_name: str | None = None) -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
-        speculation reproduces plain beam search bit for bit in both."""
+        speculation reproduces plain beam search bit for bit in both. ``drafter_name``: serve
+        BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing."""
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(path)
@@ -95,9 +97,9 @@ class BundleRecommender:
         prompts = PromptBuilder(tokenizer, ids)
         target = bundle.load_target(dtype=dtype, device=device)
         drafter = None
-        if use_drafter and (bundle.drafter_dir / "config.json").is_file():
-            drafter = LlamaDrafter(bundle.load_drafter(dtype=dtype, device=device), CatalogTrie(ids),
-                                   prompts.code_offset)
+        if use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):
+            drafter = LlamaDrafter(bundle.load_drafter(dtype=dtype, device=device, name=drafter_name),
+                                   CatalogTrie(ids), prompts.code_offset)
         popularity = load_popularity(Path(path), bundle.data_dir())
         rec = cls(target, prompts, ids, drafter, popularity, attention=attention)
         if drafter is not None:

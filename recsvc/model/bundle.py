@@ -165,7 +165,21 @@ class Bundle:
 
         return load_causal_lm(self.target_dir, dtype=dtype, device=device)
 
-    def load_drafter(self, dtype: str = "bf16", device: str = "cpu"):
+    def drafter_path(self, name: str | Path | None = None) -> Path:
+        """The served drafter (None or "drafter": BUNDLE/drafter), a drafter trained with ``--out-name NAME``
+        (BUNDLE/drafters/NAME), or a model directory; UserError when there is no model there."""
+        if name in (None, "drafter"):
+            path = self.drafter_dir
+        elif (self.root / "drafters" / str(name) / "config.json").is_file():
+            path = self.root / "drafters" / str(name)
+        else:
+            path = Path(name)
+        if not (path / "config.json").is_file():
+            raise UserError(f"no drafter {str(name or 'drafter')!r} (looked in {path}): train it with `recsvc "
+                            f"train drafter --bundle {self.root} --method METHOD --out-name {name or 'NAME'}`")
+        return path
+
+    def load_drafter(self, dtype: str = "bf16", device: str = "cpu", name: str | Path | None = None):
         from recsvc.model.loading import load_causal_lm
 
-        return load_causal_lm(self.drafter_dir, dtype=dtype, device=device)
+        return load_causal_lm(self.drafter_path(name), dtype=dtype, device=device)

@@ -46,12 +46,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="INFO", help="log level (JSON lines on stderr)")
     p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
+    p.add_argument("--drafter", dest="drafter_name", default=None,
+                   help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
+                        "--out-name NAME`) or a model directory (default: BUNDLE/drafter)")
     p.add_argument("--spec", default="auto",
                    help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), or N:gamma")
     p.set_defaults(func=run_serve)
 
 
 def load_recommender(args: argparse.Namespace) -> Recommender:
+    if args.popularity and args.drafter_name:
+        raise UserError("--drafter needs --bundle (a popularity service has no model to speculate with)")
     if args.popularity:
         from .popularity import PopularityRecommender
 
@@ -62,7 +67,8 @@ def load_recommender(args: argparse.Namespace) -> Recommender:
         from recsvc.engine.recommender import BundleRecommender
     except ImportError as exc:
         raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
-    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention=args.attention)
+    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention=args.attention,
+                                        drafter_name=args.drafter_name)
     configure_speculation(rec, args.spec, args.bundle)
     return rec
 
