@@ -35,7 +35,8 @@ clean:
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds
+.PHONY: beauty-bundle bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
+	drafters-beauty-alpha10
 beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
@@ -116,3 +117,23 @@ drafters-beauty-seeds: install
 	  --methods atspeed-s-a09,wordkd-a09,wordkd-a09-s1,wordkd-a09-s2 --json $(BENCH)/seeds/strict.json
 	$(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/strict.json --mode strict --k 10 --reference atspeed-s-a09 \
 	  --out $(BENCH)/seeds/summary_strict.json
+
+# alpha 1.0 (no recommendation loss) for the contenders, chosen on validation, then measured on all test users
+# beside the seed study's files (BENCHMARKS.md, "Alpha 1.0 on test"; run drafters-beauty-seeds first).
+drafters-beauty-alpha10: install
+	for m in wordkd seqkd atspeed-s atspeed-r-trie; do case $$m in wordkd) x="--method wordkd";; \
+	  atspeed-r-trie) x="--method atspeed-r --k 10 --support trie";; *) x="--method $$m --k 10";; esac; \
+	  $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) --preset drafter-small $$x --alpha 1.0 \
+	  --epochs $(DRAFTER_EPOCHS) --threads 1 --out-name $$m-a10 || exit 1; done
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --split valid --users 1000 --k 10 --threads 1 --modes relaxed \
+	  --methods wordkd-a10,seqkd-a10,atspeed-r-trie-a10 --json $(BENCH)/alpha_valid_a10_relaxed.json
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --split valid --users 1000 --k 10 --threads 1 --modes strict \
+	  --methods wordkd-a10,atspeed-s-a10 --json $(BENCH)/alpha_valid_a10_strict.json
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --modes relaxed --k 10 --users 5000 --seed 1 --threads 1 \
+	  --methods wordkd-a10,seqkd-a10,atspeed-r-trie-a10 --json $(BENCH)/seeds/relaxed_a10.json
+	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --modes strict --k 10 --users 5000 --seed 1 --threads 1 \
+	  --methods wordkd-a10 --json $(BENCH)/seeds/strict_a10.json
+	$(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/relaxed.json,$(BENCH)/seeds/relaxed_a10.json --mode relaxed \
+	  --k 10 --reference atspeed-r-trie-a10 --out $(BENCH)/seeds/summary_a10_relaxed.json
+	$(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/strict.json,$(BENCH)/seeds/strict_a10.json --mode strict \
+	  --k 10 --reference atspeed-s-a09 --out $(BENCH)/seeds/summary_a10_strict.json
