@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from recsvc.errors import UserError
+from tokenizer_rqvae.embed import torch_threads
 from tokenizer_rqvae.kmeans import kmeans
 
 MODEL_FILE = "rqvae.safetensors"
@@ -468,12 +469,8 @@ def train_rqvae(
         cfg = replace(cfg, input_scale=auto_input_scale(x))
     if cfg.precision is None:
         cfg = replace(cfg, precision=auto_precision(device))
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(cfg.train_threads)
-    try:
+    with torch_threads(cfg.train_threads):
         return _train(x, cfg, ckpt_dir, resume, device, progress, t0)
-    finally:
-        torch.set_num_threads(threads_before)
 
 
 def _train(x: np.ndarray, cfg: RQVAEConfig, ckpt_dir: str | Path | None, resume: bool, device: str,

@@ -15,7 +15,6 @@ speculative time) compares runs under the same machine load. AS@K = accepted dra
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -152,7 +151,7 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
     from recsvc.engine.relaxed import relaxed_speculative_search
     from recsvc.engine.sampling import make_generators, sampling_beam_search
     from recsvc.engine.speculative import speculative_search
-    from training.metrics import evaluate_rankings
+    from training.metrics import evaluate_rankings, standard_error
 
     bad = [m for m in modes if m not in MODES]
     if bad or not users:
@@ -207,8 +206,8 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
             for name, s in stats.items():
                 s_ms = statistics.mean(s["ms"])
                 acc = s["acc"]
-                se = statistics.stdev(acc) / math.sqrt(len(acc)) if len(acc) > 1 else 0.0
-                row = {**base, "drafter": name, "AS": float(statistics.mean(acc)), "AS_se": se, "WS": p_ms / s_ms,
+                row = {**base, "drafter": name, "AS": float(statistics.mean(acc)), "AS_se": standard_error(acc),
+                       "WS": p_ms / s_ms,
                        "plain_ms": p_ms, "spec_ms": s_ms, "target_calls": float(statistics.mean(s["calls"])),
                        "plain_calls": float(trie.levels), "accepted": acc}
                 if relaxed and k >= recall_at:

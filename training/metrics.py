@@ -12,11 +12,17 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
 from training.data.dataset import EvalUser
 
 DEFAULT_KS = (5, 10, 20)
+
+
+def standard_error(xs: Sequence[float]) -> float:
+    """Standard error of the mean of ``xs`` (sample standard deviation / sqrt(n)); 0 for fewer than 2 values."""
+    return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
 
 
 def recall_at_k(ranked: Sequence[int], targets: Iterable[int], k: int) -> float:

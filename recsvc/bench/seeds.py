@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import statistics
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 from recsvc.bench.common import markdown_table, write_json
 from recsvc.errors import UserError
+from training.metrics import standard_error
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
 
@@ -79,29 +79,24 @@ def _mean_per_user(seeds: dict[int, list[float]]) -> list[float]:
     return [statistics.mean(col) for col in zip(*seeds.values(), strict=True)]
 
 
-def _se(xs: list[float]) -> float:
-    return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
-
-
 def summarize(payloads: list[dict], mode: str, k: int, reference: str) -> dict[str, Any]:
     users, groups = collect(payloads, mode, k)
     if reference not in groups:
         raise UserError(f"--reference {reference!r} is not among the methods: {', '.join(sorted(groups))}")
+    seed_as = {m: {s: statistics.mean(a) for s, a in sorted(seeds.items())} for m, seeds in groups.items()}
     ref_user = _mean_per_user(groups[reference])
-    ref_seed_as = [statistics.mean(a) for a in groups[reference].values()]
     out = []
     for method in sorted(groups, key=lambda m: (m != reference, m)):
-        seeds = groups[method]
-        per_seed = {s: statistics.mean(a) for s, a in sorted(seeds.items())}
+        seeds, per_seed = groups[method], seed_as[method]
         per_user = _mean_per_user(seeds)
         row: dict[str, Any] = {"method": method, "seeds": sorted(seeds), "AS_per_seed": per_seed,
                                "AS_mean": statistics.mean(per_seed.values()), "AS_min": min(per_seed.values()),
-                               "AS_max": max(per_seed.values()), "AS_se_users": _se(per_user)}
+                               "AS_max": max(per_seed.values()), "AS_se_users": standard_error(per_user)}
         if method != reference:
             diff = [a - b for a, b in zip(ref_user, per_user, strict=True)]
             row["diff"] = statistics.mean(diff)
-            row["diff_ci95"] = 1.96 * _se(diff)
-            pairs = [(a, b) for a in ref_seed_as for b in per_seed.values()]
+            row["diff_ci95"] = 1.96 * standard_error(diff)
+            pairs = [(a, b) for a in seed_as[reference].values() for b in per_seed.values()]
             row["pairs_won"] = sum(a >= b for a, b in pairs)
             row["pairs"] = len(pairs)
         out.append(row)
