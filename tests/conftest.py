@@ -22,7 +22,7 @@ def _redis_process(tmp_path, persistent: bool):
 
 @pytest.fixture
 def redis_server(tmp_path) -> Iterator:
-    """A private ``redis-server --port <free> --save "" --appendonly no`` on 127.0.0.1.
+    """A private ``redis-server --port <free> --save "" --appendonly yes --appendfsync always`` on 127.0.0.1.
 
     The fixture value is a RedisProcess (``.url``, ``.stop()``, ``.start()``); skipped without redis-server.
     """
@@ -34,7 +34,7 @@ def redis_server(tmp_path) -> Iterator:
 
 @pytest.fixture
 def persistent_redis_server(tmp_path) -> Iterator:
-    """Like ``redis_server`` but with an fsync-always append-only file, so data survives ``.restart()``."""
+    """Like ``redis_server`` (also an fsync-always append-only file): data survives ``.restart()``."""
     proc = _redis_process(tmp_path, persistent=True)
     proc.start()
     yield proc

@@ -57,3 +57,19 @@ def test_bench_argument_errors(catalog):
     assert args.concurrency == [1, 8] and args.batching == "off"
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--target", "h:1", "--concurrency", "0"])
+
+
+def test_fuzz_bench_with_deadlines_cancellations_and_extreme_temperatures(catalog, make_server):
+    from recsvc.bench import fuzz
+
+    server = make_server(catalog, max_wait_ms=1.0)
+    args = argparse.Namespace(bundle=None, target=server.address, requests=300, concurrency=3, seed=1,
+                              dtype="fp32", hostile_share=0.3, json_path=None)
+    payload = fuzz.run(args)
+    assert payload["internal_or_unknown"] == 0 and payload["serving_after"], payload
+    assert payload["codes"].get("INVALID_ARGUMENT", 0) > 0
+    assert set(payload["codes"]) & {"CANCELLED", "DEADLINE_EXCEEDED"}, payload["codes"]
+    for code in ("INTERNAL", "UNKNOWN"):
+        assert not server.metrics.registry.get_sample_value(
+            "recsvc_errors_total", {"method": "Recommend", "code": code}
+        ), code

@@ -131,3 +131,74 @@ def test_a_named_drafter_can_be_served(tiny_bundle, tmp_path) -> None:
     assert rec.drafter is not None and out.item_ids == ref.item_ids  # strict: lossless with any drafter
     with pytest.raises(UserError, match="no drafter 'missing'"):
         BundleRecommender.from_bundle(tiny_bundle, dtype="fp32", drafter_name="missing")
+
+
+def test_relaxed_at_the_temperature_bounds_returns_k_finite_items(make_server, recommender) -> None:
+    import math
+
+    server = make_server(recommender)
+    with RecClient(f"127.0.0.1:{server.port}") as client:
+        for temperature in (0.05, 10.0):
+            out = client.recommend("t", history=[1, 2, 3], k=5, mode="relaxed", temperature=temperature, seed=2)
+            assert len(out.items) == 5 and out.fallback_reason == "", temperature
+            assert all(math.isfinite(i.score) and i.score <= 0 for i in out.items), temperature
+        with pytest.raises(grpc.RpcError) as err:
+            client.recommend("t", history=[1, 2, 3], k=5, mode="relaxed", temperature=1e-20)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_serve_process_is_not_serving_until_loaded_and_bounds_calibration(tiny_bundle) -> None:
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from recsvc.service.stores.redis_spawn import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--bundle", str(tiny_bundle), "--dtype", "fp32",
+           "--port", str(port), "--spec", "auto", "--startup-budget-s", "0.3"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    seen: list[str] = []
+    try:
+        with RecClient(f"127.0.0.1:{port}", timeout_s=2) as client:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    status = client.health()
+                except grpc.RpcError:
+                    status = "DOWN"
+                if not seen or seen[-1] != status:
+                    seen.append(status)
+                if status == "SERVING":
+                    break
+                time.sleep(0.05)
+            assert "NOT_SERVING" in seen and seen[-1] == "SERVING", seen
+            assert seen.index("NOT_SERVING") < seen.index("SERVING")
+            assert len(client.recommend("u", history=[1, 2], k=5).items) == 5
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        events = {}
+        for line in proc.stderr.read().splitlines():
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(entry, dict) and "event" in entry:
+                events.setdefault(entry["event"], entry)
+        for step in ("listening", "loading_bundle", "loading_models", "models_loaded", "calibrating", "serving"):
+            assert step in events, (step, sorted(events))
+        exhausted = events["calibration_budget_exhausted"]
+        assert exhausted["untuned_ks"] and exhausted["untuned_ks"][-1] == 20
+        serving = events["serving"]
+        assert serving["bundle"] == str(tiny_bundle) and serving["port"] == port and serving["spec"] == "auto"
+        assert all(serving["speculation_per_k"][str(k)] == [0, 0] for k in exhausted["untuned_ks"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

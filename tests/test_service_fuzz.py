@@ -65,10 +65,15 @@ def recommend_requests(draw) -> pb.RecommendRequest:
         exclude_items=draw(mostly(st.lists(INT64, max_size=6), st.sampled_from([[3] * 1000, [3] * 1001]))),
         exclude_history=draw(st.booleans()),
     )
-    k = draw(mostly(st.one_of(st.none(), st.integers(1, 50)), st.one_of(st.integers(-2, 55), INT32)))
+    k = draw(mostly(st.one_of(st.none(), st.integers(1, 50)), st.one_of(st.integers(-2, 55), INT32, INT64)))
     if k is not None:
         request.k = k
-    temperature = draw(mostly(st.one_of(st.none(), st.floats(0.25, 8.0, width=32)), st.floats(width=32)))
+    temperature = draw(
+        mostly(
+            st.one_of(st.none(), st.floats(0.25, 8.0, width=32)),
+            st.one_of(st.floats(width=32), st.sampled_from([1e-45, 1e-38, 1e-20, 0.049, 0.05, 10.0, 10.5])),
+        )
+    )
     if temperature is not None:
         request.temperature = temperature
     seed = draw(st.one_of(st.none(), INT64))
@@ -82,7 +87,7 @@ def _recommend_is_valid(r: pb.RecommendRequest) -> bool:
         _valid_user(r.user_id)
         and r.mode in (0, 1, 2, 3)
         and (not r.HasField("k") or 1 <= r.k <= 50)
-        and (not r.HasField("temperature") or (math.isfinite(r.temperature) and r.temperature > 0))
+        and (not r.HasField("temperature") or (math.isfinite(r.temperature) and 0.05 <= r.temperature <= 10))
         and len(r.history) <= 200
         and _known(r.history)
         and len(r.exclude_items) <= 1000
@@ -112,7 +117,9 @@ def test_recommend_fuzz(fuzz_server, request):
     excluded = set(request.exclude_items) | (set(request.history) if request.exclude_history else set())
     assert not excluded & set(items)
     assert bool(reply.fallback_reason) == (not request.history)  # this server never stores history
-    assert reply.stats.mode in (1, 2, 3)
+    # POPULARITY (4) exactly when no decoding ran: the no-history fallback
+    assert reply.stats.mode in (1, 2, 3, 4)
+    assert (reply.stats.mode == 4) == (not request.history)
 
 
 @settings(max_examples=150, **SETTINGS)

@@ -31,7 +31,9 @@ def test_wire_schema_fields():
     service = pb.DESCRIPTOR.services_by_name["Recommender"]
     assert service.full_name == "recsvc.v1.Recommender"
     assert [m.name for m in service.methods] == ["Recommend", "RecordInteractions", "GetHistory"]
-    assert pb.DecodingMode.keys() == ["UNSPECIFIED", "STRICT_SPECULATIVE", "RELAXED_SPECULATIVE", "PLAIN"]
+    assert pb.DecodingMode.keys() == [
+        "UNSPECIFIED", "STRICT_SPECULATIVE", "RELAXED_SPECULATIVE", "PLAIN", "POPULARITY"
+    ]
     request = pb.RecommendRequest(user_id="u", history=[1, 2], k=5, seed=3)
     assert pb.RecommendRequest.FromString(request.SerializeToString()) == request
     assert not pb.RecommendRequest().HasField("k") and not pb.RecommendRequest().HasField("temperature")

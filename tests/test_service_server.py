@@ -67,7 +67,7 @@ def test_round_trips_and_fallback(catalog, make_server):
         cold = client.recommend("alice", k=3)
         assert [i.item_id for i in cold.items] == [1, 2, 3]
         assert cold.fallback_reason == NO_HISTORY_REASON
-        assert cold.stats.batch_size == 0 and cold.stats.mode == pb.STRICT_SPECULATIVE
+        assert cold.stats.batch_size == 0 and cold.stats.mode == pb.POPULARITY  # no engine ran
         assert client.record("alice", [1, 2]) == 2
         assert client.record("alice", [5]) == 3
         assert client.history("alice") == [1, 2, 5]
@@ -111,7 +111,17 @@ BAD_RECOMMEND = [
         dict(history=[1, 5000, 0, -7, 2001, 9999, 10**12]),
         "unknown item ids in history: 5000, 0, -7, 2001, 9999 and 1 more",
     ),
-    (dict(temperature=0.0), "temperature must be a finite number > 0 (got 0.0)"),
+    (dict(temperature=0.0), "temperature must be between 0.05 and 10.0 (got 0)"),
+    (dict(temperature=1e-45), "temperature must be between 0.05 and 10.0 (got 1.4013e-45)"),
+    (dict(temperature=1e-38), "temperature must be between 0.05 and 10.0"),
+    (dict(temperature=1e-20), "temperature must be between 0.05 and 10.0"),
+    (dict(temperature=0.04), "temperature must be between 0.05 and 10.0"),
+    (dict(temperature=10.5), "temperature must be between 0.05 and 10.0 (got 10.5)"),
+    (dict(temperature=1e-20, mode=pb.RELAXED_SPECULATIVE, k=5), "temperature must be between"),
+    (dict(k=2**31), "k must be between 1 and 50 (got 2147483648)"),
+    (dict(k=2**32 + 5), "(got 4294967301)"),
+    (dict(k=-(2**40)), "(got -1099511627776)"),
+    (dict(mode=pb.POPULARITY), "unknown mode 4 (expected one of UNSPECIFIED, STRICT_SPECULATIVE"),
     (dict(temperature=-1.0), "temperature"),
     (dict(temperature=float("nan")), "(got nan)"),
     (dict(temperature=float("inf")), "(got inf)"),

@@ -68,3 +68,54 @@ def test_user_errors(data, tmp_path, capsys) -> None:
     assert "no semantic ids" in capsys.readouterr().err
     assert main(["build", "--data", str(d), "--out", str(tmp_path / "d"), "--stages", "ids,rocket"]) == 2
     assert "unknown stage" in capsys.readouterr().err
+
+
+def test_build_deploy_protocol_compact_prompt(data, tmp_path) -> None:
+    """--protocol deploy keeps the train-only model and refits on train + valid; the compact header is recorded
+    and every reader of the bundle rebuilds the same prompts."""
+    d, ids = data
+    out = tmp_path / "deploy"
+    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids), "--preset", "tiny", "--epochs", "1",
+            "--batch-size", "8", "--eval-users", "10", "--bf16", "off", "--protocol", "deploy", "--prompt", "compact"]
+    assert main(argv) == 0
+    b = Bundle.open(out)
+    meta = b.read()
+    assert meta["protocol"] == "deploy" and meta["prompt"] == {"header": "compact", "max_history": 20}
+    info = json.loads((b.target_dir / "training.json").read_text())
+    assert info["protocol"] == "deploy" and info["refit"]["epochs"] == 1
+    assert info["refit"]["tokens_per_epoch"] > info["tokens_per_epoch"]  # the valid items are trained on too
+    assert (b.train_only_target_dir / "config.json").is_file()
+    builder = b.prompt_builder()
+    assert builder.header == "compact" and builder.prompt_ids([]) == [b.load_tokenizer().bos_token_id]
+    # the refit changed the weights: the served target is not the train-only one
+    import torch
+
+    from recsvc.model.loading import load_causal_lm
+
+    served = b.load_target(dtype="fp32")
+    train_only = load_causal_lm(b.train_only_target_dir, dtype="fp32")
+    assert not torch.equal(served.lm_head.weight, train_only.lm_head.weight)
+
+
+def test_bad_target_settings_exit_2(data, tmp_path, capsys) -> None:
+    d, ids = data
+    base = ["build", "--data", str(d), "--out", str(tmp_path / "b"), "--ids", str(ids), "--preset", "tiny"]
+    assert main(base + ["--refit-epochs", "0"]) == 2
+    assert "--refit-epochs" in capsys.readouterr().err
+    assert main(base + ["--max-history", "0"]) == 2
+    assert "--max-history" in capsys.readouterr().err
+
+
+def test_deploy_scratch_refit_without_selection(data, tmp_path) -> None:
+    """--refit scratch --epochs 0: no selection phase, a fresh model trained on train + valid for --refit-epochs."""
+    d, ids = data
+    out = tmp_path / "scratch"
+    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids), "--preset", "tiny", "--epochs", "0",
+            "--batch-size", "8", "--eval-users", "10", "--bf16", "off", "--protocol", "deploy", "--refit", "scratch",
+            "--refit-epochs", "2"]
+    assert main(argv) == 0
+    info = json.loads((Bundle.open(out).target_dir / "training.json").read_text())
+    assert info["refit"]["mode"] == "scratch" and info["refit"]["epochs"] == 2 and info["epochs"] == 0
+    assert not Bundle.open(out).train_only_target_dir.exists()  # nothing was trained on train alone
+    refused = [a for a in argv if a not in ("--refit", "scratch")]
+    assert main([*refused[:4], str(tmp_path / "other"), *refused[5:]]) == 2  # --epochs 0 needs --refit scratch

@@ -80,22 +80,21 @@ class Setup:
     trie: Any  # CatalogTrie
     data: Any  # SplitData
     engine: Any = None  # BeamSearch
-    dtype: str = "bf16"
+    dtype: str = "auto"
     cache: dict[str, Any] = field(default_factory=dict)
 
 
-def load_setup(bundle: str | Path | Bundle, dtype: str = "bf16", data_dir: str | Path | None = None,
+def load_setup(bundle: str | Path | Bundle, dtype: str = "auto", data_dir: str | Path | None = None,
                attention: str = "fp32") -> Setup:
     """The bundle's target in the service's configuration (bf16, the engine's "fp32" attention mode)."""
     from recsvc.engine.beam_search import BeamSearch
-    from recsvc.model.prompt import PromptBuilder
     from tokenizer_rqvae.trie import CatalogTrie
     from training.data.dataset import load_split_dir
 
     b = load_bundle(bundle)
     data_path = b.resolve_data_dir(data_dir)
     ids = b.load_ids()
-    builder = PromptBuilder(b.load_tokenizer(), ids)
+    builder = b.prompt_builder(ids=ids)
     trie = CatalogTrie(ids)
     target = b.load_target(dtype=dtype)
     engine = BeamSearch(target, trie, builder.code_offset, attention=attention)
@@ -222,7 +221,7 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
 
 def evaluate_acceptance(bundle: str | Path | Bundle | Setup, split: str = "test", k: int = 10, n: int | None = None,
                         gamma: int = 3, users: int | Sequence[int] | None = 200, drafter: str | Path | None = None,
-                        modes: Sequence[str] = MODES, temperature: float = 1.0, dtype: str = "bf16", seed: int = 0,
+                        modes: Sequence[str] = MODES, temperature: float = 1.0, dtype: str = "auto", seed: int = 0,
                         progress: bool = False, attention: str = "fp32") -> dict[str, Any]:
     """AS@K, WS@K and target calls per request of one drafter (default: BUNDLE/drafter; a name under
     BUNDLE/drafters/, "retrieval", or a model directory), strict and relaxed. ``n``: draft beams (default K);

@@ -19,7 +19,14 @@ import time
 from pathlib import Path
 
 from recsvc.errors import UserError
-from training.cli import add_loop_args, add_model_args, evaluator_factory, loop_config, lora_settings
+from training.cli import (
+    add_loop_args,
+    add_model_args,
+    evaluator_factory,
+    loop_config,
+    lora_settings,
+    target_settings,
+)
 
 STAGES = ("ids", "tokenizer", "target")
 
@@ -101,7 +108,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             cfg.resume = cfg.resume or (ckpt_exists and not args.force)  # build always resumes
             info = train_target(args.data, bundle.root, preset=args.preset, cfg=cfg, base_model=args.base_model,
                                 lora=lora, force=args.force, eval_max_users=args.eval_users,
-                                window_stride=args.window_stride, make_evaluator=evaluator_factory(args))
+                                window_stride=args.window_stride, make_evaluator=evaluator_factory(args),
+                                **target_settings(args))
             info = {k: v for k, v in info.items() if k not in ("config", "main_process")}
         print(f"[{stage}] finished in {time.monotonic() - t0:.1f}s: {json.dumps(info, default=str)}")
     if args.drafter_preset:

@@ -50,6 +50,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=int, default=16)
     p.add_argument("--lora-dropout", type=float, default=0.05)
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="comma-separated module names")
+    p.add_argument("--prompt", choices=("auto", "compact", "lcrec"), default="auto",
+                   help="prompt header: compact ([BOS] only; half the tokens of an epoch), lcrec (LC-Rec's "
+                        "instruction text); auto = compact from scratch, lcrec with --base-model")
+    p.add_argument("--max-history", type=int, default=None, help="history items in a prompt (default 20)")
+    p.add_argument("--protocol", choices=("paper", "deploy"), default="paper",
+                   help="paper: train on the train period only; deploy: after choosing the epoch on valid, "
+                        "continue training on train + valid (what a deployed model should know)")
+    p.add_argument("--refit-epochs", type=int, default=1, help="deploy: epochs over train + valid")
+    p.add_argument("--refit-lr", type=float, default=None,
+                   help="deploy: peak lr of the refit (default: lr / 2 to continue, lr from scratch)")
+    p.add_argument("--refit", dest="refit_mode", choices=("continue", "scratch"), default="continue",
+                   help="deploy: continue the chosen model over train + valid, or train a fresh one for "
+                        "--refit-epochs (the chosen epoch count; --epochs 0 skips the selection phase)")
 
 
 DRAFTER_METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
@@ -100,7 +113,7 @@ def register(subparsers) -> None:
     t.add_argument("--lambda-mix", type=float, default=0.0,
                    help="probability that a prefix's sequences come from the current drafter's own beam search")
     t.add_argument("--shard-size", type=int, default=1024, help="prefixes per shard (the unit of resuming)")
-    t.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="target (and drafter) precision")
+    t.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto", help="target (and drafter) precision")
     t.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
                    help="the engine's attention mode for the target (fp32: what the service runs)")
     t.add_argument("--seed", type=int, default=0)
@@ -108,6 +121,17 @@ def register(subparsers) -> None:
     t.add_argument("--force", action="store_true", help="discard existing teacher data and rebuild")
     t.set_defaults(func=cmd_teacher)
     train.set_defaults(func=lambda _args: train.print_help() or 2)
+
+
+def target_settings(args: argparse.Namespace) -> dict:
+    """The target-only options of `recsvc train target` / `recsvc build` as ``train_target`` keywords."""
+    if args.refit_epochs < 1:
+        raise UserError(f"--refit-epochs must be >= 1, got {args.refit_epochs}")
+    if args.max_history is not None and not 1 <= args.max_history <= 100:
+        raise UserError(f"--max-history must be in 1..100, got {args.max_history}")
+    header = args.prompt if args.prompt != "auto" else ("lcrec" if args.base_model else "compact")
+    return {"prompt_header": header, "max_history": args.max_history, "protocol": args.protocol,
+            "refit_epochs": args.refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode}
 
 
 def loop_config(args: argparse.Namespace):
@@ -122,8 +146,9 @@ def loop_config(args: argparse.Namespace):
         torch.set_num_threads(args.threads)
 
     for name in ("epochs", "batch_size", "grad_accum"):
-        if getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1")
+        if getattr(args, name) < 1 and not (name == "epochs" and args.epochs == 0
+                                            and getattr(args, "refit_mode", None) == "scratch"):
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1 (--epochs 0 only with --refit scratch)")
     if args.lr <= 0:
         raise UserError("--lr must be > 0")
     return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
@@ -198,7 +223,7 @@ def cmd_target(args: argparse.Namespace) -> int:
     info = train_target(args.data, args.bundle, preset=args.preset, cfg=loop_config(args),
                         base_model=args.base_model, lora=lora_settings(args), force=args.force,
                         eval_max_users=args.eval_users, window_stride=args.window_stride,
-                        make_evaluator=evaluator_factory(args))
+                        make_evaluator=evaluator_factory(args), **target_settings(args))
     if info.pop("main_process", True):
         print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
     return 0

@@ -1,4 +1,10 @@
-"""`recsvc eval --bundle B --split valid|test --k 1,5,10,20 --json FILE`: Recall@K / NDCG@K beside popularity."""
+"""`recsvc eval --bundle B --split valid|test --k 1,5,10,20 --json FILE`: Recall@K / NDCG@K beside baselines.
+
+Baselines (training/baselines) are fitted under a protocol and scored on the same users with the same metric
+code and history exclusion: ``--baselines popularity,transition,transition-window,sasrec`` (default: the first
+three; sasrec costs minutes), ``--protocol paper|deploy`` (default: the bundle's), ``--baselines-only --data D``
+(no bundle needed).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,8 @@ import json
 from pathlib import Path
 
 from recsvc.errors import UserError
+from training.baselines import BASELINES, DEFAULT_BASELINES, PROTOCOLS, parse_baselines
+from training.baselines import format_table as baselines_table
 
 
 def parse_ks(text: str) -> list[int]:
@@ -20,15 +28,31 @@ def parse_ks(text: str) -> list[int]:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("eval", help="offline Recall@K / NDCG@K of a bundle's target vs popularity")
-    p.add_argument("--bundle", required=True, help="bundle directory")
+    p = subparsers.add_parser("eval", help="offline Recall@K / NDCG@K of a bundle's target vs baselines")
+    p.add_argument("--bundle", help="bundle directory (optional with --baselines-only)")
     p.add_argument("--split", choices=["valid", "test"], default="test")
     p.add_argument("--k", default="1,5,10,20", help="cutoffs, comma-separated (beam size = the largest)")
     p.add_argument("--data", help="data directory (default: the one recorded in the bundle)")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-users", type=int, help="evaluate a fixed random sample of users")
     p.add_argument("--exclude-history", action="store_true", help="never recommend a user's history items")
+    p.add_argument("--no-prior", action="store_true", help="do not fuse the bundle's transition prior (BUNDLE/prior)")
+    p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
+                   help=f"comma-separated subset of {','.join(BASELINES)}, or none (default: %(default)s)")
+    p.add_argument("--protocol", choices=PROTOCOLS,
+                   help="paper: baselines fitted on train only; deploy: on train + valid for the test split "
+                        "(default: the bundle's recorded protocol, else paper)")
+    p.add_argument("--baselines-only", action="store_true",
+                   help="evaluate the baselines without a bundle's target (needs --data)")
+    p.add_argument("--cache-dir", help="fitted SASRec weights are kept and reused here "
+                                       "(default: BUNDLE/baselines, or artifacts/baselines without a bundle)")
+    p.add_argument("--sasrec-max-minutes", type=float, default=10.0,
+                   help="wall-clock budget of each SASRec training run (default: %(default)s)")
+    p.add_argument("--sasrec-refit", choices=("scratch", "continue"), default="scratch",
+                   help="deploy protocol: retrain SASRec on train + valid from scratch for the epoch count chosen "
+                        "on valid (default), or continue the valid-selected model for one epoch at half lr "
+                        "(as the target's refit: faster, weaker)")
     p.add_argument("--json", dest="json_path", help="write the metrics here")
     p.set_defaults(func=cmd_eval)
 
@@ -43,18 +67,77 @@ def format_table(result: dict) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from training.evaluate import evaluate_bundle
-
+    names = parse_baselines(args.baselines)
+    ks = parse_ks(args.k)
+    if args.sasrec_max_minutes <= 0:
+        raise UserError("--sasrec-max-minutes must be > 0")
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     if args.max_users is not None and args.max_users < 1:
         raise UserError("--max-users must be >= 1")
-    result = evaluate_bundle(args.bundle, args.split, parse_ks(args.k), args.data, args.dtype, args.batch_size,
-                             args.max_users, args.exclude_history)
-    print(f"{args.split}: {result['users']} users, {result['ms_per_user']} ms/user ({args.dtype})")
-    print(format_table(result))
+    if args.baselines_only:
+        return _baselines_only(args, names, ks)
+    if not args.bundle:
+        raise UserError("--bundle is required (or --baselines-only with --data)")
+    from recsvc.model.bundle import Bundle
+    from training.evaluate import evaluate_bundle
+
+    bundle_protocol = Bundle.open(args.bundle).read().get("protocol", "paper")
+    protocol = args.protocol or bundle_protocol
+    if protocol != bundle_protocol:
+        print(f"note: the bundle's target follows the {bundle_protocol} protocol; baselines use {protocol}")
+    result = evaluate_bundle(args.bundle, args.split, ks, args.data, args.dtype, args.batch_size,
+                             args.max_users, args.exclude_history, use_prior=not args.no_prior,
+                             baselines=names, protocol=protocol,
+                             baseline_options=_baseline_options(args, Path(args.bundle) / "baselines"))
+    result["model_fit_on"] = f"bundle ({bundle_protocol})"
+    print(f"{args.split}: {result['users']} users, {result['ms_per_user']} ms/user ({result['dtype']}), "
+          f"protocol {protocol}")
+    print(baselines_table(result) if result.get("baselines") else format_table(result))
     if args.json_path:
         flat = {**{k: v for k, v in result.items() if k not in ("model", "popularity")}, **result["model"],
                 **{f"popularity_{k}": v for k, v in result["popularity"].items()}}
         Path(args.json_path).write_text(json.dumps(flat, indent=1))
+    return 0
+
+
+def _baseline_options(args: argparse.Namespace, default_cache: Path) -> dict:
+    from training.baselines.sasrec_train import SASRecSettings
+
+    return {"sasrec_settings": SASRecSettings(max_minutes=args.sasrec_max_minutes, refit=args.sasrec_refit),
+            "cache_dir": Path(args.cache_dir) if args.cache_dir else default_cache}
+
+
+def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> int:
+    """``--baselines-only``: no target is loaded; the data comes from --data (or the bundle's record)."""
+    from training.baselines import evaluate_baselines
+    from training.baselines.report import sample_users  # = training.evaluate's, without the engine import
+    from training.data.dataset import load_split_dir
+
+    if not names:
+        raise UserError("--baselines-only needs at least one baseline (--baselines)")
+    protocol = args.protocol
+    if args.bundle:
+        from recsvc.model.bundle import Bundle
+
+        bundle = Bundle.open(args.bundle)
+        data_dir = bundle.resolve_data_dir(args.data)
+        protocol = protocol or bundle.read().get("protocol", "paper")
+        default_cache = bundle.root / "baselines"
+    elif args.data:
+        data_dir, default_cache = Path(args.data), Path("artifacts") / "baselines"
+    else:
+        raise UserError("--baselines-only needs --data DIR (or a --bundle that records its data directory)")
+    protocol = protocol or "paper"
+    data = load_split_dir(data_dir)
+    users = sample_users(data.eval_users(args.split), args.max_users)
+    beside = evaluate_baselines(data, args.split, ks, names, protocol, users, args.exclude_history,
+                                **_baseline_options(args, default_cache))
+    result = {"split": args.split, "users": len(users), "ks": ks, "exclude_history": args.exclude_history,
+              "data": str(data_dir), **beside}
+    print(f"{args.split}: {len(users)} users, protocol {protocol}, baselines only")
+    print(baselines_table(result))
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(result, indent=1))
     return 0

@@ -3,21 +3,29 @@
 One beam search with K = max(ks) per user gives the ranking every cutoff is read from (LC-Rec's protocol:
 num_beams = 20 for @5/@10/@20). Items are not filtered against the history unless asked (the paper's
 protocol keeps them). The popularity baseline ranks by interaction counts in the periods before the split.
+A bundle's transition prior (BUNDLE/prior, weight > 0) is fused into the beam search as the service fuses it
+(``recsvc.engine.prior``), each user's prior computed from that user's history.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
+from recsvc.errors import UserError
+from recsvc.model.hardware import resolve_dtype
 from recsvc.model.prompt import PromptBuilder
+from recsvc.model.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 from training.data.dataset import EvalUser, SplitData
 from training.metrics import evaluate_rankings, popularity_rankings
@@ -36,9 +44,14 @@ def sample_users(users: Sequence[EvalUser], max_users: int | None, seed: int = 0
 def rank_users(
     model: Any, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], k: int,
     batch_size: int = 32, exclude_history: bool = False, progress: bool = True,
+    prior: TransitionPrior | None = None,
 ) -> dict[int, list[int]]:
-    """user_id -> the engine's top-k item ids (plain constrained beam search)."""
+    """user_id -> the engine's top-k item ids (plain constrained beam search; with ``prior`` of weight > 0 the
+    prior is fused, each user's from its history)."""
     engine = BeamSearch(model, trie, builder.code_offset, attention="fp32")  # what the service runs
+    fuse = prior is not None and prior.settings.weight > 0
+    if fuse and not np.array_equal(prior.item_ids, trie.ids.item_ids):
+        raise UserError("the transition prior was fitted on another catalog: refit it (`recsvc prior fit`)")
     out: dict[int, list[int]] = {}
     # similar prompt lengths together: less padding per batch
     order = sorted(users, key=lambda u: min(len(u.history), builder.max_history))
@@ -47,7 +60,9 @@ def rank_users(
         prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
         excluded = [u.history for u in chunk] if exclude_history else None
         dead = trie.dead_nodes(excluded) if excluded else None
-        res = engine.search(prompts, k, dead)
+        fused = (prior_log_mass(trie, torch.from_numpy(prior.probs([u.history for u in chunk])),
+                                prior.settings.weight) if fuse else None)
+        res = engine.search(prompts, k, dead, fused)
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
             out[u.user_id] = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())
@@ -56,8 +71,9 @@ def rank_users(
 
 def make_evaluator(builder: PromptBuilder, data: SplitData, split: str = "valid", k: int = 10,
                    ks: Sequence[int] = (10,), max_users: int | None = 2000, batch_size: int = 64,
-                   seed: int = 0) -> Callable[[Any], dict[str, float]]:
-    """For early stopping during training: model -> {"recall@10": ..., "ndcg@10": ...} on a fixed sample."""
+                   seed: int = 0, prior: TransitionPrior | None = None) -> Callable[[Any], dict[str, float]]:
+    """For early stopping during training: model -> {"recall@10": ..., "ndcg@10": ...} on a fixed sample
+    (with ``prior``: of the prior-fused beam search)."""
     users = sample_users(data.eval_users(split), max_users, seed)
     trie = CatalogTrie(builder.ids)
 
@@ -65,7 +81,8 @@ def make_evaluator(builder: PromptBuilder, data: SplitData, split: str = "valid"
         was_training = model.training
         model.eval()
         try:
-            rankings = rank_users(model, builder, trie, users, max(k, *ks), batch_size, progress=False)
+            rankings = rank_users(model, builder, trie, users, max(k, *ks), batch_size, progress=False,
+                                  prior=prior)
         finally:
             model.train(was_training)
         return evaluate_rankings(rankings, users, ks)
@@ -76,10 +93,12 @@ def make_evaluator(builder: PromptBuilder, data: SplitData, split: str = "valid"
 def evaluate_bundle(
     bundle_dir: str | Path, split: str = "test", ks: Sequence[int] = DEFAULT_EVAL_KS,
     data_dir: str | Path | None = None,
-    dtype: str = "bf16", batch_size: int = 32, max_users: int | None = None, exclude_history: bool = False,
-    seed: int = 0,
+    dtype: str = "auto", batch_size: int = 32, max_users: int | None = None, exclude_history: bool = False,
+    seed: int = 0, use_prior: bool = True,
+    baselines: Sequence[str] = (), protocol: str | None = None, baseline_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Model and popularity metrics on a split: {"model": {...}, "popularity": {...}, "users": n, ...}."""
+    """Model and popularity metrics on a split: {"model": {...}, "popularity": {...}, "users": n, ...,
+    "prior": {settings..., "fitted_on"} of the fused BUNDLE/prior, or None (none, weight 0, or not use_prior)}."""
     import time
 
     from recsvc.model.bundle import Bundle
@@ -89,15 +108,28 @@ def evaluate_bundle(
     data_path = bundle.resolve_data_dir(data_dir)
     data = load_split_dir(data_path)
     ids = bundle.load_ids()
-    builder = PromptBuilder(bundle.load_tokenizer(), ids)
+    builder = bundle.prompt_builder(ids=ids)
     model = bundle.load_target(dtype=dtype)
     users = sample_users(data.eval_users(split), max_users, seed)
     start = time.perf_counter()
-    rankings = rank_users(model, builder, CatalogTrie(ids), users, max(ks), batch_size, exclude_history)
+    prior = TransitionPrior.load(bundle.prior_dir) if use_prior and bundle.has_prior() else None
+    if prior is not None and prior.settings.weight <= 0:
+        prior = None
+    rankings = rank_users(model, builder, CatalogTrie(ids), users, max(ks), batch_size, exclude_history,
+                          prior=prior)
     seconds = time.perf_counter() - start
     pop = popularity_rankings(data.item_popularity(split), users, max(ks), exclude_history)
+    # baselines beside the model (training/baselines): same users, metric code and history exclusion;
+    # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
+    from training.baselines import evaluate_baselines
+
+    beside = evaluate_baselines(data, split, ks, baselines, protocol or bundle.read().get("protocol", "paper"),
+                                users, exclude_history, **(baseline_options or {}))
     return {
-        "split": split, "users": len(users), "ks": list(ks), "dtype": dtype, "exclude_history": exclude_history,
+        "split": split, "users": len(users), "ks": list(ks), "dtype": resolve_dtype(dtype),
+        "exclude_history": exclude_history,
         "model": evaluate_rankings(rankings, users, ks), "popularity": evaluate_rankings(pop, users, ks),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),
+        "prior": {**asdict(prior.settings), "fitted_on": prior.fitted_on} if prior is not None else None,
+        **beside,
     }

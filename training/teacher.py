@@ -171,7 +171,7 @@ def _config(k: int, max_prefixes: int | None, lambda_mix: float, shard_size: int
 
 
 def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None = None, batch_size: int = 32,
-                  lambda_mix: float = 0.0, shard_size: int = 1024, seed: int = 0, dtype: str = "bf16",
+                  lambda_mix: float = 0.0, shard_size: int = 1024, seed: int = 0, dtype: str = "auto",
                   data_dir: str | Path | None = None, force: bool = False, progress: bool = True,
                   attention: str = "fp32") -> dict[str, Any]:
     """Build (or resume) BUNDLE/teacher; returns meta.json's content. ``dtype`` / ``attention``: the target as
@@ -184,7 +184,6 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.prompts import PromptBatch
     from recsvc.model.bundle import Bundle
-    from recsvc.model.prompt import PromptBuilder
     from tokenizer_rqvae.trie import CatalogTrie
     from training.data.dataset import load_split_dir
 
@@ -198,7 +197,7 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     data_path = bundle.resolve_data_dir(data_dir)
     data = load_split_dir(data_path)
     ids = bundle.load_ids()
-    builder = PromptBuilder(bundle.load_tokenizer(), ids)
+    builder = bundle.prompt_builder(ids=ids)
     out = teacher_dir(bundle)
     cfg = _config(k, max_prefixes, lambda_mix, shard_size, seed, dtype, builder.max_history, attention)
     fingerprints = {"target": model_fingerprint(bundle.target_dir),

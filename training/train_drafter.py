@@ -62,7 +62,7 @@ def validation_metric(method: str, verify: str, k: int) -> str:
 
 
 def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: int = 200, gamma: int = 3,
-                         draft_beams: int | None = None, dtype: str = "bf16", seed: int = 0,
+                         draft_beams: int | None = None, dtype: str = "auto", seed: int = 0,
                          batch_size: int = 16, attention: str = "fp32"):
     """model -> {"as@K": accepted draft depths per request and "calls@K": target calls per request under strict
     verification, and "as_relaxed@K" / "calls_relaxed@K" under relaxed sampling verification
@@ -88,7 +88,7 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
             state["engine"] = BeamSearch(bundle.load_target(dtype=dtype), trie, builder.code_offset,
                                          attention=attention)
         engine = state["engine"]
-        draft = copy.deepcopy(model).to(torch_dtype(dtype)).eval()
+        draft = copy.deepcopy(model).to(torch_dtype(dtype, str(next(model.parameters()).device))).eval()
         drafter = LlamaDrafter(draft, trie, builder.code_offset)
         n_draft = draft_beams or k
         accepted, calls, acc_r, calls_r = [], [], [], []
@@ -153,7 +153,7 @@ def train_drafter(
     cfg: TrainConfig | None = None, eval_max_users: int | None = 2000, window_stride: int = 1,
     force: bool = False, *, alpha: float = 0.5, k: int | None = None, select_by: str = "loss",
     as_users: int = 200, as_k: int = 10, gamma: int = 3, draft_beams: int | None = None,
-    out_name: str | None = None, init_from: str | Path | None = None, eval_dtype: str = "bf16",
+    out_name: str | None = None, init_from: str | Path | None = None, eval_dtype: str = "auto",
     verify: str = "auto", support: str = "topk",
 ) -> dict[str, Any]:
     """Train a drafter with ``method`` and save it (BUNDLE/drafter, or BUNDLE/drafters/<out_name>).
@@ -169,7 +169,6 @@ def train_drafter(
     from recsvc.model.bundle import Bundle
     from recsvc.model.loading import load_causal_lm, save_causal_lm
     from recsvc.model.presets import get_preset, new_model
-    from recsvc.model.prompt import PromptBuilder
     from training.data.dataset import load_split_dir
     from training.sequences import count_tokens, eval_examples, train_examples
 
@@ -201,7 +200,7 @@ def train_drafter(
     elif not force and (ckpt / "last").is_dir() and not cfg.resume:
         raise UserError(f"{ckpt} holds a checkpoint: pass --resume to continue or --force to start over")
     dist.wait_for_everyone()
-    builder = PromptBuilder(bundle.load_tokenizer(), bundle.load_ids())
+    builder = bundle.prompt_builder()
     valid = eval_examples(builder, data.eval_users("valid"), max_users=eval_max_users, seed=cfg.seed)
     if method == "sft":
         train = train_examples(builder, data.train, stride=window_stride)

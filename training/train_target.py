@@ -246,6 +246,8 @@ def fit_causal_lm(
         row = evaluate(epoch + state["batch"] / n_batches)
         row["train_loss"] = loss_ema if loss_ema is not None else float("nan")
         score = row[cfg.metric] if evaluator else -row["valid_loss"]
+        if math.isnan(score):  # nothing to select on (the deploy refit): the latest epoch is the best
+            score = epoch + state["batch"] / n_batches
         if score > state["best_score"]:
             state.update(best_score=score, best_epoch=epoch + 1, bad_epochs=0)
             if acc.is_main_process:
@@ -415,8 +417,22 @@ def train_target(
     max_history: int | None = None,
     window_stride: int = 1,
     make_evaluator: Callable[[Any, Any], Evaluator] | None = None,
+    prompt_header: str = "lcrec",
+    protocol: str = "paper",
+    refit_epochs: int = 1,
+    refit_lr: float | None = None,
+    refit_mode: str = "continue",
 ) -> dict[str, Any]:
     """The ``target`` stage: train, save the best model to BUNDLE/target, mark the stage done.
+
+    ``protocol``: "paper" trains on the TRAIN period only (the AtSpeed / LC-Rec protocol). "deploy" first does
+    the same (the epoch is chosen on valid), then continues the chosen model for ``refit_epochs`` over
+    train + valid sequences at peak lr ``refit_lr`` (default lr / 2; ``refit_mode="scratch"``: a fresh model of the
+    same shape trained ``refit_epochs`` epochs on train + valid at the full lr instead, the classic refit; with
+    ``cfg.epochs == 0`` the selection phase is skipped and ``refit_epochs`` comes from an earlier selection
+    run, e.g. a paper-protocol bundle's best epoch): a deployed model must know the most
+    recent period before it serves the next one. The prompt header style and history length are recorded in
+    bundle.json (``Bundle.prompt_builder`` rebuilds the same prompts for serving and evaluation).
 
     Early stopping uses ``evaluator(model)["recall@10"]`` when given, else ``make_evaluator(builder, data)``
     (built here from the bundle's PromptBuilder and the SplitData, e.g. a beam-search Recall@10 on
@@ -433,6 +449,12 @@ def train_target(
     from training.sequences import count_tokens, eval_examples, train_examples
 
     cfg = cfg or TrainConfig()
+    if protocol not in ("paper", "deploy"):
+        raise UserError(f"protocol must be paper or deploy, not {protocol!r}")
+    if refit_mode not in ("continue", "scratch"):
+        raise UserError(f"refit mode must be continue or scratch, not {refit_mode!r}")
+    if cfg.epochs < 1 and not (protocol == "deploy" and refit_mode == "scratch"):
+        raise UserError("--epochs 0 (no selection phase) needs --protocol deploy --refit scratch")
     dist = PartialState(cpu=not torch.cuda.is_available())
     main_process = dist.is_main_process
     log = print if main_process else (lambda *a, **k: None)
@@ -449,14 +471,16 @@ def train_target(
             raise UserError(f"{ckpt} holds a checkpoint: pass --resume to continue or --force to start over")
         ids = bundle.load_ids()
         tok = ensure_tokenizer(bundle, data, base_model)
-    builder = PromptBuilder(tok, ids, max_history or MAX_HISTORY)
+        if main_process:
+            bundle.update(prompt={"header": prompt_header, "max_history": max_history or MAX_HISTORY})
+    builder = PromptBuilder(tok, ids, max_history or MAX_HISTORY, header=prompt_header)
     if evaluator is None and make_evaluator is not None:
         evaluator = make_evaluator(builder, data)
     train = train_examples(builder, data.train, stride=window_stride)
     valid = eval_examples(builder, data.eval_users("valid"), max_users=eval_max_users, seed=cfg.seed)
     tokens, labelled = count_tokens(train)
-    log(f"target: {len(train)} windows, {tokens} tokens ({labelled} labelled) per epoch; "
-          f"{len(valid)} validation examples")
+    log(f"target: {len(train)} windows, {tokens} tokens ({labelled} labelled, {labelled / max(tokens, 1):.0%}) "
+        f"per epoch; {len(valid)} validation examples; prompt header {prompt_header}, protocol {protocol}")
 
     if base_model:
         model = load_base_model(base_model, tok)
@@ -471,11 +495,26 @@ def train_target(
     log(f"target: {preset_name}, {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trained)")
 
     best, result = fit_causal_lm(model, train, valid, cfg, ckpt, tok.pad_token_id, evaluator, desc="target")
+    refit = None
+    if protocol == "deploy":
+        if main_process and cfg.epochs > 0:  # the train-only model: validation-time tuning and paper-protocol figures
+            import copy
+
+            save_causal_lm(merge_lora(copy.deepcopy(best)) if is_peft(best) else best, bundle.train_only_target_dir)
+        if refit_mode == "scratch":
+            best = load_base_model(base_model, tok) if base_model else new_model(get_preset(preset), tok, seed=cfg.seed)
+            best = wrap_lora(best, lora) if (base_model and lora is not None) else best
+            refit_lr = refit_lr if refit_lr is not None else cfg.lr
+        best, refit = _refit(best, builder, data, cfg, ckpt / "refit", tok.pad_token_id, window_stride,
+                             refit_epochs, refit_lr, log)
+        refit["mode"] = refit_mode
     info = {
         "seconds": round(result.seconds, 1), "preset": preset_name, "params": n_params,
         "epochs": result.epochs, "steps": result.steps, "best_epoch": result.best_epoch,
         "best": _best_entry(result), "stopped": result.stopped,
         "train_tokens_per_s": round(result.train_tokens_per_s, 1), "tokens_per_epoch": tokens,
+        "labelled_tokens_per_epoch": labelled, "prompt_header": prompt_header, "protocol": protocol,
+        "refit": refit,
         "lora": asdict(lora) if lora is not None else None, "window_stride": window_stride,
         "config": asdict(cfg), "main_process": main_process,
     }
@@ -484,6 +523,27 @@ def train_target(
         save_causal_lm(final, bundle.target_dir)
         (bundle.target_dir / "training.json").write_text(
             json.dumps({**info, "history": result.history}, indent=1, default=str))
-        bundle.update(target_preset=preset_name)
+        bundle.update(target_preset=preset_name, protocol=protocol)
         bundle.mark_done("target", **{k: v for k, v in info.items() if k != "config"})
     return info
+
+
+def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, window_stride: int, epochs: int,
+           lr: float | None, log) -> tuple[Any, dict[str, Any]]:
+    """The deployment protocol's second phase: continue ``model`` over train + valid sequences (no selection:
+    the valid period is now training data; the epoch count was chosen before). Resumable (``ckpt``)."""
+    from dataclasses import replace
+
+    from training.sequences import count_tokens, train_examples
+
+    seqs = {u: list(items) + list(data.valid.get(u, [])) for u, items in data.train.items()}
+    examples = train_examples(builder, seqs, stride=window_stride)
+    tokens, labelled = count_tokens(examples)
+    rcfg = replace(cfg, epochs=epochs, lr=lr if lr is not None else cfg.lr / 2, patience=0,
+                   resume=(ckpt / "last" / "state.json").is_file(), max_minutes=None)
+    log(f"refit (deploy protocol): {len(examples)} windows, {tokens} tokens ({labelled} labelled) per epoch, "
+        f"{epochs} epoch(s) at peak lr {rcfg.lr:g}")
+    model.train()
+    best, result = fit_causal_lm(model, examples, [], rcfg, ckpt, pad_id, None, desc="refit")
+    return best, {"epochs": result.epochs, "lr": rcfg.lr, "seconds": round(result.seconds, 1),
+                  "tokens_per_epoch": tokens, "train_tokens_per_s": round(result.train_tokens_per_s, 1)}

@@ -13,7 +13,7 @@ BENCHES = {
     "speculative": ("recsvc.bench.speculative", "plain vs speculative beam search: WS@K, AS@K, target calls"),
     "serve": ("recsvc.bench.serve", "load test of the gRPC service: throughput, latency percentiles"),
     "drafters": ("recsvc.bench.drafters", "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"),
-    "seeds": ("recsvc.bench.seeds", "drafter methods across training seeds: mean, spread, paired 95% CI"),
+    "seeds": ("recsvc.bench.seeds", "drafter methods across training seeds: mean, spread, paired 95%% CI"),
     "fuzz": ("recsvc.bench.fuzz", "generated bad requests against a real server: status codes, no INTERNAL"),
 }
 

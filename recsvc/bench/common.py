@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +31,13 @@ def set_threads(threads: int | None) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """One line for benchmark reports: CPU model, the vector-ISA flags that decide speed, threads, GPU, torch."""
+    from recsvc.model.hardware import cpu_flags, cpu_model, native_bf16
+
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{cpu}, {torch.get_num_threads()} threads, {dev}, torch {torch.__version__}"
+    flags = " ".join(cpu_flags()) or "no AVX flags read"
+    return (f"{cpu_model()} [{flags}; native bf16: {'yes' if native_bf16() else 'no'}], "
+            f"{torch.get_num_threads()} threads, {dev}, torch {torch.__version__}")
 
 
 @dataclass
@@ -54,10 +50,9 @@ class BenchContext:
     data: Any  # SplitData
 
 
-def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype: str = "bf16",
+def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype: str = "auto",
                  data_dir: str | Path | None = None, seed: int = 0) -> BenchContext:
     from recsvc.model.bundle import Bundle
-    from recsvc.model.prompt import PromptBuilder
     from tokenizer_rqvae.trie import CatalogTrie
     from training.data.dataset import load_split_dir
     from training.evaluate import sample_users
@@ -66,7 +61,7 @@ def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype:
     data_path = bundle.resolve_data_dir(data_dir)
     data = load_split_dir(data_path)
     ids = bundle.load_ids()
-    builder = PromptBuilder(bundle.load_tokenizer(), ids)
+    builder = bundle.prompt_builder(ids=ids)
     model = bundle.load_target(dtype=dtype)
     return BenchContext(Path(bundle_dir), model, builder, CatalogTrie(ids),
                         sample_users(data.eval_users(split), users, seed), data)

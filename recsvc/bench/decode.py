@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, set_threads, timed, write_json
+from recsvc.model.hardware import resolve_dtype
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -23,7 +24,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, default=200)
     p.add_argument("--k", default="1,5,10,20")
     p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -64,7 +65,8 @@ def run(args: argparse.Namespace) -> dict:
         rows.append({"k": k, "engine_ms": e, "generate_ms": g, "speedup": g / e,
                      "identical_rate": same / len(prompts), "users": len(prompts)})
         print(f"K={k}: engine {e:.1f} ms, generate {g:.1f} ms, x{g / e:.2f}, identical {same}/{len(prompts)}")
-    payload = {"bench": "decode", "bundle": str(ctx.bundle_dir), "dtype": args.dtype, "split": args.split,
+    payload = {"bench": "decode", "bundle": str(ctx.bundle_dir), "dtype": resolve_dtype(args.dtype),
+               "split": args.split,
                "attention": args.attention, "warm_per_length": not args.cold,
                "machine": machine(), "rows": rows}
     print(markdown_table(rows, [("k", "K"), ("engine_ms", "engine ms/req"), ("generate_ms", "generate ms/req"),

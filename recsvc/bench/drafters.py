@@ -18,6 +18,7 @@ import argparse
 
 from recsvc.bench.common import machine, markdown_table, parse_int_list, set_threads, write_json
 from recsvc.errors import UserError
+from recsvc.model.hardware import resolve_dtype
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -33,7 +34,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-beams", type=int, default=None,
                    help="a fixed N for every K: N = max(K, this) (the AtSpeed paper: 40); overrides --n-mult")
     p.add_argument("--temperature", type=float, default=1.0, help="relaxed mode's sampling temperature")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
                    help="engine attention: exact (bit-identical to generate) or fp32 (what the service runs)")
     p.add_argument("--data", help="data directory (default: the bundle's)")
@@ -102,6 +103,7 @@ def run(args: argparse.Namespace) -> dict:
                "users": len(users), "user_ids": [u.user_id for u in users], "split": args.split,
                "gamma": args.gamma, "n_mult": args.n_mult,
                "draft_beams": args.draft_beams, "temperature": args.temperature,
-               "dtype": args.dtype, "attention": args.attention, "machine": machine(), "rows": rows, "table": table}
+               "dtype": resolve_dtype(args.dtype), "attention": args.attention,
+               "machine": machine(), "rows": rows, "table": table}
     write_json(args.json_path, payload)
     return payload

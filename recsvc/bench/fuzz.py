@@ -2,8 +2,11 @@
 
 Every request breaks at least one rule (unknown or out-of-range item ids, k out of range, empty / oversized /
 control-character user ids, oversized history or exclusions, non-positive or non-finite temperature, unknown
-decoding modes, undecodable bytes), over Recommend, RecordInteractions and GetHistory. The acceptance is
-zero INTERNAL / UNKNOWN answers and a server still serving a valid request at the end.
+decoding modes, undecodable bytes), over Recommend, RecordInteractions and GetHistory; temperatures include
+extreme values (1e-45, 1e-38, 1e-20, above 10). A share of valid requests is sent with tiny deadlines (1-50 ms)
+or cancelled by the client after 0-30 ms (``--hostile-share``). The acceptance is zero INTERNAL / UNKNOWN
+answers (client side, and in the server's own error counter when it runs in-process) and a server still
+serving a valid request at the end.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=10_000)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--hostile-share", type=float, default=0.1,
+                   help="share of valid requests sent with a tiny deadline or cancelled mid-flight")
     p.add_argument("--json", dest="json_path")
 
 
@@ -43,7 +48,8 @@ def bad_recommend(rng: random.Random, known: list[int], pb) -> object:
         elif b == 2:
             req.user_id = rng.choice(["", "x" * 129, "tab\tuser", "nul\x00", "\x7f", "y" * 5000])
         elif b == 3:
-            req.temperature = rng.choice([0.0, -1.0, float("nan"), float("inf"), -float("inf"), -1e-9])
+            req.temperature = rng.choice([0.0, -1.0, float("nan"), float("inf"), -float("inf"), -1e-9,
+                                          1e-45, 1e-38, 1e-20, 0.049, 10.5, 1e30])
         elif b == 4:
             req.mode = rng.choice([4, 5, -1, 2**31 - 1, -(2**31)])
         elif b == 5:
@@ -59,6 +65,26 @@ def bad_recommend(rng: random.Random, known: list[int], pb) -> object:
     return req
 
 
+def hostile_call(rng: random.Random, stub, request) -> str:
+    """A valid Recommend with a 1-50 ms deadline, or cancelled by the client after 0-30 ms; the status name."""
+    if rng.random() < 0.5:
+        try:
+            stub.Recommend(request, timeout=rng.uniform(0.001, 0.05))
+        except grpc.RpcError as exc:
+            return exc.code().name
+        return "OK"
+    call = stub.Recommend.future(request, timeout=30)
+    time.sleep(rng.uniform(0.0, 0.03))
+    call.cancel()
+    try:
+        call.result()
+    except grpc.FutureCancelledError:
+        return "CANCELLED"
+    except grpc.RpcError as exc:
+        return exc.code().name
+    return "OK"
+
+
 def run(args: argparse.Namespace) -> dict:
     from recsvc.errors import UserError
     from recsvc.service.client import RecClient
@@ -66,6 +92,9 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.requests < 1 or args.concurrency < 1:
         raise UserError("--requests and --concurrency must be >= 1")
+    hostile_share = getattr(args, "hostile_share", 0.0)
+    if not 0.0 <= hostile_share <= 1.0:
+        raise UserError(f"--hostile-share must be between 0 and 1, got {hostile_share}")
     server = None
     if args.bundle:
         from recsvc.engine.recommender import BundleRecommender
@@ -88,6 +117,13 @@ def run(args: argparse.Namespace) -> dict:
         with RecClient(target, timeout_s=30) as client:
             for _ in range(per_thread):
                 kind = rng.random()
+                if rng.random() < hostile_share:
+                    valid = pb.RecommendRequest(user_id=f"h{tid}", history=rng.sample(known, 3),
+                                                k=rng.choice([1, 5, 10]), mode=rng.choice([0, 1, 2, 3]))
+                    code = hostile_call(rng, client.stub, valid)
+                    with lock:
+                        codes[code] += 1
+                    continue
                 try:
                     if kind < 0.8:
                         client.stub.Recommend(bad_recommend(rng, known, pb), timeout=30)
@@ -115,12 +151,16 @@ def run(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     with RecClient(target, timeout_s=30) as client:  # still serving?
         alive = len(client.recommend("after-fuzz", history=known[:3], k=5, mode="plain").items) == 5
+    server_internal = None
     if server is not None:
+        server_internal = sum(
+            server.metrics.registry.get_sample_value("recsvc_errors_total", {"method": m, "code": c}) or 0.0
+            for m in ("Recommend", "RecordInteractions", "GetHistory") for c in ("INTERNAL", "UNKNOWN"))
         server.stop(grace_s=1.0)
     total = sum(codes.values())
     payload = {"bench": "fuzz", "requests": total, "codes": dict(codes), "internal_or_unknown":
-               codes.get("INTERNAL", 0) + codes.get("UNKNOWN", 0), "serving_after": alive,
-               "seconds": round(seconds, 1), "machine": machine()}
+               codes.get("INTERNAL", 0) + codes.get("UNKNOWN", 0), "server_internal_or_unknown": server_internal,
+               "serving_after": alive, "seconds": round(seconds, 1), "machine": machine()}
     print(payload)
     write_json(args.json_path, payload)
     return payload

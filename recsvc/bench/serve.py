@@ -52,7 +52,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--users", type=int, default=256, help="distinct users (each gets a stored history)")
     p.add_argument("--history-len", type=int, default=20, help="stored history length per user")
-    p.add_argument("--dtype", default="bf16", help="engine dtype for --bundle")
+    p.add_argument("--dtype", default="auto", help="engine dtype for --bundle (auto: bf16 where native, else fp32)")
     p.add_argument("--api-key", help="for --target servers that require one")
     p.add_argument("--tls-ca", help="for --target servers with TLS")
     p.add_argument("--seed", type=int, default=0)
@@ -271,7 +271,7 @@ def run_serve_bench(
     from recsvc.service.stores.redis_spawn import RedisProcess
 
     if isinstance(target_or_bundle, (str, Path)) and Path(target_or_bundle).is_dir():
-        target_or_bundle = _load_bundle(str(target_or_bundle), "bf16")
+        target_or_bundle = _load_bundle(str(target_or_bundle), "auto")
     remote = target_or_bundle if isinstance(target_or_bundle, str) else None
     if remote and (outage or redis_url):
         raise UserError("--outage and --redis-url need an in-process server (--bundle or --popularity)")

@@ -18,6 +18,8 @@ import torch
 from tqdm import tqdm
 
 from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, set_threads, write_json
+from recsvc.engine.prior import prior_log_mass
+from recsvc.model.hardware import resolve_dtype
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -25,12 +27,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, default=200)
     p.add_argument("--k", default="1,3,5,10,20")
     p.add_argument("--mode", choices=["strict", "relaxed"], default="strict")
-    p.add_argument("--drafter", choices=["llama", "oracle", "retrieval"], default="llama")
+    p.add_argument("--drafter", choices=["llama", "oracle", "retrieval", "transition"], default="llama",
+                   help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior)")
+    p.add_argument("--prior", choices=["auto", "off"], default="auto",
+                   help="auto: plain and speculative both fuse the bundle's prior when it has one (as served)")
     p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, "
                    "e.g. 10:3,20:2")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--calibration-users", type=int, default=8)
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -51,6 +56,14 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str):
     if kind == "retrieval":
         return RetrievalDrafter(RetrievalDatastore(ctx.data.train.values()), ctx.trie)
     bundle = Bundle.open(ctx.bundle_dir)
+    if kind == "transition":
+        from recsvc.drafters.transition import TransitionDrafter
+        from recsvc.model.transition import TransitionPrior
+
+        if not bundle.has_prior():
+            raise UserError(f"bundle {ctx.bundle_dir} has no transition prior: run `recsvc prior fit` (or `recsvc "
+                            "tune prior`) first")
+        return TransitionDrafter(TransitionPrior.load(bundle.prior_dir), ctx.trie)
     if not (bundle.drafter_dir / "config.json").is_file():
         raise UserError(f"bundle {ctx.bundle_dir} has no drafter: run `recsvc train drafter` or use --drafter "
                         "oracle|retrieval")
@@ -96,20 +109,31 @@ def run(args: argparse.Namespace) -> dict:
     calib = sample_users(ctx.data.eval_users("valid"), args.calibration_users, seed=1)
     relaxed = args.mode == "relaxed"
     temp = torch.tensor([args.temperature])
+    fused = load_fused_prior(ctx.bundle_dir, args.prior)
+
+    def prior_for(history):  # [1, num_nodes] the bundle's fused prior (inside the timed region), or None
+        if fused is None:
+            return None
+        return prior_log_mass(ctx.trie, fused.probs([history]), fused.settings.weight)
 
     def spec_once(user_history, k, n, gamma, drafter, seed=0):
         if n == 0:  # autotune chose not to speculate: plain (or sampling) beam search
             leaves, ms, calls = plain_once(user_history, k, seed)
             return leaves, ms, calls, 0
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
-        session = drafter.session(pb, [user_history], None)  # oracle: its plain search happens here, untimed
+        if args.drafter == "oracle":  # its plain search happens in session(): untimed
+            session = drafter.session(pb, [user_history], None, prior_for(user_history))
         start = time.perf_counter()
+        pr = prior_for(user_history)
+        if args.drafter != "oracle":  # setting up the draft (retrieval lookups, prior masses) is drafting time
+            session = drafter.session(pb, [user_history], None, pr)
         if relaxed:
             out = relaxed_speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, temp,
-                                             make_generators([seed]))
+                                             make_generators([seed]), prior=pr)
             leaves = out.leaves
         else:
-            out = speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, None, engine.select)
+            out = speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, None, engine.select,
+                                     prior=pr)
             leaves = out.leaves
         ms = 1000 * (time.perf_counter() - start)
         return leaves[0], ms, int(out.target_calls[0]), int(out.accepted[0])
@@ -117,10 +141,11 @@ def run(args: argparse.Namespace) -> dict:
     def plain_once(user_history, k, seed=0):
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
         start = time.perf_counter()
+        pr = prior_for(user_history)
         if relaxed:
-            out = sampling_beam_search(ctx.model, ctx.trie, off, pb, k, temp, make_generators([seed]))
+            out = sampling_beam_search(ctx.model, ctx.trie, off, pb, k, temp, make_generators([seed]), prior=pr)
         else:
-            out = engine.search(pb, k)
+            out = engine.search(pb, k, prior=pr)
         return out.leaves[0], 1000 * (time.perf_counter() - start), out.target_calls
 
     rows = []
@@ -165,7 +190,24 @@ def run(args: argparse.Namespace) -> dict:
               ("ndcg_spec", "NDCG spec")] if relaxed else [("identical", "identical")])
     table = markdown_table(rows, cols)
     print(table)
-    payload = {"bench": "speculative", "mode": args.mode, "drafter": args.drafter, "dtype": args.dtype,
+    payload = {"bench": "speculative", "mode": args.mode, "drafter": args.drafter,
+               "prior": None if fused is None else {**vars(fused.settings), "fitted_on": fused.fitted_on},
+               "dtype": resolve_dtype(args.dtype),
                "split": args.split, "machine": machine(), "rows": rows, "table": table}
     write_json(args.json_path, payload)
     return payload
+
+
+def load_fused_prior(bundle_dir, mode: str):
+    """The bundle's transition prior when ``mode`` is "auto" and the bundle fuses one (weight > 0), else None."""
+    from recsvc.errors import UserError
+    from recsvc.model.bundle import Bundle
+    from recsvc.model.transition import TransitionPrior
+
+    if mode not in ("auto", "off"):
+        raise UserError(f"--prior must be auto or off, not {mode!r}")
+    bundle = Bundle.open(bundle_dir)
+    if mode == "off" or not bundle.has_prior():
+        return None
+    prior = TransitionPrior.load(bundle.prior_dir)
+    return prior if prior.settings.weight > 0 else None

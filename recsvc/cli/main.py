@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "training.cli",
     "build": "training.build_cli",
     "eval": "training.eval_cli",
+    "prior": "training.prior_cli",
+    "tune": "training.tune",
     "bench": "recsvc.bench.cli",
     "serve": "recsvc.service.cli",
     "client": "recsvc.service.client_cli",

@@ -42,4 +42,5 @@ class Drafter(Protocol):
         prompts: PromptBatch,  # the target's prompts (drafters share the target's tokenizer)
         histories: Sequence[Sequence[int]],  # item ids per request (retrieval drafters use them)
         dead: torch.Tensor | None,  # [B, num_nodes] excluded prefixes per request
+        prior: torch.Tensor | None = None,  # [B, num_nodes] the target's fused item prior (recsvc.engine.prior)
     ) -> DraftSession: ...

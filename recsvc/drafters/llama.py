@@ -22,8 +22,9 @@ from tokenizer_rqvae.trie import CatalogTrie
 
 class LlamaDraftSession:
     def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
-                 dead: torch.Tensor | None) -> None:
+                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> None:
         self.model, self.trie, self.dead = model, trie, dead
+        self.prior = prior  # [B, num_nodes] the target's fused prior: draft the fused beams / distributions
         self.cache = TreeCache(model, trie, code_offset, prompts)
 
     @property
@@ -40,7 +41,7 @@ class LlamaDraftSession:
             nodes = torch.where(active, nodes, torch.full_like(nodes, -1))
             self.cache.feed(nodes)
             logp = node_logprobs(self.model, self.cache, nodes)  # [B, n, C]
-            nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, width, self.dead)
+            nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, width, self.dead, prior=self.prior)
             drafts.append(torch.where(active, nodes, torch.full_like(nodes, -1)))
         return drafts
 
@@ -57,7 +58,8 @@ class LlamaDraftSession:
             active = (steps >= s)[:, None]
             nodes = torch.where(active, nodes, torch.full_like(nodes, -1))
             self.cache.feed(nodes)
-            logq, child = tempered_logp(self.model, self.cache, nodes, temperature, self.dead)  # [B, n, C]
+            logq, child = tempered_logp(self.model, self.cache, nodes, temperature, self.dead,
+                                        self.prior)  # [B, n, C]
             cand = weights[..., None] + logq
             lse = torch.logsumexp(cand.reshape(b, -1), 1)  # [B]
             lse = torch.where(torch.isfinite(lse), lse, 0.0)
@@ -74,6 +76,8 @@ class LlamaDraftSession:
         self.cache.select_rows(rows)
         if self.dead is not None:
             self.dead = self.dead[rows]
+        if self.prior is not None:
+            self.prior = self.prior[rows]
 
 
 class LlamaDrafter:
@@ -83,5 +87,5 @@ class LlamaDrafter:
         self.model, self.trie, self.code_offset = model, trie, code_offset
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
-                dead: torch.Tensor | None) -> LlamaDraftSession:
-        return LlamaDraftSession(self.model, self.trie, self.code_offset, prompts, dead)
+                dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> LlamaDraftSession:
+        return LlamaDraftSession(self.model, self.trie, self.code_offset, prompts, dead, prior)

@@ -48,6 +48,6 @@ class OracleDrafter:
         self.engine, self.k = engine, k
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
-                dead: torch.Tensor | None) -> OracleDraftSession:
-        out = self.engine.search(prompts, self.k, dead)
+                dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> OracleDraftSession:
+        out = self.engine.search(prompts, self.k, dead, prior)  # the fused beams when a prior is fused
         return OracleDraftSession(out.beams, self.engine.trie.depth)

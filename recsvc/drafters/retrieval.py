@@ -93,6 +93,7 @@ class RetrievalDrafter:
         self.store, self.trie, self.max_candidates = store, trie, max_candidates
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
-                dead: torch.Tensor | None) -> RetrievalDraftSession:
+                dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> RetrievalDraftSession:
+        """``prior`` (a fused item prior) is not used: the datastore's continuations already rank by counts."""
         return RetrievalDraftSession(self.trie, [self.store.candidates(list(h), self.max_candidates)
                                                  for h in histories])

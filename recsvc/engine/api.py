@@ -37,7 +37,7 @@ class RecStats:
 @dataclass(frozen=True)
 class RecResult:
     item_ids: list[int]  # best first; fewer than k only if the catalog (minus exclusions) is smaller
-    scores: list[float]  # sum of code-token log-probs (transformers' beam score convention)
+    scores: list[float]  # sum of code-token log-probs (transformers' convention) [+ w * log P(item): fused prior]
     stats: RecStats = field(default_factory=RecStats)
 
 

@@ -5,7 +5,7 @@ beams' last tokens (tree attention over one cache row per request, no KV copies:
 them.
 Scores follow transformers' ``generate(num_beams=K, prefix_allowed_tokens_fn=trie)``: full-vocabulary
 log_softmax in float32, disallowed codes at -inf, a beam's score is the sum of its steps' log-probs. Ties:
-see ``recsvc.engine.topk``.
+see ``recsvc.engine.topk``. An optional item prior is fused step by step (``recsvc.engine.prior``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from recsvc.engine.attention import use_tree_attention
 from recsvc.engine.beam_cache import BeamCache
 from recsvc.engine.forward import code_logprobs
+from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.topk import GenerateSelector, IndexSelector, Selector
 from recsvc.engine.tree_cache import TreeCache
@@ -40,12 +41,19 @@ def expand_beams(
     k: int,
     dead: torch.Tensor | None,  # [B, num_nodes] excluded prefixes
     select: Selector | None = None,  # tie-break (default: lower index)
+    prior: torch.Tensor | None = None,  # [B, num_nodes] w * log prior mass (recsvc.engine.prior) or None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One beam-search step: (nodes [B, k], scores [B, k], parent beam index [B, k])."""
+    """One beam-search step: (nodes [B, k], scores [B, k], parent beam index [B, k]).
+
+    With ``prior`` each candidate also gains prior[row, child] - prior[row, node], so scores are fused scores
+    (sum of code log-probs + w * log m(prefix)); without it the step is exactly the unfused one."""
     b, k_in, c = logp.shape
     rows = torch.arange(b, device=nodes.device)[:, None].expand(b, k_in).reshape(-1)
     mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
-    cand = torch.where(mask.view(b, k_in, c), scores[..., None] + logp, float("-inf"))
+    step = scores[..., None] + logp
+    if prior is not None:
+        step = step + step_bias(prior, nodes, child.view(b, k_in, c))
+    cand = torch.where(mask.view(b, k_in, c), step, float("-inf"))
     level = trie.depth[nodes.max(dim=1).values.clamp(min=0)]  # [B] a row's beams share one depth
     new_scores, flat = (select or IndexSelector())(cand, k, level)
     new_nodes = child.view(b, k_in * c).gather(1, flat)
@@ -81,7 +89,10 @@ class BeamSearch:
         self.select = make_selector(model, trie, code_offset, tie_break)
 
     @torch.inference_mode()
-    def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None) -> BeamOutput:
+    def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None,
+               prior: torch.Tensor | None = None) -> BeamOutput:
+        """dead: [B, num_nodes] excluded prefixes; prior: [B, num_nodes] ``prior_log_mass`` to fuse (scores are
+        then fused scores), None = the model alone (bit-identical to transformers' generate)."""
         cache = BeamCache(self.model, self.trie, self.code_offset, prompts)
         b, c = len(prompts.lengths), self.trie.codebook_size
         nodes = torch.zeros(b, 1, dtype=torch.long)  # the root
@@ -94,6 +105,6 @@ class BeamSearch:
             level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long)
             logp = code_logprobs(self.model, hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
             nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
-                                                  self.select)
+                                                  self.select, prior)
             beams.append(nodes)
         return BeamOutput(nodes, scores, cache.calls, beams)

@@ -2,6 +2,10 @@
 
 Queries of one batch are grouped by (mode, k) and each group runs as one batched engine call; results come
 back in the queries' order. Timers and counters are the caller's (``RecStats`` holds only counts).
+
+A bundle with a transition prior (BUNDLE/prior, ``recsvc prior fit``) whose weight is > 0 has it fused into
+every mode's decoding (``recsvc.engine.prior``): each query's prior comes from its own history, and returned
+scores are then fused scores. ``exclude_history`` adds every query's history items to its exclusions.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel
 
@@ -18,11 +23,14 @@ from recsvc.drafters.base import Drafter
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.api import RecQuery, RecResult, RecStats
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.relaxed import relaxed_speculative_search
 from recsvc.engine.sampling import make_generators, sampling_beam_search
 from recsvc.engine.speculative import speculative_search
+from recsvc.errors import UserError
 from recsvc.model.prompt import PromptBuilder
+from recsvc.model.transition import TransitionPrior
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -71,8 +79,15 @@ class BundleRecommender:
         spec: SpecSettings | None = None,
         max_k: int = 50,
         attention: str = "fp32",
+        prior: TransitionPrior | None = None,
+        exclude_history: bool = False,
     ) -> None:
         self.target, self.prompts, self.ids = target, prompts, ids
+        if prior is not None and not np.array_equal(prior.item_ids, ids.item_ids):
+            raise UserError(f"the transition prior covers {len(prior.item_ids)} items that are not the catalog's "
+                            f"{len(ids.item_ids)}: refit it (`recsvc prior fit`)")
+        self.prior = prior  # fused when prior.settings.weight > 0
+        self.exclude_history = exclude_history
         self.trie = CatalogTrie(ids)
         self.engine = BeamSearch(target, self.trie, prompts.code_offset, attention=attention)
         self.drafter = drafter
@@ -83,25 +98,38 @@ class BundleRecommender:
         self._popular = sorted(ids.item_ids.tolist(), key=lambda i: (-counts.get(i, 0), i))
 
     @classmethod
-    def from_bundle(cls, path: str | Path, dtype: str = "bf16", device: str = "cpu",
+    def from_bundle(cls, path: str | Path, dtype: str = "auto", device: str = "cpu",
                     use_drafter: bool = True, attention: str = "fp32",
-                    drafter_name: str | None = None) -> BundleRecommender:
+                    drafter_name: str | None = None, use_prior: bool = True,
+                    exclude_history: bool = False) -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: serve
-        BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing."""
+        BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing.
+        ``drafter_name="transition"``: the training-free transition drafter over BUNDLE/prior.
+        ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
+        recommend a query's history items."""
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(path)
         ids = bundle.load_ids()
         tokenizer = bundle.load_tokenizer()
-        prompts = PromptBuilder(tokenizer, ids)
+        prompts = bundle.prompt_builder(tokenizer, ids)
         target = bundle.load_target(dtype=dtype, device=device)
         drafter = None
-        if use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):
+        if use_drafter and drafter_name == "transition":  # training-free: drafts from the bundle's prior
+            from recsvc.drafters.transition import TransitionDrafter
+
+            if not bundle.has_prior():
+                raise UserError(f"--drafter transition needs a transition prior in {bundle.root}: run `recsvc "
+                                "prior fit` or `recsvc tune prior` first")
+            drafter = TransitionDrafter(TransitionPrior.load(bundle.prior_dir), CatalogTrie(ids))
+        elif use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):
             drafter = LlamaDrafter(bundle.load_drafter(dtype=dtype, device=device, name=drafter_name),
                                    CatalogTrie(ids), prompts.code_offset)
         popularity = load_popularity(Path(path), bundle.data_dir())
-        rec = cls(target, prompts, ids, drafter, popularity, attention=attention)
+        prior = TransitionPrior.load(bundle.prior_dir) if use_prior and bundle.has_prior() else None
+        rec = cls(target, prompts, ids, drafter, popularity, attention=attention, prior=prior,
+                  exclude_history=exclude_history)
         if drafter is not None:
             drafter.trie = rec.trie  # one trie for both
         return rec
@@ -155,37 +183,48 @@ class BundleRecommender:
                 results[i] = res
         return [r for r in results if r is not None]
 
+    @property
+    def prior_weight(self) -> float:
+        return float(self.prior.settings.weight) if self.prior is not None else 0.0
+
+    def prior_for(self, histories: Sequence[Sequence[int]]) -> torch.Tensor | None:
+        """[B, num_nodes] the fused prior of these histories (``prior_log_mass``), None when there is none."""
+        if self.prior is None or self.prior_weight <= 0:
+            return None
+        return prior_log_mass(self.trie, torch.from_numpy(self.prior.probs(histories)), self.prior_weight)
+
     def _decode(self, queries: list[RecQuery], mode: str, k: int) -> list[RecResult]:
         batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries])
-        excluded = [list(q.exclude) for q in queries]
+        excluded = [list(q.exclude) + (list(q.history) if self.exclude_history else []) for q in queries]
         dead = self.trie.dead_nodes(excluded) if any(excluded) else None
+        prior = self.prior_for([q.history for q in queries])
         if mode == "plain":
-            out = self.engine.search(batch, k, dead)
+            out = self.engine.search(batch, k, dead, prior)
             calls = [out.target_calls] * len(queries)
             accepted = [0] * len(queries)
             leaves, scores, draft_calls = out.leaves, out.scores, 0
         elif mode == "strict":
             assert self.drafter is not None
-            session = self.drafter.session(batch, [q.history for q in queries], dead)
+            session = self.drafter.session(batch, [q.history for q in queries], dead, prior)
             n, gamma = self.spec.for_k(k)
             out = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
-                                     n, gamma, dead, self.engine.select)
+                                     n, gamma, dead, self.engine.select, prior)
             calls, accepted = out.target_calls.tolist(), out.accepted.tolist()
             leaves, scores, draft_calls = out.leaves, out.scores, out.draft_calls
         elif mode == "relaxed":
             temps = torch.tensor([float(q.temperature) for q in queries])
             gens = make_generators([q.seed for q in queries])
             n, gamma = self.spec.for_k(k)
-            session = (self.drafter.session(batch, [q.history for q in queries], dead)
+            session = (self.drafter.session(batch, [q.history for q in queries], dead, prior)
                        if self.drafter is not None and n > 0 else None)
             if session is None or not hasattr(session, "sample"):  # the target's own sampling beam search
                 smp = sampling_beam_search(self.target, self.trie, self.prompts.code_offset, batch, k, temps, gens,
-                                           dead)
+                                           dead, prior)
                 calls, accepted = [smp.target_calls] * len(queries), [0] * len(queries)
                 leaves, scores, draft_calls = smp.leaves, smp.logp, 0
             else:
                 rel = relaxed_speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k,
-                                                 session, max(n, k), max(gamma, 1), temps, gens, dead)
+                                                 session, max(n, k), max(gamma, 1), temps, gens, dead, prior)
                 calls, accepted = rel.target_calls.tolist(), rel.accepted.tolist()
                 leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
         else:

@@ -11,7 +11,9 @@ If all g drafted depths pass, one more depth is sampled from the target directly
 drafted depth are already computed). The accepted set is reset at every depth (the paper's listing does not);
 N >= K drafts are tested against ">= K" (the listing samples K and tests "> K").
 The result follows the target's sampling beam search distribution approximately (with-replacement
-approximation); tests compare item frequencies over many seeds.
+approximation); tests compare item frequencies over many seeds. With a fused item prior, p is the target's
+prior-fused, renormalised distribution (``sampling.tempered_logp``), the same one ``sampling_beam_search``
+samples from; q is whatever the drafter sampled from (the LLaMA drafter fuses the same prior when given it).
 """
 
 from __future__ import annotations
@@ -60,17 +62,18 @@ def relaxed_speculative_search(
     drafts,  # a draft session with sample(roots, root_logp, steps, width, temperature, gens) -> list[DraftStep]
     draft_beams: int, gamma: int, temperature: torch.Tensor, gens: Sequence[torch.Generator],
     dead: torch.Tensor | None = None,
+    prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior: p_s is the fused target (sampling.py)
 ) -> RelaxedOutput:
     b, levels = len(prompts.lengths), trie.levels
     n_draft = max(draft_beams, k)
     cache = TreeCache(target, trie, code_offset, prompts)
-    beams = ActiveBeams.start(b, dead=dead, temp=temperature.clone())
+    beams = ActiveBeams.start(b, dead=dead, temp=temperature.clone(), prior=prior)
     out_leaves = torch.full((b, k), -1, dtype=torch.long)
     out_logp = torch.full((b, k), float("-inf"))
     calls = torch.zeros(b, dtype=torch.long)
     accepted = torch.zeros(b, dtype=torch.long)
     while len(beams.rows):
-        dead, temp = beams.per_row["dead"], beams.per_row["temp"]
+        dead, temp, row_prior = beams.per_row["dead"], beams.per_row["temp"], beams.per_row["prior"]
         grow = beams.rows.tolist()
         steps = (levels - beams.depth).clamp(max=gamma)
         drafted: list[DraftStep] = drafts.sample(beams.nodes, beams.scores, steps, n_draft, temp,
@@ -84,7 +87,7 @@ def relaxed_speculative_search(
             if not go.any():
                 break
             live = torch.where(go[:, None], beams.nodes, -1)
-            logp, child = tempered_logp(target, cache, live, temp, dead)  # [R, Kc, C]
+            logp, child = tempered_logp(target, cache, live, temp, dead, row_prior)  # [R, Kc, C]
             cand_w = (beams.scores[..., None] + logp).reshape(len(grow), -1)  # log P(child), unnormalised
             cand_nodes = child.reshape(len(grow), -1)
             verify = go & (steps >= s) & (s <= len(drafted))

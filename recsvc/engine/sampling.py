@@ -5,6 +5,9 @@ trie allows after the prefix (minus exclusions). A beam's weight is its sequence
 those). One step samples K distinct children of the current beams without replacement, with probability
 proportional to exp(P(child)) (Gumbel-top-K). Every request has its own ``torch.Generator``, so a seeded
 request gives the same items whatever batch it shares.
+With a fused item prior (``recsvc.engine.prior``) every step's distribution is the renormalised product
+p_T(code | prefix) * (m(child) / m(prefix))^w: a locally normalised fusion (the sampled items follow the product
+of the per-step fused distributions, not a global softmax of the fused item scores).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from recsvc.engine.beam_search import node_logprobs
+from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
@@ -38,14 +42,19 @@ def gumbel(shape: tuple[int, ...], gens: Sequence[torch.Generator], rows: Sequen
 
 
 def tempered_logp(model: PreTrainedModel, cache: TreeCache, nodes: torch.Tensor, temperature: torch.Tensor,
-                  dead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                  dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, m] cached nodes -> (log p(code | node) [B, m, C] renormalised over allowed codes (-inf elsewhere),
-    child node ids [B, m, C]). temperature: [B]."""
+    child node ids [B, m, C]). temperature: [B].
+
+    ``prior`` ([B, num_nodes], ``recsvc.engine.prior``): the tempered log-probs gain the prior's step term
+    w * (log m(child) - log m(node)) before renormalising, i.e. p(c | n) ∝ p_T(c | n) * m(c)^w (fused)."""
     trie = cache.trie
     b, m = nodes.shape
     logp = node_logprobs(model, cache, nodes) / temperature[:, None, None]  # [B, m, C]
     rows = torch.arange(b)[:, None].expand(b, m).reshape(-1)
     mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
+    if prior is not None:
+        logp = logp + step_bias(prior, nodes, child.view(b, m, -1))
     logp = torch.where(mask.view(b, m, -1), logp, float("-inf"))
     norm = torch.logsumexp(logp, -1, keepdim=True)
     logp = torch.where(torch.isfinite(norm), logp - norm, float("-inf"))
@@ -86,15 +95,16 @@ def rank_final(nodes: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor
 @torch.inference_mode()
 def sampling_beam_search(model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
                          temperature: torch.Tensor, gens: Sequence[torch.Generator],
-                         dead: torch.Tensor | None = None) -> SampleOutput:
-    """The target's own sampling beam search: L steps of K-without-replacement sampling."""
+                         dead: torch.Tensor | None = None, prior: torch.Tensor | None = None) -> SampleOutput:
+    """The target's own sampling beam search: L steps of K-without-replacement sampling (from the prior-fused
+    distributions when ``prior`` [B, num_nodes] is given)."""
     cache = TreeCache(model, trie, code_offset, prompts)
     b = len(prompts.lengths)
     nodes = torch.zeros(b, 1, dtype=torch.long)
     weights = torch.zeros(b, 1)
     for _ in range(trie.levels):
         cache.feed(nodes)
-        logp, child = tempered_logp(model, cache, nodes, temperature, dead)
+        logp, child = tempered_logp(model, cache, nodes, temperature, dead, prior)
         cand = (weights[..., None] + logp).reshape(b, -1)
         nodes, weights = sample_children(cand, child.reshape(b, -1), k, gens, range(b))
     leaves, logp_seq = rank_final(nodes, weights)

@@ -10,7 +10,9 @@ One round, for every unfinished request (rows may sit at different depths j):
              target's exact result, and if all g depths pass, one more depth comes free from the
              distributions at the last drafted depth.
   commit  -> keep the KV slots of the surviving beams' paths, drop the rest; finished rows leave the batch.
-The output is the plain beam search's (same items, order and, up to float error, scores).
+The output is the plain beam search's (same items, order and, up to float error, scores), with or without a
+fused item prior (the replay adds the same per-step prior terms as the plain search; drafts need not know it,
+though a drafter given the prior drafts the fused beams and is accepted more often).
 """
 
 from __future__ import annotations
@@ -58,16 +60,17 @@ def speculative_search(
     gamma: int,  # draft depths per round
     dead: torch.Tensor | None = None,  # [B, num_nodes]
     select: Selector | None = None,  # the plain engine's tie-break (BeamSearch.select)
+    prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior (recsvc.engine.prior), as given to plain
 ) -> SpecOutput:
     b, levels = len(prompts.lengths), trie.levels
     cache = TreeCache(target, trie, code_offset, prompts)
-    beams = ActiveBeams.start(b, dead=dead)
+    beams = ActiveBeams.start(b, dead=dead, prior=prior)
     out_leaves = torch.full((b, k), -1, dtype=torch.long)
     out_scores = torch.full((b, k), float("-inf"))
     calls = torch.zeros(b, dtype=torch.long)
     accepted = torch.zeros(b, dtype=torch.long)
     while len(beams.rows):
-        dead = beams.per_row["dead"]
+        dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]
         steps = (levels - beams.depth).clamp(max=gamma)  # [R]
         drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams)  # g x [R, N]
         tree = torch.cat([beams.nodes, *drafted], 1)
@@ -80,7 +83,7 @@ def speculative_search(
                 break
             live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
             logp = node_logprobs(target, cache, live)  # [R, Kc, C]
-            new_nodes, new_scores, _ = expand_beams(trie, live, beams.scores, logp, k, dead, select)
+            new_nodes, new_scores, _ = expand_beams(trie, live, beams.scores, logp, k, dead, select, row_prior)
             ok = go & (steps >= s)
             if s <= len(drafted):
                 ok &= accepted_depth(new_nodes, drafted[s - 1])

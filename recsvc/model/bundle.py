@@ -7,6 +7,8 @@
     BUNDLE/ids/            semantic_ids.json (+ the RQ-VAE files)
     BUNDLE/tokenizer/      HF fast tokenizer with the 1024 code tokens
     BUNDLE/target/         LlamaForCausalLM (safetensors)
+    BUNDLE/target-train/   deploy protocol only: the target before its refit on train + valid
+    BUNDLE/prior/          item-transition prior fused into beam search (optional; recsvc.model.transition)
     BUNDLE/drafter/        drafter LlamaForCausalLM (optional)
     BUNDLE/checkpoints/    training checkpoints (resume); not needed to serve
 """
@@ -52,8 +54,23 @@ class Bundle:
         return self.root / "target"
 
     @property
+    def train_only_target_dir(self) -> Path:
+        """Deploy-protocol bundles: the target before its refit on train + valid (trained on train only)."""
+        return self.root / "target-train"
+
+    @property
     def drafter_dir(self) -> Path:
         return self.root / "drafter"
+
+    @property
+    def prior_dir(self) -> Path:
+        """The item-transition prior fused into decoding (``recsvc prior fit``; optional)."""
+        return self.root / "prior"
+
+    def has_prior(self) -> bool:
+        from recsvc.model.transition import TENSORS_FILE
+
+        return (self.prior_dir / TENSORS_FILE).is_file()
 
     def checkpoint_dir(self, stage: str) -> Path:
         return self.root / "checkpoints" / stage
@@ -160,7 +177,24 @@ class Bundle:
             raise UserError(f"bundle {self.root} has no tokenizer yet ({self.tokenizer_dir})")
         return load_tokenizer(self.tokenizer_dir)
 
-    def load_target(self, dtype: str = "bf16", device: str = "cpu"):
+    def prompt_settings(self) -> dict[str, Any]:
+        """{"header": "lcrec" | "compact", "max_history": n}: recorded by target training (bundles made before the
+        setting existed used the LC-Rec header and 20 items)."""
+        from recsvc.model.prompt import MAX_HISTORY
+
+        rec = self.read().get("prompt") or {}
+        return {"header": rec.get("header", "lcrec"), "max_history": int(rec.get("max_history", MAX_HISTORY))}
+
+    def prompt_builder(self, tokenizer=None, ids: SemanticIds | None = None):
+        """The ``PromptBuilder`` the bundle's models were trained with (one place builds it for every caller)."""
+        from recsvc.model.prompt import PromptBuilder
+
+        settings = self.prompt_settings()
+        return PromptBuilder(tokenizer if tokenizer is not None else self.load_tokenizer(),
+                             ids if ids is not None else self.load_ids(),
+                             max_history=settings["max_history"], header=settings["header"])
+
+    def load_target(self, dtype: str = "auto", device: str = "cpu"):
         from recsvc.model.loading import load_causal_lm
 
         return load_causal_lm(self.target_dir, dtype=dtype, device=device)
@@ -179,7 +213,7 @@ class Bundle:
                             f"train drafter --bundle {self.root} --method METHOD --out-name {name or 'NAME'}`")
         return path
 
-    def load_drafter(self, dtype: str = "bf16", device: str = "cpu", name: str | Path | None = None):
+    def load_drafter(self, dtype: str = "auto", device: str = "cpu", name: str | Path | None = None):
         from recsvc.model.loading import load_causal_lm
 
         return load_causal_lm(self.drafter_path(name), dtype=dtype, device=device)

@@ -6,19 +6,22 @@ from pathlib import Path
 
 from recsvc.errors import UserError
 
-DTYPES = ("bf16", "fp32", "fp16")
+DTYPES = ("auto", "bf16", "fp32", "fp16")  # auto: bf16 where the hardware has it, else fp32
 
 
-def torch_dtype(name: str):
+def torch_dtype(name: str, device: str = "cpu"):
     import torch
 
+    from recsvc.model.hardware import resolve_dtype
+
+    name = resolve_dtype(name, device)
     table = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
     if name not in table:
         raise UserError(f"unknown dtype {name!r}: expected one of {', '.join(DTYPES)}")
     return table[name]
 
 
-def load_causal_lm(path: str | Path, dtype: str = "bf16", device: str = "cpu"):
+def load_causal_lm(path: str | Path, dtype: str = "auto", device: str = "cpu"):
     """``AutoModelForCausalLM.from_pretrained(path)`` from safetensors, in eval mode, sdpa attention."""
     from transformers import AutoModelForCausalLM
 
@@ -26,7 +29,7 @@ def load_causal_lm(path: str | Path, dtype: str = "bf16", device: str = "cpu"):
     if not (path / "config.json").is_file():
         raise UserError(f"no model in {path} (expected config.json + model.safetensors)")
     model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch_dtype(dtype), use_safetensors=True, attn_implementation="sdpa"
+        str(path), dtype=torch_dtype(dtype, device), use_safetensors=True, attn_implementation="sdpa"
     )
     return model.to(device).eval()
 

@@ -48,24 +48,34 @@ HEADER = (
 )
 SEP = "\n"
 TEMPLATES = (HEADER, SEP)  # texts the tokenizer is trained on (besides item texts)
+# Header styles: "lcrec" = [BOS] + the instruction text above (LC-Rec's prompt; what a pretrained LLM expects);
+# "compact" = [BOS] only. A model trained from scratch learns nothing from the fixed instruction text, and on
+# Beauty it is ~35 of a window's ~65 tokens: "compact" halves the tokens of an epoch (docs/TRAINING.md).
+HEADER_STYLES = ("lcrec", "compact")
 
 
 class PromptBuilder:
     """Token ids of prompts and training windows for one (tokenizer, semantic ids) pair."""
 
-    def __init__(self, tokenizer, ids: SemanticIds, max_history: int = MAX_HISTORY) -> None:
+    def __init__(self, tokenizer, ids: SemanticIds, max_history: int = MAX_HISTORY, header: str = "lcrec") -> None:
         if max_history < 1:
             raise UserError(f"max_history must be >= 1, got {max_history}")
+        if header not in HEADER_STYLES:
+            raise UserError(f"prompt header must be one of {', '.join(HEADER_STYLES)}, not {header!r}")
         if ids.codebook_size > CODEBOOK_SIZE:
             raise UserError(f"semantic ids use codes up to {ids.codebook_size - 1}; the tokenizer has "
                             f"{CODEBOOK_SIZE} per level")
         self.tokenizer = tokenizer
         self.ids = ids
         self.max_history = max_history
+        self.header = header
         self.code_offset: int = code_token_offset(tokenizer)
         bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-        self.header_ids: list[int] = bos + tokenizer.encode(HEADER, add_special_tokens=False)
         self.sep_ids: list[int] = tokenizer.encode(SEP, add_special_tokens=False)
+        if header == "lcrec":
+            self.header_ids: list[int] = bos + tokenizer.encode(HEADER, add_special_tokens=False)
+        else:  # compact: never empty (an empty history still needs one position to predict from)
+            self.header_ids = bos or list(self.sep_ids)
         # item row -> its 4 code token ids: offset + level * 256 + code
         levels = ids.levels
         self._item_ids = (ids.codes + self.code_offset + CODEBOOK_SIZE * _arange(levels)).tolist()

@@ -131,12 +131,13 @@ class Batcher:
         now = time.monotonic()
         live: list[_Pending] = []
         for item in batch:
-            if not item.future.set_running_or_notify_cancel():
-                continue  # the RPC was cancelled or timed out while waiting
-            if item.deadline is not None and item.deadline <= now:
+            expired = item.deadline is not None and item.deadline <= now
+            if not item.future.set_running_or_notify_cancel():  # the RPC was cancelled or timed out
+                self._dropped("deadline" if expired else "cancelled")
+                continue
+            if expired:
                 item.future.set_exception(DeadlineExpired("deadline exceeded while queued"))
-                if self.metrics is not None:
-                    self.metrics.expired.inc()
+                self._dropped("deadline")
                 continue
             live.append(item)
         if not live:
@@ -160,6 +161,10 @@ class Batcher:
             return
         for item, result in zip(live, results, strict=True):
             item.future.set_result(BatchOutcome(result, len(live)))
+
+    def _dropped(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.expired.labels(reason).inc()
 
     def _call(self, items: list[_Pending]) -> list[RecResult]:
         started = time.perf_counter()

@@ -2,19 +2,92 @@
 
 The engine comes from ``--bundle`` (``recsvc.engine.recommender.BundleRecommender``) or, for a model-free
 cold-start service, from ``--popularity counts.json`` (``{"<item_id>": count}``).
+
+Start-up: the port listens first with health NOT_SERVING; each step is logged (loading the bundle, loading the
+models, calibration per K with its choice, serving); --spec auto calibration is bounded by --startup-budget-s
+(the K values not tuned in time are served with plain decoding, logged); then health turns SERVING.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from recsvc.engine.api import MODES, Recommender
 from recsvc.errors import UserError
 
 DEFAULT_PORT = 50051
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+CALIBRATION_KS = (1, 5, 10, 20)
+log = logging.getLogger(__name__)
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port 0..65535 (0 = any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 65535 (0 = any free port), got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)} (any case), got {text!r}")
+    return level
+
+
+def redis_url(text: str) -> str:
+    """argparse type: redis://[user:password@]host[:port][/db], rediss://... (TLS) or unix:///path."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # raises ValueError when out of range / not a number
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a valid Redis URL {text!r}: {exc}") from None
+    if parts.scheme not in REDIS_SCHEMES:
+        raise argparse.ArgumentTypeError(
+            f"expected redis://host:port/db, rediss://... or unix:///path, got {text!r}"
+        )
+    if parts.scheme == "unix" and not parts.path:
+        raise argparse.ArgumentTypeError(f"a unix:// Redis URL needs a socket path, got {text!r}")
+    if parts.scheme != "unix" and not parts.hostname:
+        raise argparse.ArgumentTypeError(f"a Redis URL needs a host, got {text!r}")
+    db = parts.path.lstrip("/")
+    if parts.scheme != "unix" and db and not db.isdigit():
+        raise argparse.ArgumentTypeError(f"the Redis database must be a number, got {db!r} in {text!r}")
+    del port
+    return text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,15 +95,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--bundle", help="bundle directory (the model engine)")
     source.add_argument("--popularity", help="JSON {item_id: count}: serve popular items only (no model)")
-    p.add_argument("--dtype", default="bf16", help="engine dtype (default: %(default)s)")
-    p.add_argument("--redis-url", help="history store (default: in-process, lost on restart)")
-    p.add_argument("--redis-ttl-s", type=int, default=90 * 24 * 3600, help="history TTL in Redis")
+    p.add_argument("--dtype", default="auto",
+                   help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
+    p.add_argument("--redis-url", type=redis_url,
+                   help="history store, redis://host:port/db (default: in-process, lost on restart)")
+    p.add_argument("--redis-ttl-s", type=positive_int, default=90 * 24 * 3600,
+                   help="history TTL in Redis, seconds >= 1")
     p.add_argument("--redis-prefix", default="recsvc:hist:", help="Redis key prefix (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
     p.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help="listen port, 0 = any (default: %(default)s)"
+        "--port", type=port_number, default=DEFAULT_PORT, help="listen port 0..65535, 0 = any (default: %(default)s)"
     )
-    p.add_argument("--metrics-port", type=int, help="Prometheus /metrics port (default: off)")
+    p.add_argument("--metrics-port", type=port_number, help="Prometheus /metrics port 0..65535 (default: off)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address")
     p.add_argument("--max-batch", type=int, default=16, help="queries per engine call (1 = no batching)")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
@@ -43,33 +119,69 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest request message")
     p.add_argument("--workers", type=int, default=64, help="RPC handler threads")
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
-    p.add_argument("--log-level", default="INFO", help="log level (JSON lines on stderr)")
+    p.add_argument("--log-level", type=log_level, default="INFO",
+                   help=f"log level, one of {', '.join(LOG_LEVELS)} (JSON lines on stderr)")
     p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
     p.add_argument("--drafter", dest="drafter_name", default=None,
                    help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
-                        "--out-name NAME`) or a model directory (default: BUNDLE/drafter)")
+                        "--out-name NAME`), a model directory, or `transition` (training-free, from BUNDLE/prior; "
+                        "default: BUNDLE/drafter)")
+    p.add_argument("--exclude-history", action="store_true",
+                   help="never recommend a user's history items (every request; default: only requests that ask)")
+    p.add_argument("--no-prior", action="store_true",
+                   help="do not fuse the bundle's transition prior (BUNDLE/prior) into decoding")
     p.add_argument("--spec", default="auto",
                    help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), or N:gamma")
+    p.add_argument("--startup-budget-s", type=positive_float, default=60.0,
+                   help="longest --spec auto calibration; K values not tuned in time are served with plain "
+                        "decoding (default: %(default)s)")
     p.set_defaults(func=run_serve)
 
 
-def load_recommender(args: argparse.Namespace) -> Recommender:
+Step = Callable[..., None]
+
+
+def _log_step(event: str, level: int = logging.INFO, **fields) -> None:
+    from .logs import log_event
+
+    log_event(log, event, level, **fields)
+
+
+def load_recommender(
+    args: argparse.Namespace, *, step: Step | None = None, should_stop: Callable[[], bool] | None = None
+) -> Recommender:
+    """The engine of ``args`` (``--bundle`` or ``--popularity``), loaded and (``--spec``) configured; each step
+    is reported through ``step(event, level=INFO, **fields)`` (default: the JSON log)."""
+    step = step or _log_step
     if args.popularity and args.drafter_name:
         raise UserError("--drafter needs --bundle (a popularity service has no model to speculate with)")
+    if args.popularity and args.exclude_history:
+        raise UserError("--exclude-history needs --bundle (requests may still ask for it: exclude_history)")
     if args.popularity:
         from .popularity import PopularityRecommender
 
+        step("loading_popularity", popularity=args.popularity)
         return PopularityRecommender.from_json(
             args.popularity, max_k=args.max_k, max_history=args.max_history
         )
+    step("loading_bundle", bundle=args.bundle)
     try:
         from recsvc.engine.recommender import BundleRecommender
     except ImportError as exc:
         raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
+    started = time.monotonic()
+    step("loading_models", bundle=args.bundle, dtype=args.dtype, attention=args.attention,
+         drafter=args.drafter_name or "default", prior=not args.no_prior)
     rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention=args.attention,
-                                        drafter_name=args.drafter_name)
-    configure_speculation(rec, args.spec, args.bundle)
+                                        drafter_name=args.drafter_name, use_prior=not args.no_prior,
+                                        exclude_history=args.exclude_history)
+    step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=rec.drafter is not None,
+         prior_weight=rec.prior_weight)
+    if rec.prior_weight > 0:
+        print(f"fusing the transition prior {rec.prior.settings}", flush=True)
+    configure_speculation(rec, args.spec, args.bundle, budget_s=getattr(args, "startup_budget_s", 60.0),
+                          step=step, should_stop=should_stop)
     return rec
 
 
@@ -96,20 +208,91 @@ def calibration_histories(rec, bundle: str | None, n: int = 8, max_len: int = 50
     return [popular[i : i + 5 + i % 7] for i in range(0, 3 * n, 3)], "popular items"
 
 
-def configure_speculation(rec, spec: str, bundle: str | None = None) -> None:
+class _OutOfBudget(Exception):
+    """The start-up budget would be exceeded by the next calibration run."""
+
+
+def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s: float = 60.0,
+                          step: Step | None = None, should_stop: Callable[[], bool] | None = None,
+                          ks: tuple[int, ...] = CALIBRATION_KS) -> dict[int, tuple[int, int]]:
     """'auto': time strict speculation per K on calibration histories (``calibration_histories``) and keep the
-    fastest (N, gamma) or plain; 'N:gamma': fixed."""
+    fastest (N, gamma) or plain, within ``budget_s`` seconds: a calibration run that would end after the budget
+    is not started and the K values not tuned by then are served with plain decoding (logged). 'N:gamma':
+    fixed. Returns the per-K choice ({} when fixed or without a drafter); (0, 0) = plain decoding."""
     from dataclasses import replace
 
+    step = step or _log_step
     if spec == "auto":
+        if getattr(rec, "drafter", None) is None:
+            step("calibration_skipped", reason="no drafter: plain decoding")
+            return {}
+        from recsvc.engine.api import RecQuery
+        from recsvc.engine.autotune import autotune
+
         histories, source = calibration_histories(rec, bundle)
-        choice = rec.autotune(histories)
+        deadline = time.monotonic() + budget_s
+        longest = 0.0  # the longest calibration run so far: a run is started only if it can end in time
+
+        def run(k: int, n: int, gamma: int) -> float:
+            nonlocal longest
+            if (should_stop is not None and should_stop()) or time.monotonic() + longest > deadline:
+                raise _OutOfBudget
+            rec.spec = replace(rec.spec, per_k={k: (n, gamma)})
+            began = time.perf_counter()
+            rec.recommend([RecQuery(history=h, k=k, mode="strict") for h in histories])
+            took = time.perf_counter() - began
+            longest = max(longest, took)
+            return took
+
+        step("calibrating", ks=list(ks), histories=source, budget_s=budget_s)
+        choice: dict[int, tuple[int, int]] = {}
+        for i, k in enumerate(ks):
+            began = time.monotonic()
+            try:
+                choice.update(autotune(run, [k]))
+            except _OutOfBudget:
+                untuned = list(ks[i:])
+                choice.update(dict.fromkeys(untuned, (0, 0)))
+                step("calibration_budget_exhausted", logging.WARNING, budget_s=budget_s, untuned_ks=untuned,
+                     serving="plain decoding for these K")
+                break
+            n, gamma = choice[k]
+            step("calibrated", k=k, choice="plain" if n == 0 else f"N={n} gamma={gamma}",
+                 seconds=round(time.monotonic() - began, 3))
+        rec.spec = replace(rec.spec, per_k=choice)
         print(f"speculation autotuned per K on {source}: {choice}", flush=True)
-        return
+        return choice
     n, _, gamma = spec.partition(":")
     if not (n.isdigit() and gamma.isdigit() and int(n) >= 1 and 1 <= int(gamma) <= 5):
         raise UserError(f"--spec takes 'auto' or N:gamma (N >= 1, gamma 1..5), got {spec!r}")
     rec.spec = replace(rec.spec, draft_beams=int(n), gamma=int(gamma))
+    step("speculation_fixed", draft_beams=int(n), gamma=int(gamma))
+    return {}
+
+
+def _serving_fields(args: argparse.Namespace, rec: Recommender) -> dict:
+    """What the "serving" log line says about the engine: bundle or popularity table, decoding settings."""
+    if args.popularity:
+        return {"popularity": args.popularity, "decoding": "popularity"}
+    spec = getattr(rec, "spec", None)
+    per_k = getattr(spec, "per_k", None)
+    return {
+        "bundle": args.bundle,
+        "dtype": args.dtype,
+        "attention": args.attention,
+        "drafter": args.drafter_name or ("default" if getattr(rec, "drafter", None) is not None else None),
+        "spec": args.spec,
+        "speculation_per_k": {str(k): list(v) for k, v in sorted((per_k or {}).items())} or None,
+        "prior_weight": getattr(rec, "prior_weight", 0.0),
+        "exclude_history": args.exclude_history,
+    }
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -120,7 +303,6 @@ def run_serve(args: argparse.Namespace) -> int:
     from .validation import Limits
 
     configure_json_logging(args.log_level.upper())
-    log = logging.getLogger("recsvc.service.cli")
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -137,22 +319,31 @@ def run_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
     )
     config.check()
-    recommender = load_recommender(args)
-    store_options = {"ttl_s": args.redis_ttl_s, "prefix": args.redis_prefix} if args.redis_url else {}
-    store = open_store(args.redis_url, max_len=args.max_history, **store_options)
-    if args.redis_url and not store.ping():
-        log_event(log, "history_store_unreachable", logging.WARNING, url=args.redis_url)
+    started = time.monotonic()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.set())
-    server = RecServer(recommender, store, config)
+    store_options = {"ttl_s": args.redis_ttl_s, "prefix": args.redis_prefix} if args.redis_url else {}
+    store = open_store(args.redis_url, max_len=args.max_history, **store_options)
+    server = RecServer(None, store, config)  # listens with health NOT_SERVING until attach()
     try:
         server.start()
-        while not stop.wait(0.5):
-            pass
+        if args.redis_url and not store.ping():
+            log_event(log, "history_store_unreachable", logging.WARNING, url=_redacted(args.redis_url))
+        recommender = load_recommender(args, should_stop=stop.is_set)
+        if not stop.is_set():
+            server.attach(recommender, startup_s=round(time.monotonic() - started, 3),
+                          grace_s=args.grace_s, **_serving_fields(args, recommender))
+            while not stop.wait(0.2):
+                pass
         log_event(log, "signal_received", grace_s=args.grace_s)
         server.stop(grace_s=args.grace_s)
     finally:
         server.stop(grace_s=0)
         store.close()
-    return 0
+    # Everything the server owned is released and drained: skip the interpreter's teardown of torch and
+    # transformers (1-2 s on a loaded host), so the process exits promptly after draining.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

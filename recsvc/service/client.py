@@ -19,7 +19,7 @@ MODE_NAMES: dict[str, int] = {
     "relaxed": pb.RELAXED_SPECULATIVE,
     "plain": pb.PLAIN,
 }
-_MODE_LABEL = {wire: name for name, wire in MODE_NAMES.items()}
+_MODE_LABEL = {**{wire: name for name, wire in MODE_NAMES.items()}, pb.POPULARITY: "popularity"}
 
 
 class RecClient:

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 
 from recsvc.errors import UserError
 
@@ -11,11 +18,14 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class ServiceMetrics:
-    """Request latency by method, requests/errors by code, batch sizes, engine work counters."""
+    """Request latency by method, requests/errors by code, batch sizes, engine work counters, process stats."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # process_resident_memory_bytes, process_cpu_seconds_total, process_start_time_seconds,
+        # process_open_fds, ... (Linux /proc; silently empty elsewhere)
+        ProcessCollector(registry=r)
         self.latency = Histogram(
             "recsvc_request_latency_seconds",
             "Server-side latency per RPC",
@@ -42,7 +52,10 @@ class ServiceMetrics:
             "recsvc_fallbacks", "Requests answered by a fallback", ["reason"], registry=r
         )
         self.expired = Counter(
-            "recsvc_expired_in_queue", "Queries dropped: deadline passed in queue", registry=r
+            "recsvc_expired_in_queue",
+            "Queries dropped before the engine call: deadline passed or RPC cancelled before or while queued",
+            ["reason"],  # deadline | cancelled
+            registry=r,
         )
         self.queue_depth = Gauge("recsvc_queue_depth", "Queries waiting for the engine", registry=r)
         self.store_errors = Counter(

@@ -1,7 +1,8 @@
 """Transport security (TLS credentials) and the API-key server interceptor.
 
 The API key travels in the ``x-api-key`` metadata entry; a missing or wrong key is answered with
-UNAUTHENTICATED before the handler runs. Health checks are exempt so load balancers need no key.
+UNAUTHENTICATED before the handler runs. Health checks and server reflection are exempt: load balancers need
+no key, and reflection only describes the public wire schema (protos/), never data.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .metrics import ServiceMetrics
 API_KEY_HEADER = "x-api-key"
 API_KEY_ENV = "RECSVC_API_KEY"
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+REFLECTION_PREFIXES = ("/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/")
 
 
 def api_key_from(value: str | None) -> str | None:
@@ -67,13 +69,13 @@ def _denying_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMe
 
 
 class ApiKeyInterceptor(grpc.ServerInterceptor):
-    """Requires ``x-api-key: <key>`` on every RPC except the exempt method prefixes (health checks)."""
+    """Requires ``x-api-key: <key>`` on every RPC except the exempt method prefixes (health, reflection)."""
 
     def __init__(
         self,
         api_key: str,
         *,
-        exempt_prefixes: Sequence[str] = (HEALTH_PREFIX,),
+        exempt_prefixes: Sequence[str] = (HEALTH_PREFIX, *REFLECTION_PREFIXES),
         metrics: ServiceMetrics | None = None,
     ) -> None:
         if not api_key:

@@ -6,7 +6,14 @@ Start one from Python with :func:`serve` (any object implementing :class:`recsvc
     ...
     server.stop(grace_s=5.0)  # stop accepting, finish in-flight RPCs, release everything
 
-``recsvc serve`` (``recsvc/service/cli.py``) wraps the same object and drains on SIGTERM.
+``recsvc serve`` (``recsvc/service/cli.py``) listens first, with health NOT_SERVING, while the engine loads
+and calibrates (``RecServer(None, store, config).start()``, then :meth:`RecServer.attach`), and drains on
+SIGTERM.
+
+Health (``grpc.health.v1``): "" and "recsvc.v1.Recommender" are NOT_SERVING until the engine is attached and
+while draining; "recsvc.v1.Recommender/history-store" follows the history store (probed every
+``store_probe_s`` and on every store call): NOT_SERVING while it is unreachable. Health and reflection need
+no API key.
 """
 
 from __future__ import annotations
@@ -19,7 +26,6 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from recsvc.engine.api import MODES, Mode, Recommender, RecQuery
 from recsvc.errors import UserError
@@ -27,12 +33,21 @@ from recsvc.errors import UserError
 from .batcher import Batcher
 from .logs import log_event
 from .metrics import ServiceMetrics
+from .reflection import enable_server_reflection
 from .security import ApiKeyInterceptor, server_credentials
 from .servicer import SERVICE_NAME, RecommenderServicer
 from .stores import HistoryStore, InMemoryHistoryStore
 from .validation import Limits
 
 log = logging.getLogger(__name__)
+STORE_HEALTH_NAME = f"{SERVICE_NAME}/history-store"
+MAX_PORT = 65535
+
+
+def check_port(port: int | None, flag: str) -> None:
+    """0..65535 (0 = a free port); UserError otherwise (grpc would silently wrap 99999 to 34463)."""
+    if port is not None and not 0 <= port <= MAX_PORT:
+        raise UserError(f"{flag} must be between 0 and {MAX_PORT} (0 = any free port), got {port}")
 
 
 @dataclass
@@ -56,8 +71,11 @@ class ServerConfig:
     request_timeout_s: float = 30.0  # longest wait for the engine when the client set no deadline
     warmup: bool = True
     reflection: bool = True
+    store_probe_s: float = 1.0  # history-store health probe period (0 = probe only on store calls)
 
     def check(self) -> None:
+        check_port(self.port, "port")
+        check_port(self.metrics_port, "metrics port")
         if self.default_mode not in MODES:
             raise UserError(f"default mode must be one of {', '.join(MODES)} (got {self.default_mode!r})")
         if self.max_batch < 1 or self.max_wait_ms < 0 or self.max_queue < 1 or self.workers < 1:
@@ -74,7 +92,10 @@ class RecServer:
     """One running service instance. Not restartable: build a new one after :meth:`stop`."""
 
     def __init__(
-        self, recommender: Recommender, store: HistoryStore | None = None, config: ServerConfig | None = None
+        self,
+        recommender: Recommender | None,
+        store: HistoryStore | None = None,
+        config: ServerConfig | None = None,
     ) -> None:
         self.config = config or ServerConfig()
         self.config.check()
@@ -86,49 +107,133 @@ class RecServer:
         self.metrics = ServiceMetrics()
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.batcher: Batcher | None = None
+        self.servicer: RecommenderServicer | None = None
         self._server: grpc.Server | None = None
         self.port: int = 0
         self.metrics_port: int | None = None
+        self.ready = threading.Event()
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
+        self._store_lock = threading.Lock()
+        self._store_ok: bool | None = None
+        self._probe_stop = threading.Event()
+        self._probe: threading.Thread | None = None
 
     @property
     def address(self) -> str:
         """``host:port`` to dial (valid after :meth:`start`)."""
         return f"{self.config.host}:{self.port}"
 
-    def start(self) -> RecServer:
+    def start(self, **serving_fields) -> RecServer:
+        """Listens (health NOT_SERVING) and, when the server was built with a recommender, attaches it (warm
+        up, SERVING). Built with ``recommender=None``: call :meth:`attach` once the engine is loaded."""
         if self._server is not None:
             raise RuntimeError("server already started")
-        if self.config.warmup:
-            self._warm_up()
         try:
-            self._start_serving()
+            self._listen()
+            if self.recommender is not None:
+                self.attach(self.recommender, **serving_fields)
         except BaseException:
-            if self.batcher is not None:
-                self.batcher.close(timeout_s=1.0)
-            self.metrics.close()
+            self._abort()
             raise
         return self
 
-    def _start_serving(self) -> None:
+    def attach(self, recommender: Recommender, **serving_fields) -> None:
+        """Warms ``recommender`` up, starts the batcher and turns health SERVING; ``serving_fields`` (e.g. the
+        bundle and decoding settings) are added to the "serving" log line."""
+        if self._server is None:
+            raise RuntimeError("attach() needs a started server")
+        if self.ready.is_set():
+            raise RuntimeError("a recommender is already attached")
         cfg = self.config
+        self.recommender = recommender
+        if cfg.warmup:
+            self._warm_up()
         self.batcher = Batcher(
-            self.recommender.recommend,
+            recommender.recommend,
             max_batch=cfg.max_batch,
             max_wait_s=cfg.max_wait_ms / 1000.0,
             max_queue=cfg.max_queue,
             metrics=self.metrics,
         )
-        servicer = RecommenderServicer(
-            self.recommender,
+        assert self.servicer is not None
+        self.servicer.attach(recommender, self.batcher)
+        self.probe_store()
+        if cfg.store_probe_s > 0:
+            self._probe = threading.Thread(target=self._probe_loop, name="recsvc-store-probe", daemon=True)
+            self._probe.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self.ready.set()
+        log_event(
+            log,
+            "serving",
+            address=self.address,
+            port=self.port,
+            tls=bool(cfg.tls_cert),
+            api_key=bool(cfg.api_key),
+            metrics_port=self.metrics_port,
+            max_batch=cfg.max_batch,
+            max_wait_ms=cfg.max_wait_ms,
+            default_mode=cfg.default_mode,
+            store=type(self.store).__name__,
+            **serving_fields,
+        )
+
+    def _abort(self) -> None:
+        """Releases what a failed start() had opened (the caller owns the store)."""
+        self._probe_stop.set()
+        if self._server is not None:
+            self._server.stop(0)
+        if self.batcher is not None:
+            self.batcher.close(timeout_s=1.0)
+        self.metrics.close()
+
+    # --- history-store health -------------------------------------------------------------------------------
+
+    def report_store(self, ok: bool, detail: str = "") -> None:
+        """Records the history store's state (health "recsvc.v1.Recommender/history-store"); logs changes."""
+        with self._store_lock:
+            if ok == self._store_ok:
+                return
+            self._store_ok = ok
+            status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+            self.health.set(STORE_HEALTH_NAME, status)
+        if ok:
+            log_event(log, "history_store_available", store=type(self.store).__name__)
+        else:
+            log_event(log, "history_store_unavailable", logging.WARNING, store=type(self.store).__name__,
+                      detail=detail)
+
+    def probe_store(self) -> bool:
+        try:
+            ok = bool(self.store.ping())
+        except Exception as exc:  # a probe never kills the server
+            self.report_store(False, repr(exc))
+            return False
+        self.report_store(ok, "" if ok else "ping failed")
+        return ok
+
+    def _probe_loop(self) -> None:
+        while not self._probe_stop.wait(self.config.store_probe_s):
+            self.probe_store()
+
+    # --- listening ----------------------------------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        cfg = self.config
+        self.servicer = servicer = RecommenderServicer(
+            None,
             self.store,
-            self.batcher,
+            None,
             limits=cfg.limits,
             default_mode=cfg.default_mode,
             metrics=self.metrics,
             request_timeout_s=cfg.request_timeout_s,
+            on_store_state=self.report_store,
         )
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         interceptors = [ApiKeyInterceptor(cfg.api_key, metrics=self.metrics)] if cfg.api_key else []
         options = [
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
@@ -144,31 +249,15 @@ class RecServer:
         server.add_generic_rpc_handlers([servicer.generic_handler()])
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if cfg.reflection:
-            names = (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
+            enable_server_reflection(
+                (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name), server
             )
-            reflection.enable_server_reflection(names, server)
         self.port = self._bind(server)
         if cfg.metrics_port is not None:
             self.metrics_port = self.metrics.serve_http(cfg.metrics_port, cfg.metrics_host)
         server.start()
         self._server = server
-        for name in ("", SERVICE_NAME):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        log_event(
-            log,
-            "serving",
-            address=self.address,
-            tls=bool(cfg.tls_cert),
-            api_key=bool(cfg.api_key),
-            metrics_port=self.metrics_port,
-            max_batch=cfg.max_batch,
-            max_wait_ms=cfg.max_wait_ms,
-            default_mode=cfg.default_mode,
-            store=type(self.store).__name__,
-        )
+        log_event(log, "listening", address=self.address, metrics_port=self.metrics_port, health="NOT_SERVING")
 
     def _bind(self, server: grpc.Server) -> int:
         cfg = self.config
@@ -201,6 +290,7 @@ class RecServer:
             if self._stopped.is_set():
                 return
             self.health.enter_graceful_shutdown()
+            self._probe_stop.set()
             log_event(log, "draining", grace_s=grace_s)
             if self._server is not None:
                 self._server.stop(grace_s).wait()

@@ -1,10 +1,14 @@
 """The ``recsvc.v1.Recommender`` RPC handlers: validation, history lookup, batching, status mapping.
 
 Status codes: user mistakes -> INVALID_ARGUMENT (never INTERNAL), history store down -> UNAVAILABLE
-("history store unavailable: ..."), deadline passed while queued -> DEADLINE_EXCEEDED (not computed), queue
-full -> RESOURCE_EXHAUSTED, shutting down -> UNAVAILABLE, a mode the engine does not implement ->
-UNIMPLEMENTED. Anything unexpected is logged with its traceback and answered INTERNAL "internal error"
-without details; handlers never raise into gRPC.
+"history store unavailable" (the backend's detail, e.g. its host and port, goes to the server log only),
+deadline passed -> DEADLINE_EXCEEDED and client cancellation -> CANCELLED (no traceback; queued work is
+dropped before the engine call), queue full -> RESOURCE_EXHAUSTED, starting up or shutting down ->
+UNAVAILABLE, a mode the engine does not implement -> UNIMPLEMENTED. Anything unexpected is logged with its
+traceback and answered INTERNAL "internal error" without details; handlers never raise into gRPC.
+
+Fewer than k items are never returned silently: ``fallback_reason`` says why (exclusions left fewer items,
+or the engine returned fewer).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
@@ -32,8 +37,31 @@ from .validation import MODE_TO_WIRE, Limits, check_user_id, validate_recommend,
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Recommender"].full_name  # "recsvc.v1.Recommender"
 NO_HISTORY_REASON = "no_history: popular items"
-_LOG_LEVEL = {grpc.StatusCode.INVALID_ARGUMENT: logging.INFO, grpc.StatusCode.INTERNAL: logging.ERROR}
+STORE_UNAVAILABLE = "history store unavailable"  # the client's message; the detail is logged
+_LOG_LEVEL = {
+    grpc.StatusCode.INVALID_ARGUMENT: logging.INFO,
+    grpc.StatusCode.CANCELLED: logging.INFO,
+    grpc.StatusCode.DEADLINE_EXCEEDED: logging.INFO,
+    grpc.StatusCode.INTERNAL: logging.ERROR,
+}
 _NO_DEADLINE = 1e8  # grpc reports a huge time_remaining() when the client set no deadline
+
+
+class RpcCancelled(Exception):
+    """The client cancelled the RPC (answered CANCELLED; the client no longer listens)."""
+
+
+class NotReady(Exception):
+    """The server is still starting (model loading, calibration): UNAVAILABLE, retry later."""
+
+
+def shortfall_reason(returned: int, k: int, remaining: int) -> str:
+    """Why ``returned`` < ``k`` items: ``remaining`` = how many catalog items the exclusions leave (capped at k)."""
+    if remaining <= 0:
+        return "no items remain after exclusions"
+    if remaining < k:
+        return f"only {remaining} items remain after exclusions"
+    return f"the engine returned {returned} of the {k} items asked for"
 
 
 @dataclass(frozen=True)
@@ -58,15 +86,18 @@ class RecommenderServicer:
 
     def __init__(
         self,
-        recommender: Recommender,
+        recommender: Recommender | None,
         store: HistoryStore,
-        batcher: Batcher,
+        batcher: Batcher | None,
         *,
         limits: Limits,
         default_mode: Mode,
         metrics: ServiceMetrics,
         request_timeout_s: float = 30.0,
+        on_store_state: Callable[[bool, str], None] | None = None,
     ) -> None:
+        """``recommender`` / ``batcher`` may be None while the server starts (RPCs: UNAVAILABLE) until
+        :meth:`attach`. ``on_store_state(ok, detail)`` hears every history-store success / failure."""
         self.recommender = recommender
         self.store = store
         self.batcher = batcher
@@ -74,6 +105,12 @@ class RecommenderServicer:
         self.default_mode = default_mode
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
+        self.on_store_state = on_store_state
+
+    def attach(self, recommender: Recommender, batcher: Batcher) -> None:
+        """The engine is ready: serve RPCs from now on."""
+        self.recommender = recommender
+        self.batcher = batcher
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         """Method handlers with lenient deserializers (malformed bytes -> INVALID_ARGUMENT, not INTERNAL)."""
@@ -129,11 +166,15 @@ class RecommenderServicer:
             exclude.update(history)
         response = pb.RecommendResponse()
         response.stats.mode = MODE_TO_WIRE[args.mode]
-        if not history:
-            items = self.recommender.popular_items(args.k, sorted(exclude))
+        # how many items the exclusions leave (capped at k; popular_items walks the whole catalog)
+        remaining = len(self.recommender.popular_items(args.k, sorted(exclude))) if exclude else args.k
+        reason = ""
+        if not history or remaining == 0:
+            items = self.recommender.popular_items(args.k, sorted(exclude)) if remaining else []
             result = RecResult(item_ids=list(items), scores=[0.0] * len(items))
-            response.fallback_reason = NO_HISTORY_REASON
-            self.metrics.fallbacks.labels("no_history").inc()
+            response.stats.mode = pb.POPULARITY  # no decoding ran
+            reason = NO_HISTORY_REASON if not history else ""
+            self.metrics.fallbacks.labels("no_history" if not history else "nothing_left").inc()
             batch_size = 0
         else:
             query = RecQuery(
@@ -146,6 +187,14 @@ class RecommenderServicer:
             )
             outcome = self._compute(query, context)
             result, batch_size = outcome.result, outcome.batch_size
+        if len(result.item_ids) < args.k:
+            short = shortfall_reason(len(result.item_ids), args.k, remaining)
+            reason = f"{reason}; {short}" if reason else short
+            if history and remaining > 0:  # (remaining == 0 was counted as "nothing_left")
+                self.metrics.fallbacks.labels("short").inc()
+        response.fallback_reason = reason
+        if reason:
+            fields["reason"] = reason
         for item_id, score in zip(result.item_ids, result.scores, strict=True):
             response.items.add(
                 item_id=item_id, score=score, semantic_id=self.recommender.semantic_id(item_id)
@@ -185,23 +234,48 @@ class RecommenderServicer:
 
     def _store_call(self, operation: str, fn: Callable[[], Any]) -> Any:
         try:
-            return fn()
-        except HistoryStoreUnavailable:
+            value = fn()
+        except HistoryStoreUnavailable as exc:
             self.metrics.store_errors.labels(operation).inc()
+            if self.on_store_state is not None:
+                self.on_store_state(False, str(exc))
             raise
+        if self.on_store_state is not None:
+            self.on_store_state(True, "")
+        return value
 
     def _compute(self, query: RecQuery, context: grpc.ServicerContext):
         remaining = context.time_remaining()
         has_deadline = remaining is not None and remaining < _NO_DEADLINE
         wait_s = remaining if has_deadline else self.request_timeout_s
         deadline = time.monotonic() + wait_s
+        if not context.is_active():  # cancelled or expired before the handler got here: never queued
+            try:
+                self._raise_ended(context, has_deadline, deadline)
+            except DeadlineExpired:
+                self.metrics.expired.labels("deadline").inc()
+                raise
+            except RpcCancelled:
+                self.metrics.expired.labels("cancelled").inc()
+                raise
         future = self.batcher.submit(query, deadline)
-        context.add_callback(future.cancel)  # client gone -> the batcher skips the query
+        if not context.add_callback(future.cancel):  # client gone -> the batcher skips the query
+            future.cancel()  # the RPC ended between is_active() and add_callback(): no callback will come
         try:
             return future.result(timeout=max(wait_s, 0.0))
         except FutureTimeout:
             future.cancel()
             raise DeadlineExpired("deadline exceeded while the query was being computed") from None
+        except FutureCancelled:  # the RPC ended (cancelled or expired) and its callback cancelled the future
+            self._raise_ended(context, has_deadline, deadline)
+
+    @staticmethod
+    def _raise_ended(context: grpc.ServicerContext, has_deadline: bool, deadline: float) -> None:
+        """The RPC is over: DeadlineExpired when its deadline has passed, else RpcCancelled."""
+        late = time.monotonic() >= deadline - 0.002
+        if late or (has_deadline and (context.time_remaining() or 0.0) <= 0.002):
+            raise DeadlineExpired("deadline exceeded") from None
+        raise RpcCancelled("cancelled by the client") from None
 
     # --- status mapping -------------------------------------------------------------------------------------
 
@@ -210,15 +284,22 @@ class RecommenderServicer:
         fields: dict[str, Any] = {}
         code, message = grpc.StatusCode.OK, ""
         try:
+            if self.batcher is None or self.recommender is None:
+                raise NotReady("server is starting up")
             if isinstance(request, _Malformed):
                 raise UserError(f"malformed {method} request: {request.error}")
             response = fn(request, context, fields)
         except UserError as exc:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except HistoryStoreUnavailable as exc:
-            code, message = grpc.StatusCode.UNAVAILABLE, f"history store unavailable: {exc}"
+            code, message = grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE
+            fields["detail"] = str(exc)  # e.g. "Error 111 connecting to 127.0.0.1:6391": the log only
+        except NotReady as exc:
+            code, message = grpc.StatusCode.UNAVAILABLE, str(exc)
         except DeadlineExpired as exc:
             code, message = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
+        except (RpcCancelled, FutureCancelled):
+            code, message = grpc.StatusCode.CANCELLED, "cancelled by the client"
         except Overloaded as exc:
             code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
         except BatcherClosed as exc:

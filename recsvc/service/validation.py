@@ -17,6 +17,10 @@ from .gen import recommender_pb2 as pb
 
 DEFAULT_K = 10
 DEFAULT_TEMPERATURE = 1.0
+# Accepted sampling temperatures (relaxed mode; checked in every mode). Below 0.05 the tempered log-probs
+# overflow float32 (1e-20 gave scores of -4.7e18, 1e-38 no items at all); above 10 sampling is close to uniform
+# over the trie and the model no longer matters. Documented in protos/recsvc/v1/recommender.proto.
+TEMPERATURE_RANGE = (0.05, 10.0)
 _SHOWN_UNKNOWN = 5  # unknown item ids named in a message
 
 MODE_FROM_WIRE: dict[int, Mode] = {
@@ -85,7 +89,7 @@ def resolve_mode(wire_mode: int, default: Mode) -> Mode:
         return default
     mode = MODE_FROM_WIRE.get(wire_mode)
     if mode is None:
-        names = ", ".join(pb.DecodingMode.keys())
+        names = ", ".join(["UNSPECIFIED", *(pb.DecodingMode.Name(wire) for wire in MODE_FROM_WIRE)])
         raise InvalidRequest(f"unknown mode {wire_mode} (expected one of {names})")
     return mode
 
@@ -102,8 +106,9 @@ def check_temperature(request: pb.RecommendRequest) -> float:
     if not request.HasField("temperature"):
         return DEFAULT_TEMPERATURE
     value = float(request.temperature)
-    if not (math.isfinite(value) and value > 0):
-        raise InvalidRequest(f"temperature must be a finite number > 0 (got {value})")
+    low, high = TEMPERATURE_RANGE
+    if not (math.isfinite(value) and low <= value <= high):
+        raise InvalidRequest(f"temperature must be between {low} and {high} (got {value:g})")
     return value
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brecsvc/v1/recommender.proto\x12\trecsvc.v1\"\xe7\x01\n\x10RecommendRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x03(\x03\x12\x0e\n\x01k\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12%\n\x04mode\x18\x04 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\x12\x15\n\rexclude_items\x18\x05 \x03(\x03\x12\x17\n\x0f\x65xclude_history\x18\x06 \x01(\x08\x12\x18\n\x0btemperature\x18\x07 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x02\x88\x01\x01\x42\x04\n\x02_kB\x0e\n\x0c_temperatureB\x07\n\x05_seed\"F\n\x0fRecommendedItem\x12\x0f\n\x07item_id\x18\x01 \x01(\x03\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x13\n\x0bsemantic_id\x18\x03 \x03(\t\"\xa8\x01\n\x05Stats\x12\x1c\n\x14target_forward_calls\x18\x01 \x01(\x05\x12\x16\n\x0e\x61\x63\x63\x65pted_steps\x18\x02 \x01(\x05\x12\x11\n\tserver_ms\x18\x03 \x01(\x02\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x1b\n\x13\x64raft_forward_calls\x18\x05 \x01(\x05\x12%\n\x04mode\x18\x06 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\"x\n\x11RecommendResponse\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.recsvc.v1.RecommendedItem\x12\x1f\n\x05stats\x18\x02 \x01(\x0b\x32\x10.recsvc.v1.Stats\x12\x17\n\x0f\x66\x61llback_reason\x18\x03 \x01(\t\">\n\x19RecordInteractionsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\x03\"4\n\x1aRecordInteractionsResponse\x12\x16\n\x0ehistory_length\x18\x01 \x01(\x05\"$\n\x11GetHistoryRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"&\n\x12GetHistoryResponse\x12\x10\n\x08item_ids\x18\x01 \x03(\x03*[\n\x0c\x44\x65\x63odingMode\x12\x0f\n\x0bUNSPECIFIED\x10\x00\x12\x16\n\x12STRICT_SPECULATIVE\x10\x01\x12\x17\n\x13RELAXED_SPECULATIVE\x10\x02\x12\t\n\x05PLAIN\x10\x03\x32\x83\x02\n\x0bRecommender\x12\x46\n\tRecommend\x12\x1b.recsvc.v1.RecommendRequest\x1a\x1c.recsvc.v1.RecommendResponse\x12\x61\n\x12RecordInteractions\x12$.recsvc.v1.RecordInteractionsRequest\x1a%.recsvc.v1.RecordInteractionsResponse\x12I\n\nGetHistory\x12\x1c.recsvc.v1.GetHistoryRequest\x1a\x1d.recsvc.v1.GetHistoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brecsvc/v1/recommender.proto\x12\trecsvc.v1\"\xe7\x01\n\x10RecommendRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x03(\x03\x12\x0e\n\x01k\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12%\n\x04mode\x18\x04 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\x12\x15\n\rexclude_items\x18\x05 \x03(\x03\x12\x17\n\x0f\x65xclude_history\x18\x06 \x01(\x08\x12\x18\n\x0btemperature\x18\x07 \x01(\x02H\x01\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x02\x88\x01\x01\x42\x04\n\x02_kB\x0e\n\x0c_temperatureB\x07\n\x05_seed\"F\n\x0fRecommendedItem\x12\x0f\n\x07item_id\x18\x01 \x01(\x03\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x13\n\x0bsemantic_id\x18\x03 \x03(\t\"\xa8\x01\n\x05Stats\x12\x1c\n\x14target_forward_calls\x18\x01 \x01(\x05\x12\x16\n\x0e\x61\x63\x63\x65pted_steps\x18\x02 \x01(\x05\x12\x11\n\tserver_ms\x18\x03 \x01(\x02\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x1b\n\x13\x64raft_forward_calls\x18\x05 \x01(\x05\x12%\n\x04mode\x18\x06 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\"x\n\x11RecommendResponse\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.recsvc.v1.RecommendedItem\x12\x1f\n\x05stats\x18\x02 \x01(\x0b\x32\x10.recsvc.v1.Stats\x12\x17\n\x0f\x66\x61llback_reason\x18\x03 \x01(\t\">\n\x19RecordInteractionsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\x03\"4\n\x1aRecordInteractionsResponse\x12\x16\n\x0ehistory_length\x18\x01 \x01(\x05\"$\n\x11GetHistoryRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"&\n\x12GetHistoryResponse\x12\x10\n\x08item_ids\x18\x01 \x03(\x03*k\n\x0c\x44\x65\x63odingMode\x12\x0f\n\x0bUNSPECIFIED\x10\x00\x12\x16\n\x12STRICT_SPECULATIVE\x10\x01\x12\x17\n\x13RELAXED_SPECULATIVE\x10\x02\x12\t\n\x05PLAIN\x10\x03\x12\x0e\n\nPOPULARITY\x10\x04\x32\x83\x02\n\x0bRecommender\x12\x46\n\tRecommend\x12\x1b.recsvc.v1.RecommendRequest\x1a\x1c.recsvc.v1.RecommendResponse\x12\x61\n\x12RecordInteractions\x12$.recsvc.v1.RecordInteractionsRequest\x1a%.recsvc.v1.RecordInteractionsResponse\x12I\n\nGetHistory\x12\x1c.recsvc.v1.GetHistoryRequest\x1a\x1d.recsvc.v1.GetHistoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'recsvc.v1.recommender_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECODINGMODE']._serialized_start=837
-  _globals['_DECODINGMODE']._serialized_end=928
+  _globals['_DECODINGMODE']._serialized_end=944
   _globals['_RECOMMENDREQUEST']._serialized_start=43
   _globals['_RECOMMENDREQUEST']._serialized_end=274
   _globals['_RECOMMENDEDITEM']._serialized_start=276
@@ -49,6 +49,6 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETHISTORYREQUEST']._serialized_end=795
   _globals['_GETHISTORYRESPONSE']._serialized_start=797
   _globals['_GETHISTORYRESPONSE']._serialized_end=835
-  _globals['_RECOMMENDER']._serialized_start=931
-  _globals['_RECOMMENDER']._serialized_end=1190
+  _globals['_RECOMMENDER']._serialized_start=947
+  _globals['_RECOMMENDER']._serialized_end=1206
 # @@protoc_insertion_point(module_scope)

@@ -13,10 +13,12 @@ class DecodingMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STRICT_SPECULATIVE: _ClassVar[DecodingMode]
     RELAXED_SPECULATIVE: _ClassVar[DecodingMode]
     PLAIN: _ClassVar[DecodingMode]
+    POPULARITY: _ClassVar[DecodingMode]
 UNSPECIFIED: DecodingMode
 STRICT_SPECULATIVE: DecodingMode
 RELAXED_SPECULATIVE: DecodingMode
 PLAIN: DecodingMode
+POPULARITY: DecodingMode
 
 class RecommendRequest(_message.Message):
     __slots__ = ("user_id", "history", "k", "mode", "exclude_items", "exclude_history", "temperature", "seed")

@@ -26,7 +26,18 @@ if _version_not_supported:
 
 
 class RecommenderStub:
-    """Missing associated documentation comment in .proto file."""
+    """Also served on the same port, without the API key: grpc.health.v1.Health and server reflection
+    (grpc.reflection.v1 and v1alpha). Health service names:
+    ""                                     NOT_SERVING while starting up (model loading, calibration) and
+    draining; SERVING otherwise (a history-store outage does not
+    change it: inline-history Recommend keeps working).
+    "recsvc.v1.Recommender"                same as "".
+    "recsvc.v1.Recommender/history-store"  NOT_SERVING while the history store (Redis) is unreachable:
+    stored-history calls then fail UNAVAILABLE "history store unavailable".
+    Status codes: INVALID_ARGUMENT (a request to fix; the message names the field), UNAVAILABLE (starting,
+    draining, history store down), DEADLINE_EXCEEDED / CANCELLED (the caller's deadline / cancellation),
+    RESOURCE_EXHAUSTED (queue full), UNAUTHENTICATED (API key), INTERNAL (a server bug).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -52,7 +63,18 @@ class RecommenderStub:
 
 
 class RecommenderServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Also served on the same port, without the API key: grpc.health.v1.Health and server reflection
+    (grpc.reflection.v1 and v1alpha). Health service names:
+    ""                                     NOT_SERVING while starting up (model loading, calibration) and
+    draining; SERVING otherwise (a history-store outage does not
+    change it: inline-history Recommend keeps working).
+    "recsvc.v1.Recommender"                same as "".
+    "recsvc.v1.Recommender/history-store"  NOT_SERVING while the history store (Redis) is unreachable:
+    stored-history calls then fail UNAVAILABLE "history store unavailable".
+    Status codes: INVALID_ARGUMENT (a request to fix; the message names the field), UNAVAILABLE (starting,
+    draining, history store down), DEADLINE_EXCEEDED / CANCELLED (the caller's deadline / cancellation),
+    RESOURCE_EXHAUSTED (queue full), UNAUTHENTICATED (API key), INTERNAL (a server bug).
+    """
 
     def Recommend(self, request, context):
         """Top-k next items for a user (stored history, or the inline history when given).
@@ -102,7 +124,18 @@ def add_RecommenderServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Recommender:
-    """Missing associated documentation comment in .proto file."""
+    """Also served on the same port, without the API key: grpc.health.v1.Health and server reflection
+    (grpc.reflection.v1 and v1alpha). Health service names:
+    ""                                     NOT_SERVING while starting up (model loading, calibration) and
+    draining; SERVING otherwise (a history-store outage does not
+    change it: inline-history Recommend keeps working).
+    "recsvc.v1.Recommender"                same as "".
+    "recsvc.v1.Recommender/history-store"  NOT_SERVING while the history store (Redis) is unreachable:
+    stored-history calls then fail UNAVAILABLE "history store unavailable".
+    Status codes: INVALID_ARGUMENT (a request to fix; the message names the field), UNAVAILABLE (starting,
+    draining, history store down), DEADLINE_EXCEEDED / CANCELLED (the caller's deadline / cancellation),
+    RESOURCE_EXHAUSTED (queue full), UNAUTHENTICATED (API key), INTERNAL (a server bug).
+    """
 
     @staticmethod
     def Recommend(request,

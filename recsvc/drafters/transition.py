@@ -1,0 +1,93 @@
+"""The transition drafter (training-free): draft beams from the item-transition prior's trie masses.
+
+No network runs to draft. For a request, the transition prior (``recsvc.model.transition``) gives
+P(item | history); its trie factorisation (``recsvc.engine.prior.prior_log_mass``) gives log m(node), the
+prior mass under every prefix. A draft at depth j + s extends one of the target's current beams r (depth j)
+and is ranked by
+
+    score(node) = target_score(r) + log m(node) - log m(r)
+
+i.e. the target's own score of the beam so far plus the prior's log-probability of the continuation: the
+drafter is "the prior, conditioned on what the target has already decided". Its top-N nodes per depth are the
+draft. When the target fuses the same prior into its scores (``PriorSettings.weight`` > 0), the target's
+beams lean toward exactly these continuations, which is what makes the drafts acceptable.
+
+Worked example (the trie of ``tokenizer_rqvae.trie``: items 7 = (1, 2), 8 = (1, 3), 9 = (2, 0)) with
+P = [0.5, 0.3, 0.2], from the root (score 0), N = 2: depth 1 drafts node 1 (log 0.8) then node 2 (log 0.2);
+depth 2 drafts leaves 3 (item 7, log 0.5) and 4 (item 8, log 0.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from recsvc.engine.prior import prior_log_mass
+from recsvc.engine.prompts import PromptBatch
+from recsvc.model.transition import TransitionPrior
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+class TransitionDraftSession:
+    calls = 0  # no drafter forward calls: drafting is a table lookup
+
+    def __init__(self, trie: CatalogTrie, log_mass: torch.Tensor, dead: torch.Tensor | None,
+                 nodes_at: list[torch.Tensor]) -> None:
+        self.trie = trie
+        self.log_mass = log_mass  # [B, num_nodes] log m(node) (weight 1)
+        self.dead = dead  # [B, num_nodes] or None
+        self.nodes_at = nodes_at  # per depth d: [M_d] the trie's nodes of depth d
+
+    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor,
+                width: int) -> list[torch.Tensor]:
+        """roots [B, Kc] (depth j_b, -1 dead), root_scores [B, Kc], steps [B] -> max(steps) x [B, N] nodes."""
+        b = roots.shape[0]
+        out = [torch.full((b, width), -1, dtype=torch.long) for _ in range(int(steps.max()) if b else 0)]
+        for row in range(b):
+            ok = roots[row] >= 0
+            if not bool(ok.any()) or int(steps[row]) == 0:
+                continue
+            r, rs = roots[row][ok], root_scores[row][ok]  # [Kr]
+            j = int(self.trie.depth[r[0]])
+            lm = self.log_mass[row]
+            for s in range(1, int(steps[row]) + 1):
+                cand = self.nodes_at[j + s]  # [M]
+                anc = cand.new_zeros(cand.shape) if j == 0 else self.trie.ancestors[cand, j - 1]  # depth-j prefix
+                match = anc[:, None] == r[None, :]  # [M, Kr]
+                has = match.any(1)
+                which = match.to(torch.int8).argmax(1)  # the extended beam
+                score = rs[which] + lm[cand] - lm[r[which]]
+                score = torch.where(has, score, float("-inf"))
+                if self.dead is not None:
+                    score = torch.where(self.dead[row, cand], float("-inf"), score)
+                top = torch.topk(score, min(width, len(cand)))
+                keep = torch.isfinite(top.values)
+                out[s - 1][row, : int(keep.sum())] = cand[top.indices[keep]]
+        return out
+
+    def observe(self, beams: torch.Tensor) -> None:
+        pass
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.log_mass = self.log_mass[rows]
+        if self.dead is not None:
+            self.dead = self.dead[rows]
+
+
+class TransitionDrafter:
+    name = "transition"
+
+    def __init__(self, prior: TransitionPrior, trie: CatalogTrie) -> None:
+        if len(prior.item_ids) != len(trie.ids.item_ids) or not bool(
+                (torch.as_tensor(prior.item_ids) == torch.as_tensor(trie.ids.item_ids)).all()):
+            raise ValueError("the transition prior was fitted on another catalog than the trie's")
+        self.prior, self.trie = prior, trie
+        self.nodes_at = [torch.nonzero(trie.depth == d).reshape(-1) for d in range(trie.levels + 1)]
+
+    def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]], dead: torch.Tensor | None,
+                prior: torch.Tensor | None = None) -> TransitionDraftSession:
+        """``prior`` (the target's fused prior, if any) is not needed: the drafter computes its own masses at
+        weight 1 from the histories (~0.5 ms per request for a 12k-item catalog)."""
+        log_mass = prior_log_mass(self.trie, self.prior.probs(histories), 1.0)
+        return TransitionDraftSession(self.trie, log_mass, dead, self.nodes_at)

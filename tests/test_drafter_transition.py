@@ -1,0 +1,48 @@
+"""The transition drafter: drafts follow the prior's trie masses; strict output stays exact."""
+
+from __future__ import annotations
+
+import torch
+from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+
+from recsvc.drafters.transition import TransitionDrafter
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.speculative import speculative_search
+from recsvc.model.transition import PriorSettings, TransitionPrior
+from tokenizer_rqvae.ids import SemanticIds
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+def test_worked_example_from_docstring() -> None:
+    # items 7 = (1, 2), 8 = (1, 3), 9 = (2, 0); after item 9: 7 five times, 8 three times, 9 once (beta 0)
+    ids = SemanticIds.from_mapping({7: (1, 2), 8: (1, 3), 9: (2, 0)}, codebook_size=4)
+    trie = CatalogTrie(ids)
+    seqs = [[9, 7]] * 5 + [[9, 8]] * 3 + [[9, 9]] * 1
+    prior = TransitionPrior.fit(seqs, [7, 8, 9], PriorSettings(beta=0.0))
+    assert torch.allclose(torch.from_numpy(prior.probs([[9]])[0]), torch.tensor([5, 3, 1]) / 9)
+    session = TransitionDrafter(prior, trie).session(batch([[1]]), [[9]], None)
+    drafts = session.propose(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.tensor([2]), 2)
+    assert drafts[0].tolist() == [[1, 2]]  # (1,) holds 0.889 of the mass, (2,) 0.111
+    assert trie.leaf_items(drafts[1][0]) == [7, 8]
+    # from a beam at depth 1 only its children are drafted, and dead nodes never
+    dead = trie.dead_nodes([[7]])
+    session = TransitionDrafter(prior, trie).session(batch([[1]]), [[9]], dead)
+    drafts = session.propose(torch.tensor([[1, -1]]), torch.tensor([[-0.1, float("-inf")]]), torch.tensor([1]), 2)
+    assert trie.leaf_items(drafts[0][0][drafts[0][0] >= 0]) == [8]
+    assert session.calls == 0
+
+
+def test_transition_drafter_is_exact_under_strict_verification() -> None:
+    ids = random_catalog(150, 4, 16, seed=9)
+    trie = CatalogTrie(ids)
+    model = tiny_llama(4, 16, seed=9)
+    items = ids.item_ids.tolist()
+    seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
+    drafter = TransitionDrafter(TransitionPrior.fit(seqs, items), trie)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    prompts = random_prompts(3, seed=9)
+    histories = [seqs[0][:3], seqs[1][:4], []]
+    plain = engine.search(batch(prompts), 6)
+    spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), 6,
+                              drafter.session(batch(prompts), histories, None), 8, 3, None, engine.select)
+    assert torch.equal(spec.leaves, plain.leaves)

@@ -1,0 +1,313 @@
+"""An item prior fused into beam search (recsvc.engine.prior): the trie factorisation is exact, plain beam search
+returns fused scores (and the prior's order when the prior dominates), no prior / weight 0 changes nothing, and
+strict speculative decoding with the prior equals plain beam search with the prior."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from recsvc.drafters.llama import LlamaDrafter
+from recsvc.drafters.oracle import OracleDrafter
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.prior import prior_log_mass, step_bias
+from recsvc.engine.relaxed import relaxed_speculative_search
+from recsvc.engine.sampling import make_generators, sampling_beam_search, tempered_logp
+from recsvc.engine.speculative import speculative_search
+from recsvc.engine.tree_cache import TreeCache
+from tokenizer_rqvae.ids import SemanticIds
+from tokenizer_rqvae.trie import CatalogTrie
+
+L = 4
+SCORE_TOL = 1e-4
+
+
+def item_step_sums(trie: CatalogTrie, prior: torch.Tensor) -> torch.Tensor:
+    """[B, n] sum over each item's L steps of the bias the engine adds (prior[child] - prior[parent])."""
+    path = trie.item_path  # [n, L+1]
+    total = torch.zeros(prior.shape[0], path.shape[0])
+    for d in range(1, path.shape[1]):
+        total += prior[:, path[:, d]] - prior[:, path[:, d - 1]]
+    return total
+
+
+def peaked_probs(n: int, rows: int, seed: int) -> torch.Tensor:
+    """Random item probabilities with a long tail (rows sum to 1)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = 3.0 * torch.randn(rows, n, generator=g)
+    return torch.softmax(logits, 1)
+
+
+# ---- the factorisation ---------------------------------------------------------------------------------------
+def test_worked_example_from_the_docstring() -> None:
+    ids = SemanticIds.from_mapping({7: (1, 2), 8: (1, 3), 9: (2, 0)}, codebook_size=4)
+    trie = CatalogTrie(ids)
+    probs = torch.tensor([[0.5, 0.3, 0.2]])
+    prior = prior_log_mass(trie, probs, 1.0)
+    torch.testing.assert_close(prior[0].exp(), torch.tensor([1.0, 0.8, 0.2, 0.5, 0.3, 0.2]))
+    assert prior[0, 0].item() == 0.0  # the root
+    # the steps of each item add up to w * log P(item)
+    for w in (0.5, 2.0):
+        prior = prior_log_mass(trie, probs, w)
+        torch.testing.assert_close(item_step_sums(trie, prior), w * probs.log())
+    # the engine's per-candidate bias: from the root, codes 1 and 2 lead to masses 0.8 and 0.2
+    bias = step_bias(prior_log_mass(trie, probs, 1.0), torch.tensor([[0]]), trie.children[0].view(1, 1, -1))
+    torch.testing.assert_close(bias[0, 0, 1:3], torch.tensor([0.8, 0.2]).log())
+
+
+def test_collided_leaf_holds_the_mass_of_all_its_items() -> None:
+    ids = SemanticIds.from_mapping({7: (1, 2), 8: (1, 3), 10: (1, 2)}, codebook_size=4)  # 7 and 10 collide
+    trie = CatalogTrie(ids)
+    probs = torch.tensor([[0.5, 0.3, 0.2]])  # rows: items 7, 8, 10
+    m = prior_log_mass(trie, probs, 1.0)[0].exp()
+    leaf_7 = int(trie.item_path[0, -1])
+    assert leaf_7 == int(trie.item_path[2, -1])
+    torch.testing.assert_close(m[leaf_7], torch.tensor(0.7))
+    torch.testing.assert_close(m[int(trie.item_path[1, -1])], torch.tensor(0.3))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 60), weight=st.floats(0.05, 5.0), scale=st.floats(0.1, 10.0))
+def test_node_mass_is_the_sum_of_its_items_and_steps_telescope(seed, n, weight, scale) -> None:
+    ids = random_catalog(n, 3, 4, seed)
+    trie = CatalogTrie(ids)
+    probs = peaked_probs(n, 2, seed) * scale  # unnormalised input: normalised by the root's mass
+    prior = prior_log_mass(trie, probs, weight)
+    p = probs / probs.sum(1, keepdim=True)
+    for node in range(trie.num_nodes):  # brute force: the items whose path passes through the node
+        under = (trie.item_path == node).any(1)
+        expect = weight * p[:, under].sum(1).log()
+        torch.testing.assert_close(prior[:, node], expect.float(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(item_step_sums(trie, prior), weight * p.log(), atol=1e-4, rtol=1e-4)
+
+
+def test_weight_zero_gives_zeros_and_zero_mass_gives_minus_inf() -> None:
+    ids = SemanticIds.from_mapping({7: (1, 2), 8: (1, 3), 9: (2, 0)}, codebook_size=4)
+    trie = CatalogTrie(ids)
+    assert torch.equal(prior_log_mass(trie, torch.tensor([[0.0, 1.0, 0.0]]), 0.0), torch.zeros(1, trie.num_nodes))
+    prior = prior_log_mass(trie, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), 1.0)
+    assert torch.isinf(prior[0, [2, 3, 5]]).all() and prior[0, [0, 1, 4]].tolist() == [0.0, 0.0, 0.0]
+    assert torch.equal(prior[1], torch.zeros(trie.num_nodes))  # no information: no bias
+    with pytest.raises(ValueError):
+        prior_log_mass(trie, torch.tensor([[0.5, 0.5]]), 1.0)  # not one column per item
+    with pytest.raises(ValueError):
+        prior_log_mass(trie, torch.tensor([[0.5, -0.5, 1.0]]), 1.0)
+
+
+# ---- plain beam search -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def setup():
+    ids = random_catalog(400, L, 16, seed=0)
+    trie = CatalogTrie(ids)
+    model = tiny_llama(L, 16, seed=0)
+    return ids, trie, model
+
+
+def forced_logp(model, prompt: list[int], codes: list[int], codebook: int) -> float:
+    """The model's own sum of code log-probs of an item (full-vocabulary log_softmax, one causal forward)."""
+    toks = prompt + [TEXT_VOCAB + lv * codebook + c for lv, c in enumerate(codes)]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([toks])).logits[0].float(), -1)
+    t = len(prompt)
+    return float(sum(logp[t - 1 + lv, toks[t + lv]] for lv in range(len(codes))))
+
+
+def test_none_and_weight_zero_give_todays_outputs_exactly(setup) -> None:
+    _, trie, model = setup
+    prompts = random_prompts(4, seed=11)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    ref = engine.search(batch(prompts), 10)
+    none = engine.search(batch(prompts), 10, prior=None)
+    zero = engine.search(batch(prompts), 10, prior=prior_log_mass(trie, peaked_probs(len(trie.ids), 4, 1), 0.0))
+    for out in (none, zero):
+        assert torch.equal(out.leaves, ref.leaves) and torch.equal(out.scores, ref.scores)
+        assert all(torch.equal(a, b) for a, b in zip(out.beams, ref.beams, strict=True))
+
+
+def test_scores_are_model_log_probs_plus_weighted_log_prior(setup) -> None:
+    ids, trie, model = setup
+    prompts = random_prompts(3, seed=12)
+    probs = peaked_probs(len(ids), 3, 2)
+    w = 0.7
+    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), 8, prior=prior_log_mass(trie, probs, w))
+    codes = trie.codes_of_nodes(out.leaves)  # [B, K, L]
+    for r, prompt in enumerate(prompts):
+        for j in range(8):
+            row = ids.index_of(trie.leaf_items(out.leaves[r, j : j + 1])[0])
+            expect = forced_logp(model, prompt, codes[r, j].tolist(), 16) + w * float(probs[r, row].log())
+            assert abs(out.scores[r, j].item() - expect) < SCORE_TOL
+    assert (out.scores[:, :-1] >= out.scores[:, 1:]).all()
+
+
+def test_a_dominant_prior_gives_the_priors_top_items_in_its_order(setup) -> None:
+    """Top-K items of P far above the rest (each above the whole tail): every prefix holding one outranks every
+    other prefix, so beam search keeps them and ranks them by P; the model's scores become negligible."""
+    ids, trie, model = setup
+    n, k = len(ids), 6
+    prompts = random_prompts(3, seed=13)
+    probs = torch.full((3, n), 1e-9)
+    tops = []
+    for r in range(3):
+        top = torch.randperm(n, generator=torch.Generator().manual_seed(r))[:k]
+        probs[r, top] = 0.5 ** torch.arange(1, k + 1, dtype=torch.float32)
+        tops.append([int(ids.item_ids[i]) for i in top])
+    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), k, prior=prior_log_mass(trie, probs, 200.0))
+    for r in range(3):
+        assert trie.leaf_items(out.leaves[r]) == tops[r]
+    # without the prior the model ranks other items
+    plain = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), k)
+    assert any(trie.leaf_items(plain.leaves[r]) != tops[r] for r in range(3))
+
+
+def test_exclusions_with_a_prior(setup) -> None:
+    ids, trie, model = setup
+    prompts = random_prompts(2, seed=14)
+    prior = prior_log_mass(trie, peaked_probs(len(ids), 2, 3), 1.0)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    first = engine.search(batch(prompts), 5, prior=prior)
+    excluded = [trie.leaf_items(first.leaves[r, :2]) for r in range(2)]
+    out = engine.search(batch(prompts), 5, dead=trie.dead_nodes(excluded), prior=prior)
+    for r in range(2):
+        got = trie.leaf_items(out.leaves[r])
+        assert not set(got) & set(excluded[r])
+        before = dict(zip(trie.leaf_items(first.leaves[r]), first.scores[r].tolist(), strict=True))
+        for item, score in zip(got, out.scores[r].tolist(), strict=True):  # an item's fused score is its own
+            if item in before:
+                assert abs(score - before[item]) < SCORE_TOL
+
+
+# ---- strict speculative == plain, with the prior ---------------------------------------------------------------
+def check_strict_with_prior(model, drafter, trie, prompts, k, n, gamma, prior, excluded=None, drafter_prior=True):
+    dead = trie.dead_nodes(excluded) if excluded else None
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    plain = engine.search(batch(prompts), k, dead, prior)
+    session = drafter.session(batch(prompts), [], dead, prior if drafter_prior else None)
+    spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, dead, engine.select,
+                              prior)
+    assert torch.equal(spec.leaves, plain.leaves)  # same items, same order
+    finite = torch.isfinite(plain.scores)
+    assert torch.equal(torch.isfinite(spec.scores), finite)
+    torch.testing.assert_close(spec.scores[finite], plain.scores[finite], atol=SCORE_TOL, rtol=0)
+    return spec
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    codebook=st.sampled_from([8, 16]),
+    k=st.integers(1, 20),
+    n_rel=st.sampled_from(["less", "equal", "more"]),
+    gamma=st.integers(1, 5),
+    batch_size=st.integers(1, 4),
+    weight=st.sampled_from([0.3, 1.0, 4.0, 50.0]),
+    with_exclusions=st.booleans(),
+    drafter_prior=st.booleans(),
+)
+def test_strict_with_prior_equals_plain_with_prior(seed, codebook, k, n_rel, gamma, batch_size, weight,
+                                                   with_exclusions, drafter_prior):
+    ids = random_catalog(120, L, codebook, seed)
+    trie = CatalogTrie(ids)
+    model = tiny_llama(L, codebook, seed)
+    drafter = LlamaDrafter(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1), trie, TEXT_VOCAB)
+    n = {"less": max(1, k // 2), "equal": k, "more": k + 3}[n_rel]
+    prompts = random_prompts(batch_size, seed, min_len=1, max_len=15)
+    prior = prior_log_mass(trie, peaked_probs(len(ids), batch_size, seed), weight)
+    excluded = None
+    if with_exclusions:
+        excluded = [ids.item_ids[(seed + r) % len(ids) :][:5].tolist() for r in range(batch_size)]
+    check_strict_with_prior(model, drafter, trie, prompts, k, n, gamma, prior, excluded, drafter_prior)
+
+
+def test_oracle_with_the_prior_accepts_everything(setup) -> None:
+    ids, trie, model = setup
+    prompts = random_prompts(3, seed=15)
+    prior = prior_log_mass(trie, peaked_probs(len(ids), 3, 4), 2.0)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    spec = check_strict_with_prior(model, OracleDrafter(engine, 10), trie, prompts, 10, 10, 3, prior)
+    assert spec.target_calls.tolist() == [1, 1, 1] and spec.accepted.tolist() == [3, 3, 3]
+
+
+@pytest.mark.parametrize("attention", ["exact", "fp32"])
+def test_strict_with_prior_is_bit_identical_in_bf16(attention: str) -> None:
+    trie = CatalogTrie(random_catalog(2000, L, 32, 6))
+    model = tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16)
+    drafter = LlamaDrafter(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16), trie, TEXT_VOCAB)
+    prompts = random_prompts(4, 6, min_len=3, max_len=40)
+    prior = prior_log_mass(trie, peaked_probs(len(trie.ids), 4, 6), 1.0)
+    engine = BeamSearch(model, trie, TEXT_VOCAB, attention=attention)
+    for k, n, gamma in ((10, 10, 3), (5, 12, 1)):
+        plain = engine.search(batch(prompts), k, prior=prior)
+        spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k,
+                                  drafter.session(batch(prompts), [], None, prior), n, gamma, None, engine.select,
+                                  prior)
+        assert torch.equal(spec.leaves, plain.leaves)
+        if attention == "exact":
+            assert torch.equal(spec.scores, plain.scores)
+        else:
+            torch.testing.assert_close(spec.scores, plain.scores, atol=SCORE_TOL, rtol=0)
+
+
+# ---- relaxed (sampling) mode: the fused, renormalised distributions ---------------------------------------------
+def test_fused_sampling_distributions_are_normalised(setup) -> None:
+    ids, trie, model = setup
+    prompts = random_prompts(2, seed=16)
+    prior = prior_log_mass(trie, peaked_probs(len(ids), 2, 5), 1.5)
+    cache = TreeCache(model, trie, TEXT_VOCAB, batch(prompts))
+    root = torch.zeros(2, 1, dtype=torch.long)
+    cache.feed(root)
+    logp, child = tempered_logp(model, cache, root, torch.ones(2), None, prior)
+    torch.testing.assert_close(torch.logsumexp(logp, -1), torch.zeros(2, 1), atol=1e-5, rtol=0)
+    plain, _ = tempered_logp(model, cache, root, torch.ones(2), None)
+    # fused = model * (m(child) / m(root))^w, renormalised: the log-ratio to the model is the bias up to a constant
+    ok = torch.isfinite(plain)
+    diff = (logp - plain)[ok].view(2, -1)
+    bias = prior.gather(1, child.view(2, -1).clamp(min=0))[ok.view(2, -1)].view(2, -1)
+    torch.testing.assert_close(diff - diff[:, :1], bias - bias[:, :1], atol=1e-4, rtol=0)
+
+
+def test_sampling_with_a_dominant_prior_returns_the_priors_items(setup) -> None:
+    ids, trie, model = setup
+    n, k = len(ids), 4
+    prompts = random_prompts(2, seed=17)
+    probs = torch.full((2, n), 1e-9)
+    tops = []
+    for r in range(2):
+        top = torch.randperm(n, generator=torch.Generator().manual_seed(10 + r))[:k]
+        probs[r, top] = 0.5 ** torch.arange(1, k + 1, dtype=torch.float32)
+        tops.append({int(ids.item_ids[i]) for i in top})
+    prior = prior_log_mass(trie, probs, 200.0)
+    temp = torch.ones(2)
+    smp = sampling_beam_search(model, trie, TEXT_VOCAB, batch(prompts), k, temp, make_generators([1, 2]), None,
+                               prior)
+    drafter = LlamaDrafter(tiny_llama(L, 16, 3, hidden=16, layers=1), trie, TEXT_VOCAB)
+    pb = batch(prompts)
+    rel = relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, k, drafter.session(pb, [], None, prior), k, 3,
+                                     temp, make_generators([1, 2]), None, prior)
+    for r in range(2):
+        assert set(trie.leaf_items(smp.leaves[r])) == tops[r]
+        assert set(trie.leaf_items(rel.leaves[r])) == tops[r]
+    again = sampling_beam_search(model, trie, TEXT_VOCAB, batch(prompts), k, temp, make_generators([1, 2]), None,
+                                 prior)
+    assert torch.equal(again.leaves, smp.leaves)
+
+
+def test_transition_prior_feeds_the_engine(setup) -> None:
+    """The real prior class end to end: TransitionPrior.probs rows are the trie's item rows."""
+    from recsvc.model.transition import PriorSettings, TransitionPrior
+
+    ids, trie, model = setup
+    items = ids.item_ids.tolist()
+    rng = np.random.default_rng(0)
+    seqs = [rng.choice(items[:30], size=8).tolist() for _ in range(50)]
+    prior = TransitionPrior.fit(seqs, items, PriorSettings(weight=1.0))
+    histories = [seqs[0][:4], seqs[1][:3]]
+    probs = torch.from_numpy(prior.probs(histories))
+    fused = prior_log_mass(trie, probs, prior.settings.weight)
+    torch.testing.assert_close(item_step_sums(trie, fused), probs.double().div(probs.double().sum(1, keepdim=True))
+                               .log().float(), atol=1e-4, rtol=1e-4)
+    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(random_prompts(2, seed=18)), 5, prior=fused)
+    assert (out.leaves >= 0).all()

@@ -1,0 +1,205 @@
+"""Validation searches with Optuna: the served prior fusion, and the target's training settings.
+
+    recsvc tune prior  --bundle B --trials 40 --budget-minutes 15 --users 1000
+    recsvc tune target --data D --out DIR --trials 8 --budget-minutes 240 --trial-minutes 30
+
+Both are resumable (an Optuna SQLite study next to the bundle: a re-run continues the same study, finished
+trials are kept) and bounded (``--trials`` and ``--budget-minutes``, whichever comes first), and both write
+the chosen settings into the bundle (bundle.json "tuning", and for ``prior`` BUNDLE/prior itself).
+
+``prior``: the transition prior's settings (fusion weight, window, decay, back-off beta) are chosen on
+validation users with the model that has not seen the valid period: BUNDLE/target-train for deploy-protocol
+bundles, BUNDLE/target otherwise, and a prior fitted on the train period. The chosen settings are then fitted
+on the periods the served target was trained on (deploy: train + valid) and written to BUNDLE/prior.
+
+``target``: each trial trains a target into DIR/trial-N (the paper protocol, validation Recall@10 each epoch,
+``--trial-minutes`` each) over learning rate, weight decay, history length and preset; the best trial's
+settings go into DIR/best.json for the real build (``recsvc build ... --lr ... --weight-decay ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from recsvc.errors import UserError
+
+PRIOR_METRICS = ("ndcg@10", "recall@10")
+
+
+def register(subparsers) -> None:
+    tune = subparsers.add_parser("tune", help="validation searches (Optuna): prior fusion, target settings")
+    sub = tune.add_subparsers(dest="tune_command", metavar="WHAT")
+    p = sub.add_parser("prior", help="choose the transition prior's fusion settings on validation users")
+    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
+    p.add_argument("--trials", type=int, default=40)
+    p.add_argument("--budget-minutes", type=float, default=15.0)
+    p.add_argument("--users", type=int, default=1000, help="validation users (a fixed random sample)")
+    p.add_argument("--metric", choices=PRIOR_METRICS, default="ndcg@10")
+    p.add_argument("--max-weight", type=float, default=2.0, help="upper end of the fusion weight range")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_tune_prior)
+
+    t = sub.add_parser("target", help="choose the target's training settings on validation Recall@10")
+    t.add_argument("--data", type=Path, required=True)
+    t.add_argument("--out", type=Path, required=True, help="directory of the trial bundles and the study")
+    t.add_argument("--ids", type=Path, required=True, help="semantic_ids.json (shared by every trial)")
+    t.add_argument("--trials", type=int, default=8)
+    t.add_argument("--budget-minutes", type=float, default=240.0)
+    t.add_argument("--trial-minutes", type=float, default=30.0, help="training budget of one trial")
+    t.add_argument("--epochs", type=int, default=8)
+    t.add_argument("--presets", default="small", help="comma-separated presets to search over")
+    t.add_argument("--recall-users", type=int, default=1000)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=None)
+    t.set_defaults(func=cmd_tune_target)
+
+
+def _check_budget(trials: int, minutes: float) -> None:
+    if trials < 1:
+        raise UserError(f"--trials must be >= 1, got {trials}")
+    if minutes <= 0:
+        raise UserError(f"--budget-minutes must be > 0, got {minutes}")
+
+
+def _study(path: Path, name: str, seed: int):
+    import optuna
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(study_name=name, storage=f"sqlite:///{path.resolve()}", direction="maximize",
+                               load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed))
+
+
+def _run(study, objective, trials: int, minutes: float) -> int:
+    """Run up to ``trials`` more-than-finished trials within ``minutes``; returns the trials run now."""
+    done = len([t for t in study.trials if t.state.name == "COMPLETE"])
+    todo = max(0, trials - done)
+    if todo:
+        study.optimize(objective, n_trials=todo, timeout=minutes * 60, show_progress_bar=True)
+    return todo
+
+
+# ---------------------------------------------------------------------------------------------- prior
+def cmd_tune_prior(args: argparse.Namespace) -> int:
+    import torch
+
+    from recsvc.model.bundle import Bundle
+    from recsvc.model.loading import load_causal_lm
+    from recsvc.model.transition import PriorSettings, TransitionPrior
+    from tokenizer_rqvae.trie import CatalogTrie
+    from training.data.dataset import load_split_dir
+    from training.evaluate import rank_users, sample_users
+    from training.metrics import evaluate_rankings
+
+    _check_budget(args.trials, args.budget_minutes)
+    if args.users < 1 or not 0 < args.max_weight <= 10:
+        raise UserError("--users must be >= 1 and --max-weight in (0, 10]")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bundle = Bundle.open(args.bundle)
+    data = load_split_dir(bundle.resolve_data_dir(args.data))
+    protocol = bundle.read().get("protocol", "paper")
+    model_dir = bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir
+    model = load_causal_lm(model_dir, dtype=args.dtype)
+    ids = bundle.load_ids()
+    builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
+    users = sample_users(data.eval_users("valid"), args.users, args.seed)
+    train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), fitted_on="train")
+    print(f"tune prior: {len(users)} validation users, model {model_dir.name} (never saw the valid period), "
+          f"metric {args.metric}")
+
+    base = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, progress=False), users, (10,))
+    print(f"without the prior: recall@10 {base['recall@10']:.4f} ndcg@10 {base['ndcg@10']:.4f}")
+
+    def objective(trial) -> float:
+        st = PriorSettings(weight=trial.suggest_float("weight", 0.0, args.max_weight),
+                           window=trial.suggest_int("window", 1, 5),
+                           decay=trial.suggest_float("decay", 0.05, 1.0),
+                           beta=trial.suggest_float("beta", 0.01, 30.0, log=True))
+        prior = train_prior.with_settings(st)
+        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, progress=False, prior=prior),
+                              users, (10,))
+        trial.set_user_attr("recall@10", m["recall@10"])
+        trial.set_user_attr("ndcg@10", m["ndcg@10"])
+        return m[args.metric]
+
+    study = _study(bundle.root / "tune" / "prior.db", "prior", args.seed)
+    if not study.trials:  # the unfused model as the first trial: the search can only improve on it
+        study.enqueue_trial({"weight": 0.0, "window": 1, "decay": 0.5, "beta": 1.0})
+    t0 = time.monotonic()
+    ran = _run(study, objective, args.trials, args.budget_minutes)
+    best = study.best_trial
+    chosen = PriorSettings(**best.params)
+    fit_on = "train+valid" if protocol == "deploy" else "train"
+    seqs = ([items + data.valid.get(u, []) for u, items in data.train.items()] if fit_on == "train+valid"
+            else list(data.train.values()))
+    TransitionPrior.fit(seqs, ids.item_ids.tolist(), chosen, fitted_on=fit_on).save(bundle.root / "prior")
+    record = {"settings": best.params, "fit_on": fit_on, "valid_users": len(users), "metric": args.metric,
+              "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
+              "valid_without_prior": {"recall@10": base["recall@10"], "ndcg@10": base["ndcg@10"]},
+              "trials": len(study.trials), "trials_this_run": ran,
+              "seconds_this_run": round(time.monotonic() - t0, 1)}
+    meta = bundle.read()
+    bundle.update(prior={**best.params, "fit_on": fit_on}, tuning={**meta.get("tuning", {}), "prior": record})
+    print(json.dumps(record, indent=1))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- target
+def cmd_tune_target(args: argparse.Namespace) -> int:
+    import torch
+
+    from recsvc.model.bundle import Bundle
+    from recsvc.model.presets import TARGET_PRESETS
+    from training.build_cli import stage_ids
+    from training.cli import evaluator_factory
+    from training.train_target import TrainConfig, train_target
+
+    _check_budget(args.trials, args.budget_minutes)
+    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    bad = [p for p in presets if p not in TARGET_PRESETS]
+    if not presets or bad:
+        raise UserError(f"--presets: unknown {', '.join(bad) or '(none given)'}; expected {', '.join(TARGET_PRESETS)}")
+    if not args.data.is_dir():
+        raise UserError(f"data directory not found: {args.data}")
+    if not args.ids.is_file():
+        raise UserError(f"semantic ids file not found: {args.ids}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    make_eval = evaluator_factory(argparse.Namespace(select_by="recall", recall_users=args.recall_users))
+
+    def objective(trial) -> float:
+        settings: dict[str, Any] = {
+            "lr": trial.suggest_float("lr", 3e-4, 3e-3, log=True),
+            "weight_decay": trial.suggest_float("weight_decay", 1e-3, 0.3, log=True),
+            "max_history": trial.suggest_categorical("max_history", [10, 20, 50]),
+            "preset": trial.suggest_categorical("preset", presets),
+        }
+        out = args.out / f"trial-{trial.number}"
+        bundle = Bundle.create(out, data=args.data)
+        if not bundle.is_done("ids"):
+            stage_ids(bundle, args.data, args.ids)
+        cfg = TrainConfig(epochs=args.epochs, lr=settings["lr"], weight_decay=settings["weight_decay"],
+                          max_minutes=args.trial_minutes, seed=args.seed, patience=2,
+                          resume=(bundle.checkpoint_dir("target") / "last").is_dir())
+        info = train_target(args.data, out, preset=settings["preset"], cfg=cfg, max_history=settings["max_history"],
+                            make_evaluator=make_eval, prompt_header="compact", window_stride=5)
+        trial.set_user_attr("best_epoch", info["best_epoch"])
+        trial.set_user_attr("seconds", info["seconds"])
+        return float(info["best"]["value"])
+
+    study = _study(args.out / "target.db", "target", args.seed)
+    ran = _run(study, objective, args.trials, args.budget_minutes)
+    best = study.best_trial
+    record = {"settings": best.params, "valid_recall@10": best.value, "best_epoch": best.user_attrs.get("best_epoch"),
+              "trials": len(study.trials), "trials_this_run": ran}
+    (args.out / "best.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record, indent=1))
+    return 0
