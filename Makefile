@@ -35,12 +35,24 @@ clean:
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
+.PHONY: beauty-bundle quality-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
 beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
-	  --preset small --threads 1 --max-minutes 50 --epochs 12 --patience 3 --drafter-preset drafter-small --drafter-epochs 4
+	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit-epochs 1 \
+	  --threads 1 --max-minutes 80 --epochs 6 --patience 2
+	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
+
+# the quality comparison (BENCHMARKS.md "Quality"): the served target beside the baselines, both protocols
+QUALITY_BASELINES ?= popularity,transition,transition-window,sasrec
+quality-beauty: install
+	mkdir -p $(BENCH)
+	for ex in "" "--exclude-history"; do $(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 5,10,20 \
+	  --baselines $(QUALITY_BASELINES) --protocol deploy --cache-dir artifacts/baselines $$ex \
+	  --json $(BENCH)/quality_deploy$${ex:+_excl}.json || exit 1; done
+	$(VENV)/bin/recsvc eval --baselines-only --data $(BEAUTY) --split test --k 5,10,20 \
+	  --baselines $(QUALITY_BASELINES) --protocol paper --cache-dir artifacts/baselines --json $(BENCH)/quality_paper.json
 
 bench-beauty: install redis
 	mkdir -p $(BENCH)

@@ -95,6 +95,13 @@ def test_build_deploy_protocol_compact_prompt(data, tmp_path) -> None:
     served = b.load_target(dtype="fp32")
     train_only = load_causal_lm(b.train_only_target_dir, dtype="fp32")
     assert not torch.equal(served.lm_head.weight, train_only.lm_head.weight)
+    # one deploy bundle gives both protocols' figures: paper = the train-only target
+    from training.evaluate import evaluate_bundle
+
+    paper = evaluate_bundle(out, "test", (5,), dtype="fp32", protocol="paper", baselines=("transition",))
+    deploy = evaluate_bundle(out, "test", (5,), dtype="fp32", baselines=("transition",))
+    assert (paper["target"], deploy["target"]) == ("target-train", "target")
+    assert (paper["protocol"], deploy["protocol"]) == ("paper", "deploy")
 
 
 def test_bad_target_settings_exit_2(data, tmp_path, capsys) -> None:

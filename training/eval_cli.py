@@ -41,8 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
                    help=f"comma-separated subset of {','.join(BASELINES)}, or none (default: %(default)s)")
     p.add_argument("--protocol", choices=PROTOCOLS,
-                   help="paper: baselines fitted on train only; deploy: on train + valid for the test split "
-                        "(default: the bundle's recorded protocol, else paper)")
+                   help="paper: the model and baselines learned from the train period only (a deploy bundle's "
+                        "BUNDLE/target-train and a train-only prior); deploy: from train + valid for the test "
+                        "split (default: the bundle's recorded protocol, else paper)")
     p.add_argument("--baselines-only", action="store_true",
                    help="evaluate the baselines without a bundle's target (needs --data)")
     p.add_argument("--cache-dir", help="fitted SASRec weights are kept and reused here "
@@ -84,13 +85,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     bundle_protocol = Bundle.open(args.bundle).read().get("protocol", "paper")
     protocol = args.protocol or bundle_protocol
-    if protocol != bundle_protocol:
-        print(f"note: the bundle's target follows the {bundle_protocol} protocol; baselines use {protocol}")
     result = evaluate_bundle(args.bundle, args.split, ks, args.data, args.dtype, args.batch_size,
                              args.max_users, args.exclude_history, use_prior=not args.no_prior,
                              baselines=names, protocol=protocol,
                              baseline_options=_baseline_options(args, Path(args.bundle) / "baselines"))
-    result["model_fit_on"] = f"bundle ({bundle_protocol})"
+    result["model_fit_on"] = "train" if protocol == "paper" else "train+valid"
+    result["bundle_protocol"] = bundle_protocol
     print(f"{args.split}: {result['users']} users, {result['ms_per_user']} ms/user ({result['dtype']}), "
           f"protocol {protocol}")
     print(baselines_table(result) if result.get("baselines") else format_table(result))

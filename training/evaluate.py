@@ -98,10 +98,16 @@ def evaluate_bundle(
     baselines: Sequence[str] = (), protocol: str | None = None, baseline_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Model and popularity metrics on a split: {"model": {...}, "popularity": {...}, "users": n, ...,
-    "prior": {settings..., "fitted_on"} of the fused BUNDLE/prior, or None (none, weight 0, or not use_prior)}."""
+    "prior": {settings..., "fitted_on"} of the fused BUNDLE/prior, or None (none, weight 0, or not use_prior)}.
+
+    ``protocol`` (default: the bundle's): "paper" on a deploy-protocol bundle evaluates what was trained on the
+    train period alone (BUNDLE/target-train, and the bundle's prior settings refitted on train), so one bundle
+    gives both protocols' figures; "deploy" on a paper bundle is refused (its target never saw valid)."""
     import time
 
+    from recsvc.errors import UserError
     from recsvc.model.bundle import Bundle
+    from recsvc.model.loading import load_causal_lm
     from training.data.dataset import load_split_dir
 
     bundle = Bundle.open(bundle_dir)
@@ -109,12 +115,20 @@ def evaluate_bundle(
     data = load_split_dir(data_path)
     ids = bundle.load_ids()
     builder = bundle.prompt_builder(ids=ids)
-    model = bundle.load_target(dtype=dtype)
+    trained = bundle.read().get("protocol", "paper")
+    protocol = protocol or trained
+    if protocol == "deploy" and trained != "deploy":
+        raise UserError(f"bundle {bundle.root} was trained on the train period only (paper protocol): build it with "
+                        "--protocol deploy to evaluate the deploy protocol")
+    train_only = protocol == "paper" and trained == "deploy"
+    model = load_causal_lm(bundle.train_only_target_dir, dtype=dtype) if train_only else bundle.load_target(dtype=dtype)
     users = sample_users(data.eval_users(split), max_users, seed)
     start = time.perf_counter()
     prior = TransitionPrior.load(bundle.prior_dir) if use_prior and bundle.has_prior() else None
     if prior is not None and prior.settings.weight <= 0:
         prior = None
+    if prior is not None and train_only:  # the same settings, counted on the train period only
+        prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), prior.settings, fitted_on="train")
     rankings = rank_users(model, builder, CatalogTrie(ids), users, max(ks), batch_size, exclude_history,
                           prior=prior)
     seconds = time.perf_counter() - start
@@ -123,10 +137,11 @@ def evaluate_bundle(
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
     from training.baselines import evaluate_baselines
 
-    beside = evaluate_baselines(data, split, ks, baselines, protocol or bundle.read().get("protocol", "paper"),
-                                users, exclude_history, **(baseline_options or {}))
+    beside = evaluate_baselines(data, split, ks, baselines, protocol, users, exclude_history,
+                                **(baseline_options or {}))
     return {
         "split": split, "users": len(users), "ks": list(ks), "dtype": resolve_dtype(dtype),
+        "target": "target-train" if train_only else "target",
         "exclude_history": exclude_history,
         "model": evaluate_rankings(rankings, users, ks), "popularity": evaluate_rankings(pop, users, ks),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),
