@@ -1,0 +1,55 @@
+"""`recsvc tune prior|target` (Optuna) on tiny data: bounded, resumable, writes its choice into the bundle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
+from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401 (one_thread: a fixture)
+
+import recsvc.cli.main as cli
+from recsvc.model.bundle import Bundle
+from recsvc.model.transition import TransitionPrior
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def only_our_commands(monkeypatch):
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune"})
+
+
+def test_tune_prior_writes_the_best_trial_and_resumes(tmp_path, capsys) -> None:
+    root = make_tiny_bundle(tmp_path, n_users=60)
+    argv = ["tune", "prior", "--bundle", str(root), "--trials", "3", "--budget-minutes", "5", "--users", "20",
+            "--dtype", "fp32"]
+    assert cli.main(argv) == 0
+    b = Bundle.open(root)
+    record = b.read()["tuning"]["prior"]
+    assert record["trials"] == 3 and record["trials_this_run"] == 3 and record["fit_on"] == "train"
+    prior = TransitionPrior.load(b.prior_dir)  # the chosen settings, fitted on the bundle's periods
+    assert {k: getattr(prior.settings, k) for k in record["settings"]} == record["settings"]
+    assert b.read()["prior"]["weight"] == record["settings"]["weight"]
+    # the first trial is the unfused model: the chosen one is at least as good on validation
+    assert record["valid"][record["metric"]] >= record["valid_without_prior"][record["metric"]]
+    # resumable: asking for 4 trials runs one more in the same study
+    assert cli.main([*argv[:4], "--trials", "4", *argv[6:]]) == 0
+    record = Bundle.open(root).read()["tuning"]["prior"]
+    assert record["trials"] == 4 and record["trials_this_run"] == 1
+    capsys.readouterr()
+    assert cli.main([*argv[:4], "--trials", "0", *argv[6:]]) == 2
+    assert "--trials" in capsys.readouterr().err
+
+
+def test_tune_target_one_trial(tmp_path) -> None:
+    d = make_data(tmp_path, n_users=30)
+    ids = write_ids(d, tmp_path / "ids.json")
+    out = tmp_path / "tune"
+    assert cli.main(["tune", "target", "--data", str(d), "--ids", str(ids), "--out", str(out), "--trials", "1",
+                     "--epochs", "1", "--presets", "tiny", "--recall-users", "10", "--trial-minutes", "2"]) == 0
+    best = json.loads((out / "best.json").read_text())
+    assert best["trials"] == 1 and best["settings"]["preset"] == "tiny" and 0.0 <= best["valid_recall@10"] <= 1.0
+    assert Bundle.open(out / "trial-0").is_done("target")
+    assert cli.main(["tune", "target", "--data", str(d), "--ids", str(ids), "--out", str(out),
+                     "--presets", "huge"]) == 2
