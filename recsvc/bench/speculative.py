@@ -18,6 +18,7 @@ import torch
 from tqdm import tqdm
 
 from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, set_threads, write_json
+from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.prior import prior_log_mass
 from recsvc.model.hardware import resolve_dtype
 
@@ -116,36 +117,37 @@ def run(args: argparse.Namespace) -> dict:
             return None
         return prior_log_mass(ctx.trie, fused.probs([history]), fused.settings.weight)
 
-    def spec_once(user_history, k, n, gamma, drafter, seed=0):
+    def spec_once(user_history, k, n, gamma, drafter, seed=0, ledger=NO_LEDGER):
         if n == 0:  # autotune chose not to speculate: plain (or sampling) beam search
-            leaves, ms, calls = plain_once(user_history, k, seed)
-            return leaves, ms, calls, 0
+            leaves, ms, calls = plain_once(user_history, k, seed, ledger)
+            return leaves, ms, calls, 0, 0
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
         if args.drafter == "oracle":  # its plain search happens in session(): untimed
             session = drafter.session(pb, [user_history], None, prior_for(user_history))
         start = time.perf_counter()
         pr = prior_for(user_history)
         if args.drafter != "oracle":  # setting up the draft (retrieval lookups, prior masses) is drafting time
-            session = drafter.session(pb, [user_history], None, pr)
+            with ledger.phase("draft"):
+                session = drafter.session(pb, [user_history], None, pr)
         if relaxed:
             out = relaxed_speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, temp,
                                              make_generators([seed]), prior=pr)
             leaves = out.leaves
         else:
             out = speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, None, engine.select,
-                                     prior=pr)
+                                     prior=pr, ledger=ledger)
             leaves = out.leaves
         ms = 1000 * (time.perf_counter() - start)
-        return leaves[0], ms, int(out.target_calls[0]), int(out.accepted[0])
+        return leaves[0], ms, int(out.target_calls[0]), int(out.accepted[0]), int(out.draft_calls)
 
-    def plain_once(user_history, k, seed=0):
+    def plain_once(user_history, k, seed=0, ledger=NO_LEDGER):
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
         start = time.perf_counter()
         pr = prior_for(user_history)
         if relaxed:
             out = sampling_beam_search(ctx.model, ctx.trie, off, pb, k, temp, make_generators([seed]), prior=pr)
         else:
-            out = engine.search(pb, k, prior=pr)
+            out = engine.search(pb, k, prior=pr, ledger=ledger)
         return out.leaves[0], 1000 * (time.perf_counter() - start), out.target_calls
 
     rows = []
@@ -159,11 +161,13 @@ def run(args: argparse.Namespace) -> dict:
             plain_once(u.history, k)
         for idx, (n, gamma) in enumerate(settings):
             label = "auto" if idx == len(settings) - 1 else "fixed"
-            plain_ms, spec_ms, calls, acc, same = [], [], [], [], 0
+            plain_ms, spec_ms, calls, acc, draft_calls, same = [], [], [], [], [], 0
             rank_plain, rank_spec = {}, {}
+            led_p, led_s = PhaseLedger(), PhaseLedger()
             for i, u in enumerate(tqdm(ctx.users, desc=f"K={k} N={n} g={gamma}", leave=False)):
-                leaves_p, ms_p, _ = plain_once(u.history, k, seed=i)
-                leaves_s, ms_s, c, a = spec_once(u.history, k, n, gamma, drafter, seed=i)
+                leaves_p, ms_p, _ = plain_once(u.history, k, seed=i, ledger=led_p)
+                leaves_s, ms_s, c, a, dc = spec_once(u.history, k, n, gamma, drafter, seed=i, ledger=led_s)
+                draft_calls.append(dc)
                 plain_ms.append(ms_p)
                 spec_ms.append(ms_s)
                 calls.append(c)
@@ -174,7 +178,13 @@ def run(args: argparse.Namespace) -> dict:
             p, s = statistics.mean(plain_ms), statistics.mean(spec_ms)
             row = {"k": k, "setting": label, "N": n, "gamma": gamma, "plain_ms": p, "spec_ms": s, "WS": p / s,
                    "AS": statistics.mean(acc), "target_calls_plain": float(engine.trie.levels),
-                   "target_calls_spec": statistics.mean(calls), "users": len(ctx.users)}
+                   "target_calls_spec": statistics.mean(calls), "draft_calls": statistics.mean(draft_calls),
+                   "users": len(ctx.users)}
+            if not relaxed:  # ms per request per phase (recsvc.engine.ledger); "other" = the rest of the request
+                n_u = len(ctx.users)
+                for name, led, total in (("plain", led_p, p), ("spec", led_s, s)):
+                    phases = {ph: v / n_u for ph, v in led.ms.items()}
+                    row[f"phases_{name}_ms"] = {**phases, "other": total - sum(phases.values())}
             if relaxed:
                 m_p = evaluate_rankings(rank_plain, ctx.users, [k])
                 m_s = evaluate_rankings(rank_spec, ctx.users, [k])

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from recsvc.engine.attention import use_tree_attention
 from recsvc.engine.beam_cache import BeamCache
 from recsvc.engine.forward import code_logprobs
+from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.topk import GenerateSelector, IndexSelector, Selector
@@ -90,7 +91,7 @@ class BeamSearch:
 
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None,
-               prior: torch.Tensor | None = None) -> BeamOutput:
+               prior: torch.Tensor | None = None, ledger: Ledger = NO_LEDGER) -> BeamOutput:
         """dead: [B, num_nodes] excluded prefixes; prior: [B, num_nodes] ``prior_log_mass`` to fuse (scores are
         then fused scores), None = the model alone (bit-identical to transformers' generate)."""
         cache = BeamCache(self.model, self.trie, self.code_offset, prompts)
@@ -101,10 +102,13 @@ class BeamSearch:
         beams = []
         for step in range(self.trie.levels):
             # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
-            hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
-            level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long)
-            logp = code_logprobs(self.model, hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
-            nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
-                                                  self.select, prior)
+            with ledger.phase("forward"):
+                hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
+            with ledger.phase("head"):
+                level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long)
+                logp = code_logprobs(self.model, hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
+            with ledger.phase("select"):
+                nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
+                                                      self.select, prior)
             beams.append(nodes)
         return BeamOutput(nodes, scores, cache.calls, beams)

@@ -24,6 +24,7 @@ from transformers import PreTrainedModel
 
 from recsvc.drafters.base import DraftSession
 from recsvc.engine.beam_search import expand_beams, node_logprobs
+from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.topk import Selector
@@ -61,6 +62,7 @@ def speculative_search(
     dead: torch.Tensor | None = None,  # [B, num_nodes]
     select: Selector | None = None,  # the plain engine's tie-break (BeamSearch.select)
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior (recsvc.engine.prior), as given to plain
+    ledger: Ledger = NO_LEDGER,  # phase timers (recsvc.engine.ledger); results never depend on it
 ) -> SpecOutput:
     b, levels = len(prompts.lengths), trie.levels
     cache = TreeCache(target, trie, code_offset, prompts)
@@ -72,26 +74,30 @@ def speculative_search(
     while len(beams.rows):
         dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]
         steps = (levels - beams.depth).clamp(max=gamma)  # [R]
-        drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams)  # g x [R, N]
-        tree = torch.cat([beams.nodes, *drafted], 1)
-        cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
+        with ledger.phase("draft"):
+            drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams)  # g x [R, N]
+        with ledger.phase("verify"):
+            tree = torch.cat([beams.nodes, *drafted], 1)
+            cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
         calls[beams.rows] += 1
         running = torch.ones(len(beams.rows), dtype=torch.bool)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
             if not go.any():
                 break
-            live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
-            logp = node_logprobs(target, cache, live)  # [R, Kc, C]
-            new_nodes, new_scores, _ = expand_beams(trie, live, beams.scores, logp, k, dead, select, row_prior)
-            ok = go & (steps >= s)
-            if s <= len(drafted):
-                ok &= accepted_depth(new_nodes, drafted[s - 1])
-            else:
-                ok &= False  # the free depth after all g drafted depths passed
-            beams.advance(go, new_nodes, new_scores)
+            with ledger.phase("replay"):
+                live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
+                logp = node_logprobs(target, cache, live)  # [R, Kc, C]
+                new_nodes, new_scores, _ = expand_beams(trie, live, beams.scores, logp, k, dead, select, row_prior)
+                ok = go & (steps >= s)
+                if s <= len(drafted):
+                    ok &= accepted_depth(new_nodes, drafted[s - 1])
+                else:
+                    ok &= False  # the free depth after all g drafted depths passed
+                beams.advance(go, new_nodes, new_scores)
             accepted[beams.rows] += ok.long()
             running = ok
-        rows, leaves, scores = beams.retire(levels, cache, drafts)
+        with ledger.phase("commit"):
+            rows, leaves, scores = beams.retire(levels, cache, drafts)
         out_leaves[rows], out_scores[rows] = leaves, scores
     return SpecOutput(out_leaves, out_scores, calls, accepted, drafts.calls)

@@ -1,0 +1,51 @@
+"""Phase timers kept outside the algorithms (the ml-recurrent-drafter "stats ledger" pattern).
+
+A search takes an optional ``PhaseLedger`` and wraps each named phase in ``ledger.phase(name)``; the default
+``NO_LEDGER`` costs one attribute lookup per phase and records nothing, so timing never changes results and
+the search code reads as the algorithm. ``recsvc bench speculative`` passes a real ledger and reports ms per
+request per phase for plain and speculative decoding side by side.
+
+Phases: plain beam search: ``forward`` (prefill and the beams' decode steps), ``head`` (code log-probs from
+the hidden states), ``select`` (trie masks, fused prior, top-K); speculative: ``draft`` (the drafter's
+proposals), ``verify`` (the one target forward over the draft tree), ``replay`` (the target's log-probs at
+the tree's nodes, its beam search over them and the acceptance test), ``commit`` (KV compaction, retiring
+finished rows). Whatever a request spends outside these is "other" (the caller's total minus their sum).
+
+    >>> ledger = PhaseLedger()
+    >>> with ledger.phase("draft"):
+    ...     pass
+    >>> list(ledger.ms)
+    ['draft']
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+
+
+class PhaseLedger:
+    def __init__(self) -> None:
+        self.ms: defaultdict[str, float] = defaultdict(float)  # phase -> milliseconds, summed over calls
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[name] += 1000.0 * (time.perf_counter() - start)
+
+    def total(self) -> float:
+        return sum(self.ms.values())
+
+
+class _NoLedger:
+    def phase(self, name: str):  # noqa: ARG002 (same signature as PhaseLedger.phase)
+        return nullcontext()
+
+
+NO_LEDGER = _NoLedger()
+Ledger = PhaseLedger | _NoLedger

@@ -1,0 +1,41 @@
+"""`recsvc bench speculative` on a tiny bundle with a fused prior: the transition drafter stays exact, the phase
+ledger accounts for every request's time, and the prior is recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
+from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
+
+import recsvc.cli.main as cli
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def only_our_commands(monkeypatch):
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"prior": "training.prior_cli", "bench": "recsvc.bench.cli"})
+
+
+def test_transition_drafter_bench_with_phases(tmp_path) -> None:
+    root = make_tiny_bundle(tmp_path, n_users=60)
+    assert cli.main(["prior", "fit", "--bundle", str(root), "--weight", "1.0"]) == 0
+    out = tmp_path / "spec.json"
+    assert cli.main(["bench", "speculative", "--bundle", str(root), "--users", "5", "--k", "3", "--drafter",
+                     "transition", "--grid", "K:3", "--dtype", "fp32", "--split", "valid", "--calibration-users", "2",
+                     "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["prior"]["weight"] == 1.0 and res["prior"]["fitted_on"] == "train"
+    for row in res["rows"]:
+        assert row["identical"] == 1.0  # strict speculation == plain beam search, both fused
+        assert row["draft_calls"] == 0  # the transition drafter runs no network
+        if row["N"] > 0:
+            assert {"draft", "verify", "replay", "commit", "other"} <= set(row["phases_spec_ms"])
+        assert {"forward", "head", "select", "other"} <= set(row["phases_plain_ms"])
+        for name, total in (("plain", row["plain_ms"]), ("spec", row["spec_ms"])):
+            assert abs(sum(row[f"phases_{name}_ms"].values()) - total) < 1e-6 * max(1.0, total)
+    with pytest.raises(SystemExit) as exc:  # argparse rejects a bad choice with exit code 2
+        cli.main(["bench", "speculative", "--bundle", str(root), "--prior", "maybe"])
+    assert exc.value.code == 2
