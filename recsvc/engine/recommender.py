@@ -81,8 +81,14 @@ class BundleRecommender:
         attention: str = "fp32",
         prior: TransitionPrior | None = None,
         exclude_history: bool = False,
+        beam_width: int = 0,
     ) -> None:
+        """``beam_width`` B: plain and strict decoding search B >= k beams and return the first k, so the top-k
+        of a request is a prefix of its top-k' for every k <= k' <= B (0: B = k, transformers' num_beams = k)."""
+        if beam_width < 0:
+            raise UserError(f"beam width must be >= 0 (0 = k), got {beam_width}")
         self.target, self.prompts, self.ids = target, prompts, ids
+        self.beam_width = beam_width
         if prior is not None and not np.array_equal(prior.item_ids, ids.item_ids):
             raise UserError(f"the transition prior covers {len(prior.item_ids)} items that are not the catalog's "
                             f"{len(ids.item_ids)}: refit it (`recsvc prior fit`)")
@@ -101,11 +107,12 @@ class BundleRecommender:
     def from_bundle(cls, path: str | Path, dtype: str = "auto", device: str = "cpu",
                     use_drafter: bool = True, attention: str = "fp32",
                     drafter_name: str | None = None, use_prior: bool = True,
-                    exclude_history: bool = False) -> BundleRecommender:
+                    exclude_history: bool = False, beam_width: int | None = None) -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: serve
         BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing.
         ``drafter_name="transition"``: the training-free transition drafter over BUNDLE/prior.
+        ``beam_width``: see ``__init__`` (None: bundle.json "beam_width", else 0 = k).
         ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
         recommend a query's history items."""
         from recsvc.model.bundle import Bundle
@@ -128,8 +135,9 @@ class BundleRecommender:
                                    CatalogTrie(ids), prompts.code_offset)
         popularity = load_popularity(Path(path), bundle.data_dir())
         prior = TransitionPrior.load(bundle.prior_dir) if use_prior and bundle.has_prior() else None
+        width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         rec = cls(target, prompts, ids, drafter, popularity, attention=attention, prior=prior,
-                  exclude_history=exclude_history)
+                  exclude_history=exclude_history, beam_width=width)
         if drafter is not None:
             drafter.trie = rec.trie  # one trie for both
         return rec
@@ -175,13 +183,19 @@ class BundleRecommender:
         groups: dict[tuple[str, int], list[int]] = {}
         for i, q in enumerate(queries):
             mode = q.mode
-            if mode == "strict" and (self.drafter is None or self.spec.for_k(q.k)[0] == 0):
+            width = self.width_for(q.k, mode)
+            if mode == "strict" and (self.drafter is None or self.spec.for_k(width)[0] == 0):
                 mode = "plain"  # no drafter, or autotuned: speculation does not pay at this K on this hardware
-            groups.setdefault((mode, q.k), []).append(i)
-        for (mode, k), idx in groups.items():
-            for i, res in zip(idx, self._decode([queries[i] for i in idx], mode, k), strict=True):
+            groups.setdefault((mode, width), []).append(i)
+        for (mode, width), idx in groups.items():
+            for i, res in zip(idx, self._decode([queries[i] for i in idx], mode, width), strict=True):
                 results[i] = res
         return [r for r in results if r is not None]
+
+    def width_for(self, k: int, mode: str) -> int:
+        """Beams searched for a request of k items: max(k, B) for plain / strict (deterministic top-k), k for
+        relaxed (a sample has no ranking to keep consistent)."""
+        return max(k, self.beam_width) if mode in ("plain", "strict") else k
 
     @property
     def prior_weight(self) -> float:
@@ -229,8 +243,8 @@ class BundleRecommender:
                 leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
         else:
             raise NotImplementedError(f"decoding mode {mode!r}")
-        return [
-            self._result(leaves[r], scores[r], excluded[r],
+        return [  # the first k of the width-k beams, best first
+            self._result(leaves[r][: queries[r].k], scores[r][: queries[r].k], excluded[r],
                          RecStats(target_calls=calls[r], draft_calls=draft_calls, accepted_steps=accepted[r],
                                   rounds=calls[r]))
             for r in range(len(queries))

@@ -129,6 +129,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "default: BUNDLE/drafter)")
     p.add_argument("--exclude-history", action="store_true",
                    help="never recommend a user's history items (every request; default: only requests that ask)")
+    p.add_argument("--beam-width", type=int, default=None,
+                   help="beams searched per plain / strict request, B >= k; the first k are returned, so top-5 is "
+                        "the head of top-10 (default: bundle.json 'beam_width', else 20; 0 = k beams)")
     p.add_argument("--no-prior", action="store_true",
                    help="do not fuse the bundle's transition prior (BUNDLE/prior) into decoding")
     p.add_argument("--spec", default="auto",
@@ -175,7 +178,7 @@ def load_recommender(
          drafter=args.drafter_name or "default", prior=not args.no_prior)
     rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention=args.attention,
                                         drafter_name=args.drafter_name, use_prior=not args.no_prior,
-                                        exclude_history=args.exclude_history)
+                                        exclude_history=args.exclude_history, beam_width=_beam_width(args))
     step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=rec.drafter is not None,
          prior_weight=rec.prior_weight)
     if rec.prior_weight > 0:
@@ -319,6 +322,8 @@ def run_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
     )
     config.check()
+    if args.beam_width is not None and not 0 <= args.beam_width <= 100:  # fail before anything starts
+        raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {args.beam_width}")
     started = time.monotonic()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -347,3 +352,18 @@ def run_serve(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+DEFAULT_BEAM_WIDTH = 20  # LC-Rec's evaluation width: the served top-k are the offline evaluation's top-k
+
+
+def _beam_width(args) -> int:
+    """--beam-width, else the bundle's recorded "beam_width", else DEFAULT_BEAM_WIDTH; UserError when < 0."""
+    from recsvc.model.bundle import Bundle
+
+    width = args.beam_width
+    if width is None:
+        width = int(Bundle.open(args.bundle).read().get("beam_width", DEFAULT_BEAM_WIDTH))
+    if not 0 <= width <= 100:
+        raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {width}")
+    return width
