@@ -472,7 +472,8 @@ def train_target(
         ids = bundle.load_ids()
         tok = ensure_tokenizer(bundle, data, base_model)
         if main_process:
-            bundle.update(prompt={"header": prompt_header, "max_history": max_history or MAX_HISTORY})
+            bundle.update(prompt={"header": prompt_header, "max_history": max_history or MAX_HISTORY},
+                          protocol=protocol)
     builder = PromptBuilder(tok, ids, max_history or MAX_HISTORY, header=prompt_header)
     if evaluator is None and make_evaluator is not None:
         evaluator = make_evaluator(builder, data)

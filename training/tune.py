@@ -105,7 +105,12 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     bundle = Bundle.open(args.bundle)
     data = load_split_dir(bundle.resolve_data_dir(args.data))
-    protocol = bundle.read().get("protocol", "paper")
+    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
+    protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
+    if protocol == "deploy" and not has_train_only:
+        raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): its target saw the valid "
+                        "period, so validation cannot choose the prior; tune on the bundle that selected its epochs "
+                        "and copy the settings with `recsvc prior fit`")
     model_dir = bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir
     model = load_causal_lm(model_dir, dtype=args.dtype)
     ids = bundle.load_ids()

@@ -305,6 +305,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from .stores import open_store
     from .validation import Limits
 
+    if args.beam_width is not None and not 0 <= args.beam_width <= 100:  # fail before anything starts
+        raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {args.beam_width}")
     configure_json_logging(args.log_level.upper())
     config = ServerConfig(
         host=args.host,
@@ -322,8 +324,6 @@ def run_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
     )
     config.check()
-    if args.beam_width is not None and not 0 <= args.beam_width <= 100:  # fail before anything starts
-        raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {args.beam_width}")
     started = time.monotonic()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
