@@ -49,3 +49,15 @@ def test_width_zero_is_num_beams_k(bundle) -> None:
 def test_serve_rejects_a_bad_beam_width(bundle, capsys) -> None:
     assert cli.main(["serve", "--bundle", str(bundle), "--beam-width", "-1", "--port", "0"]) == 2
     assert "--beam-width" in capsys.readouterr().err
+
+
+def test_bench_prefix_counts_every_user(bundle, tmp_path, monkeypatch) -> None:
+    import json
+
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"bench": "recsvc.bench.cli"})
+    out = tmp_path / "prefix.json"
+    assert cli.main(["bench", "prefix", "--bundle", str(bundle), "--users", "4", "--k", "1,3", "--beam-width", "6",
+                     "--dtype", "fp32", "--split", "valid", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["passed"] == res["users"] == 4 and res["modes"] == ["plain", "strict"]
+    assert cli.main(["bench", "prefix", "--bundle", str(bundle), "--k", "10", "--beam-width", "6"]) == 2

@@ -14,6 +14,7 @@ BENCHES = {
     "serve": ("recsvc.bench.serve", "load test of the gRPC service: throughput, latency percentiles"),
     "drafters": ("recsvc.bench.drafters", "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"),
     "seeds": ("recsvc.bench.seeds", "drafter methods across training seeds: mean, spread, paired 95%% CI"),
+    "prefix": ("recsvc.bench.prefix", "beam width contract: every top-k is the head of the top-B (counts)"),
     "fuzz": ("recsvc.bench.fuzz", "generated bad requests against a real server: status codes, no INTERNAL"),
 }
 
