@@ -48,11 +48,10 @@ def resolve_fit_on(fit_on: str, protocol: str) -> str:
 
 def prior_sequences(data, fit_on: str) -> Iterable[list[int]]:
     """Chronological per-user sequences of the chosen periods (users in id order)."""
-    if fit_on == "train":
-        return [list(data.train[u]) for u in sorted(data.train)]
-    if fit_on == "train+valid":
-        return [list(data.train[u]) + list(data.valid.get(u, [])) for u in sorted(data.train)]
-    raise UserError(f"--fit-on must be one of {', '.join(FIT_ON)}, got {fit_on!r}")
+    if fit_on not in FIT_ON[1:]:
+        raise UserError(f"--fit-on must be one of {', '.join(FIT_ON)}, got {fit_on!r}")
+    seqs = data.sequences(fit_on)
+    return [seqs[u] for u in sorted(seqs)]
 
 
 def cmd_prior_fit(args: argparse.Namespace) -> int:

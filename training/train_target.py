@@ -537,8 +537,7 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
 
     from training.sequences import count_tokens, train_examples
 
-    seqs = {u: list(items) + list(data.valid.get(u, [])) for u, items in data.train.items()}
-    examples = train_examples(builder, seqs, stride=window_stride)
+    examples = train_examples(builder, data.sequences("train+valid"), stride=window_stride)
     tokens, labelled = count_tokens(examples)
     rcfg = replace(cfg, epochs=epochs, lr=lr if lr is not None else cfg.lr / 2, patience=0,
                    resume=(ckpt / "last" / "state.json").is_file(), max_minutes=None)

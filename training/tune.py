@@ -97,6 +97,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     from training.data.dataset import load_split_dir
     from training.evaluate import rank_users, sample_users
     from training.metrics import evaluate_rankings
+    from training.prior_cli import prior_sequences, resolve_fit_on
 
     _check_budget(args.trials, args.budget_minutes)
     if args.users < 1 or not 0 < args.max_weight <= 10:
@@ -142,10 +143,9 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     ran = _run(study, objective, args.trials, args.budget_minutes)
     best = study.best_trial
     chosen = PriorSettings(**best.params)
-    fit_on = "train+valid" if protocol == "deploy" else "train"
-    seqs = ([items + data.valid.get(u, []) for u, items in data.train.items()] if fit_on == "train+valid"
-            else list(data.train.values()))
-    TransitionPrior.fit(seqs, ids.item_ids.tolist(), chosen, fitted_on=fit_on).save(bundle.root / "prior")
+    fit_on = resolve_fit_on("auto", protocol)
+    TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen,
+                        fitted_on=fit_on).save(bundle.root / "prior")
     record = {"settings": best.params, "fit_on": fit_on, "valid_users": len(users), "metric": args.metric,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
               "valid_without_prior": {"recall@10": base["recall@10"], "ndcg@10": base["ndcg@10"]},

@@ -123,18 +123,19 @@ class BundleRecommender:
         prompts = bundle.prompt_builder(tokenizer, ids)
         target = bundle.load_target(dtype=dtype, device=device)
         drafter = None
+        stored_prior = TransitionPrior.load(bundle.prior_dir) if bundle.has_prior() else None  # read once
         if use_drafter and drafter_name == "transition":  # training-free: drafts from the bundle's prior
             from recsvc.drafters.transition import TransitionDrafter
 
-            if not bundle.has_prior():
+            if stored_prior is None:
                 raise UserError(f"--drafter transition needs a transition prior in {bundle.root}: run `recsvc "
                                 "prior fit` or `recsvc tune prior` first")
-            drafter = TransitionDrafter(TransitionPrior.load(bundle.prior_dir), CatalogTrie(ids))
+            drafter = TransitionDrafter(stored_prior, CatalogTrie(ids))
         elif use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):
             drafter = LlamaDrafter(bundle.load_drafter(dtype=dtype, device=device, name=drafter_name),
                                    CatalogTrie(ids), prompts.code_offset)
         popularity = load_popularity(Path(path), bundle.data_dir())
-        prior = TransitionPrior.load(bundle.prior_dir) if use_prior and bundle.has_prior() else None
+        prior = stored_prior if use_prior else None
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         rec = cls(target, prompts, ids, drafter, popularity, attention=attention, prior=prior,
                   exclude_history=exclude_history, beam_width=width)

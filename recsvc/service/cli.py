@@ -30,32 +30,31 @@ CALIBRATION_KS = (1, 5, 10, 20)
 log = logging.getLogger(__name__)
 
 
+def _parsed(text: str, cast, kind: str):
+    """``cast(text)`` or the argparse error "not <kind>: 'text'" (the shared half of the types below)."""
+    try:
+        return cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {kind}: {text!r}") from None
+
+
 def port_number(text: str) -> int:
     """argparse type: a TCP port 0..65535 (0 = any free port)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    value = _parsed(text, int, "a port number")
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be between 0 and 65535 (0 = any free port), got {value}")
     return value
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    value = _parsed(text, int, "an integer")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    value = _parsed(text, float, "a number")
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value

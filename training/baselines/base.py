@@ -50,10 +50,7 @@ def fit_period(protocol: str, split: str) -> str:
 
 def fit_sequences(data: SplitData, fit_on: str) -> dict[int, list[int]]:
     """user_id -> the chronological items of the fit period (train, or train followed by valid)."""
-    check_fit_on(fit_on)
-    if fit_on == "train":
-        return {u: list(s) for u, s in data.train.items()}
-    return {u: list(s) + list(data.valid.get(u, [])) for u, s in data.train.items()}
+    return data.sequences(check_fit_on(fit_on))
 
 
 class Baseline(ABC):

@@ -125,6 +125,15 @@ class SplitData:
                 counts.update(seq)
         return dict(counts)
 
+    def sequences(self, periods: str) -> dict[int, list[int]]:
+        """user_id -> chronological items of ``periods``: "train", or "train+valid" (train followed by valid):
+        what a model fitted before the valid / the test period may learn from."""
+        if periods == "train":
+            return {u: list(s) for u, s in self.train.items()}
+        if periods == "train+valid":
+            return {u: list(s) + list(self.valid.get(u, [])) for u, s in self.train.items()}
+        raise UserError(f"unknown periods {periods!r}: expected train or train+valid")
+
     @property
     def num_items(self) -> int:
         """Number of catalog items (entries of ``items.json``; ids are 1..num_items in written data)."""
