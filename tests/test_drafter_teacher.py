@@ -13,6 +13,7 @@ from test_drafter_fixtures import forced_code_logprobs, tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
 from recsvc.model.bundle import Bundle
@@ -70,7 +71,8 @@ def test_beams_are_the_engine_top_k_and_logprobs_are_the_targets(built) -> None:
     idx = [0, 5, 33, 69]
     rows = store.rows(idx)
     prompts = [builder.prompt_ids(data.train[int(store.user[i])][: int(store.position[i])]) for i in idx]
-    res = BeamSearch(target, trie, builder.code_offset, attention="fp32").search(PromptBatch.from_lists(prompts), K)
+    engine = BeamSearch(EngineModel.build(target, "fp32"), trie, builder.code_offset)
+    res = engine.search(PromptBatch.from_lists(prompts), K)
     assert torch.equal(rows["codes"].long(), trie.codes_of_nodes(res.leaves))
     for r, i in enumerate(idx):
         assert rows["gt_codes"][r].tolist() == builder.ids.codes[builder.ids.index_of(int(store.item[i]))].tolist()
@@ -137,7 +139,8 @@ def test_lambda_mix_takes_the_drafters_beams_and_a_new_target_makes_it_stale(tmp
     trie = CatalogTrie(builder.ids)
     prompts = [builder.prompt_ids(data.train[int(store.user[i])][: int(store.position[i])]) for i in range(12)]
     drafter = bundle.load_drafter(dtype="fp32")
-    own = BeamSearch(drafter, trie, builder.code_offset, tie_break="index").search(PromptBatch.from_lists(prompts), 3)
+    engine = BeamSearch(EngineModel.build(drafter, "fp32"), trie, builder.code_offset, tie_break="index")  # as built
+    own = engine.search(PromptBatch.from_lists(prompts), 3)
     rows = store.rows(range(12))
     assert torch.equal(rows["codes"].long(), trie.codes_of_nodes(own.leaves))
     target = bundle.load_target(dtype="fp32")  # the log-probs stay the target's

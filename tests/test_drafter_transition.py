@@ -7,6 +7,7 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 
 from recsvc.drafters.transition import TransitionDrafter
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.speculative import speculative_search
 from recsvc.model.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.ids import SemanticIds
@@ -21,13 +22,15 @@ def test_worked_example_from_docstring() -> None:
     prior = TransitionPrior.fit(seqs, [7, 8, 9], PriorSettings(beta=0.0))
     assert torch.allclose(torch.from_numpy(prior.probs([[9]])[0]), torch.tensor([5, 3, 1]) / 9)
     session = TransitionDrafter(prior, trie).session(batch([[1]]), [[9]], None)
-    drafts = session.propose(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.tensor([2]), 2)
+    drafts = session.propose(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.tensor([2]), 2,
+                             None)  # type: ignore[arg-type]  # the target's state: unused by this drafter
     assert drafts[0].tolist() == [[1, 2]]  # (1,) holds 0.889 of the mass, (2,) 0.111
     assert trie.leaf_items(drafts[1][0]) == [7, 8]
     # from a beam at depth 1 only its children are drafted, and dead nodes never
     dead = trie.dead_nodes([[7]])
     session = TransitionDrafter(prior, trie).session(batch([[1]]), [[9]], dead)
-    drafts = session.propose(torch.tensor([[1, -1]]), torch.tensor([[-0.1, float("-inf")]]), torch.tensor([1]), 2)
+    drafts = session.propose(torch.tensor([[1, -1]]), torch.tensor([[-0.1, float("-inf")]]), torch.tensor([1]), 2,
+                             None)  # type: ignore[arg-type]
     assert trie.leaf_items(drafts[0][0][drafts[0][0] >= 0]) == [8]
     assert session.calls == 0
 
@@ -35,7 +38,7 @@ def test_worked_example_from_docstring() -> None:
 def test_transition_drafter_is_exact_under_strict_verification() -> None:
     ids = random_catalog(150, 4, 16, seed=9)
     trie = CatalogTrie(ids)
-    model = tiny_llama(4, 16, seed=9)
+    model = EngineModel.build(tiny_llama(4, 16, seed=9))
     items = ids.item_ids.tolist()
     seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
     drafter = TransitionDrafter(TransitionPrior.fit(seqs, items), trie)

@@ -7,6 +7,7 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 
 from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.speculative import speculative_search
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
@@ -25,7 +26,8 @@ def test_retrieval_drafts_follow_candidates_in_the_trie() -> None:
     trie = CatalogTrie(ids)
     drafter = RetrievalDrafter(RetrievalDatastore([[1, 2, 3], [9, 2, 3], [2, 4]]), trie)
     session = drafter.session(batch([[1, 2]]), [[1, 2]], None)
-    drafts = session.propose(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.tensor([3]), 2)
+    drafts = session.propose(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.tensor([3]), 2,
+                             None)  # type: ignore[arg-type]  # the target's state: unused by retrieval
     assert trie.codes_of_nodes(drafts[0][:1, :1]).tolist() == [[[0, -1, -1, -1]]]  # items 3 and 4 share <a_0>
     assert trie.codes_of_nodes(drafts[2][0]).tolist()[:2] == [[0, 1, 2, -1], [0, 1, 5, -1]]  # 3 (weight 2) first
 
@@ -33,7 +35,7 @@ def test_retrieval_drafts_follow_candidates_in_the_trie() -> None:
 def test_retrieval_drafter_is_exact_under_strict_verification() -> None:
     ids = random_catalog(150, 4, 16, seed=8)
     trie = CatalogTrie(ids)
-    model = tiny_llama(4, 16, seed=8)
+    model = EngineModel.build(tiny_llama(4, 16, seed=8))
     items = ids.item_ids.tolist()
     seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
     drafter = RetrievalDrafter(RetrievalDatastore(seqs), trie)

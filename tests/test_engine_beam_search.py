@@ -15,6 +15,7 @@ from engine_helpers import (
 )
 
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.topk import select_topk
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -33,7 +34,7 @@ def setup():
 def test_same_items_same_order_as_generate(setup, k: int) -> None:
     _, trie, model = setup
     prompts = random_prompts(4, seed=k)  # different lengths: batched with padding
-    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), k)
+    out = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB).search(batch(prompts), k)
     got = engine_codes(trie, out.leaves)
     assert out.target_calls == L  # prefill + 3 decode steps for the whole batch
     for row, prompt in enumerate(prompts):
@@ -45,7 +46,7 @@ def test_same_items_same_order_as_generate(setup, k: int) -> None:
 def test_exclusions_match_generate_on_the_pruned_trie(setup) -> None:
     ids, trie, model = setup
     prompts = random_prompts(3, seed=7)
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    engine = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB)
     first = engine.search(batch(prompts), 5)
     # exclude each request's own top-3 items (different per request)
     excluded = [trie.leaf_items(first.leaves[r, :3]) for r in range(3)]
@@ -60,7 +61,7 @@ def test_exclusions_match_generate_on_the_pruned_trie(setup) -> None:
 def test_batched_equals_one_by_one(setup) -> None:
     _, trie, model = setup
     prompts = random_prompts(5, seed=3, min_len=1, max_len=30)
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    engine = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB)
     together = engine.search(batch(prompts), 7)
     for row, prompt in enumerate(prompts):
         alone = engine.search(batch([prompt]), 7)
@@ -72,7 +73,7 @@ def test_fewer_items_than_k_returns_what_exists() -> None:
     ids = random_catalog(3, L, C, seed=1)
     trie = CatalogTrie(ids)
     model = tiny_llama(L, C, seed=1)
-    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch([[5, 6, 7]]), 5)
+    out = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB).search(batch([[5, 6, 7]]), 5)
     assert (out.leaves[0, :3] >= 0).all() and (out.leaves[0, 3:] == -1).all()
     assert torch.isinf(out.scores[0, 3:]).all()
     assert sorted(trie.leaf_items(out.leaves[0, :3])) == sorted(ids.item_ids.tolist())
@@ -97,7 +98,7 @@ def test_bf16_engine_is_bit_identical_to_generate() -> None:
     trie = CatalogTrie(ids)
     model = tiny_llama(L, 64, seed=2, hidden=64, init=0.2, dtype=torch.bfloat16)
     prompts = random_prompts(6, seed=2, min_len=5, max_len=40)
-    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), 10)
+    out = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB).search(batch(prompts), 10)
     got = engine_codes(trie, out.leaves)
     for row, prompt in enumerate(prompts):
         ref_codes, ref_scores = generate_reference(model, trie, prompt, 10)
@@ -113,7 +114,7 @@ def test_tie_breaks_on_exact_ties(tie_break: str) -> None:
     model = tiny_llama(L, 8, seed=4)
     with torch.no_grad():
         model.lm_head.weight.zero_()  # all logits 0: all allowed codes tie at every step
-    engine = BeamSearch(model, trie, TEXT_VOCAB, tie_break=tie_break)
+    engine = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB, tie_break=tie_break)
     out = engine.search(batch([[5, 6, 7]]), 4)
     got = engine_codes(trie, out.leaves)[0]
     if tie_break == "index":  # lower beam, then lower code: the lexicographically smallest ids

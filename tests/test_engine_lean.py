@@ -10,6 +10,7 @@ from engine_helpers import TEXT_VOCAB, batch, engine_codes, generate_reference, 
 
 from recsvc.engine import lean as lean_mod
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.lean import LeanCache, LeanLlama, _Linear
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache
@@ -40,15 +41,14 @@ def bf16_setup(request):
 
 
 def search(model, trie, prompts, k, lean: bool, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
-    monkeypatch.setattr(LeanLlama, "supported", staticmethod(lambda m: lean))
-    out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), k)
+    monkeypatch.setattr(LeanLlama, "supported", staticmethod(lambda m: lean))  # read when the EngineModel is built
+    out = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB).search(batch(prompts), k)
     return out.leaves, out.scores
 
 
 def test_engine_uses_the_lean_forward_for_llama(bf16_setup) -> None:
     trie, model = bf16_setup
-    BeamSearch(model, trie, TEXT_VOCAB)  # switches the model to tree attention
-    cache = TreeCache(model, trie, TEXT_VOCAB, batch(header_prompts(2, 0)))
+    cache = TreeCache(EngineModel.build(model), trie, TEXT_VOCAB, batch(header_prompts(2, 0)))
     assert isinstance(cache.cache, LeanCache)
 
 
@@ -67,10 +67,10 @@ def test_lean_is_bit_identical_to_transformers_and_equals_generate(bf16_setup, k
 def test_prefix_cache_is_used_and_changes_no_bit(bf16_setup, monkeypatch) -> None:
     trie, model = bf16_setup
     monkeypatch.setattr(LeanLlama, "supported", staticmethod(LeanLlama.supported))
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    engine = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB)
     first = header_prompts(6, seed=11)
     cold = [engine.search(batch([p]), 5) for p in first]  # computes and stores the prefix rows per length
-    lean = LeanLlama.for_model(model)
+    lean = engine.model.lean()
     assert lean is not None and lean._prefix is not None
     assert lean._prefix.tolist() == HEADER  # learned from the prompts: their longest common prefix
     assert set(lean._prefix_rows) == {len(p) for p in first}
@@ -85,35 +85,35 @@ def test_prefix_cache_is_used_and_changes_no_bit(bf16_setup, monkeypatch) -> Non
         assert torch.equal(a.leaves[0], together.leaves[row]) and torch.equal(a.scores[0], together.scores[row])
     monkeypatch.setattr(LeanLlama, "supported", staticmethod(lambda m: False))
     for p, a in zip(first, warm, strict=True):  # transformers' own forward gives the same bits
-        ref = BeamSearch(model, trie, TEXT_VOCAB).search(batch([p]), 5)
+        ref = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB).search(batch([p]), 5)
         assert torch.equal(ref.leaves, a.leaves) and torch.equal(ref.scores, a.scores)
 
 
 def test_prompts_without_the_prefix_fall_back_to_the_full_prefill(bf16_setup, monkeypatch) -> None:
     trie, model = bf16_setup
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    engine = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB)
     for p in header_prompts(3, seed=5):
         engine.search(batch([p]), 3)
     other = [[3, 4] + header_prompts(1, seed=6)[0]]
     got = engine.search(batch(other), 3)
-    lean = LeanLlama.for_model(model)
+    lean = engine.model.lean()
     assert lean is not None and lean._prefix is not None and len(lean._prefix) < lean_mod.MIN_PREFIX
     monkeypatch.setattr(LeanLlama, "supported", staticmethod(lambda m: False))
-    ref = BeamSearch(model, trie, TEXT_VOCAB).search(batch(other), 3)
+    ref = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB).search(batch(other), 3)
     assert torch.equal(ref.leaves, got.leaves) and torch.equal(ref.scores, got.scores)
 
 
 def test_weights_changed_in_place_rebuild_the_fused_copies(bf16_setup, monkeypatch) -> None:
     trie, model = bf16_setup
     prompts = header_prompts(2, seed=8)
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    engine = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB)
     engine.search(batch(prompts), 4)
-    before = LeanLlama.for_model(model)
+    before = engine.model.lean()
     with torch.no_grad():  # what an optimizer step does between validations
         model.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
         model.model.layers[0].mlp.up_proj.weight.mul_(0.5)
     fast = engine.search(batch(prompts), 4)
-    assert LeanLlama.for_model(model) is not before
+    assert engine.model.lean() is not before
     slow = search(model, trie, prompts, 4, lean=False, monkeypatch=monkeypatch)
     assert torch.equal(slow[0], fast.leaves) and torch.equal(slow[1], fast.scores)
 
@@ -146,7 +146,7 @@ def test_prompt_batch_prefix_rows_need_a_longer_prompt() -> None:
     model = tiny_llama(L, C, seed=1, hidden=32, dtype=torch.bfloat16)
     ids = random_catalog(50, L, C, seed=1)
     trie = CatalogTrie(ids)
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    engine = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB)
     engine.search(PromptBatch.from_lists([HEADER]), 3)
-    lean = LeanLlama.for_model(model)
+    lean = engine.model.lean()
     assert lean is not None and lean._prefix is not None and len(lean._prefix) == len(HEADER) - 1

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.drafters.oracle import OracleDrafter
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import prior_log_mass, step_bias
 from recsvc.engine.relaxed import relaxed_speculative_search
 from recsvc.engine.sampling import make_generators, sampling_beam_search, tempered_logp
@@ -103,7 +104,7 @@ def test_weight_zero_gives_zeros_and_zero_mass_gives_minus_inf() -> None:
 def setup():
     ids = random_catalog(400, L, 16, seed=0)
     trie = CatalogTrie(ids)
-    model = tiny_llama(L, 16, seed=0)
+    model = EngineModel.build(tiny_llama(L, 16, seed=0))
     return ids, trie, model
 
 
@@ -138,7 +139,7 @@ def test_scores_are_model_log_probs_plus_weighted_log_prior(setup) -> None:
     for r, prompt in enumerate(prompts):
         for j in range(8):
             row = ids.index_of(trie.leaf_items(out.leaves[r, j : j + 1])[0])
-            expect = forced_logp(model, prompt, codes[r, j].tolist(), 16) + w * float(probs[r, row].log())
+            expect = forced_logp(model.model, prompt, codes[r, j].tolist(), 16) + w * float(probs[r, row].log())
             assert abs(out.scores[r, j].item() - expect) < SCORE_TOL
     assert (out.scores[:, :-1] >= out.scores[:, 1:]).all()
 
@@ -211,8 +212,8 @@ def test_strict_with_prior_equals_plain_with_prior(seed, codebook, k, n_rel, gam
                                                    with_exclusions, drafter_prior):
     ids = random_catalog(120, L, codebook, seed)
     trie = CatalogTrie(ids)
-    model = tiny_llama(L, codebook, seed)
-    drafter = LlamaDrafter(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1), trie, TEXT_VOCAB)
+    model = EngineModel.build(tiny_llama(L, codebook, seed))
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1)), trie, TEXT_VOCAB)
     n = {"less": max(1, k // 2), "equal": k, "more": k + 3}[n_rel]
     prompts = random_prompts(batch_size, seed, min_len=1, max_len=15)
     prior = prior_log_mass(trie, peaked_probs(len(ids), batch_size, seed), weight)
@@ -234,11 +235,12 @@ def test_oracle_with_the_prior_accepts_everything(setup) -> None:
 @pytest.mark.parametrize("attention", ["exact", "fp32"])
 def test_strict_with_prior_is_bit_identical_in_bf16(attention: str) -> None:
     trie = CatalogTrie(random_catalog(2000, L, 32, 6))
-    model = tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16)
-    drafter = LlamaDrafter(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16), trie, TEXT_VOCAB)
+    model = EngineModel.build(tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16), attention)
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16),
+                                             attention), trie, TEXT_VOCAB)
     prompts = random_prompts(4, 6, min_len=3, max_len=40)
     prior = prior_log_mass(trie, peaked_probs(len(trie.ids), 4, 6), 1.0)
-    engine = BeamSearch(model, trie, TEXT_VOCAB, attention=attention)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
     for k, n, gamma in ((10, 10, 3), (5, 12, 1)):
         plain = engine.search(batch(prompts), k, prior=prior)
         spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k,
@@ -283,10 +285,10 @@ def test_sampling_with_a_dominant_prior_returns_the_priors_items(setup) -> None:
     temp = torch.ones(2)
     smp = sampling_beam_search(model, trie, TEXT_VOCAB, batch(prompts), k, temp, make_generators([1, 2]), None,
                                prior)
-    drafter = LlamaDrafter(tiny_llama(L, 16, 3, hidden=16, layers=1), trie, TEXT_VOCAB)
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, 16, 3, hidden=16, layers=1)), trie, TEXT_VOCAB)
     pb = batch(prompts)
-    rel = relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, k, drafter.session(pb, [], None, prior), k, 3,
-                                     temp, make_generators([1, 2]), None, prior)
+    rel = relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, k, drafter.sampling_session(pb, [], None, prior),
+                                     k, 3, temp, make_generators([1, 2]), None, prior)
     for r in range(2):
         assert set(trie.leaf_items(smp.leaves[r])) == tops[r]
         assert set(trie.leaf_items(rel.leaves[r])) == tops[r]

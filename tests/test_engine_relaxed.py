@@ -8,6 +8,7 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.relaxed import relaxed_speculative_search
 from recsvc.engine.sampling import make_generators, sampling_beam_search
 from tokenizer_rqvae.trie import CatalogTrie
@@ -18,7 +19,7 @@ RUNS = 150
 
 def setup():
     trie = CatalogTrie(random_catalog(60, L, C, 0))
-    model = tiny_llama(L, C, 0, init=0.1)
+    model = EngineModel.build(tiny_llama(L, C, 0, init=0.1))
     return trie, model, random_prompts(1, 1)
 
 
@@ -35,13 +36,13 @@ def tvd(a: Counter, b: Counter, n: int) -> float:
 
 def test_seeded_runs_are_reproducible_and_batch_independent() -> None:
     trie, model, _ = setup()
-    drafter = LlamaDrafter(tiny_llama(L, C, 5, hidden=16, layers=1), trie, TEXT_VOCAB)
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, C, 5, hidden=16, layers=1)), trie, TEXT_VOCAB)
     prompts = random_prompts(3, 2)
     temp = torch.ones(3)
 
     def run(ps, seeds):
         pb = batch(ps)
-        return relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, K, drafter.session(pb, [], None), 5, 3,
+        return relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, K, drafter.sampling_session(pb, [], None), 5, 3,
                                           temp[: len(ps)], make_generators(seeds)).leaves
 
     first, again = run(prompts, [1, 2, 3]), run(prompts, [1, 2, 3])
@@ -62,15 +63,15 @@ def test_item_frequencies_match_the_targets_sampling_beam_search() -> None:
 
         def run(seed):
             pb = batch(prompt)
-            return relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, K, drafter.session(pb, [], None), K, 3,
-                                              temp, make_generators([seed])).leaves[0]
+            return relaxed_speculative_search(model, trie, TEXT_VOCAB, pb, K, drafter.sampling_session(pb, [], None),
+                                              K, 3, temp, make_generators([seed])).leaves[0]
         return run
 
     base = frequencies(lambda s: target(s).tolist(), range(RUNS))
     noise = tvd(base, frequencies(lambda s: target(s).tolist(), range(RUNS, 2 * RUNS)), RUNS)
     self_draft = tvd(base, frequencies(lambda s: relaxed(model)(s).tolist(), range(2 * RUNS, 3 * RUNS)), RUNS)
     # a drafter with a different distribution: its own sampling is far from the target's ...
-    other = tiny_llama(L, C, 9, init=0.1)
+    other = EngineModel.build(tiny_llama(L, C, 9, init=0.1))
     other_own = frequencies(lambda s: sampling_beam_search(other, trie, TEXT_VOCAB, batch(prompt), K, temp,
                                                            make_generators([s])).leaves[0].tolist(), range(RUNS))
     far = tvd(base, other_own, RUNS)

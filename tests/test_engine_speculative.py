@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.drafters.oracle import OracleDrafter
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.speculative import accepted_depth, speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -20,7 +21,7 @@ SCORE_TOL = 1e-4  # scores of the tree forward vs step-by-step decoding differ o
 
 def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None):
     dead = trie.dead_nodes(excluded) if excluded else None
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)  # model: an EngineModel
     plain = engine.search(batch(prompts), k, dead)
     session = drafter.session(batch(prompts), [], dead)
     spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, dead, engine.select)
@@ -45,8 +46,8 @@ def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None):
 def test_strict_equals_plain_on_random_models(seed, codebook, k, n_rel, gamma, batch_size, with_exclusions):
     ids = random_catalog(120, L, codebook, seed)
     trie = CatalogTrie(ids)
-    model = tiny_llama(L, codebook, seed)
-    drafter = LlamaDrafter(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1), trie, TEXT_VOCAB)
+    model = EngineModel.build(tiny_llama(L, codebook, seed))
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1)), trie, TEXT_VOCAB)
     n = {"less": max(1, k // 2), "equal": k, "more": k + 3}[n_rel]
     prompts = random_prompts(batch_size, seed, min_len=1, max_len=15)
     excluded = None
@@ -57,7 +58,7 @@ def test_strict_equals_plain_on_random_models(seed, codebook, k, n_rel, gamma, b
 
 def test_oracle_drafter_accepts_everything_in_one_call() -> None:
     trie = CatalogTrie(random_catalog(200, L, 16, 3))
-    model = tiny_llama(L, 16, 3)
+    model = EngineModel.build(tiny_llama(L, 16, 3))
     engine = BeamSearch(model, trie, TEXT_VOCAB)
     spec = check_strict(model, OracleDrafter(engine, 10), trie, random_prompts(3, 3), 10, 10, 3)
     assert spec.target_calls.tolist() == [1, 1, 1]  # prefill + tree verification fused into one forward
@@ -66,15 +67,15 @@ def test_oracle_drafter_accepts_everything_in_one_call() -> None:
 
 def test_target_as_its_own_drafter_is_always_accepted() -> None:
     trie = CatalogTrie(random_catalog(200, L, 16, 4))
-    model = tiny_llama(L, 16, 4)
+    model = EngineModel.build(tiny_llama(L, 16, 4))
     spec = check_strict(model, LlamaDrafter(model, trie, TEXT_VOCAB), trie, random_prompts(2, 4), 5, 5, 2)
     assert spec.target_calls.tolist() == [2, 2]  # gamma 2: depths 1-2 + free 3, then 4
 
 
 def test_a_bad_drafter_still_gives_the_exact_result() -> None:
     trie = CatalogTrie(random_catalog(200, L, 16, 5))
-    model = tiny_llama(L, 16, 5)
-    drafter = LlamaDrafter(tiny_llama(L, 16, 99, hidden=8, layers=1), trie, TEXT_VOCAB)
+    model = EngineModel.build(tiny_llama(L, 16, 5))
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, 16, 99, hidden=8, layers=1)), trie, TEXT_VOCAB)
     spec = check_strict(model, drafter, trie, random_prompts(3, 5), 10, 1, 3)  # N=1 < K: never accepted
     assert spec.accepted.tolist() == [0, 0, 0] and spec.target_calls.tolist() == [4, 4, 4]
 
@@ -92,10 +93,11 @@ def test_strict_is_bit_identical_in_bf16(attention: str) -> None:
     speculative result equals plain beam search: bit for bit with exact attention, up to fp32 rounding with
     fp32 split attention (same items, same order)."""
     trie = CatalogTrie(random_catalog(2000, L, 32, 6))
-    model = tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16)
-    drafter = LlamaDrafter(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16), trie, TEXT_VOCAB)
+    model = EngineModel.build(tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16), attention)
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16),
+                                             attention), trie, TEXT_VOCAB)
     prompts = random_prompts(5, 6, min_len=3, max_len=40)
-    engine = BeamSearch(model, trie, TEXT_VOCAB, attention=attention)
+    engine = BeamSearch(model, trie, TEXT_VOCAB)
     for k, n, gamma in ((10, 10, 3), (20, 8, 2), (5, 12, 1)):
         plain = engine.search(batch(prompts), k)
         spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, drafter.session(batch(prompts), [], None),

@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_helpers import tiny_llama
 
-from recsvc.engine.attention import use_tree_attention
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.ids import SemanticIds
@@ -26,9 +26,7 @@ def trie() -> CatalogTrie:
 
 @pytest.fixture
 def model():
-    m = tiny_llama(2, 4, seed=0)
-    use_tree_attention(m, "exact")
-    return m
+    return EngineModel.build(tiny_llama(2, 4, seed=0), "exact")
 
 
 def cache_for(model, trie, prompts) -> TreeCache:
@@ -100,8 +98,7 @@ def test_compact_keeps_prompt_and_surviving_paths(trie, model) -> None:
 def test_a_node_is_the_same_whether_fed_alone_or_in_a_tree(trie, threads) -> None:
     """Exact tree attention, bf16: node 3's hidden state does not depend on its siblings / cousins in the call
     (bf16 linear layers are row-independent on this CPU; fp32 GEMMs are not, across thread partitions)."""
-    model = tiny_llama(2, 4, seed=0, dtype=torch.bfloat16)
-    use_tree_attention(model, "exact")
+    model = EngineModel.build(tiny_llama(2, 4, seed=0, dtype=torch.bfloat16), "exact")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -116,3 +113,18 @@ def _check_same(model, trie) -> None:
     tree = cache_for(model, trie, [[5, 6, 7]])
     tree.feed(torch.tensor([[3, 4, 5]]))
     assert torch.equal(alone.hidden_at(torch.tensor([[3]])), tree.hidden_at(torch.tensor([[3]])))
+
+
+def test_compact_with_descendants_keeps_the_cached_subtrees_of_the_beams(trie, model) -> None:
+    """A drafter keeps what it drafted under the target's new beams: beam 1 keeps leaves 3, 4; node 2 and its
+    leaf 5 go."""
+    cache = cache_for(model, trie, [[5, 6, 7]])
+    cache.feed(torch.tensor([[3, 4, 5]]))  # prompt (slots 0-2) + nodes 1, 2, 3, 4, 5
+    hidden = cache.hidden_at(torch.tensor([[1, 3, 4]]))
+    cache.compact(torch.tensor([[1, -1]]), descendants=True)
+    assert cache.width == 6 and cache.node_of_slot[0].tolist() == [-1, -1, -1, 1, 3, 4]
+    assert (cache.slot_of_node[0, [2, 5]] == -1).all()
+    assert torch.equal(cache.hidden_at(torch.tensor([[1, 3, 4]])), hidden)
+    assert cache.missing(torch.tensor([[3, 4]])).shape[1] == 0  # nothing to feed again
+    cache.compact(torch.tensor([[3]]))  # without descendants: the path to the beam only
+    assert cache.node_of_slot[0].tolist() == [-1, -1, -1, 1, 3]

@@ -75,7 +75,7 @@ class Setup:
     """What a measurement needs from a bundle (loaded once)."""
 
     bundle: Bundle
-    target: Any
+    target: Any  # EngineModel (holds the attention mode; drafters are built in the same mode)
     builder: Any  # PromptBuilder
     trie: Any  # CatalogTrie
     data: Any  # SplitData
@@ -88,6 +88,7 @@ def load_setup(bundle: str | Path | Bundle, dtype: str = "auto", data_dir: str |
                attention: str = "fp32") -> Setup:
     """The bundle's target in the service's configuration (bf16, the engine's "fp32" attention mode)."""
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.engine_model import EngineModel
     from tokenizer_rqvae.trie import CatalogTrie
     from training.data.dataset import load_split_dir
 
@@ -96,8 +97,8 @@ def load_setup(bundle: str | Path | Bundle, dtype: str = "auto", data_dir: str |
     ids = b.load_ids()
     builder = b.prompt_builder(ids=ids)
     trie = CatalogTrie(ids)
-    target = b.load_target(dtype=dtype)
-    engine = BeamSearch(target, trie, builder.code_offset, attention=attention)
+    target = EngineModel.build(b.load_target(dtype=dtype), attention)
+    engine = BeamSearch(target, trie, builder.code_offset)
     return Setup(b, target, builder, trie, load_split_dir(data_path), engine, dtype)
 
 
@@ -106,12 +107,14 @@ def load_drafter(setup: Setup, name: str | Path | None):
     a name under BUNDLE/drafters/; or a model directory."""
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
+    from recsvc.engine.engine_model import EngineModel
     from recsvc.model.loading import load_causal_lm
 
     if name == "retrieval":
         return RetrievalDrafter(RetrievalDatastore(setup.data.train.values()), setup.trie)
     path = setup.bundle.drafter_path(name)
-    return LlamaDrafter(load_causal_lm(path, dtype=setup.dtype), setup.trie, setup.builder.code_offset)
+    model = EngineModel.build(load_causal_lm(path, dtype=setup.dtype), setup.target.attention)
+    return LlamaDrafter(model, setup.trie, setup.builder.code_offset)
 
 
 def pick_users(setup: Setup, split: str, users: int | Sequence[int] | None, seed: int = 0) -> list:
@@ -128,10 +131,9 @@ def pick_users(setup: Setup, split: str, users: int | Sequence[int] | None, seed
 
 
 def supports_relaxed(drafter) -> bool:
-    """Relaxed verification needs a drafter that samples (the LLaMA drafter; retrieval / oracle do not)."""
-    from recsvc.drafters.llama import LlamaDrafter
-
-    return isinstance(drafter, LlamaDrafter)
+    """Relaxed verification needs a drafter that samples (``Drafter.samples``: the LLaMA drafter; retrieval /
+    oracle / transition do not)."""
+    return bool(drafter.samples)
 
 
 @torch.inference_mode()
@@ -179,12 +181,14 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
                 rank_plain[u.user_id] = trie.leaf_items(plain[plain >= 0])
                 for name, drafter in usable.items():
                     for _ in range(runs):
-                        session = drafter.session(pb, [u.history], None)
-                        start = time.perf_counter()
                         if relaxed:
-                            out = relaxed_speculative_search(t, trie, off, pb, k, session, n, gamma, temp,
+                            sampler = drafter.sampling_session(pb, [u.history], None)
+                            start = time.perf_counter()
+                            out = relaxed_speculative_search(t, trie, off, pb, k, sampler, n, gamma, temp,
                                                              make_generators([i]))
                         else:
+                            session = drafter.session(pb, [u.history], None)
+                            start = time.perf_counter()
                             out = speculative_search(t, trie, off, pb, k, session, n, gamma, None, engine.select)
                         ms = 1000 * (time.perf_counter() - start)
                     s = stats[name]

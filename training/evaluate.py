@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
@@ -42,13 +43,14 @@ def sample_users(users: Sequence[EvalUser], max_users: int | None, seed: int = 0
 
 @torch.inference_mode()
 def rank_users(
-    model: Any, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], k: int,
+    model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], k: int,
     batch_size: int = 32, exclude_history: bool = False, progress: bool = True,
     prior: TransitionPrior | None = None,
 ) -> dict[int, list[int]]:
     """user_id -> the engine's top-k item ids (plain constrained beam search; with ``prior`` of weight > 0 the
-    prior is fused, each user's from its history)."""
-    engine = BeamSearch(model, trie, builder.code_offset, attention="fp32")  # what the service runs
+    prior is fused, each user's from its history). ``model``: ``EngineModel.build(model, "fp32")`` is what the
+    service runs (``serving_model``)."""
+    engine = BeamSearch(model, trie, builder.code_offset)
     fuse = prior is not None and prior.settings.weight > 0
     if fuse and not np.array_equal(prior.item_ids, trie.ids.item_ids):
         raise UserError("the transition prior was fitted on another catalog: refit it (`recsvc prior fit`)")
@@ -69,6 +71,11 @@ def rank_users(
     return out
 
 
+def serving_model(model: Any) -> EngineModel:
+    """A transformers model as the service runs it: the engine's "fp32" attention mode."""
+    return EngineModel.build(model, "fp32")
+
+
 def make_evaluator(builder: PromptBuilder, data: SplitData, split: str = "valid", k: int = 10,
                    ks: Sequence[int] = (10,), max_users: int | None = 2000, batch_size: int = 64,
                    seed: int = 0, prior: TransitionPrior | None = None) -> Callable[[Any], dict[str, float]]:
@@ -81,8 +88,8 @@ def make_evaluator(builder: PromptBuilder, data: SplitData, split: str = "valid"
         was_training = model.training
         model.eval()
         try:
-            rankings = rank_users(model, builder, trie, users, max(k, *ks), batch_size, progress=False,
-                                  prior=prior)
+            rankings = rank_users(serving_model(model), builder, trie, users, max(k, *ks), batch_size,
+                                  progress=False, prior=prior)  # rebuilt per call: training changed the weights
         finally:
             model.train(was_training)
         return evaluate_rankings(rankings, users, ks)
@@ -129,8 +136,8 @@ def evaluate_bundle(
         prior = None
     if prior is not None and train_only:  # the same settings, counted on the train period only
         prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), prior.settings, fitted_on="train")
-    rankings = rank_users(model, builder, CatalogTrie(ids), users, max(ks), batch_size, exclude_history,
-                          prior=prior)
+    rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
+                          exclude_history, prior=prior)
     seconds = time.perf_counter() - start
     pop = popularity_rankings(data.item_popularity(split), users, max(ks), exclude_history)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;

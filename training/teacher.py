@@ -132,7 +132,8 @@ class TeacherStore:
 
 @torch.inference_mode()
 def _search(model, trie, code_offset: int, prompts, k: int, select):
-    """The engine's plain beam search, keeping its TreeCache: (leaves [B, K], cache)."""
+    """The engine's plain beam search with ``model`` (an EngineModel), keeping its TreeCache: (leaves [B, K],
+    cache)."""
     from recsvc.engine.beam_search import expand_beams, node_logprobs
     from recsvc.engine.tree_cache import TreeCache
 
@@ -150,7 +151,7 @@ def _search(model, trie, code_offset: int, prompts, k: int, select):
 
 @torch.inference_mode()
 def _path_logprobs(target, cache, leaves: torch.Tensor, gt_leaves: torch.Tensor):
-    """Target log-probs at every position of the given leaves' paths: ([B, K, L, C], [B, L, C])."""
+    """Target (EngineModel) log-probs at every position of the given leaves' paths: ([B, K, L, C], [B, L, C])."""
     from recsvc.engine.beam_search import node_logprobs
 
     trie = cache.trie
@@ -182,6 +183,7 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     from tqdm.auto import tqdm
 
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
     from recsvc.model.bundle import Bundle
     from tokenizer_rqvae.trie import CatalogTrie
@@ -231,10 +233,9 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
 
     trie = CatalogTrie(ids)
     off = builder.code_offset
-    target = bundle.load_target(dtype=dtype)
-    select = BeamSearch(target, trie, off, attention=attention).select  # the served engine: its attention mode
-    # (the target is switched to it here) and its tie-break
-    drafter = bundle.load_drafter(dtype=dtype) if lambda_mix > 0 else None
+    target = EngineModel.build(bundle.load_target(dtype=dtype), attention)  # the served engine's attention mode
+    select = BeamSearch(target, trie, off).select  # and its tie-break
+    drafter = EngineModel.build(bundle.load_drafter(dtype=dtype), attention) if lambda_mix > 0 else None
     todo = [s for s in range(n_shards) if not (out / shard_name(s)).is_file()]
     start = time.monotonic()
     bar = tqdm(total=len(prefixes), initial=len(prefixes) - sum(min(shard_size, len(prefixes) - s * shard_size)

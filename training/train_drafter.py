@@ -71,6 +71,7 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
     engine's ``attention`` mode)."""
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.relaxed import relaxed_speculative_search
     from recsvc.engine.sampling import make_generators
@@ -85,11 +86,11 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
     @torch.inference_mode()
     def evaluate(model) -> dict[str, float]:
         if "engine" not in state:
-            state["engine"] = BeamSearch(bundle.load_target(dtype=dtype), trie, builder.code_offset,
-                                         attention=attention)
+            state["engine"] = BeamSearch(EngineModel.build(bundle.load_target(dtype=dtype), attention), trie,
+                                         builder.code_offset)
         engine = state["engine"]
         draft = copy.deepcopy(model).to(torch_dtype(dtype, str(next(model.parameters()).device))).eval()
-        drafter = LlamaDrafter(draft, trie, builder.code_offset)
+        drafter = LlamaDrafter(EngineModel.build(draft, attention), trie, builder.code_offset)  # as served
         n_draft = draft_beams or k
         accepted, calls, acc_r, calls_r = [], [], [], []
         for i in range(0, len(users), batch_size):
@@ -102,7 +103,7 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
             calls += out.target_calls.tolist()
             gens = make_generators([seed + i + j for j in range(len(chunk))])
             rel = relaxed_speculative_search(engine.model, trie, builder.code_offset, pb, k,
-                                             drafter.session(pb, hist, None), n_draft, gamma,
+                                             drafter.sampling_session(pb, hist, None), n_draft, gamma,
                                              torch.ones(len(chunk)), gens)
             acc_r += rel.accepted.tolist()
             calls_r += rel.target_calls.tolist()

@@ -95,7 +95,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     from recsvc.model.transition import PriorSettings, TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.data.dataset import load_split_dir
-    from training.evaluate import rank_users, sample_users
+    from training.evaluate import rank_users, sample_users, serving_model
     from training.metrics import evaluate_rankings
     from training.prior_cli import prior_sequences, resolve_fit_on
 
@@ -113,7 +113,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
                         "period, so validation cannot choose the prior; tune on the bundle that selected its epochs "
                         "and copy the settings with `recsvc prior fit`")
     model_dir = bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir
-    model = load_causal_lm(model_dir, dtype=args.dtype)
+    model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))  # one lean forward for every trial
     ids = bundle.load_ids()
     builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)

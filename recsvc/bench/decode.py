@@ -38,13 +38,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.reference import generate_topk
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
-    engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset, attention=args.attention)
+    engine = BeamSearch(EngineModel.build(ctx.model, args.attention), ctx.trie, ctx.builder.code_offset)
     prompts = [ctx.builder.prompt_ids(u.history) for u in ctx.users]
     warm = warmup_prompts(ctx, args.warmup, args.cold)
     rows = []

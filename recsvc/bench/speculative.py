@@ -49,6 +49,7 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str):
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.drafters.oracle import OracleDrafter
     from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
+    from recsvc.engine.engine_model import EngineModel
     from recsvc.errors import UserError
     from recsvc.model.bundle import Bundle
 
@@ -68,7 +69,8 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str):
     if not (bundle.drafter_dir / "config.json").is_file():
         raise UserError(f"bundle {ctx.bundle_dir} has no drafter: run `recsvc train drafter` or use --drafter "
                         "oracle|retrieval")
-    return LlamaDrafter(bundle.load_drafter(dtype=dtype), ctx.trie, ctx.builder.code_offset)
+    draft_model = EngineModel.build(bundle.load_drafter(dtype=dtype), engine.model.attention)  # the target's mode
+    return LlamaDrafter(draft_model, ctx.trie, ctx.builder.code_offset)
 
 
 def parse_grid(text: str) -> list[tuple[str, int]] | None:
@@ -94,6 +96,7 @@ def parse_grid(text: str) -> list[tuple[str, int]] | None:
 def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.autotune import DEFAULT_GRID, autotune, resolve_grid
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.relaxed import relaxed_speculative_search
     from recsvc.engine.sampling import make_generators, sampling_beam_search
@@ -105,7 +108,8 @@ def run(args: argparse.Namespace) -> dict:
     ks = parse_int_list(args.k, "--k")
     fixed_grid = parse_grid(args.grid)
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
-    engine = BeamSearch(ctx.model, ctx.trie, ctx.builder.code_offset, attention=args.attention)
+    target = EngineModel.build(ctx.model, args.attention)
+    engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
     off = ctx.builder.code_offset
     calib = sample_users(ctx.data.eval_users("valid"), args.calibration_users, seed=1)
     relaxed = args.mode == "relaxed"
@@ -122,19 +126,20 @@ def run(args: argparse.Namespace) -> dict:
             leaves, ms, calls = plain_once(user_history, k, seed, ledger)
             return leaves, ms, calls, 0, 0
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
-        if args.drafter == "oracle":  # its plain search happens in session(): untimed
+        if args.drafter == "oracle" and not relaxed:  # its plain search happens in session(): untimed
             session = drafter.session(pb, [user_history], None, prior_for(user_history))
         start = time.perf_counter()
         pr = prior_for(user_history)
-        if args.drafter != "oracle":  # setting up the draft (retrieval lookups, prior masses) is drafting time
-            with ledger.phase("draft"):
+        if args.drafter != "oracle" and not relaxed:  # setting up the draft (retrieval lookups, prior masses)
+            with ledger.phase("draft"):  # is drafting time
                 session = drafter.session(pb, [user_history], None, pr)
         if relaxed:
-            out = relaxed_speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, temp,
+            sampler = drafter.sampling_session(pb, [user_history], None, pr)  # UserError: a drafter that can't
+            out = relaxed_speculative_search(target, ctx.trie, off, pb, k, sampler, n, gamma, temp,
                                              make_generators([seed]), prior=pr)
             leaves = out.leaves
         else:
-            out = speculative_search(ctx.model, ctx.trie, off, pb, k, session, n, gamma, None, engine.select,
+            out = speculative_search(target, ctx.trie, off, pb, k, session, n, gamma, None, engine.select,
                                      prior=pr, ledger=ledger)
             leaves = out.leaves
         ms = 1000 * (time.perf_counter() - start)
@@ -145,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
         start = time.perf_counter()
         pr = prior_for(user_history)
         if relaxed:
-            out = sampling_beam_search(ctx.model, ctx.trie, off, pb, k, temp, make_generators([seed]), prior=pr)
+            out = sampling_beam_search(target, ctx.trie, off, pb, k, temp, make_generators([seed]), prior=pr)
         else:
             out = engine.search(pb, k, prior=pr, ledger=ledger)
         return out.leaves[0], 1000 * (time.perf_counter() - start), out.target_calls

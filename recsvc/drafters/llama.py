@@ -1,8 +1,15 @@
 """The LLaMA drafter: a small causal LM on the target's tokenizer drafts by trie-constrained beam search.
 
 Each round starts from the target's beams (scored with the target's beam scores, the best estimate of their
-rank) and runs ``steps`` beam-search steps of width N, keeping every step's beams. Its KV cache is a
-``TreeCache`` like the target's: nodes drafted in one round are reused in the next.
+rank) and runs ``steps`` beam-search steps of width N, keeping every step's beams. Its model is an
+``EngineModel`` like the target's (built by ``EngineModel.build``: tree attention, the lean forward and its own
+prefix cache) and its KV cache a ``TreeCache``: nodes drafted in one round are reused in the next.
+
+Drafter forwards: drafting depth j + s needs the distributions at the depth j + s - 1 frontier, so a round of
+g depths costs at most g forwards (the first round's first one is the prompt prefill); the last drafted
+depth's nodes are never fed (the next round feeds those that became target beams); ``observe`` keeps what was
+drafted under the target's new beams, so no node is fed twice; rows with fewer steps add no tokens, and a
+depth with nothing new to feed makes no call.
 """
 
 from __future__ import annotations
@@ -10,18 +17,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import PreTrainedModel
 
 from recsvc.engine.beam_search import expand_beams, node_logprobs
+from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.ports import DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.relaxed import DraftStep
 from recsvc.engine.sampling import sample_children, tempered_logp
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
 
 
 class LlamaDraftSession:
-    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
+    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
                  dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> None:
         self.model, self.trie, self.dead = model, trie, dead
         self.prior = prior  # [B, num_nodes] the target's fused prior: draft the fused beams / distributions
@@ -32,8 +39,9 @@ class LlamaDraftSession:
         return self.cache.calls
 
     @torch.inference_mode()
-    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor,
-                width: int) -> list[torch.Tensor]:
+    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
+                target: TargetState) -> list[torch.Tensor]:
+        """``DraftSession.propose`` (``target`` unused: the drafter runs its own model)."""
         nodes, scores = roots, root_scores
         drafts: list[torch.Tensor] = []
         for s in range(1, int(steps.max()) + 1):
@@ -70,7 +78,7 @@ class LlamaDraftSession:
         return out
 
     def observe(self, beams: torch.Tensor) -> None:
-        self.cache.compact(beams)
+        self.cache.compact(beams, descendants=True)  # what it drafted under the new beams serves the next round
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
@@ -82,10 +90,16 @@ class LlamaDraftSession:
 
 class LlamaDrafter:
     name = "llama"
+    samples = True
 
-    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int) -> None:
+    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int) -> None:
+        """``model``: ``EngineModel.build(drafter_model, attention)``."""
         self.model, self.trie, self.code_offset = model, trie, code_offset
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> LlamaDraftSession:
         return LlamaDraftSession(self.model, self.trie, self.code_offset, prompts, dead, prior)
+
+    def sampling_session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
+                         dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> LlamaDraftSession:
+        return self.session(prompts, histories, dead, prior)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.ports import StrictOnly, TargetState
 from recsvc.engine.prompts import PromptBatch
 
 
@@ -21,8 +22,8 @@ class OracleDraftSession:
         self.beams = torch.stack(beams, 1)  # [B, L, K]: the target's beams after depth 1..L
         self.node_depth = node_depth  # [num_nodes] trie depth of each node
 
-    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor,
-                width: int) -> list[torch.Tensor]:
+    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
+                target: TargetState) -> list[torch.Tensor]:
         b, levels, k = self.beams.shape
         depth = self.node_depth[roots.max(dim=1).values.clamp(min=0)]  # [B] all roots of a row share a depth
         out = []
@@ -41,7 +42,7 @@ class OracleDraftSession:
         self.beams = self.beams[rows]
 
 
-class OracleDrafter:
+class OracleDrafter(StrictOnly):
     name = "oracle"
 
     def __init__(self, engine: BeamSearch, k: int) -> None:

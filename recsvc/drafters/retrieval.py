@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from recsvc.engine.ports import StrictOnly, TargetState
 from recsvc.engine.prompts import PromptBatch
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -57,8 +58,8 @@ class RetrievalDraftSession:
                       torch.zeros(0, trie.levels + 1, dtype=torch.long) for c in cands]  # per row [M, L+1]
         self.weights = [[w for i, w in c if i in ids] for c in cands]
 
-    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor,
-                width: int) -> list[torch.Tensor]:
+    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
+                target: TargetState) -> list[torch.Tensor]:
         b = roots.shape[0]
         out = [torch.full((b, width), -1, dtype=torch.long) for _ in range(int(steps.max()))]
         for row in range(b):
@@ -86,7 +87,7 @@ class RetrievalDraftSession:
         self.weights = [self.weights[r] for r in keep]
 
 
-class RetrievalDrafter:
+class RetrievalDrafter(StrictOnly):
     name = "retrieval"
 
     def __init__(self, store: RetrievalDatastore, trie: CatalogTrie, max_candidates: int = 64) -> None:

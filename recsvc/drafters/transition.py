@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
+from recsvc.engine.ports import StrictOnly, TargetState
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
 from recsvc.model.transition import TransitionPrior
@@ -39,8 +40,8 @@ class TransitionDraftSession:
         self.dead = dead  # [B, num_nodes] or None
         self.nodes_at = nodes_at  # per depth d: [M_d] the trie's nodes of depth d
 
-    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor,
-                width: int) -> list[torch.Tensor]:
+    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
+                target: TargetState) -> list[torch.Tensor]:
         """roots [B, Kc] (depth j_b, -1 dead), root_scores [B, Kc], steps [B] -> max(steps) x [B, N] nodes."""
         b = roots.shape[0]
         out = [torch.full((b, width), -1, dtype=torch.long) for _ in range(int(steps.max()) if b else 0)]
@@ -75,7 +76,7 @@ class TransitionDraftSession:
             self.dead = self.dead[rows]
 
 
-class TransitionDrafter:
+class TransitionDrafter(StrictOnly):
     name = "transition"
 
     def __init__(self, prior: TransitionPrior, trie: CatalogTrie) -> None:

@@ -144,17 +144,16 @@ AttentionInterface.register(TREE_ATTENTION, tree_attention)
 AttentionMaskInterface.register(TREE_ATTENTION, sdpa_mask)
 
 
-def use_tree_attention(model, mode: str = "exact") -> None:
-    """Switch a loaded model to tree attention (SDPA whenever no tree is given: training, generate).
+def use_tree_attention(model) -> None:
+    """Switch a loaded model's attention implementation to tree attention (SDPA whenever no tree is given:
+    training, generate). Only the config changes; the engine's attention mode ("exact" / "fp32", see
+    ``ATTENTION_MODES``) is held by ``recsvc.engine.engine_model.EngineModel``, the only caller:
 
     mode "exact": each generated token's own keys gathered and run through bf16 SDPA exactly as transformers
     does (the engine reproduces ``generate`` bit for bit; strict == plain bit for bit);
     "fp32": the generated tokens' attention in fp32, split into the prompt part (shared by all of a request's
     tokens, never copied) and the ancestors part, merged by log-sum-exp (several times faster on CPUs in
     batches; strict speculative decoding equals plain beam search up to fp32 rounding)."""
-    if mode not in ATTENTION_MODES:
-        raise ValueError(f"attention mode must be one of {ATTENTION_MODES}, got {mode!r}")
-    model.recsvc_attention = mode
     model.config._attn_implementation = TREE_ATTENTION
     for sub in model.modules():
         cfg = getattr(sub, "config", None)

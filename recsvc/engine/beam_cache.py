@@ -13,19 +13,18 @@ Shapes: B requests, K beams, T padded prompt width, d depth, H hidden size.
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
 
 from recsvc.engine.attention import TreeGroups
-from recsvc.engine.forward import new_cache, tree_forward
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prompts import PromptBatch
 from tokenizer_rqvae.trie import CatalogTrie
 
 
 class BeamCache:
-    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
+    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
         self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
-        self.cache = new_cache(model)
-        self.fp32 = getattr(model, "recsvc_attention", "exact") == "fp32"
+        self.cache = model.new_cache()
+        self.fp32 = model.fp32
         self.lengths = prompts.lengths.tolist()
         self.path: torch.Tensor | None = None  # [B, K, d] cache slots of each beam's path (depth 1..d)
         self.width = 0  # slots in the cache
@@ -36,8 +35,7 @@ class BeamCache:
         p = self.prompts
         tree = TreeGroups(prompt_lengths=self.lengths, groups=[], upcast=self.fp32,
                           split=[] if self.fp32 else None)
-        attend = torch.ones(len(self.lengths), 1, 1, dtype=torch.bool)  # unused: every query has its key set
-        hidden = tree_forward(self.model, self.cache, p.ids, p.positions(), attend, tree)  # [B, T, H]
+        hidden = self.model.forward(self.cache, p.ids, p.positions(), tree)  # [B, T, H]
         self.width, self.calls = p.width, self.calls + 1
         return hidden[torch.arange(len(self.lengths)), p.lengths - 1]
 
@@ -57,9 +55,7 @@ class BeamCache:
         ids = torch.where(alive, self.code_offset + (d - 1) * c + self.trie.node_code[n], self.code_offset)
         positions = self.prompts.lengths[:, None] + (d - 1)  # [B, 1]: the prompt length + depth - 1
         width = self.width + k
-        attend = torch.ones(b, 1, 1, dtype=torch.bool)
-        hidden = tree_forward(self.model, self.cache, ids, positions.expand(b, k), attend,
-                              self._groups(path))  # [B, K, H]
+        hidden = self.model.forward(self.cache, ids, positions.expand(b, k), self._groups(path))  # [B, K, H]
         self.path, self.width, self.calls = path, width, self.calls + 1
         return hidden
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
 
-from recsvc.engine.attention import use_tree_attention
 from recsvc.engine.beam_cache import BeamCache
-from recsvc.engine.forward import code_logprobs
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
@@ -62,31 +60,29 @@ def expand_beams(
     return new_nodes, new_scores, flat // c
 
 
-def node_logprobs(model: PreTrainedModel, cache: TreeCache, nodes: torch.Tensor) -> torch.Tensor:
+def node_logprobs(model: EngineModel, cache: TreeCache, nodes: torch.Tensor) -> torch.Tensor:
     """[B, m] cached nodes -> [B, m, C] log-probs of the codes that may follow each (level = node depth)."""
     trie = cache.trie
     hidden = cache.hidden_at(nodes)  # [B, m, H]
     levels = trie.depth[nodes.clamp(min=0)].clamp(max=trie.levels - 1)  # [B, m]
-    flat = code_logprobs(model, hidden.reshape(-1, hidden.shape[-1]), levels.reshape(-1), cache.code_offset,
-                         trie.codebook_size)
+    flat = model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), levels.reshape(-1), cache.code_offset,
+                               trie.codebook_size)
     return flat.view(*nodes.shape, -1)
 
 
-def make_selector(model: PreTrainedModel, trie: CatalogTrie, code_offset: int, tie_break: str) -> Selector:
+def make_selector(model: EngineModel, trie: CatalogTrie, code_offset: int, tie_break: str) -> Selector:
     """"generate": transformers' exact selection (ties included); "index": lower beam, then lower code."""
     if tie_break == "index":
         return IndexSelector()
     if tie_break != "generate":
         raise ValueError(f"tie_break must be 'generate' or 'index', got {tie_break!r}")
-    vocab = model.get_output_embeddings().weight.shape[0]
-    return GenerateSelector(vocab, code_offset, trie.codebook_size, trie.levels)
+    return GenerateSelector(model.vocab_size, code_offset, trie.codebook_size, trie.levels)
 
 
 class BeamSearch:
-    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int,
-                 tie_break: str = "generate", attention: str = "exact") -> None:
+    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, tie_break: str = "generate") -> None:
+        """``model``: ``EngineModel.build(transformers_model, attention)`` (it holds the attention mode)."""
         self.model, self.trie, self.code_offset = model, trie, code_offset
-        use_tree_attention(model, attention)
         self.select = make_selector(model, trie, code_offset, tie_break)
 
     @torch.inference_mode()
@@ -106,7 +102,7 @@ class BeamSearch:
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
             with ledger.phase("head"):
                 level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long)
-                logp = code_logprobs(self.model, hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
+                logp = self.model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
             with ledger.phase("select"):
                 nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
                                                       self.select, prior)

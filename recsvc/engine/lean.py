@@ -20,7 +20,8 @@ the header is about half of an average prompt.
 Only what the engine needs: inference, models switched to tree attention (``TreeGroups`` give every query its
 key set), ``LlamaForCausalLM`` with SiLU MLP and no biases. Anything else (PEFT wrappers, other architectures)
 keeps transformers' path. Weights are fused copies, rebuilt when a parameter changes in place (training
-between validations bumps the parameters' version counters).
+between validations bumps the parameters' version counters). One ``LeanLlama`` (and so one prefix cache) per
+``recsvc.engine.engine_model.EngineModel``, which builds and rebuilds it; nothing is stored on the model.
 
 Shapes: B requests, n new tokens, S cached slots, H hidden, h heads, d head dim.
 """
@@ -175,8 +176,9 @@ class LeanLlama:
         self._prefix_rows: OrderedDict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = OrderedDict()
 
     def version(self) -> tuple[int, ...]:
-        """The parameters' in-place update counters (training bumps them; the fused copies are then stale)."""
-        return tuple(p._version for p in self._params)
+        """The parameters' in-place update counters (training bumps them; the fused copies are then stale).
+        Inference tensors (a copy made under ``torch.inference_mode``) have none and never change: 0."""
+        return tuple(0 if p.is_inference() else p._version for p in self._params)
 
     @staticmethod
     def supported(model: PreTrainedModel) -> bool:
@@ -185,22 +187,10 @@ class LeanLlama:
                 and not getattr(cfg, "mlp_bias", False) and getattr(cfg, "hidden_act", "") == "silu"
                 and getattr(cfg, "pretraining_tp", 1) == 1)
 
-    @classmethod
-    def current(cls, model: PreTrainedModel) -> LeanLlama | None:
-        """The model's lean forward if one was built and is up to date (no rebuilding)."""
-        lean = getattr(model, "_recsvc_lean", None)
-        return lean if lean is not None and lean._version == lean.version() else None
-
-    @classmethod
-    def for_model(cls, model: PreTrainedModel) -> LeanLlama | None:
-        """The model's lean forward (cached on the model; rebuilt after its parameters change), or None."""
-        if not cls.supported(model):
-            return None
-        lean = getattr(model, "_recsvc_lean", None)
-        if lean is None or lean._version != lean.version():
-            lean = cls(model)
-            model._recsvc_lean = lean
-        return lean
+    @property
+    def stale(self) -> bool:
+        """A parameter changed in place since the fused copies were made (``EngineModel`` then rebuilds)."""
+        return self._version != self.version()
 
     def new_cache(self) -> LeanCache:
         return LeanCache(self)

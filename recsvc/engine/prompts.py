@@ -1,4 +1,4 @@
-"""A batch of prompts, right-padded into one tensor, and the attention pattern of its prefill."""
+"""A batch of prompts, right-padded into one tensor (the prefill's key sets: ``TreeGroups.prompt_lengths``)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,6 @@ class PromptBatch:
     @property
     def width(self) -> int:
         return int(self.ids.shape[1])
-
-    def prefill_attend(self) -> torch.Tensor:
-        """[B, T, T] causal pattern over the real slots (padding queries see their own row's real slots)."""
-        t = self.width
-        causal = torch.ones(t, t, dtype=torch.bool, device=self.ids.device).tril()
-        return causal[None] & self.valid[:, None, :]
 
     def positions(self) -> torch.Tensor:
         return torch.arange(self.width, device=self.ids.device)[None].expand(len(self.lengths), -1)

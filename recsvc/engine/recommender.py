@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import PreTrainedModel
 
-from recsvc.drafters.base import Drafter
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.api import RecQuery, RecResult, RecStats
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.ports import Drafter
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.relaxed import relaxed_speculative_search
@@ -71,20 +71,21 @@ def load_popularity(bundle_dir: Path, data_dir: Path | None) -> dict[int, int] |
 class BundleRecommender:
     def __init__(
         self,
-        target: PreTrainedModel,
+        target: EngineModel,
         prompts: PromptBuilder,
         ids: SemanticIds,
         drafter: Drafter | None = None,
         popularity: dict[int, int] | None = None,
         spec: SpecSettings | None = None,
         max_k: int = 50,
-        attention: str = "fp32",
         prior: TransitionPrior | None = None,
         exclude_history: bool = False,
         beam_width: int = 0,
     ) -> None:
-        """``beam_width`` B: plain and strict decoding search B >= k beams and return the first k, so the top-k
-        of a request is a prefix of its top-k' for every k <= k' <= B (0: B = k, transformers' num_beams = k)."""
+        """``target``: ``EngineModel.build(model, attention)`` (it holds the attention mode; a LLaMA drafter's
+        model is built the same way). ``beam_width`` B: plain and strict decoding search B >= k beams and return
+        the first k, so the top-k of a request is a prefix of its top-k' for every k <= k' <= B (0: B = k,
+        transformers' num_beams = k)."""
         if beam_width < 0:
             raise UserError(f"beam width must be >= 0 (0 = k), got {beam_width}")
         self.target, self.prompts, self.ids = target, prompts, ids
@@ -95,8 +96,9 @@ class BundleRecommender:
         self.prior = prior  # fused when prior.settings.weight > 0
         self.exclude_history = exclude_history
         self.trie = CatalogTrie(ids)
-        self.engine = BeamSearch(target, self.trie, prompts.code_offset, attention=attention)
+        self.engine = BeamSearch(target, self.trie, prompts.code_offset)
         self.drafter = drafter
+        self.sampler = drafter if drafter is not None and drafter.samples else None  # relaxed mode's drafter
         self.spec = spec or SpecSettings()
         self.max_k = max_k
         self.max_history = prompts.max_history
@@ -121,7 +123,7 @@ class BundleRecommender:
         ids = bundle.load_ids()
         tokenizer = bundle.load_tokenizer()
         prompts = bundle.prompt_builder(tokenizer, ids)
-        target = bundle.load_target(dtype=dtype, device=device)
+        target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention)
         drafter = None
         stored_prior = TransitionPrior.load(bundle.prior_dir) if bundle.has_prior() else None  # read once
         if use_drafter and drafter_name == "transition":  # training-free: drafts from the bundle's prior
@@ -132,13 +134,14 @@ class BundleRecommender:
                                 "prior fit` or `recsvc tune prior` first")
             drafter = TransitionDrafter(stored_prior, CatalogTrie(ids))
         elif use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):
-            drafter = LlamaDrafter(bundle.load_drafter(dtype=dtype, device=device, name=drafter_name),
-                                   CatalogTrie(ids), prompts.code_offset)
+            draft_model = EngineModel.build(bundle.load_drafter(dtype=dtype, device=device, name=drafter_name),
+                                            attention)  # the lean forward too, with its own prefix cache
+            drafter = LlamaDrafter(draft_model, CatalogTrie(ids), prompts.code_offset)
         popularity = load_popularity(Path(path), bundle.data_dir())
         prior = stored_prior if use_prior else None
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
-        rec = cls(target, prompts, ids, drafter, popularity, attention=attention, prior=prior,
-                  exclude_history=exclude_history, beam_width=width)
+        rec = cls(target, prompts, ids, drafter, popularity, prior=prior, exclude_history=exclude_history,
+                  beam_width=width)
         if drafter is not None:
             drafter.trie = rec.trie  # one trie for both
         return rec
@@ -230,9 +233,9 @@ class BundleRecommender:
             temps = torch.tensor([float(q.temperature) for q in queries])
             gens = make_generators([q.seed for q in queries])
             n, gamma = self.spec.for_k(k)
-            session = (self.drafter.session(batch, [q.history for q in queries], dead, prior)
-                       if self.drafter is not None and n > 0 else None)
-            if session is None or not hasattr(session, "sample"):  # the target's own sampling beam search
+            session = (self.sampler.sampling_session(batch, [q.history for q in queries], dead, prior)
+                       if self.sampler is not None and n > 0 else None)
+            if session is None:  # no sampling drafter (or autotuned off): the target's own sampling beam search
                 smp = sampling_beam_search(self.target, self.trie, self.prompts.code_offset, batch, k, temps, gens,
                                            dead, prior)
                 calls, accepted = [smp.target_calls] * len(queries), [0] * len(queries)

@@ -22,23 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
 
+from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.ports import DraftStep, SamplingSession
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
-
-
-@dataclass(frozen=True)
-class DraftStep:
-    """What the drafter sampled at one depth, and what the verifier needs of its distribution there."""
-
-    nodes: torch.Tensor  # [B, N] sampled nodes (-1 none)
-    logq: torch.Tensor  # [B, N] log q_s(node) (normalised over the step's candidates)
-    parents: torch.Tensor  # [B, n] the drafter's beams the step extended (-1 none)
-    parent_logq: torch.Tensor  # [B, n, C] log q_s(child) of each parent's children (normalised, -inf = none)
 
 
 @dataclass(frozen=True)
@@ -58,8 +49,8 @@ def _uniform_pick(mask: torch.Tensor, k: int, gens, rows) -> torch.Tensor:
 
 @torch.inference_mode()
 def relaxed_speculative_search(
-    target: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
-    drafts,  # a draft session with sample(roots, root_logp, steps, width, temperature, gens) -> list[DraftStep]
+    target: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
+    drafts: SamplingSession,
     draft_beams: int, gamma: int, temperature: torch.Tensor, gens: Sequence[torch.Generator],
     dead: torch.Tensor | None = None,
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior: p_s is the fused target (sampling.py)
@@ -80,7 +71,6 @@ def relaxed_speculative_search(
                                                  [gens[r] for r in grow])
         tree = torch.cat([beams.nodes, *[d.nodes for d in drafted]], 1)
         cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))
-        calls[beams.rows] += 1
         running = torch.ones(len(grow), dtype=torch.bool)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
@@ -105,6 +95,7 @@ def relaxed_speculative_search(
             beams.advance(go, new_nodes, new_w)
             accepted[beams.rows] += ok.long()
             running = ok
+        calls[beams.rows] = cache.row_calls  # every target forward a row took part in, so far
         rows, leaves, logp_seq = beams.retire(levels, cache, drafts)
         if len(rows):
             out_leaves[rows], out_logp[rows] = rank_final(leaves, logp_seq)

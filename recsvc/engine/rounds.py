@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from recsvc.drafters.base import DraftSession
+from recsvc.engine.ports import Session
 from recsvc.engine.tree_cache import TreeCache
 
 
@@ -33,7 +33,7 @@ class ActiveBeams:
             self.scores = torch.where(go[:, None], new_scores, self.scores)
         self.depth += go.long()
 
-    def retire(self, levels: int, cache: TreeCache, drafts: DraftSession
+    def retire(self, levels: int, cache: TreeCache, drafts: Session
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Remove finished requests (depth == L) from the batch, the target cache and the drafter; compact the
         KV of the others to their beams' paths. Returns (original rows, nodes, scores) of the finished ones."""

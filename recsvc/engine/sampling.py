@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
 
 from recsvc.engine.beam_search import node_logprobs
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache
@@ -41,7 +41,7 @@ def gumbel(shape: tuple[int, ...], gens: Sequence[torch.Generator], rows: Sequen
     return -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
 
 
-def tempered_logp(model: PreTrainedModel, cache: TreeCache, nodes: torch.Tensor, temperature: torch.Tensor,
+def tempered_logp(model: EngineModel, cache: TreeCache, nodes: torch.Tensor, temperature: torch.Tensor,
                   dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, m] cached nodes -> (log p(code | node) [B, m, C] renormalised over allowed codes (-inf elsewhere),
     child node ids [B, m, C]). temperature: [B].
@@ -93,7 +93,7 @@ def rank_final(nodes: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor
 
 
 @torch.inference_mode()
-def sampling_beam_search(model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
+def sampling_beam_search(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
                          temperature: torch.Tensor, gens: Sequence[torch.Generator],
                          dead: torch.Tensor | None = None, prior: torch.Tensor | None = None) -> SampleOutput:
     """The target's own sampling beam search: L steps of K-without-replacement sampling (from the prior-fused

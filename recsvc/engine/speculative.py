@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
 
-from recsvc.drafters.base import DraftSession
 from recsvc.engine.beam_search import expand_beams, node_logprobs
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ledger import NO_LEDGER, Ledger
+from recsvc.engine.ports import DraftSession, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.topk import Selector
@@ -36,7 +36,7 @@ from tokenizer_rqvae.trie import CatalogTrie
 class SpecOutput:
     leaves: torch.Tensor  # [B, K] trie leaves, best first (-1: fewer valid items)
     scores: torch.Tensor  # [B, K] float32 beam scores
-    target_calls: torch.Tensor  # [B] target forward calls per request (= rounds)
+    target_calls: torch.Tensor  # [B] target forward calls per request (rounds, + any a drafter's TargetState made)
     accepted: torch.Tensor  # [B] draft depths accepted per request (AS)
     draft_calls: int  # drafter forward calls for the batch
 
@@ -51,7 +51,7 @@ def accepted_depth(target_beams: torch.Tensor, drafted: torch.Tensor) -> torch.T
 
 @torch.inference_mode()
 def speculative_search(
-    target: PreTrainedModel,
+    target: EngineModel,
     trie: CatalogTrie,
     code_offset: int,
     prompts: PromptBatch,
@@ -66,6 +66,7 @@ def speculative_search(
 ) -> SpecOutput:
     b, levels = len(prompts.lengths), trie.levels
     cache = TreeCache(target, trie, code_offset, prompts)
+    state = TargetState(target, cache)  # follows the cache's rows (select_rows)
     beams = ActiveBeams.start(b, dead=dead, prior=prior)
     out_leaves = torch.full((b, k), -1, dtype=torch.long)
     out_scores = torch.full((b, k), float("-inf"))
@@ -75,11 +76,10 @@ def speculative_search(
         dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]
         steps = (levels - beams.depth).clamp(max=gamma)  # [R]
         with ledger.phase("draft"):
-            drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams)  # g x [R, N]
+            drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state)  # g x [R, N]
         with ledger.phase("verify"):
             tree = torch.cat([beams.nodes, *drafted], 1)
             cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
-        calls[beams.rows] += 1
         running = torch.ones(len(beams.rows), dtype=torch.bool)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
@@ -97,6 +97,7 @@ def speculative_search(
                 beams.advance(go, new_nodes, new_scores)
             accepted[beams.rows] += ok.long()
             running = ok
+        calls[beams.rows] = cache.row_calls  # every target forward a row took part in, so far
         with ledger.phase("commit"):
             rows, leaves, scores = beams.retire(levels, cache, drafts)
         out_leaves[rows], out_scores[rows] = leaves, scores

@@ -16,26 +16,26 @@ Shapes: B requests, S cache slots, q new tokens, N trie nodes, L id length, H hi
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
 
-from recsvc.engine.attention import TREE_ATTENTION, TreeGroups
-from recsvc.engine.forward import new_cache, tree_forward
+from recsvc.engine.attention import TreeGroups
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prompts import PromptBatch
 from tokenizer_rqvae.trie import CatalogTrie
 
 
 class TreeCache:
-    def __init__(self, model: PreTrainedModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
+    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
         self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
-        self.cache = new_cache(model)
+        self.cache = model.new_cache()
         b = len(prompts.lengths)
         dev = prompts.ids.device
         self.prompt_slot = torch.zeros(b, 0, dtype=torch.bool, device=dev)  # [B, S] slot holds a prompt token
         self.node_of_slot = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, S] (-1: prompt / filler)
         self.slot_of_node = torch.full((b, trie.num_nodes), -1, dtype=torch.long, device=dev)  # [B, N]
-        self.hidden = torch.zeros(b, 0, model.config.hidden_size, dtype=model.dtype, device=dev)  # [B, S, H]
+        self.hidden = torch.zeros(b, 0, model.hidden_size, dtype=model.dtype, device=dev)  # [B, S, H]
         self.last_prompt_hidden: torch.Tensor | None = None  # [B, H] distribution of the first code
-        self.calls = 0
+        self.calls = 0  # forward calls for the batch
+        self.row_calls = torch.zeros(b, dtype=torch.long, device=dev)  # [B] forward calls with a token of the row
         self.tokens_fed = 0
 
     @property
@@ -109,37 +109,13 @@ class TreeCache:
         positions = self.prompts.lengths[:, None] + self.trie.depth[n] - 1  # [B, q]: prompt length + depth - 1
         ids = self.tokens_of(nodes)
         prompt_slot = torch.cat([self.prompt_slot, self.prompts.valid if first else self.prompt_slot[:, :0]], 1)
-        if getattr(self.model.config, "_attn_implementation", None) == TREE_ATTENTION:
-            groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t,
-                                  self.prompts.lengths.tolist())
-            if first:
-                ids = torch.cat([self.prompts.ids, ids], 1)
-                positions = torch.cat([self.prompts.positions(), positions], 1)
-            attend = torch.ones(b, 1, 1, dtype=torch.bool, device=dev)  # unused: every query has its key set
-            hidden = tree_forward(self.model, self.cache, ids, positions, attend, groups)  # [B, t + q, H]
-        else:
-            hidden = self._masked_forward(nodes, ids, positions, anc_slots, new_slots, prompt_slot, valid, s_past, t)
-        self._append(hidden, nodes, valid, prompt_slot, first, t)
-
-    def _masked_forward(self, nodes, ids, positions, anc_slots, new_slots, prompt_slot, valid, s_past, t):
-        """The same forward with a dense [B, q, S] mask (models not switched to tree attention)."""
-        b, q = nodes.shape
-        dev = nodes.device
-        s_total = s_past + t + q
-        first = t > 0
-        attend_nodes = torch.zeros(b, q, s_total, dtype=torch.bool, device=dev)
-        attend_nodes.scatter_(2, anc_slots, True)
-        attend_nodes.scatter_(2, new_slots[..., None], True)
-        attend_nodes[:, :, : s_past + t] |= prompt_slot[:, None, :] & valid[..., None]
+        groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t, self.prompts.lengths.tolist())
         if first:
-            attend_prompt = torch.zeros(b, t, s_total, dtype=torch.bool, device=dev)
-            attend_prompt[:, :, s_past : s_past + t] = self.prompts.prefill_attend()
             ids = torch.cat([self.prompts.ids, ids], 1)
             positions = torch.cat([self.prompts.positions(), positions], 1)
-            attend = torch.cat([attend_prompt, attend_nodes], 1)
-        else:
-            attend = attend_nodes
-        return tree_forward(self.model, self.cache, ids, positions, attend)
+        hidden = self.model.forward(self.cache, ids, positions, groups)  # [B, t + q, H]
+        self.row_calls += (valid.any(1) | first).long()  # the first call runs every row's prompt
+        self._append(hidden, nodes, valid, prompt_slot, first, t)
 
     def _append(self, hidden: torch.Tensor, nodes: torch.Tensor, valid: torch.Tensor, prompt_slot: torch.Tensor,
                 first: bool, t: int) -> None:
@@ -161,8 +137,7 @@ class TreeCache:
 
         prompt_slot [B, S_past + t], anc_slots [B, q, L], valid / depth [B, q]."""
         n_prompt = prompt_slot.sum(1)  # [B] real prompt tokens per row (in slot order)
-        upcast = getattr(self.model, "recsvc_attention", "exact") == "fp32"
-        if upcast:  # split attention: per request, its tokens + their ancestors' slots
+        if self.model.fp32:  # split attention: per request, its tokens + their ancestors' slots
             split = []
             for row in range(valid.shape[0]):
                 qidx = torch.nonzero(valid[row]).reshape(-1)
@@ -188,16 +163,30 @@ class TreeCache:
             groups.append((rows, t + qidx, keys))
         return TreeGroups(prompt_lengths=lengths if t else [], groups=groups)
 
-    def compact(self, keep_nodes: torch.Tensor) -> None:
-        """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included);
-        drop every other slot from the KV cache (an explicit gather along the sequence axis)."""
+    def compact(self, keep_nodes: torch.Tensor, descendants: bool = False) -> None:
+        """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included; a row's
+        nodes share one depth); with ``descendants`` also every cached node below them (a drafter's nodes under
+        the target's new beams: the next round drafts from those beams and would feed them again). Drop every
+        other slot from the KV cache (an explicit gather along the sequence axis)."""
         anc = self.trie.ancestors[keep_nodes.clamp(min=0)]  # [B, m, L]
         anc = torch.where((keep_nodes >= 1)[..., None], anc, torch.full_like(anc, -1)).reshape(len(anc), -1)
         anc_slots = self.slot_of_node.gather(1, anc.clamp(min=0))
         keep = self.prompt_slot.clone()  # [B, S]
         ok = (anc >= 0) & (anc_slots >= 0)
         keep[self._rows(anc)[ok], anc_slots[ok]] = True
+        if descendants:
+            keep |= self._below(keep_nodes)
         self._gather_slots(keep)
+
+    def _below(self, nodes: torch.Tensor) -> torch.Tensor:
+        """[B, m] nodes of one depth d_b per row (-1 none) -> [B, S] slots holding a node strictly below one."""
+        d = self.trie.depth[nodes.max(1).values.clamp(min=0)][:, None]  # [B, 1]
+        cached = self.node_of_slot.clamp(min=0)  # [B, S]
+        level = (d - 1).clamp(min=0).expand_as(cached)
+        up = self.trie.ancestors[cached].gather(2, level[..., None])[..., 0]  # [B, S] ancestor at depth d_b
+        up = torch.where(d == 0, 0, up)  # below the root: every node
+        hit = ((up[..., None] == nodes[:, None, :]) & (nodes[:, None, :] >= 0)).any(-1)
+        return hit & (self.node_of_slot >= 1) & (self.trie.depth[cached] > d)
 
     def _gather_slots(self, keep: torch.Tensor) -> None:
         width = int(keep.sum(1).max())
@@ -221,7 +210,7 @@ class TreeCache:
             layer.keys = layer.keys[rows]
             layer.values = layer.values[rows]
         self.prompts = PromptBatch(self.prompts.ids[rows], self.prompts.lengths[rows], self.prompts.valid[rows])
-        for name in ("prompt_slot", "node_of_slot", "slot_of_node", "hidden"):
+        for name in ("prompt_slot", "node_of_slot", "slot_of_node", "hidden", "row_calls"):
             setattr(self, name, getattr(self, name)[rows])
         if self.last_prompt_hidden is not None:
             self.last_prompt_hidden = self.last_prompt_hidden[rows]

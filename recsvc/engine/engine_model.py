@@ -1,0 +1,122 @@
+"""One engine-side object per model the engine runs (the target, a LLaMA drafter): ``EngineModel``.
+
+It holds the transformers model, its attention mode ("exact" | "fp32", see ``recsvc.engine.attention``) and
+its lean forward (``recsvc.engine.lean.LeanLlama``: fused / pre-packed weights and the prompt-header prefix
+cache, rebuilt when the parameters' version counters change), and it is the one primitive every
+target / drafter call goes through: ``forward(cache, ids, positions, tree)`` over new tokens with an explicit
+per-token key set. Plain beam search, the drafters and the speculative verifier all feed tokens that attend to
+an arbitrary set of cached slots (the prompt, their ancestors in a beam / draft tree) and themselves; one
+call keeps their numerics consistent, and the KV cache never has to be copied per beam.
+
+Nothing is stored on the transformers model except its switch to tree attention (``config``: SDPA whenever
+no tree is given, so training and ``generate`` are unchanged). Build it once per model and pass it to the
+caches and searches:
+
+    target = EngineModel.build(model, attention="fp32")
+    BeamSearch(target, trie, code_offset).search(prompts, k)
+
+Shapes: B requests, q new tokens per request, H hidden size, M scored rows, C codebook size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from recsvc.engine.attention import ATTENTION_MODES, TreeGroups, use_tree_attention
+from recsvc.engine.lean import LeanCache, LeanLlama
+
+
+class EngineModel:
+    def __init__(self, model: PreTrainedModel, attention: str) -> None:
+        """Use ``EngineModel.build`` (it switches the model to tree attention first)."""
+        self.model = model
+        self.attention = attention
+        self._lean_supported = LeanLlama.supported(model)
+        self._lean: LeanLlama | None = None
+
+    @classmethod
+    def build(cls, model: PreTrainedModel, attention: str = "exact") -> EngineModel:
+        """The factory: switch ``model`` to tree attention and wrap it. ``attention``: "exact" (the engine
+        reproduces ``generate`` bit for bit) or "fp32" (split fp32 attention of the generated tokens, faster on
+        CPUs); see ``recsvc.engine.attention``."""
+        if attention not in ATTENTION_MODES:
+            raise ValueError(f"attention mode must be one of {ATTENTION_MODES}, got {attention!r}")
+        use_tree_attention(model)
+        return cls(model, attention)
+
+    # ---- what the caches and searches read -------------------------------------------------------------------
+    @property
+    def fp32(self) -> bool:
+        """The generated tokens' attention runs split, in fp32 (``TreeGroups.split``)."""
+        return self.attention == "fp32"
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the LM head (the full vocabulary the code log-probs are normalised over)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def lean(self) -> LeanLlama | None:
+        """The lean forward, up to date with the parameters (rebuilt after they change in place: training
+        between validations), or None for models it does not support (transformers' forward then)."""
+        if not self._lean_supported:
+            return None
+        if self._lean is None or self._lean.stale:
+            self._lean = LeanLlama(self.model)
+        return self._lean
+
+    # ---- the primitive ---------------------------------------------------------------------------------------
+    def new_cache(self) -> DynamicCache | LeanCache:
+        """An empty KV cache for ``forward``: a LeanCache when the lean forward applies, else transformers'."""
+        lean = self.lean()
+        return lean.new_cache() if lean is not None else DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: DynamicCache | LeanCache,
+        input_ids: torch.Tensor,  # [B, q] token ids (padding: any valid id; its queries get no keys it needs)
+        position_ids: torch.Tensor,  # [B, q] rotary positions (prompt length + depth - 1 for tree tokens)
+        tree: TreeGroups,  # every query's exact key set (and the first call's prompts)
+    ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
+        if isinstance(cache, LeanCache):
+            return cache.lean.forward(cache, input_ids, position_ids, tree)
+        b = input_ids.shape[0]
+        # the additive mask is unused (tree attention takes the key sets); transformers wants one
+        mask = torch.zeros(b, 1, 1, 1, dtype=self.model.dtype, device=input_ids.device)
+        out = self.model.get_decoder()(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                                       past_key_values=cache, use_cache=True, tree=tree)
+        return out.last_hidden_state
+
+    def code_logprobs(
+        self,
+        hidden: torch.Tensor,  # [M, H]
+        level: torch.Tensor,  # [M] code level (0..L-1) whose tokens each row scores
+        code_offset: int,
+        codebook_size: int,
+    ) -> torch.Tensor:  # [M, C] float32 log-probabilities of the level's code tokens
+        """transformers' beam-score convention: log_softmax over the FULL vocabulary in float32, then the slice of
+        the level's code tokens (tokens outside the trie are masked by the caller, without renormalising).
+
+        The LM head runs only on the rows that need a next-token distribution, never on the prompt."""
+        lean = self.lean()
+        head = lean.lm_head if lean is not None else self.model.get_output_embeddings()
+        logits = head(hidden).float()  # [M, V]
+        cols = code_offset + level[:, None] * codebook_size + torch.arange(codebook_size, device=hidden.device)
+        return torch.log_softmax(logits, dim=-1).gather(1, cols)
