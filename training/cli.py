@@ -120,6 +120,24 @@ def register(subparsers) -> None:
     t.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     t.add_argument("--force", action="store_true", help="discard existing teacher data and rebuild")
     t.set_defaults(func=cmd_teacher)
+
+    h = sub.add_parser("head", help="the recurrent draft head on the target (ReDrafter style; BUNDLE/head)")
+    h.add_argument("--bundle", type=Path, required=True, help="bundle directory with a trained target")
+    h.add_argument("--method", default="atspeed-s", choices=DRAFTER_METHODS,
+                   help="distillation objective (the drafter's losses), on the served target's beams")
+    h.add_argument("--alpha", type=float, default=0.5, help="alpha * L_align + (1 - alpha) * L_rec")
+    h.add_argument("--k", type=int, default=10, help="target beams traced per training prefix (and K of the losses)")
+    h.add_argument("--prefixes", type=int, default=20000, help="training prefixes traced (a seeded sample)")
+    h.add_argument("--epochs", type=int, default=6)
+    h.add_argument("--lr", type=float, default=1e-3)
+    h.add_argument("--batch-size", type=int, default=64, help="prefixes per optimizer step")
+    h.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto", help="the target's precision")
+    h.add_argument("--out-name", default=None, help="save to BUNDLE/heads/NAME instead of BUNDLE/head (served)")
+    h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    h.add_argument("--resume", action="store_true", help="continue from BUNDLE/checkpoints/head")
+    h.add_argument("--force", action="store_true", help="discard the head's checkpoints and start over")
+    h.set_defaults(func=cmd_head)
     train.set_defaults(func=lambda _args: train.print_help() or 2)
 
 
@@ -212,6 +230,20 @@ def cmd_teacher(args: argparse.Namespace) -> int:
                          lambda_mix=args.lambda_mix, shard_size=args.shard_size, seed=args.seed, dtype=args.dtype,
                          data_dir=args.data, force=args.force, attention=args.attention)
     print(json.dumps(meta, indent=1))
+    return 0
+
+
+def cmd_head(args: argparse.Namespace) -> int:
+    from training.train_head import train_head
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
+    info = train_head(args.bundle, method=args.method, alpha=args.alpha, k=args.k, max_prefixes=args.prefixes,
+                      epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
+                      out_name=args.out_name, force=args.force, resume=args.resume)
+    print(json.dumps({k: v for k, v in info.items() if k != "history"}, indent=1, default=str))
     return 0
 
 

@@ -28,8 +28,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, default=200)
     p.add_argument("--k", default="1,3,5,10,20")
     p.add_argument("--mode", choices=["strict", "relaxed"], default="strict")
-    p.add_argument("--drafter", choices=["llama", "oracle", "retrieval", "transition"], default="llama",
-                   help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior)")
+    p.add_argument("--drafter", choices=["llama", "oracle", "retrieval", "transition", "head"], default="llama",
+                   help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior); "
+                        "head: the recurrent draft head on the target (BUNDLE/head, `recsvc train head`)")
+    p.add_argument("--head-name", default=None, help="--drafter head: BUNDLE/heads/NAME instead of BUNDLE/head")
     p.add_argument("--prior", choices=["auto", "off"], default="auto",
                    help="auto: plain and speculative both fuse the bundle's prior when it has one (as served)")
     p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, "
@@ -45,7 +47,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path")
 
 
-def make_drafter(kind: str, ctx, engine, k: int, dtype: str):
+def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | None = None):
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.drafters.oracle import OracleDrafter
     from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
@@ -58,6 +60,11 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str):
     if kind == "retrieval":
         return RetrievalDrafter(RetrievalDatastore(ctx.data.train.values()), ctx.trie)
     bundle = Bundle.open(ctx.bundle_dir)
+    if kind == "head":
+        from recsvc.drafters.head import HeadDrafter
+        from recsvc.drafters.head_model import load_head
+
+        return HeadDrafter(load_head(bundle.head_path(head_name)), ctx.trie)
     if kind == "transition":
         from recsvc.drafters.transition import TransitionDrafter
         from recsvc.model.transition import TransitionPrior
@@ -157,7 +164,7 @@ def run(args: argparse.Namespace) -> dict:
 
     rows = []
     for k in ks:
-        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype)
+        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.head_name)
         candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
         auto = autotune(lambda k_, n, g, d=drafter: sum(spec_once(u.history, k_, n, g, d)[1] for u in calib) / 1e3,
                         [k], lambda _k, c=candidates: c, repeats=1)[k]

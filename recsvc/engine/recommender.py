@@ -113,7 +113,8 @@ class BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: serve
         BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing.
-        ``drafter_name="transition"``: the training-free transition drafter over BUNDLE/prior.
+        ``drafter_name="transition"``: the training-free transition drafter over BUNDLE/prior; ``"head"``
+        (``"head:NAME"``): the recurrent draft head BUNDLE/head (BUNDLE/heads/NAME) on the target.
         ``beam_width``: see ``__init__`` (None: bundle.json "beam_width", else 0 = k).
         ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
         recommend a query's history items."""
@@ -133,6 +134,12 @@ class BundleRecommender:
                 raise UserError(f"--drafter transition needs a transition prior in {bundle.root}: run `recsvc "
                                 "prior fit` or `recsvc tune prior` first")
             drafter = TransitionDrafter(stored_prior, CatalogTrie(ids))
+        elif use_drafter and drafter_name is not None and (drafter_name == "head" or drafter_name.startswith("head:")):
+            from recsvc.drafters.head import HeadDrafter
+            from recsvc.drafters.head_model import load_head
+
+            name = drafter_name.partition(":")[2] or None  # "head": BUNDLE/head; "head:NAME": BUNDLE/heads/NAME
+            drafter = HeadDrafter(load_head(bundle.head_path(name), device=device), CatalogTrie(ids))
         elif use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):
             draft_model = EngineModel.build(bundle.load_drafter(dtype=dtype, device=device, name=drafter_name),
                                             attention)  # the lean forward too, with its own prefix cache

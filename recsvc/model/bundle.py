@@ -75,6 +75,14 @@ class Bundle:
     def checkpoint_dir(self, stage: str) -> Path:
         return self.root / "checkpoints" / stage
 
+    def head_path(self, name: str | None = None) -> Path:
+        """The recurrent draft head: BUNDLE/head (the served one, None) or BUNDLE/heads/NAME (``--out-name``)."""
+        if name is None:
+            return self.root / "head"
+        if not name or "/" in name or name.startswith("."):
+            raise UserError(f"a head name must be a plain directory name, got {name!r}")
+        return self.root / "heads" / name
+
     # ------------------------------------------------------------------ bundle.json
     @classmethod
     def create(cls, root: str | Path, data: str | Path | None = None) -> Bundle:

@@ -1,0 +1,118 @@
+"""The recurrent draft head: its initial state mimics the target's LM head; drafting with it stays exact under
+strict verification; distillation on traced beams lowers its loss; weights round-trip through safetensors."""
+
+from __future__ import annotations
+
+import torch
+from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+
+from recsvc.drafters.head import HeadDrafter
+from recsvc.drafters.head_model import DraftHead, HeadConfig, load_head, save_head
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.ports import TargetState
+from recsvc.engine.speculative import speculative_search
+from recsvc.engine.tree_cache import TreeCache
+from tokenizer_rqvae.trie import CatalogTrie
+from training.head_traces import paths, trace_batch
+from training.train_head import containment, head_loss
+
+LEVELS, CODEBOOK = 4, 16
+
+
+def _setup(seed: int = 3):
+    ids = random_catalog(120, LEVELS, CODEBOOK, seed=seed)
+    trie = CatalogTrie(ids)
+    llama = tiny_llama(LEVELS, CODEBOOK, seed=seed)
+    target = EngineModel.build(llama)
+    head = DraftHead(HeadConfig(hidden=llama.config.hidden_size, levels=LEVELS, codebook=CODEBOOK))
+    head.init_from_lm_head(llama.get_output_embeddings().weight, TEXT_VOCAB)
+    return ids, trie, llama, target, head
+
+
+def test_untrained_head_scores_codes_as_the_target_head_would() -> None:
+    # z = h at initialisation: log q = log_softmax over the next level's codes of the LM head's logits at h
+    _, _, llama, _, head = _setup()
+    h = torch.randn(5, llama.config.hidden_size)
+    level = torch.tensor([0, 1, 2, 0, 1])
+    _, logq = head.step(head.start(h), h, level, torch.tensor([3, 0, 15, 7, 2]))
+    w = llama.get_output_embeddings().weight
+    for m in range(5):
+        lo = TEXT_VOCAB + (int(level[m]) + 1) * CODEBOOK
+        ref = torch.log_softmax(h[m] @ w[lo:lo + CODEBOOK].T, -1)
+        assert torch.allclose(logq[m], ref, atol=1e-5)
+    # rows at different levels give the same numbers as rows of one level
+    _, same = head.step(head.start(h[:1]), h[:1], level[:1], torch.tensor([3]))
+    assert torch.allclose(same[0], logq[0], atol=1e-5)
+
+
+def test_head_drafts_are_exact_under_strict_verification_and_prefill_is_counted() -> None:
+    ids, trie, _, target, head = _setup(5)
+    engine = BeamSearch(target, trie, TEXT_VOCAB)
+    prompts = random_prompts(4, seed=5)
+    drafter = HeadDrafter(head, trie)
+    for k, n, gamma in ((1, 1, 3), (5, 8, 3), (6, 6, 2)):
+        plain = engine.search(batch(prompts), k)
+        session = drafter.session(batch(prompts), [[]] * 4, None)
+        spec = speculative_search(target, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, None,
+                                  engine.select)
+        assert torch.equal(spec.leaves, plain.leaves)
+        assert torch.allclose(spec.scores, plain.scores, atol=1e-5)
+        assert spec.draft_calls == 0  # no transformer forward drafts
+        # the first round's prefill (the root's hidden state) is a target call of its own: >= 2 calls
+        assert bool((spec.target_calls >= 2).all())
+        assert session.head_steps > 0
+
+
+def test_first_depth_is_the_target_own_top_n_and_uncached_roots_cost_no_forward() -> None:
+    ids, trie, _, target, head = _setup(7)
+    prompts = random_prompts(2, seed=7)
+    plain = BeamSearch(target, trie, TEXT_VOCAB).search(batch(prompts), 6)
+    session = HeadDrafter(head, trie).session(batch(prompts), [[]] * 2, None)
+    cache = TreeCache(target, trie, TEXT_VOCAB, batch(prompts))
+    state = TargetState(target, cache)
+    root = torch.zeros(2, 1, dtype=torch.long)
+    drafts = session.propose(root, torch.zeros(2, 1), torch.tensor([2, 2]), 6, state)
+    assert cache.calls == 1  # the prompt prefill: the root's hidden state
+    assert torch.equal(drafts[0], plain.beams[0])  # depth 1 from the target's own LM head: exact
+    # roots the target chose but never fed (a rejected depth's beams): their parents' hidden states are read,
+    # the roots themselves are not fed
+    cache.feed(plain.beams[0])
+    calls = cache.calls
+    roots = plain.beams[1]
+    assert not bool(state.cached(roots).any())
+    drafts = session.propose(roots, torch.zeros(2, 6), torch.tensor([2, 1]), 6, state)
+    assert cache.calls == calls and not bool(state.cached(roots).any())
+    assert [len(drafts), int((drafts[1][1] >= 0).sum())] == [2, 0]  # row 1 drafts one depth only
+
+
+def test_traces_and_distillation_lower_the_loss(tmp_path) -> None:
+    ids, trie, _, target, head = _setup(11)
+    prompts = random_prompts(24, seed=11)
+    gt = trie.item_path[torch.arange(24) % len(ids.item_ids), -1]
+    tr = trace_batch(target, trie, TEXT_VOCAB, batch(prompts), gt, 5, None, None)
+    assert tr["hidden"].shape == (24, 6, LEVELS - 1, head.cfg.hidden)
+    assert tr["lp"].shape == (24, 6, LEVELS, CODEBOOK)
+    ctx, codes = paths(trie, tr["leaf"])
+    # the traced hidden state of a context equals a fresh cache's, and the last sequence is the truth
+    cache = TreeCache(target, trie, TEXT_VOCAB, batch(prompts[:1]))
+    cache.feed(ctx[:1, 0, 1:3])
+    assert torch.allclose(cache.hidden_at(ctx[:1, 0, :3]).float(), tr["hidden"][:1, 0], atol=1e-5)
+    assert torch.equal(tr["leaf"][:, -1], gt)
+    assert bool((codes[:, -1] >= 0).all())
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss, _ = head_loss(head, tr, trie, "wordkd", 1.0, 5)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+    hits, pairs = containment(head, tr, trie, 5)
+    assert pairs > 0 and hits / pairs > 0.9
+    save_head(head, tmp_path / "head", {"method": "wordkd"})
+    again = load_head(tmp_path / "head")
+    h = tr["hidden"][:3, 0, 0]
+    zero = torch.zeros(3, dtype=torch.long)
+    assert torch.equal(head.step(head.start(h), h, zero, zero)[1], again.step(again.start(h), h, zero, zero)[1])
