@@ -116,3 +116,25 @@ def test_traces_and_distillation_lower_the_loss(tmp_path) -> None:
     h = tr["hidden"][:3, 0, 0]
     zero = torch.zeros(3, dtype=torch.long)
     assert torch.equal(head.step(head.start(h), h, zero, zero)[1], again.step(again.start(h), h, zero, zero)[1])
+
+
+def test_head_samples_for_relaxed_verification() -> None:
+    from recsvc.engine.relaxed import relaxed_speculative_search
+    from recsvc.engine.sampling import make_generators
+
+    ids, trie, _, target, head = _setup(13)
+    prompts = random_prompts(3, seed=13)
+    drafter = HeadDrafter(head, trie)
+    assert drafter.samples
+    out = relaxed_speculative_search(target, trie, TEXT_VOCAB, batch(prompts), 5,
+                                     drafter.sampling_session(batch(prompts), [[]] * 3, None), 8, 3,
+                                     torch.ones(3), make_generators([1, 2, 3]))
+    for row in out.leaves:
+        items = trie.leaf_items(row[row >= 0])
+        assert len(items) == 5 and len(set(items)) == 5
+    assert bool((out.target_calls >= 2).all()) and out.draft_calls == 0
+    # the same seeds give the same sample
+    again = relaxed_speculative_search(target, trie, TEXT_VOCAB, batch(prompts), 5,
+                                       drafter.sampling_session(batch(prompts), [[]] * 3, None), 8, 3,
+                                       torch.ones(3), make_generators([1, 2, 3]))
+    assert torch.equal(out.leaves, again.leaves)

@@ -8,6 +8,8 @@ last token, whose hidden state costs the prompt prefill, counted as a target cal
   and scores the next level's codes, conditioned on the h of the draft's root beam.
 Each depth keeps the top-N beams (``expand_beams``: the trie, the request's exclusions and the fused prior
 applied as the target applies them), so the drafted nodes form the tree the engine verifies in one forward.
+Relaxed mode (``sample``) samples N sequences per depth from the same distributions, tempered and renormalised
+as the target's sampling beam search does (``sampling.temper``).
 No transformer forward runs to draft: ``calls`` stays 0; ``head_steps`` counts the head's batched steps.
 
 Shapes: R rows, Kc the target's beams, N draft width, H hidden, S head state, C codes per level.
@@ -21,8 +23,9 @@ import torch
 
 from recsvc.drafters.head_model import DraftHead
 from recsvc.engine.beam_search import expand_beams
-from recsvc.engine.ports import StrictOnly, TargetState
+from recsvc.engine.ports import DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.sampling import sample_children, temper
 from tokenizer_rqvae.trie import CatalogTrie
 
 
@@ -39,12 +42,9 @@ class HeadDraftSession:
         self.head, self.trie, self.dead, self.prior = head, trie, dead, prior
         self.head_steps = 0
 
-    @torch.inference_mode()
-    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
-                target: TargetState) -> list[torch.Tensor]:
-        g = int(steps.max()) if len(steps) else 0
-        if g == 0:
-            return []
+    def _roots(self, roots: torch.Tensor, target: TargetState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The round's start: (h [R, Kc, H] the hidden state each root's drafts are conditioned on, the head's
+        state there [R, Kc, S], next-code log-probs at the roots [R, Kc, C])."""
         trie, head = self.trie, self.head
         r, kc = roots.shape
         # a root the target chose at a rejected depth is not cached yet (the next verification feeds it): read
@@ -61,30 +61,72 @@ class HeadDraftSession:
             stepped, logq = head.step(state, h.reshape(r * kc, -1), (trie.depth[safe] - 1).reshape(-1),
                                       trie.node_code[safe].reshape(-1))
             self.head_steps += 1
-            fp = from_parent.reshape(-1, 1)
-            state = torch.where(fp, stepped, state)
+            state = torch.where(from_parent.reshape(-1, 1), stepped, state)
             logp = torch.where(from_parent[..., None], logq.view(r, kc, -1), logp)
-        nodes, scores, parent = expand_beams(trie, roots, root_scores, logp, width, self.dead, prior=self.prior)
-        drafts = [torch.where((steps >= 1)[:, None], nodes, -1)]
-        if g == 1:
-            return drafts
-        h = _gather(h, parent)  # [R, N, H] the hidden state each draft's recurrence is conditioned on
-        state = _gather(state.view(r, kc, -1), parent)  # [R, N, S]
-        n = nodes.shape[1]
-        for s in range(2, g + 1):
-            alive = nodes >= 1
-            safe = torch.where(alive, nodes, 1)
-            level = (trie.depth[safe] - 1).clamp(max=trie.levels - 2)  # [R, n] the consumed code's level
-            new_state, logq = head.step(state.reshape(r * n, -1), h.reshape(r * n, -1), level.reshape(-1),
-                                        trie.node_code[safe].reshape(-1))
-            self.head_steps += 1
-            logq = torch.where(alive[..., None], logq.view(r, n, -1), float("-inf"))
-            nodes, scores, parent = expand_beams(trie, torch.where(alive, nodes, -1), scores, logq, width,
-                                                 self.dead, prior=self.prior)
+        return h, state.view(r, kc, -1), logp
+
+    def _step(self, nodes: torch.Tensor, state: torch.Tensor, h: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over the codes of ``nodes`` [R, n] (states / conditioning [R, n, S] / [R, n, H]) ->
+        (new states [R, n, S], next-code log q [R, n, C]; -inf on dead nodes)."""
+        trie = self.trie
+        r, n = nodes.shape
+        alive = nodes >= 1
+        safe = torch.where(alive, nodes, 1)
+        level = (trie.depth[safe] - 1).clamp(max=trie.levels - 2)  # [R, n] the consumed code's level
+        new_state, logq = self.head.step(state.reshape(r * n, -1), h.reshape(r * n, -1), level.reshape(-1),
+                                         trie.node_code[safe].reshape(-1))
+        self.head_steps += 1
+        return new_state.view(r, n, -1), torch.where(alive[..., None], logq.view(r, n, -1), float("-inf"))
+
+    @torch.inference_mode()
+    def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
+                target: TargetState) -> list[torch.Tensor]:
+        g = int(steps.max()) if len(steps) else 0
+        if g == 0:
+            return []
+        h, state, logp = self._roots(roots, target)
+        nodes, scores = roots, root_scores
+        drafts: list[torch.Tensor] = []
+        for s in range(1, g + 1):
+            nodes, scores, parent = expand_beams(self.trie, nodes, scores, logp, width, self.dead, prior=self.prior)
             drafts.append(torch.where((steps >= s)[:, None], nodes, -1))
-            n = nodes.shape[1]
-            state, h = _gather(new_state.view(r, -1, new_state.shape[-1]), parent), _gather(h, parent)
+            if s == g:
+                break
+            h, state = _gather(h, parent), _gather(state, parent)  # [R, N, .] follow the kept beams
+            state, logp = self._step(nodes, state, h)
         return drafts
+
+    @torch.inference_mode()
+    def sample(self, roots: torch.Tensor, root_logp: torch.Tensor, steps: torch.Tensor, width: int,
+               temperature: torch.Tensor, gens: Sequence[torch.Generator], target: TargetState) -> list[DraftStep]:
+        """Relaxed mode: ``width`` sequences per depth sampled without replacement from the tempered, trie-masked,
+        prior-fused distribution (depth j + 1: the target's own; deeper: the head's) over the children of the
+        previous depth's samples, starting from the target's beams weighted by their log-probs."""
+        g = int(steps.max()) if len(steps) else 0
+        if g == 0:
+            return []
+        h, state, logp = self._roots(roots, target)
+        nodes, weights = roots, root_logp
+        r = roots.shape[0]
+        out: list[DraftStep] = []
+        for s in range(1, g + 1):
+            active = (steps >= s)[:, None]
+            nodes = torch.where(active, nodes, -1)
+            logq, child = temper(self.trie, logp, nodes, temperature, self.dead, self.prior)  # [R, n, C]
+            cand = weights[..., None] + logq
+            lse = torch.logsumexp(cand.reshape(r, -1), 1)  # [R]
+            lse = torch.where(torch.isfinite(lse), lse, 0.0)
+            new_nodes, new_w = sample_children(cand.reshape(r, -1), child.reshape(r, -1), width, gens, range(r))
+            out.append(DraftStep(torch.where(active, new_nodes, -1), new_w - lse[:, None], nodes,
+                                 cand - lse[:, None, None]))
+            if s == g:
+                break
+            parent = (self.trie.parent[new_nodes.clamp(min=0)][..., None] == nodes[:, None, :]).int().argmax(-1)
+            h, state = _gather(h, parent), _gather(state, parent)  # [R, N, .]
+            state, logp = self._step(new_nodes, state, h)
+            nodes, weights = new_nodes, new_w
+        return out
 
     def observe(self, beams: torch.Tensor) -> None:
         pass
@@ -96,12 +138,17 @@ class HeadDraftSession:
             self.prior = self.prior[rows]
 
 
-class HeadDrafter(StrictOnly):
+class HeadDrafter:
     name = "head"
+    samples = True
 
     def __init__(self, head: DraftHead, trie: CatalogTrie) -> None:
         self.head, self.trie = head, trie
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> HeadDraftSession:
+        return HeadDraftSession(self.head, self.trie, dead, prior)
+
+    def sampling_session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
+                         dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> HeadDraftSession:
         return HeadDraftSession(self.head, self.trie, dead, prior)

@@ -55,7 +55,7 @@ class LlamaDraftSession:
 
     @torch.inference_mode()
     def sample(self, roots: torch.Tensor, root_logp: torch.Tensor, steps: torch.Tensor, width: int,
-               temperature: torch.Tensor, gens: Sequence[torch.Generator]) -> list[DraftStep]:
+               temperature: torch.Tensor, gens: Sequence[torch.Generator], target: TargetState) -> list[DraftStep]:
         """Relaxed mode: sample ``width`` sequences per depth without replacement from the drafter's tempered,
         trie-masked distribution over the children of its previous depth's samples (starting from the target's
         beams, weighted by their target log-probs)."""

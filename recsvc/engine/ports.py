@@ -108,6 +108,7 @@ class SamplingSession(Session, Protocol):
         width: int,  # N >= K sequences per depth
         temperature: torch.Tensor,  # [R]
         gens: Sequence[torch.Generator],  # one per row
+        target: TargetState,  # read access to the target at these rows (may be ignored)
     ) -> list[DraftStep]:  # max(steps) steps
         ...
 

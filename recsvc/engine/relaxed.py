@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.ports import DraftStep, SamplingSession
+from recsvc.engine.ports import DraftStep, SamplingSession, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp
@@ -68,7 +68,7 @@ def relaxed_speculative_search(
         grow = beams.rows.tolist()
         steps = (levels - beams.depth).clamp(max=gamma)
         drafted: list[DraftStep] = drafts.sample(beams.nodes, beams.scores, steps, n_draft, temp,
-                                                 [gens[r] for r in grow])
+                                                 [gens[r] for r in grow], TargetState(target, cache))
         tree = torch.cat([beams.nodes, *[d.nodes for d in drafted]], 1)
         cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))
         running = torch.ones(len(grow), dtype=torch.bool)

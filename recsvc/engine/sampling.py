@@ -48,9 +48,16 @@ def tempered_logp(model: EngineModel, cache: TreeCache, nodes: torch.Tensor, tem
 
     ``prior`` ([B, num_nodes], ``recsvc.engine.prior``): the tempered log-probs gain the prior's step term
     w * (log m(child) - log m(node)) before renormalising, i.e. p(c | n) ∝ p_T(c | n) * m(c)^w (fused)."""
-    trie = cache.trie
+    return temper(cache.trie, node_logprobs(model, cache, nodes), nodes, temperature, dead, prior)
+
+
+def temper(trie: CatalogTrie, logp: torch.Tensor, nodes: torch.Tensor, temperature: torch.Tensor,
+           dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tempered_logp`` from given next-code log-probs ``logp`` [B, m, C] at ``nodes`` [B, m] (a model's or a
+    draft head's): divide by the temperature [B], add the prior's step term, mask, renormalise over the
+    allowed codes -> (log p [B, m, C], child nodes [B, m, C])."""
     b, m = nodes.shape
-    logp = node_logprobs(model, cache, nodes) / temperature[:, None, None]  # [B, m, C]
+    logp = logp / temperature[:, None, None]
     rows = torch.arange(b)[:, None].expand(b, m).reshape(-1)
     mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
     if prior is not None:
