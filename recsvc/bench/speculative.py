@@ -32,6 +32,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior); "
                         "head: the recurrent draft head on the target (BUNDLE/head, `recsvc train head`)")
     p.add_argument("--head-name", default=None, help="--drafter head: BUNDLE/heads/NAME instead of BUNDLE/head")
+    p.add_argument("--head-opener", choices=["auto", "transition", "none"], default="auto",
+                   help="--drafter head: who drafts the first round, fused with the prompt prefill (auto: the "
+                        "transition drafter when the bundle has a prior; none: the head after a prefill forward)")
     p.add_argument("--prior", choices=["auto", "off"], default="auto",
                    help="auto: plain and speculative both fuse the bundle's prior when it has one (as served)")
     p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, "
@@ -47,7 +50,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path")
 
 
-def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | None = None):
+def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | None = None,
+                 head_opener: str = "auto"):
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.drafters.oracle import OracleDrafter
     from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
@@ -63,8 +67,14 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | No
     if kind == "head":
         from recsvc.drafters.head import HeadDrafter
         from recsvc.drafters.head_model import load_head
+        from recsvc.drafters.transition import TransitionDrafter
+        from recsvc.model.transition import TransitionPrior
 
-        return HeadDrafter(load_head(bundle.head_path(head_name)), ctx.trie)
+        if head_opener == "transition" and not bundle.has_prior():
+            raise UserError(f"--head-opener transition needs a transition prior in {ctx.bundle_dir}")
+        opener = (TransitionDrafter(TransitionPrior.load(bundle.prior_dir), ctx.trie)
+                  if head_opener != "none" and bundle.has_prior() else None)
+        return HeadDrafter(load_head(bundle.head_path(head_name)), ctx.trie, opener)
     if kind == "transition":
         from recsvc.drafters.transition import TransitionDrafter
         from recsvc.model.transition import TransitionPrior
@@ -164,7 +174,7 @@ def run(args: argparse.Namespace) -> dict:
 
     rows = []
     for k in ks:
-        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.head_name)
+        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.head_name, args.head_opener)
         candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
         auto = autotune(lambda k_, n, g, d=drafter: sum(spec_once(u.history, k_, n, g, d)[1] for u in calib) / 1e3,
                         [k], lambda _k, c=candidates: c, repeats=1)[k]

@@ -23,7 +23,7 @@ import torch
 
 from recsvc.drafters.head_model import DraftHead
 from recsvc.engine.beam_search import expand_beams
-from recsvc.engine.ports import DraftStep, TargetState
+from recsvc.engine.ports import Drafter, DraftSession, DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import sample_children, temper
 from tokenizer_rqvae.trie import CatalogTrie
@@ -38,8 +38,9 @@ class HeadDraftSession:
     calls = 0  # no drafter forward: the head's steps are a few small matmuls
 
     def __init__(self, head: DraftHead, trie: CatalogTrie, dead: torch.Tensor | None,
-                 prior: torch.Tensor | None) -> None:
+                 prior: torch.Tensor | None, opener: DraftSession | None = None) -> None:
         self.head, self.trie, self.dead, self.prior = head, trie, dead, prior
+        self.opener = opener  # drafts the rows whose target has run no forward yet (see HeadDrafter)
         self.head_steps = 0
 
     def _roots(self, roots: torch.Tensor, target: TargetState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,6 +86,9 @@ class HeadDraftSession:
         g = int(steps.max()) if len(steps) else 0
         if g == 0:
             return []
+        if self.opener is not None and not bool(target.cached(roots[:, :1]).all()):
+            # the first round: the opener's drafts ride along with the prompt prefill in one forward
+            return self.opener.propose(roots, root_scores, steps, width, target)
         h, state, logp = self._roots(roots, target)
         nodes, scores = roots, root_scores
         drafts: list[torch.Tensor] = []
@@ -129,9 +133,12 @@ class HeadDraftSession:
         return out
 
     def observe(self, beams: torch.Tensor) -> None:
-        pass
+        if self.opener is not None:
+            self.opener.observe(beams)
 
     def select_rows(self, rows: torch.Tensor) -> None:
+        if self.opener is not None:
+            self.opener.select_rows(rows)
         if self.dead is not None:
             self.dead = self.dead[rows]
         if self.prior is not None:
@@ -139,15 +146,21 @@ class HeadDraftSession:
 
 
 class HeadDrafter:
+    """``opener``: a drafter that needs no target state (the transition drafter) for the first round of strict
+    decoding. Without one, the first round reads the root's hidden state, which costs the prompt prefill as a
+    target forward of its own, and the draft tree is verified in a second; with one, its drafts are verified
+    together with the prefill (one forward, as the oracle's) and the head drafts every later round."""
+
     name = "head"
     samples = True
 
-    def __init__(self, head: DraftHead, trie: CatalogTrie) -> None:
-        self.head, self.trie = head, trie
+    def __init__(self, head: DraftHead, trie: CatalogTrie, opener: Drafter | None = None) -> None:
+        self.head, self.trie, self.opener = head, trie, opener
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> HeadDraftSession:
-        return HeadDraftSession(self.head, self.trie, dead, prior)
+        opener = self.opener.session(prompts, histories, dead, prior) if self.opener is not None else None
+        return HeadDraftSession(self.head, self.trie, dead, prior, opener)
 
     def sampling_session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                          dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> HeadDraftSession:

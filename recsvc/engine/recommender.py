@@ -137,9 +137,11 @@ class BundleRecommender:
         elif use_drafter and drafter_name is not None and (drafter_name == "head" or drafter_name.startswith("head:")):
             from recsvc.drafters.head import HeadDrafter
             from recsvc.drafters.head_model import load_head
+            from recsvc.drafters.transition import TransitionDrafter
 
             name = drafter_name.partition(":")[2] or None  # "head": BUNDLE/head; "head:NAME": BUNDLE/heads/NAME
-            drafter = HeadDrafter(load_head(bundle.head_path(name), device=device), CatalogTrie(ids))
+            opener = TransitionDrafter(stored_prior, CatalogTrie(ids)) if stored_prior is not None else None
+            drafter = HeadDrafter(load_head(bundle.head_path(name), device=device), CatalogTrie(ids), opener)
         elif use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):
             draft_model = EngineModel.build(bundle.load_drafter(dtype=dtype, device=device, name=drafter_name),
                                             attention)  # the lean forward too, with its own prefix cache
