@@ -126,3 +126,18 @@ def test_deploy_scratch_refit_without_selection(data, tmp_path) -> None:
     assert not Bundle.open(out).train_only_target_dir.exists()  # nothing was trained on train alone
     refused = [a for a in argv if a not in ("--refit", "scratch")]
     assert main([*refused[:4], str(tmp_path / "other"), *refused[5:]]) == 2  # --epochs 0 needs --refit scratch
+
+
+def test_deploy_scratch_refit_auto_takes_the_chosen_epoch_count(data, tmp_path) -> None:
+    """--refit scratch --refit-epochs auto: a fresh model trained on train + valid for the epoch count the
+    selection phase chose on valid (the classic refit)."""
+    d, ids = data
+    out = tmp_path / "auto"
+    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids), "--preset", "tiny", "--epochs", "2",
+            "--batch-size", "8", "--eval-users", "10", "--bf16", "off", "--protocol", "deploy", "--refit", "scratch",
+            "--refit-epochs", "auto", "--patience", "0"]
+    assert main(argv) == 0
+    info = json.loads((Bundle.open(out).target_dir / "training.json").read_text())
+    assert info["best_epoch"] >= 1 and info["refit"]["epochs"] == info["best_epoch"]
+    assert Bundle.open(out).train_only_target_dir.is_dir()
+    assert main([*argv[:4], str(tmp_path / "bad"), *argv[5:-4], "--refit-epochs", "many"]) == 2

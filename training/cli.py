@@ -57,7 +57,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", choices=("paper", "deploy"), default="paper",
                    help="paper: train on the train period only; deploy: after choosing the epoch on valid, "
                         "continue training on train + valid (what a deployed model should know)")
-    p.add_argument("--refit-epochs", type=int, default=1, help="deploy: epochs over train + valid")
+    p.add_argument("--refit-epochs", default="1",
+                   help="deploy: epochs over train + valid; auto: the selected epoch count with --refit scratch "
+                        "(the classic refit), 1 with --refit continue")
     p.add_argument("--refit-lr", type=float, default=None,
                    help="deploy: peak lr of the refit (default: lr / 2 to continue, lr from scratch)")
     p.add_argument("--refit", dest="refit_mode", choices=("continue", "scratch"), default="continue",
@@ -143,13 +145,19 @@ def register(subparsers) -> None:
 
 def target_settings(args: argparse.Namespace) -> dict:
     """The target-only options of `recsvc train target` / `recsvc build` as ``train_target`` keywords."""
-    if args.refit_epochs < 1:
-        raise UserError(f"--refit-epochs must be >= 1, got {args.refit_epochs}")
+    refit_epochs = 0 if args.refit_epochs == "auto" else None
+    if refit_epochs is None:
+        try:
+            refit_epochs = int(args.refit_epochs)
+        except ValueError:
+            raise UserError(f"--refit-epochs must be a number or auto, got {args.refit_epochs!r}") from None
+        if refit_epochs < 1:
+            raise UserError(f"--refit-epochs must be >= 1 (or auto), got {refit_epochs}")
     if args.max_history is not None and not 1 <= args.max_history <= 100:
         raise UserError(f"--max-history must be in 1..100, got {args.max_history}")
     header = args.prompt if args.prompt != "auto" else ("lcrec" if args.base_model else "compact")
     return {"prompt_header": header, "max_history": args.max_history, "protocol": args.protocol,
-            "refit_epochs": args.refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode}
+            "refit_epochs": refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode}
 
 
 def loop_config(args: argparse.Namespace):

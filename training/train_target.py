@@ -419,7 +419,7 @@ def train_target(
     make_evaluator: Callable[[Any, Any], Evaluator] | None = None,
     prompt_header: str = "lcrec",
     protocol: str = "paper",
-    refit_epochs: int = 1,
+    refit_epochs: int = 1,  # 0: auto (the epoch chosen on valid for scratch, 1 for continue)
     refit_lr: float | None = None,
     refit_mode: str = "continue",
 ) -> dict[str, Any]:
@@ -455,6 +455,8 @@ def train_target(
         raise UserError(f"refit mode must be continue or scratch, not {refit_mode!r}")
     if cfg.epochs < 1 and not (protocol == "deploy" and refit_mode == "scratch"):
         raise UserError("--epochs 0 (no selection phase) needs --protocol deploy --refit scratch")
+    if refit_epochs == 0 and cfg.epochs < 1:
+        raise UserError("--refit-epochs auto takes the epoch count chosen on valid: it needs --epochs >= 1")
     dist = PartialState(cpu=not torch.cuda.is_available())
     main_process = dist.is_main_process
     log = print if main_process else (lambda *a, **k: None)
@@ -502,6 +504,8 @@ def train_target(
             import copy
 
             save_causal_lm(merge_lora(copy.deepcopy(best)) if is_peft(best) else best, bundle.train_only_target_dir)
+        if refit_epochs == 0:  # auto: the chosen epoch count (scratch), one more epoch (continue)
+            refit_epochs = max(1, result.best_epoch) if refit_mode == "scratch" else 1
         if refit_mode == "scratch":
             best = load_base_model(base_model, tok) if base_model else new_model(get_preset(preset), tok, seed=cfg.seed)
             best = wrap_lora(best, lora) if (base_model and lora is not None) else best
