@@ -89,11 +89,15 @@ class HeadDraftSession:
         if self.opener is not None and not bool(target.cached(roots[:, :1]).all()):
             # the first round: the opener's drafts ride along with the prompt prefill in one forward
             return self.opener.propose(roots, root_scores, steps, width, target)
+        exact = bool(target.cached(roots).all())  # before _roots feeds anything
         h, state, logp = self._roots(roots, target)
         nodes, scores = roots, root_scores
         drafts: list[torch.Tensor] = []
         for s in range(1, g + 1):
-            nodes, scores, parent = expand_beams(self.trie, nodes, scores, logp, width, self.dead, prior=self.prior)
+            # depth j + 1 from cached roots is the target's own step: its top K (= the roots' count after the
+            # first depth of a request) are exactly the beams the target will keep, so drafting more is waste
+            n = min(width, roots.shape[1]) if s == 1 and exact and roots.shape[1] > 1 else width
+            nodes, scores, parent = expand_beams(self.trie, nodes, scores, logp, n, self.dead, prior=self.prior)
             drafts.append(torch.where((steps >= s)[:, None], nodes, -1))
             if s == g:
                 break

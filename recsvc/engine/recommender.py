@@ -114,7 +114,8 @@ class BundleRecommender:
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: serve
         BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing.
         ``drafter_name="transition"``: the training-free transition drafter over BUNDLE/prior; ``"head"``
-        (``"head:NAME"``): the recurrent draft head BUNDLE/head (BUNDLE/heads/NAME) on the target.
+        (``"head:NAME"``): the recurrent draft head BUNDLE/head (BUNDLE/heads/NAME) on the target. Default
+        (None): BUNDLE/head when the bundle has one, else BUNDLE/drafter when it has one.
         ``beam_width``: see ``__init__`` (None: bundle.json "beam_width", else 0 = k).
         ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
         recommend a query's history items."""
@@ -134,12 +135,13 @@ class BundleRecommender:
                 raise UserError(f"--drafter transition needs a transition prior in {bundle.root}: run `recsvc "
                                 "prior fit` or `recsvc tune prior` first")
             drafter = TransitionDrafter(stored_prior, CatalogTrie(ids))
-        elif use_drafter and drafter_name is not None and (drafter_name == "head" or drafter_name.startswith("head:")):
+        elif use_drafter and (drafter_name is not None and (drafter_name == "head" or drafter_name.startswith("head:"))
+                              or drafter_name is None and (bundle.head_path() / "config.json").is_file()):
             from recsvc.drafters.head import HeadDrafter
             from recsvc.drafters.head_model import load_head
             from recsvc.drafters.transition import TransitionDrafter
 
-            name = drafter_name.partition(":")[2] or None  # "head": BUNDLE/head; "head:NAME": BUNDLE/heads/NAME
+            name = (drafter_name or "").partition(":")[2] or None  # "head": BUNDLE/head; "head:NAME": BUNDLE/heads/NAME
             opener = TransitionDrafter(stored_prior, CatalogTrie(ids)) if stored_prior is not None else None
             drafter = HeadDrafter(load_head(bundle.head_path(name), device=device), CatalogTrie(ids), opener)
         elif use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):

@@ -126,7 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
                         "--out-name NAME`), a model directory, `transition` (training-free, from BUNDLE/prior) or "
                         "`head` / `head:NAME` (the recurrent draft head BUNDLE/head or BUNDLE/heads/NAME, "
-                        "`recsvc train head`); default: BUNDLE/drafter)")
+                        "`recsvc train head`); default: BUNDLE/head, else BUNDLE/drafter)")
     p.add_argument("--exclude-history", action="store_true",
                    help="never recommend a user's history items (every request; default: only requests that ask)")
     p.add_argument("--beam-width", type=int, default=None,

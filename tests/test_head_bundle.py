@@ -1,0 +1,75 @@
+"""The recurrent draft head end to end on a real tiny bundle: `recsvc train head` writes BUNDLE/head (resumable
+checkpoints, bad input exits 2), the served recommender picks it by default and strict speculation with it equals
+plain beam search, and `recsvc bench speculative --drafter head` reports it with the transition opener."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
+from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
+
+import recsvc.cli.main as cli
+from recsvc.drafters.head import HeadDrafter
+from recsvc.engine.api import RecQuery
+from recsvc.engine.recommender import BundleRecommender
+from recsvc.model.bundle import Bundle
+from training.data.dataset import load_split_dir
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def only_our_commands(monkeypatch):
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"prior": "training.prior_cli", "bench": "recsvc.bench.cli",
+                                             "train": "training.cli"})
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    root = make_tiny_bundle(tmp_path_factory.mktemp("head"), n_users=60)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli, "SUBCOMMANDS", {"prior": "training.prior_cli", "train": "training.cli"})
+        assert cli.main(["prior", "fit", "--bundle", str(root), "--weight", "1.0"]) == 0
+        assert cli.main(["train", "head", "--bundle", str(root), "--prefixes", "200", "--epochs", "2", "--k", "4",
+                         "--dtype", "fp32", "--method", "wordkd", "--alpha", "1.0"]) == 0
+    return root
+
+
+def test_train_head_writes_the_head_and_refuses_bad_input(bundle, capsys) -> None:
+    b = Bundle.open(bundle)
+    info = json.loads((b.head_path() / "config.json").read_text())
+    assert info["method"] == "wordkd" and info["k"] == 4 and len(info["history"]) == 2
+    assert 0.0 <= info["best"]["val_topk_containment"] <= 1.0
+    assert b.is_done("head")
+    # a finished run leaves a checkpoint: rerunning needs --resume or --force
+    assert cli.main(["train", "head", "--bundle", str(bundle), "--prefixes", "200", "--epochs", "2", "--k", "4",
+                     "--dtype", "fp32", "--method", "wordkd"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert cli.main(["train", "head", "--bundle", str(bundle), "--alpha", "2"]) == 2
+    assert "--alpha" in capsys.readouterr().err
+
+
+def test_served_head_is_the_default_drafter_and_strict_equals_plain(bundle) -> None:
+    rec = BundleRecommender.from_bundle(bundle, dtype="fp32")
+    assert isinstance(rec.drafter, HeadDrafter) and rec.drafter.opener is not None  # the prior opens
+    data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
+    hist = [u.history[-8:] for u in data.eval_users("valid")[:5]]
+    plain = rec.recommend([RecQuery(history=h, k=4, mode="plain") for h in hist])
+    strict = rec.recommend([RecQuery(history=h, k=4, mode="strict") for h in hist])
+    assert [r.item_ids for r in strict] == [r.item_ids for r in plain]
+    assert all(r.stats.draft_calls == 0 for r in strict)
+    relaxed = rec.recommend([RecQuery(history=h, k=4, mode="relaxed", seed=3) for h in hist])
+    assert all(len(set(r.item_ids)) == 4 for r in relaxed)
+
+
+def test_bench_speculative_with_the_head(bundle, tmp_path) -> None:
+    out = tmp_path / "spec.json"
+    assert cli.main(["bench", "speculative", "--bundle", str(bundle), "--users", "4", "--k", "3", "--drafter",
+                     "head", "--grid", "K:3", "--dtype", "fp32", "--split", "valid", "--calibration-users", "2",
+                     "--head-opener", "none", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert all(r["identical"] == 1.0 and r["draft_calls"] == 0 for r in rows)
+    spec = [r for r in rows if r["N"] > 0]
+    assert spec and all(r["target_calls_spec"] >= 2 for r in spec)  # no opener: the prefill is a call of its own
