@@ -31,21 +31,28 @@ def resolve_grid(pairs: Sequence[tuple[str, int]], k: int) -> list[tuple[int, in
 
 def autotune(run: Callable[[int, int, int], float | None], ks: Sequence[int],
              candidates: Callable[[int], list[tuple[int, int]]] | None = None,
-             repeats: int = 2) -> dict[int, tuple[int, int]]:
+             repeats: int = 2, hopeless: float = 1.3) -> dict[int, tuple[int, int]]:
     """run(k, n, gamma) decodes the calibration batch once ((0, 0): plain beam search) and may return the seconds
     it measured itself (else the call is timed); candidates(k) lists the
-    (N, gamma) to try besides plain (default: DEFAULT_GRID). Returns {k: (N, gamma)} of the lowest median."""
+    (N, gamma) to try besides plain (default: DEFAULT_GRID). Returns {k: (N, gamma)} of the lowest median.
+
+    Only plain and the first candidate get an untimed warm-up run; a candidate whose first timed run is
+    ``hopeless`` times slower than the best so far is not repeated (a repeat would not change the choice; it
+    only costs start-up time)."""
     choice: dict[int, tuple[int, int]] = {}
     for k in ks:
         best: tuple[float, tuple[int, int]] | None = None
-        for n, gamma in [(0, 0), *(candidates(k) if candidates else resolve_grid(DEFAULT_GRID, k))]:
-            run(k, n, gamma)  # warm
-            times = []
+        for i, (n, gamma) in enumerate([(0, 0), *(candidates(k) if candidates else resolve_grid(DEFAULT_GRID, k))]):
+            if i < 2:  # warm plain and the first speculative setting (allocations, prefix caches, the drafter)
+                run(k, n, gamma)
+            times: list[float] = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 measured = run(k, n, gamma)
                 # a run may report its own time (e.g. leaving out an oracle's untimed preparation)
                 times.append(float(measured) if isinstance(measured, float) else time.perf_counter() - start)
+                if best is not None and times[0] > hopeless * best[0]:
+                    break
             t = sorted(times)[len(times) // 2]
             if best is None or t < best[0]:
                 best = (t, (n, gamma))
