@@ -35,7 +35,7 @@ clean:
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle quality-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
+.PHONY: beauty-bundle quality-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
 beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
@@ -54,6 +54,19 @@ quality-beauty: install
 	  --json $(BENCH)/quality_deploy$${ex:+_excl}.json || exit 1; done
 	$(VENV)/bin/recsvc eval --baselines-only --data $(BEAUTY) --split test --k 5,10,20 \
 	  --baselines $(QUALITY_BASELINES) --protocol paper --cache-dir artifacts/baselines --json $(BENCH)/quality_paper.json
+
+# BENCHMARKS.md "Speculation with the fused target": the oracle ceiling, the draft head, the transition and
+# LLaMA drafters on the served bundle (one thread, fp32; ~25 min; run on an otherwise idle machine)
+SPEC = $(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --dtype fp32 --threads 1
+spec-beauty: install
+	mkdir -p $(BENCH)
+	$(SPEC) --users 200 --k 1,5,10,20 --drafter oracle --grid K:3 --json $(BENCH)/spec_oracle.json
+	$(SPEC) --users 500 --k 10 --drafter head --grid K:3,2K:3 --json $(BENCH)/spec_head_k10.json
+	$(SPEC) --users 200 --k 1,5,20 --drafter head --grid K:3,2K:3 --json $(BENCH)/spec_head.json
+	$(SPEC) --users 200 --k 10 --drafter head --head-opener none --grid K:3,2K:3 --json $(BENCH)/spec_head_noopener.json
+	$(SPEC) --users 200 --k 10 --drafter transition --grid K:3,2K:3 --json $(BENCH)/spec_transition.json
+	$(SPEC) --users 200 --k 10 --mode relaxed --drafter head --grid K:3,2K:3 --json $(BENCH)/spec_head_relaxed.json
+	$(SPEC) --users 200 --k 10 --drafter llama --grid K:3,2K:3,K:1 --json $(BENCH)/spec_llama.json
 
 bench-beauty: install redis
 	mkdir -p $(BENCH)
