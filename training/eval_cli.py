@@ -4,12 +4,17 @@ Baselines (training/baselines) are fitted under a protocol and scored on the sam
 code and history exclusion: ``--baselines popularity,transition,transition-window,sasrec`` (default: the first
 three; sasrec costs minutes), ``--protocol paper|deploy`` (default: the bundle's), ``--baselines-only --data D``
 (no bundle needed).
+
+Sharded: ``torchrun --nproc_per_node N -m recsvc.cli.main eval ...`` (or ``accelerate launch``; WORLD_SIZE > 1)
+splits the users' batches across the processes (gloo on CPU), gathers the rankings to rank 0, which alone
+scores them, runs the baselines, prints and writes the JSON (``"processes": N``): the same figures as one process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from recsvc.errors import UserError
@@ -76,10 +81,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError("--batch-size must be >= 1")
     if args.max_users is not None and args.max_users < 1:
         raise UserError("--max-users must be >= 1")
+    if not args.baselines_only and not args.bundle:
+        raise UserError("--bundle is required (or --baselines-only with --data)")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _sharded(args, names, ks)
+    return _eval(args, names, ks)
+
+
+def _sharded(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> int:
+    """Under torchrun / accelerate launch: one process group (gloo on CPU) around the evaluation."""
+    import torch
+    import torch.distributed as dist
+    from accelerate import PartialState
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    try:
+        if args.baselines_only:  # no model to shard: rank 0 alone
+            return _baselines_only(args, names, ks) if state.is_main_process else 0
+        return _eval(args, names, ks)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> int:
     if args.baselines_only:
         return _baselines_only(args, names, ks)
-    if not args.bundle:
-        raise UserError("--bundle is required (or --baselines-only with --data)")
     from recsvc.model.bundle import Bundle
     from training.evaluate import evaluate_bundle
 
@@ -89,6 +116,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              args.max_users, args.exclude_history, use_prior=not args.no_prior,
                              baselines=names, protocol=protocol,
                              baseline_options=_baseline_options(args, Path(args.bundle) / "baselines"))
+    if result is None:  # a sharded run's other ranks: rank 0 reports
+        return 0
     result["model_fit_on"] = "train" if protocol == "paper" else "train+valid"
     result["bundle_protocol"] = bundle_protocol
     print(f"{args.split}: {result['users']} users, {result['ms_per_user']} ms/user ({result['dtype']}), "

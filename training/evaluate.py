@@ -45,11 +45,15 @@ def sample_users(users: Sequence[EvalUser], max_users: int | None, seed: int = 0
 def rank_users(
     model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], k: int,
     batch_size: int = 32, exclude_history: bool = False, progress: bool = True,
-    prior: TransitionPrior | None = None,
+    prior: TransitionPrior | None = None, shard: tuple[int, int] | None = None,
 ) -> dict[int, list[int]]:
     """user_id -> the engine's top-k item ids (plain constrained beam search; with ``prior`` of weight > 0 the
     prior is fused, each user's from its history). ``model``: ``EngineModel.build(model, "fp32")`` is what the
-    service runs (``serving_model``)."""
+    service runs (``serving_model``).
+
+    ``shard=(rank, world)``: rank only the batches ``i`` with ``i % world == rank``, the batches built exactly as
+    without sharding (same order, same composition, so the same padding), so the union over ranks equals the
+    single-process result user for user."""
     engine = BeamSearch(model, trie, builder.code_offset)
     fuse = prior is not None and prior.settings.weight > 0
     if fuse and not np.array_equal(prior.item_ids, trie.ids.item_ids):
@@ -58,6 +62,9 @@ def rank_users(
     # similar prompt lengths together: less padding per batch
     order = sorted(users, key=lambda u: min(len(u.history), builder.max_history))
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    if shard is not None:
+        rank, world = shard
+        batches = batches[rank::world]
     for chunk in tqdm(batches, desc=f"rank@{k}", unit="batch", disable=not progress, leave=False):
         prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
         excluded = [u.history for u in chunk] if exclude_history else None
@@ -69,6 +76,30 @@ def rank_users(
             ok = res.leaves[r] >= 0
             out[u.user_id] = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())
     return out
+
+
+def dist_rank_world() -> tuple[int, int]:
+    """(rank, world size) of an initialised torch.distributed group, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def gather_rankings(rankings: dict[int, list[int]]) -> dict[int, list[int]]:
+    """Every rank's {user_id: ranked item ids} merged (all_gather_object; identity without a process group)."""
+    import torch.distributed as dist
+
+    rank, world = dist_rank_world()
+    if world == 1:
+        return rankings
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, rankings)
+    merged: dict[int, list[int]] = {}
+    for part in parts:
+        merged.update(part)
+    return merged
 
 
 def serving_model(model: Any) -> EngineModel:
@@ -103,13 +134,17 @@ def evaluate_bundle(
     dtype: str = "auto", batch_size: int = 32, max_users: int | None = None, exclude_history: bool = False,
     seed: int = 0, use_prior: bool = True,
     baselines: Sequence[str] = (), protocol: str | None = None, baseline_options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, Any] | None:
     """Model and popularity metrics on a split: {"model": {...}, "popularity": {...}, "users": n, ...,
     "prior": {settings..., "fitted_on"} of the fused BUNDLE/prior, or None (none, weight 0, or not use_prior)}.
 
     ``protocol`` (default: the bundle's): "paper" on a deploy-protocol bundle evaluates what was trained on the
     train period alone (BUNDLE/target-train, and the bundle's prior settings refitted on train), so one bundle
-    gives both protocols' figures; "deploy" on a paper bundle is refused (its target never saw valid)."""
+    gives both protocols' figures; "deploy" on a paper bundle is refused (its target never saw valid).
+
+    Under an initialised torch.distributed group (``torchrun``/``accelerate launch``; ``recsvc eval`` sets it up
+    when WORLD_SIZE > 1) the users' batches are sharded across the processes, the rankings gathered, and rank 0
+    alone scores them (and the baselines) and returns the result; the other ranks return None."""
     import time
 
     from recsvc.errors import UserError
@@ -136,9 +171,16 @@ def evaluate_bundle(
         prior = None
     if prior is not None and train_only:  # the same settings, counted on the train period only
         prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), prior.settings, fitted_on="train")
+    rank, world = dist_rank_world()
     rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
-                          exclude_history, prior=prior)
+                          exclude_history, progress=rank == 0, prior=prior,
+                          shard=(rank, world) if world > 1 else None)
+    rankings = gather_rankings(rankings)
     seconds = time.perf_counter() - start
+    if rank != 0:
+        return None
+    if len(rankings) != len(users):
+        raise RuntimeError(f"gathered {len(rankings)} rankings for {len(users)} users")
     pop = popularity_rankings(data.item_popularity(split), users, max(ks), exclude_history)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
@@ -152,6 +194,7 @@ def evaluate_bundle(
         "exclude_history": exclude_history,
         "model": evaluate_rankings(rankings, users, ks), "popularity": evaluate_rankings(pop, users, ks),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),
+        "processes": world,
         "prior": {**asdict(prior.settings), "fitted_on": prior.fitted_on} if prior is not None else None,
         **beside,
     }

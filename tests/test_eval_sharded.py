@@ -1,0 +1,83 @@
+"""Sharded offline evaluation: `torchrun --nproc_per_node 2 -m recsvc.cli.main eval` on a tiny bundle gives exactly
+the single-process figures (same users, same batches, so the same rankings), rank 0 alone prints and writes the
+JSON, which records the process count; and the shard/gather helpers in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
+from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
+
+from recsvc.model.bundle import Bundle
+from tokenizer_rqvae.trie import CatalogTrie
+from training.data.dataset import load_split_dir
+from training.evaluate import rank_users, serving_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    return make_tiny_bundle(tmp_path_factory.mktemp("sharded"), n_users=40)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo",
+           "TQDM_DISABLE": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    return proc, time.perf_counter() - start
+
+
+def test_rank_users_shards_are_the_single_process_batches(bundle):
+    """The union of the shards' rankings is the unsharded ranking, user for user."""
+    b = Bundle.open(bundle)
+    data = load_split_dir(b.resolve_data_dir(None))
+    ids = b.load_ids()
+    builder = b.prompt_builder(ids=ids)
+    model, trie = serving_model(b.load_target(dtype="fp32")), CatalogTrie(ids)
+    users = data.eval_users("test")
+    whole = rank_users(model, builder, trie, users, 5, batch_size=4, progress=False)
+    parts = [rank_users(model, builder, trie, users, 5, batch_size=4, progress=False, shard=(r, 3))
+             for r in range(3)]
+    assert sum(len(p) for p in parts) == len(whole) == len(users)
+    merged = {u: items for p in parts for u, items in p.items()}
+    assert merged == whole
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun is not installed beside the interpreter")
+def test_torchrun_two_processes_equal_one(bundle, tmp_path, capsys):
+    args = ["eval", "--bundle", str(bundle), "--split", "test", "--k", "1,5", "--dtype", "fp32",
+            "--batch-size", "4"]
+    one, one_s = _run([sys.executable, "-m", "recsvc.cli.main", *args, "--json", str(tmp_path / "a.json")])
+    assert one.returncode == 0, one.stderr[-3000:]
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    two, two_s = _run([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                       "--master_port", str(_free_port()), "-m", "recsvc.cli.main", *args,
+                       "--json", str(tmp_path / "b.json")])
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = (json.loads((tmp_path / name).read_text()) for name in ("a.json", "b.json"))
+    assert a["processes"] == 1 and b["processes"] == 2
+    assert a["users"] == b["users"] > 8  # more than two batches of 4: both ranks ranked users
+    volatile = {"processes", "seconds", "ms_per_user"}
+    assert {k: v for k, v in a.items() if k not in volatile} == {k: v for k, v in b.items() if k not in volatile}
+    assert two.stdout.count("test: ") == 1 == one.stdout.count("test: ")  # rank 1 printed nothing
+    with capsys.disabled():
+        print(f"\n[eval tiny bundle: 1 process {one_s:.1f} s, torchrun 2 processes {two_s:.1f} s]")
