@@ -202,3 +202,40 @@ def test_serve_process_is_not_serving_until_loaded_and_bounds_calibration(tiny_b
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_auto_calibration_is_stored_and_reused_on_the_same_hardware_models_and_settings(tiny_bundle, tmp_path) -> None:
+    import json
+    import shutil
+
+    from recsvc.service.cli import configure_speculation
+
+    root = tmp_path / "b"
+    shutil.copytree(tiny_bundle, root)
+    rec = BundleRecommender.from_bundle(root, dtype="fp32")
+    events: list[str] = []
+
+    def step(event, level=None, **fields):
+        events.append(event)
+
+    settings = {"dtype": "fp32", "attention": "fp32", "drafter": None}
+    first = configure_speculation(rec, "auto", str(root), step=step, ks=(1, 5), cache_settings=settings)
+    assert "calibrated" in events and (root / "calibration.json").is_file()
+    events.clear()
+    again = configure_speculation(rec, "auto", str(root), step=step, ks=(1, 5), cache_settings=settings)
+    assert again == first and events == ["calibration_reused"] and rec.spec.per_k == first
+    # other settings, other K values or a retrained model: calibrate again
+    for ks, other in (((1, 5), {**settings, "attention": "exact"}), ((1, 10), settings)):
+        events.clear()
+        configure_speculation(rec, "auto", str(root), step=step, ks=ks, cache_settings=other)
+        assert "calibration_reused" not in events and "calibrated" in events
+    weights = next((root / "target").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes())  # same bytes, new mtime: counts as a new model
+    events.clear()
+    configure_speculation(rec, "auto", str(root), step=step, ks=(1, 10), cache_settings=settings)
+    assert "calibration_reused" not in events
+    # a damaged file is ignored, never an error
+    (root / "calibration.json").write_text("{not json")
+    events.clear()
+    configure_speculation(rec, "auto", str(root), step=step, ks=(1, 10), cache_settings=settings)
+    assert "calibrated" in events and json.loads((root / "calibration.json").read_text())["choice"]

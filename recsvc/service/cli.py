@@ -136,6 +136,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="do not fuse the bundle's transition prior (BUNDLE/prior) into decoding")
     p.add_argument("--spec", default="auto",
                    help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), or N:gamma")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="--spec auto: calibrate even when BUNDLE/calibration.json holds a choice made on this "
+                        "hardware with these models and settings (it is reused otherwise)")
     p.add_argument("--startup-budget-s", type=positive_float, default=60.0,
                    help="longest --spec auto calibration; K values not tuned in time are served with plain "
                         "decoding (default: %(default)s)")
@@ -183,9 +186,19 @@ def load_recommender(
          prior_weight=rec.prior_weight)
     if rec.prior_weight > 0:
         print(f"fusing the transition prior {rec.prior.settings}", flush=True)
+    settings = {"dtype": args.dtype, "attention": args.attention, "drafter": args.drafter_name,
+                "prior": not args.no_prior, "beam_width": rec.beam_width, "exclude_history": args.exclude_history,
+                "torch_threads": torch_threads()}
     configure_speculation(rec, args.spec, args.bundle, budget_s=getattr(args, "startup_budget_s", 60.0),
-                          step=step, should_stop=should_stop)
+                          step=step, should_stop=should_stop,
+                          cache_settings=None if getattr(args, "recalibrate", False) else settings)
     return rec
+
+
+def torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
 
 
 def calibration_histories(rec, bundle: str | None, n: int = 8, max_len: int = 50) -> tuple[list[list[int]], str]:
@@ -217,11 +230,16 @@ class _OutOfBudget(Exception):
 
 def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s: float = 60.0,
                           step: Step | None = None, should_stop: Callable[[], bool] | None = None,
-                          ks: tuple[int, ...] = CALIBRATION_KS) -> dict[int, tuple[int, int]]:
+                          ks: tuple[int, ...] = CALIBRATION_KS,
+                          cache_settings: dict | None = None) -> dict[int, tuple[int, int]]:
     """'auto': time strict speculation per K on calibration histories (``calibration_histories``) and keep the
     fastest (N, gamma) or plain, within ``budget_s`` seconds: a calibration run that would end after the budget
     is not started and the K values not tuned by then are served with plain decoding (logged). 'N:gamma':
-    fixed. Returns the per-K choice ({} when fixed or without a drafter); (0, 0) = plain decoding."""
+    fixed. Returns the per-K choice ({} when fixed or without a drafter); (0, 0) = plain decoding.
+
+    ``cache_settings`` (the serving settings the timing depends on): reuse the choice stored in
+    BUNDLE/calibration.json when it was made on this hardware with these models and settings, and store a
+    complete calibration there (``recsvc.service.calibration_cache``); None: always calibrate."""
     from dataclasses import replace
 
     step = step or _log_step
@@ -229,6 +247,17 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
         if getattr(rec, "drafter", None) is None:
             step("calibration_skipped", reason="no drafter: plain decoding")
             return {}
+        key = None
+        if cache_settings is not None and bundle is not None:
+            from .calibration_cache import calibration_key, load_choice
+
+            key = calibration_key(bundle, {**cache_settings, "ks": list(ks)})
+            stored = load_choice(bundle, key)
+            if stored is not None and set(stored) == set(ks):
+                rec.spec = replace(rec.spec, per_k=stored)
+                step("calibration_reused", file=os.path.join(bundle, "calibration.json"),
+                     choice={str(k): "plain" if v[0] == 0 else f"N={v[0]} gamma={v[1]}" for k, v in stored.items()})
+                return stored
         from recsvc.engine.api import RecQuery
         from recsvc.engine.autotune import autotune
 
@@ -249,6 +278,7 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
 
         step("calibrating", ks=list(ks), histories=source, budget_s=budget_s)
         choice: dict[int, tuple[int, int]] = {}
+        complete = True
         for i, k in enumerate(ks):
             began = time.monotonic()
             try:
@@ -258,12 +288,18 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
                 choice.update(dict.fromkeys(untuned, (0, 0)))
                 step("calibration_budget_exhausted", logging.WARNING, budget_s=budget_s, untuned_ks=untuned,
                      serving="plain decoding for these K")
+                complete = False
                 break
             n, gamma = choice[k]
             step("calibrated", k=k, choice="plain" if n == 0 else f"N={n} gamma={gamma}",
                  seconds=round(time.monotonic() - began, 3))
         rec.spec = replace(rec.spec, per_k=choice)
         print(f"speculation autotuned per K on {source}: {choice}", flush=True)
+        if key is not None and complete:
+            from .calibration_cache import save_choice
+
+            if not save_choice(bundle, key, choice):
+                step("calibration_not_stored", reason=f"{bundle} is not writable: the next start calibrates again")
         return choice
     n, _, gamma = spec.partition(":")
     if not (n.isdigit() and gamma.isdigit() and int(n) >= 1 and 1 <= int(gamma) <= 5):
