@@ -117,6 +117,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-history", type=int, default=200, help="longest history accepted / stored")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest request message")
     p.add_argument("--workers", type=int, default=64, help="RPC handler threads")
+    p.add_argument("--processes", type=positive_int, default=1,
+                   help="serving processes sharing --port through SO_REUSEPORT, each with its own engine and "
+                        "gRPC server (N > 1 needs an explicit --port; worker i serves metrics on "
+                        "--metrics-port + i; log lines carry \"worker\": i; default: %(default)s)")
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--log-level", type=log_level, default="INFO",
                    help=f"log level, one of {', '.join(LOG_LEVELS)} (JSON lines on stderr)")
@@ -335,6 +339,83 @@ def _redacted(url: str) -> str:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    if getattr(args, "processes", 1) > 1:
+        return run_workers(args)
+    return _serve_one(args)
+
+
+def _worker_main(args: argparse.Namespace, index: int) -> None:
+    """A ``--processes N`` worker (spawned: a fresh interpreter, no inherited grpc or torch state)."""
+    args.processes = 1
+    args.worker_index = index
+    if args.metrics_port:
+        args.metrics_port += index
+    try:
+        _serve_one(args)
+    except UserError as exc:
+        print(f"error: worker {index}: {exc}", file=sys.stderr, flush=True)
+        os._exit(2)
+
+
+def run_workers(args: argparse.Namespace) -> int:
+    """``--processes N``: the pattern of grpc's examples/python/multiprocessing. The parent binds nothing (it
+    only checks that the port is free), spawns N workers, each with its own engine and gRPC server listening on
+    the same port with SO_REUSEPORT (the kernel spreads connections over them), forwards SIGTERM / SIGINT to
+    them (each drains as a single-process server does) and exits when all have exited: 0 when every worker
+    exited with 0, else 1 (a worker that fails stops the others)."""
+    import multiprocessing
+    import socket
+
+    from .logs import configure_json_logging, log_event
+
+    n = args.processes
+    if args.port == 0:
+        raise UserError(f"--processes {n} needs an explicit --port (the workers share it; 0 would give each "
+                        "worker a different port)")
+    if args.metrics_port is not None and args.metrics_port != 0 and args.metrics_port + n - 1 > 65535:
+        raise UserError(f"--metrics-port {args.metrics_port} + {n - 1} workers exceeds 65535")
+    if args.beam_width is not None and not 0 <= args.beam_width <= 100:
+        raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {args.beam_width}")
+    configure_json_logging(args.log_level.upper(), role="parent", pid=os.getpid())
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:  # no SO_REUSEPORT: fails if anything listens
+        try:
+            probe.bind((args.host, args.port))
+        except OSError as exc:
+            raise UserError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stop.set())
+    ctx = multiprocessing.get_context("spawn")
+    workers = []
+    for index in range(n):
+        proc = ctx.Process(target=_worker_main, args=(args, index), name=f"recsvc-worker-{index}")
+        proc.start()
+        workers.append(proc)
+    log_event(log, "workers_started", processes=n, port=args.port, pids=[w.pid for w in workers],
+              metrics_ports=None if args.metrics_port is None
+              else [args.metrics_port + i if args.metrics_port else 0 for i in range(n)])
+    signalled = False
+    while any(w.is_alive() for w in workers):
+        failed = [i for i, w in enumerate(workers) if w.exitcode not in (None, 0)]
+        if (stop.is_set() or failed) and not signalled:
+            if failed:
+                log_event(log, "worker_failed", logging.ERROR, workers=failed,
+                          exitcodes=[workers[i].exitcode for i in failed])
+            log_event(log, "stopping_workers", reason="signal" if stop.is_set() else "worker_failed")
+            for w in workers:
+                if w.is_alive():
+                    os.kill(w.pid, signal.SIGTERM)
+            signalled = True
+        time.sleep(0.1)
+    for w in workers:
+        w.join()
+    codes = [w.exitcode for w in workers]
+    log_event(log, "workers_exited", exitcodes=codes)
+    return 0 if all(code == 0 for code in codes) else 1
+
+
+def _serve_one(args: argparse.Namespace) -> int:
     from .logs import configure_json_logging, log_event
     from .security import api_key_from
     from .server import RecServer, ServerConfig
@@ -343,7 +424,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     if args.beam_width is not None and not 0 <= args.beam_width <= 100:  # fail before anything starts
         raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {args.beam_width}")
-    configure_json_logging(args.log_level.upper())
+    worker = getattr(args, "worker_index", None)
+    configure_json_logging(args.log_level.upper(), **({} if worker is None else {"worker": worker,
+                                                                               "pid": os.getpid()}))
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -358,6 +441,7 @@ def run_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         workers=args.workers,
+        reuse_port=worker is not None,
     )
     config.check()
     started = time.monotonic()

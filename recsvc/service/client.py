@@ -1,7 +1,17 @@
-"""A small synchronous Python client for the recommendation service."""
+"""A small synchronous Python client for the recommendation service.
+
+Several servers (e.g. replicas, or ``recsvc serve --processes N`` on several hosts): pass a comma-separated
+list of ``host:port`` (IP literals, see :func:`channel_target`) or any gRPC target URI (``ipv4:a:p,b:p``,
+``dns:///name:port``); every channel uses :data:`SERVICE_CONFIG`: ``round_robin`` over the resolved addresses
+and up to 4 attempts of a Recommend / GetHistory / health check that fails with UNAVAILABLE (a server stopped,
+draining or unreachable) or CANCELLED by a server shutting down (RecordInteractions is not retried: it is not
+idempotent).
+"""
 
 from __future__ import annotations
 
+import ipaddress
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +23,65 @@ from .gen import recommender_pb2 as pb
 from .gen import recommender_pb2_grpc as pb_grpc
 from .security import API_KEY_HEADER, channel_credentials
 
+# The channel's service config (gRPC option "grpc.service_config", with "grpc.enable_retries" 1): any gRPC
+# client of the service can use the same JSON (README, "Several servers").
+SERVICE_CONFIG: dict[str, Any] = {
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "methodConfig": [
+        {
+            # idempotent calls only: RecordInteractions appends, and an UNAVAILABLE reply (e.g. "history store
+            # unavailable") does not prove that nothing was stored; it still gets gRPC's transparent retry of
+            # calls that never reached a server
+            "name": [
+                {"service": "recsvc.v1.Recommender", "method": "Recommend"},
+                {"service": "recsvc.v1.Recommender", "method": "GetHistory"},
+                {"service": "grpc.health.v1.Health", "method": "Check"},
+            ],
+            "retryPolicy": {
+                "maxAttempts": 4,
+                "initialBackoff": "0.05s",
+                "maxBackoff": "1s",
+                "backoffMultiplier": 2,
+                # CANCELLED too: grpc-core's server answers a call that races its shutdown (a draining
+                # replica) with CANCELLED; a call the client itself cancels is never retried
+                "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"],
+            },
+        }
+    ],
+}
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+    ("grpc.enable_retries", 1),
+]
+
+
+URI_SCHEMES = ("ipv4:", "ipv6:", "dns:", "unix:", "unix-abstract:", "vsock:")
+
+
+def channel_target(target: str) -> str:
+    """``host:port`` or a gRPC URI (``ipv4:``, ``ipv6:``, ``dns:``, ``unix:``) unchanged; a comma-separated list
+    of IP ``host:port`` (``127.0.0.1:5001,127.0.0.1:5002``, IPv6 as ``[::1]:5001``) becomes ``ipv4:...`` /
+    ``ipv6:...``, which round_robin spreads RPCs over. ValueError for a list with host names (use one
+    ``dns:///name:port`` whose name resolves to every server) or mixed families."""
+    if "," not in target or target.startswith(URI_SCHEMES):
+        return target
+    parts = [part.strip() for part in target.split(",") if part.strip()]
+    families = set()
+    for part in parts:
+        host, sep, port = part.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"expected host:port in {target!r}, got {part!r}")
+        try:
+            families.add(ipaddress.ip_address(host.strip("[]")).version)
+        except ValueError:
+            raise ValueError(
+                f"a list of targets takes IP addresses (got {host!r}); for host names use one dns:///NAME:PORT "
+                "whose name resolves to every server"
+            ) from None
+    if len(families) != 1:
+        raise ValueError(f"mixed IPv4 and IPv6 addresses in {target!r}")
+    return f"ipv{families.pop()}:" + ",".join(parts)
+
 MODE_NAMES: dict[str, int] = {
     "default": pb.UNSPECIFIED,
     "strict": pb.STRICT_SPECULATIVE,
@@ -23,7 +92,9 @@ _MODE_LABEL = {**{wire: name for name, wire in MODE_NAMES.items()}, pb.POPULARIT
 
 
 class RecClient:
-    """Wraps a channel to ``target`` (``host:port``); gRPC errors surface as :class:`grpc.RpcError`."""
+    """Wraps a channel to ``target`` (``host:port``, a comma-separated list of them or a gRPC URI, see
+    :func:`channel_target`); gRPC errors surface as :class:`grpc.RpcError`. Round-robin over several
+    servers, UNAVAILABLE retried (:data:`SERVICE_CONFIG`)."""
 
     def __init__(
         self,
@@ -36,7 +107,8 @@ class RecClient:
         timeout_s: float = 10.0,
         max_message_bytes: int = 4 << 20,
     ) -> None:
-        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", max_message_bytes)]
+        target = channel_target(target)
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", max_message_bytes), *CHANNEL_OPTIONS]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         if tls_ca or tls:

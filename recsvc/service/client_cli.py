@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("client", help="call a running recommendation service", description=__doc__)
     sub = p.add_subparsers(dest="client_command", metavar="ACTION", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--target", default="127.0.0.1:50051", help="host:port (default: %(default)s)")
+    common.add_argument("--target", default="127.0.0.1:50051",
+                        help="host:port, several as IP:port,IP:port, or a gRPC URI (dns:///name:port, ipv4:...): "
+                             "round_robin over the servers, UNAVAILABLE retried (default: %(default)s)")
     common.add_argument("--api-key", help="sent as x-api-key (default: $RECSVC_API_KEY)")
     common.add_argument("--tls-ca", help="PEM CA certificate (enables TLS)")
     common.add_argument("--tls-server-name", help="expected server name in its certificate")
@@ -60,13 +62,16 @@ def run_client(args: argparse.Namespace) -> int:
     from .client import RecClient, response_to_dict
     from .security import api_key_from
 
-    client = RecClient(
-        args.target,
-        api_key=api_key_from(args.api_key),
-        tls_ca=args.tls_ca,
-        server_name=args.tls_server_name,
-        timeout_s=args.timeout,
-    )
+    try:
+        client = RecClient(
+            args.target,
+            api_key=api_key_from(args.api_key),
+            tls_ca=args.tls_ca,
+            server_name=args.tls_server_name,
+            timeout_s=args.timeout,
+        )
+    except ValueError as exc:
+        raise UserError(f"--target: {exc}") from None
     try:
         if args.client_command == "recommend":
             out = response_to_dict(

@@ -13,7 +13,13 @@ logging.getLogger("recsvc.service").addHandler(logging.NullHandler())
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a record as a single JSON line; fields passed via ``extra={"fields": {...}}`` are merged."""
+    """Formats a record as a single JSON line; fields passed via ``extra={"fields": {...}}`` are merged, and
+    ``static`` fields (e.g. a ``recsvc serve --processes N`` worker's ``worker`` index and ``pid``) go on every
+    line."""
+
+    def __init__(self, static: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.static = dict(static or {})
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -22,6 +28,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
+            **self.static,
         }
         entry.update(getattr(record, "fields", None) or {})
         if record.exc_info:
@@ -35,10 +42,10 @@ def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **f
         logger.log(level, event, extra={"fields": fields})
 
 
-def configure_json_logging(level: str | int = "INFO", stream=None) -> None:
-    """Routes the ``recsvc`` loggers to JSON lines on stderr (idempotent)."""
+def configure_json_logging(level: str | int = "INFO", stream=None, **static: Any) -> None:
+    """Routes the ``recsvc`` loggers to JSON lines on stderr (idempotent); ``static`` fields go on every line."""
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter(static))
     root = logging.getLogger("recsvc")
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -72,6 +72,7 @@ class ServerConfig:
     warmup: bool = True
     reflection: bool = True
     store_probe_s: float = 1.0  # history-store health probe period (0 = probe only on store calls)
+    reuse_port: bool = False  # SO_REUSEPORT: several processes share the port (``recsvc serve --processes N``)
 
     def check(self) -> None:
         check_port(self.port, "port")
@@ -238,7 +239,8 @@ class RecServer:
         options = [
             ("grpc.max_receive_message_length", cfg.max_message_bytes),
             ("grpc.max_send_message_length", cfg.max_message_bytes),
-            ("grpc.so_reuseport", 0),  # a busy port is an error, not a silent second listener
+            # a busy port is an error, not a silent second listener, unless --processes N shares it on purpose
+            ("grpc.so_reuseport", 1 if cfg.reuse_port else 0),
         ]
         server = grpc.server(
             ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="recsvc-rpc"),
