@@ -63,6 +63,7 @@ def test_serve_processes_2_share_the_port_and_drain_on_sigterm(tmp_path):
         with lock:
             return [e for e in entries if e.get("event") == name]
 
+    worker_pids: set[int] = set()
     try:
         deadline = time.monotonic() + 60
         while len(events("serving")) < 2:
@@ -99,6 +100,40 @@ def test_serve_processes_2_share_the_port_and_drain_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        for pid in worker_pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_serve_processes_workers_exit_when_the_parent_is_killed(tmp_path):
+    counts = tmp_path / "pop.json"
+    counts.write_text(json.dumps({"1": 5, "2": 3}))
+    cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--popularity", str(counts), "--port",
+           str(free_port()), "--processes", "2", "--grace-s", "1"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    pids: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2:
+            line = proc.stderr.readline()
+            assert line and time.monotonic() < deadline
+            entry = _json_line(line)
+            if entry.get("event") == "serving":
+                pids.add(entry["pid"])
+        proc.kill()
+        proc.wait(5)
+        deadline = time.monotonic() + 10
+        while [pid for pid in pids if _alive(pid)]:
+            assert time.monotonic() < deadline, "orphaned workers still running"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_serve_processes_needs_an_explicit_port(tmp_path, capsys):

@@ -348,6 +348,14 @@ def _worker_main(args: argparse.Namespace, index: int) -> None:
     """A ``--processes N`` worker (spawned: a fresh interpreter, no inherited grpc or torch state)."""
     args.processes = 1
     args.worker_index = index
+    parent = os.getppid()
+
+    def watch_parent() -> None:  # the parent killed (SIGKILL, OOM): drain and exit rather than linger
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch_parent, name="recsvc-parent-watch", daemon=True).start()
     if args.metrics_port:
         args.metrics_port += index
     try:
@@ -362,7 +370,7 @@ def run_workers(args: argparse.Namespace) -> int:
     only checks that the port is free), spawns N workers, each with its own engine and gRPC server listening on
     the same port with SO_REUSEPORT (the kernel spreads connections over them), forwards SIGTERM / SIGINT to
     them (each drains as a single-process server does) and exits when all have exited: 0 when every worker
-    exited with 0, else 1 (a worker that fails stops the others)."""
+    exited with 0, else 1 (a worker that fails stops the others). A worker whose parent dies drains and exits."""
     import multiprocessing
     import socket
 
