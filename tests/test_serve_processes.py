@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from test_service_cli import _json_line
 
 from recsvc.errors import UserError
 from recsvc.service.client import CHANNEL_OPTIONS, RecClient, channel_target
@@ -22,14 +23,6 @@ from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
 from recsvc.service.stores.redis_spawn import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _json_line(line: str) -> dict:
-    try:
-        entry = json.loads(line)
-    except json.JSONDecodeError:
-        return {}
-    return entry if isinstance(entry, dict) else {}
 
 
 def _alive(pid: int) -> bool:

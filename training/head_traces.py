@@ -41,24 +41,14 @@ def trace_batch(target, trie, code_offset: int, prompts, gt_leaves: torch.Tensor
 @torch.inference_mode()
 def _trace(target, trie, code_offset: int, prompts, gt_leaves: torch.Tensor, k: int, select,
            prior: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    from recsvc.engine.beam_search import expand_beams, node_logprobs
-    from recsvc.engine.tree_cache import TreeCache
+    from recsvc.engine.beam_search import node_logprobs
+    from training.teacher import _search
 
-    cache = TreeCache(target, trie, code_offset, prompts)
-    b = len(prompts.lengths)
-    nodes, scores = torch.zeros(b, 1, dtype=torch.long), torch.zeros(b, 1)
-    for _ in range(trie.levels):
-        cache.feed(nodes)
-        logp = node_logprobs(target, cache, nodes)
-        nodes, scores, _ = expand_beams(trie, nodes, scores, logp, k, None, select, prior)
-    if nodes.shape[1] < k:
-        nodes = torch.cat([nodes, torch.full((b, k - nodes.shape[1]), -1, dtype=torch.long)], 1)
-    every = torch.cat([nodes, gt_leaves[:, None]], 1)  # [B, S]
-    anc = trie.ancestors[every.clamp(min=0)]  # [B, S, L] depth 1..L
-    ctx = torch.cat([torch.zeros_like(anc[..., :1]), anc[..., :-1]], -1)  # [B, S, L] depth 0..L-1
-    ctx = torch.where((every >= 0)[..., None], ctx, -1)
+    leaves, cache = _search(target, trie, code_offset, prompts, k, select, prior)
+    every = torch.cat([leaves, gt_leaves[:, None]], 1)  # [B, S]
+    ctx, _ = paths(trie, every)  # [B, S, L] depth 0..L-1
     cache.feed(ctx[..., -1])  # the truth's path (beams are cached already)
-    s, levels = every.shape[1], trie.levels
+    b, s, levels = ctx.shape
     lp = node_logprobs(target, cache, ctx.reshape(b, -1)).view(b, s, levels, -1)
     hidden = cache.hidden_at(ctx[..., :-1].reshape(b, -1)).view(b, s, levels - 1, -1)
     return {"hidden": hidden.float(), "lp": lp.to(torch.float16), "leaf": every}
@@ -66,7 +56,9 @@ def _trace(target, trie, code_offset: int, prompts, gt_leaves: torch.Tensor, k: 
 
 def sample_prefixes(sequences: dict[int, list[int]], max_prefixes: int | None, seed: int) -> list[tuple[int, int]]:
     """(user, t): predict item t of the user's sequence from items [:t]; a seeded sample of at most N."""
-    prefixes = [(u, t) for u in sorted(sequences) for t in range(1, len(sequences[u]))]
+    from training.teacher import training_prefixes
+
+    prefixes = training_prefixes(sequences)
     if max_prefixes is not None and len(prefixes) > max_prefixes:
         prefixes = random.Random(seed).sample(prefixes, max_prefixes)
     return sorted(prefixes, key=lambda p: (p[1], p[0]))  # similar prompt lengths together

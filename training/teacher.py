@@ -131,9 +131,9 @@ class TeacherStore:
 
 
 @torch.inference_mode()
-def _search(model, trie, code_offset: int, prompts, k: int, select):
+def _search(model, trie, code_offset: int, prompts, k: int, select, prior: torch.Tensor | None = None):
     """The engine's plain beam search with ``model`` (an EngineModel), keeping its TreeCache: (leaves [B, K],
-    cache)."""
+    cache). ``prior`` [B, num_nodes]: the fused item prior, as served."""
     from recsvc.engine.beam_search import expand_beams, node_logprobs
     from recsvc.engine.tree_cache import TreeCache
 
@@ -143,7 +143,7 @@ def _search(model, trie, code_offset: int, prompts, k: int, select):
     for _ in range(trie.levels):
         cache.feed(nodes)
         logp = node_logprobs(model, cache, nodes)
-        nodes, scores, _ = expand_beams(trie, nodes, scores, logp, k, None, select)
+        nodes, scores, _ = expand_beams(trie, nodes, scores, logp, k, None, select, prior)
     if nodes.shape[1] < k:  # a catalog with fewer than K ids at some depth
         nodes = torch.cat([nodes, torch.full((b, k - nodes.shape[1]), -1, dtype=torch.long)], 1)
     return nodes, cache

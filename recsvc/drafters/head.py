@@ -43,9 +43,11 @@ class HeadDraftSession:
         self.opener = opener  # drafts the rows whose target has run no forward yet (see HeadDrafter)
         self.head_steps = 0
 
-    def _roots(self, roots: torch.Tensor, target: TargetState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _roots(self, roots: torch.Tensor, target: TargetState
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
         """The round's start: (h [R, Kc, H] the hidden state each root's drafts are conditioned on, the head's
-        state there [R, Kc, S], next-code log-probs at the roots [R, Kc, C])."""
+        state there [R, Kc, S], next-code log-probs at the roots [R, Kc, C], whether those are all the target's
+        own (no root was stepped from its parent))."""
         trie, head = self.trie, self.head
         r, kc = roots.shape
         # a root the target chose at a rejected depth is not cached yet (the next verification feeds it): read
@@ -64,7 +66,7 @@ class HeadDraftSession:
             self.head_steps += 1
             state = torch.where(from_parent.reshape(-1, 1), stepped, state)
             logp = torch.where(from_parent[..., None], logq.view(r, kc, -1), logp)
-        return h, state.view(r, kc, -1), logp
+        return h, state.view(r, kc, -1), logp, not bool(from_parent.any())
 
     def _step(self, nodes: torch.Tensor, state: torch.Tensor, h: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,8 +91,7 @@ class HeadDraftSession:
         if self.opener is not None and not bool(target.cached(roots[:, :1]).all()):
             # the first round: the opener's drafts ride along with the prompt prefill in one forward
             return self.opener.propose(roots, root_scores, steps, width, target)
-        exact = bool(target.cached(roots).all())  # before _roots feeds anything
-        h, state, logp = self._roots(roots, target)
+        h, state, logp, exact = self._roots(roots, target)
         nodes, scores = roots, root_scores
         drafts: list[torch.Tensor] = []
         for s in range(1, g + 1):
@@ -114,7 +115,7 @@ class HeadDraftSession:
         g = int(steps.max()) if len(steps) else 0
         if g == 0:
             return []
-        h, state, logp = self._roots(roots, target)
+        h, state, logp, _ = self._roots(roots, target)
         nodes, weights = roots, root_logp
         r = roots.shape[0]
         out: list[DraftStep] = []
