@@ -59,9 +59,10 @@ def _targets(window: tuple[list[int], list[int]], builder: PromptBuilder) -> lis
 
 
 @settings(max_examples=60, deadline=None)
-@given(items=st.lists(st.sampled_from(ITEMS), min_size=0, max_size=50), max_history=st.integers(1, 6))
-def test_prompt_is_prefix_of_the_window_that_predicts_each_item(items, max_history) -> None:
-    builder = PromptBuilder(TOK, IDS, max_history=max_history)
+@given(items=st.lists(st.sampled_from(ITEMS), min_size=0, max_size=50), max_history=st.integers(1, 6),
+       header=st.sampled_from(["lcrec", "compact", "packed"]))
+def test_prompt_is_prefix_of_the_window_that_predicts_each_item(items, max_history, header) -> None:
+    builder = PromptBuilder(TOK, IDS, max_history=max_history, header=header)
     windows = builder.training_windows(items)
     # every item but the first is a target exactly once
     labelled = [t for w in windows for t in _targets(w, builder)]
@@ -89,6 +90,15 @@ def test_window_layout(builder) -> None:
     assert b.training_windows([7]) == [] and b.training_windows([]) == []
 
 
+def test_packed_prompt_is_bos_and_codes_only() -> None:
+    b = PromptBuilder(TOK, IDS, max_history=MAX_HISTORY, header="packed")
+    assert b.sep_ids == [] and b.item_len == 4 and b.header_ids == [TOK.bos_token_id]
+    assert b.prompt_ids([3, 5]) == [TOK.bos_token_id] + b.item_token_ids(3) + b.item_token_ids(5)
+    ids, labels = b.training_windows([3, 5, 7])[0]
+    assert ids == b.prompt_ids([3, 5, 7])
+    assert labels == [IGNORE_INDEX] * 5 + b.item_token_ids(5) + b.item_token_ids(7)  # every token but BOS + i0
+
+
 def test_target_example(builder) -> None:
     ids, labels = builder.target_example([1, 2], 9)
     prompt = builder.prompt_ids([1, 2])
@@ -98,9 +108,9 @@ def test_target_example(builder) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(items=st.lists(st.sampled_from(ITEMS), min_size=0, max_size=40), max_history=st.integers(1, 6),
-       stride=st.integers(1, 4))
-def test_strided_windows_predict_each_item_once_with_enough_history(items, max_history, stride) -> None:
-    builder = PromptBuilder(TOK, IDS, max_history=max_history)
+       stride=st.integers(1, 4), header=st.sampled_from(["lcrec", "packed"]))
+def test_strided_windows_predict_each_item_once_with_enough_history(items, max_history, stride, header) -> None:
+    builder = PromptBuilder(TOK, IDS, max_history=max_history, header=header)
     windows = builder.training_windows(items, stride=stride)
     h, n = len(builder.header_ids), builder.item_len
     seen = []

@@ -141,3 +141,29 @@ def test_deploy_scratch_refit_auto_takes_the_chosen_epoch_count(data, tmp_path) 
     assert info["best_epoch"] >= 1 and info["refit"]["epochs"] == info["best_epoch"]
     assert Bundle.open(out).train_only_target_dir.is_dir()
     assert main([*argv[:4], str(tmp_path / "bad"), *argv[5:-4], "--refit-epochs", "many"]) == 2
+
+
+def test_build_plan_counts_an_epoch_and_times_real_steps(data, tmp_path, capsys) -> None:
+    """--plan trains nothing: it reports tokens per epoch, the labelled share and measured tokens/s; the packed
+    prompt (no separator) has fewer tokens per epoch than the compact one for the same labels."""
+    d, ids = data
+    plans = {}
+    for prompt in ("compact", "packed"):
+        out = tmp_path / prompt
+        argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids), "--preset", "tiny",
+                "--batch-size", "8", "--bf16", "off", "--protocol", "deploy", "--prompt", prompt, "--plan",
+                "--plan-steps", "3", "--max-minutes", "30", "--epochs", "4"]
+        assert main(argv) == 0
+        printed = capsys.readouterr().out
+        assert "tokens per epoch" in printed and "epochs fit" in printed
+        plans[prompt] = json.loads((out / "plan.json").read_text())
+        assert not Bundle.open(out).is_done("target") and not (out / "target").exists()
+    c, p = plans["compact"], plans["packed"]
+    assert p["train_tokens_per_s"] > 0 and p["epochs_in_budget"] > 0
+    assert p["selection"]["labelled_tokens_per_epoch"] == c["selection"]["labelled_tokens_per_epoch"]
+    assert p["selection"]["tokens_per_epoch"] < c["selection"]["tokens_per_epoch"]
+    assert p["selection"]["labelled_share"] > c["selection"]["labelled_share"]
+    assert p["refit"]["tokens_per_epoch"] > p["selection"]["tokens_per_epoch"]  # train + valid
+    assert main(["build", "--data", str(d), "--out", str(tmp_path / "x"), "--ids", str(ids), "--plan",
+                 "--plan-steps", "0"]) == 2
+    assert "--plan-steps" in capsys.readouterr().err

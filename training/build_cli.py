@@ -41,6 +41,11 @@ def register(subparsers) -> None:
                    help="also train a drafter of this preset (stage 'drafter', SFT; e.g. drafter-small)")
     p.add_argument("--drafter-epochs", type=int, default=None, help="drafter epochs (default: --epochs)")
     p.add_argument("--stages", default=",".join(STAGES), help="comma-separated subset of " + ",".join(STAGES))
+    p.add_argument("--plan", action="store_true",
+                   help="instead of training the target: count an epoch's tokens (and labelled share), time "
+                        "--plan-steps real training steps, print minutes per epoch and the epochs that fit "
+                        "--max-minutes (also written to BUNDLE/plan.json)")
+    p.add_argument("--plan-steps", type=int, default=20, help="timed training steps of --plan")
     add_model_args(p)
     add_loop_args(p)
     p.set_defaults(func=cmd_build)
@@ -74,6 +79,36 @@ def _summary(report) -> dict:
     return {k: v for k, v in report.items() if isinstance(v, int | float | str | bool) or v is None}
 
 
+def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
+    """The ``--plan`` report for the target stage's settings (see training/plan.py); writes BUNDLE/plan.json."""
+    import torch
+
+    from recsvc.model.presets import get_preset, new_model
+    from recsvc.model.prompt import MAX_HISTORY, PromptBuilder
+    from training.plan import epoch_plan, probe_tokens_per_s, render_plan
+    from training.sequences import train_examples
+    from training.train_target import ensure_tokenizer
+
+    if args.plan_steps < 1:
+        raise UserError(f"--plan-steps must be >= 1, got {args.plan_steps}")
+    if args.base_model:
+        raise UserError("--plan times the presets trained from scratch; drop --base-model")
+    settings = target_settings(args)
+    tok = ensure_tokenizer(bundle, data, None)
+    builder = PromptBuilder(tok, bundle.load_ids(), settings["max_history"] or MAX_HISTORY,
+                            header=settings["prompt_header"])
+    selection = train_examples(builder, data.train, stride=args.window_stride)
+    refit = (train_examples(builder, data.sequences("train+valid"), stride=args.window_stride)
+             if settings["protocol"] == "deploy" else None)
+    model = new_model(get_preset(args.preset), tok, seed=cfg.seed)
+    rate = probe_tokens_per_s(model, selection, cfg, tok.pad_token_id, args.plan_steps)
+    plan = epoch_plan(selection, refit, rate, cfg.max_minutes, cfg.epochs)
+    plan.update(preset=args.preset, prompt=settings["prompt_header"], window_stride=args.window_stride,
+                batch_size=cfg.batch_size, threads=torch.get_num_threads(), probe_steps=args.plan_steps)
+    (bundle.root / "plan.json").write_text(json.dumps(plan, indent=1))
+    return render_plan(plan, cfg.epochs, cfg.max_minutes)
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from recsvc.model.bundle import Bundle
     from training.data.dataset import load_split_dir
@@ -101,6 +136,10 @@ def cmd_build(args: argparse.Namespace) -> int:
             data = data or load_split_dir(args.data)
             tok = ensure_tokenizer(bundle, data, args.base_model)
             info = {"vocab_size": len(tok)}
+        elif args.plan:
+            data = data or load_split_dir(args.data)
+            print(plan_target(args, bundle, data, cfg))
+            continue
         else:
             if not bundle.semantic_ids_path.is_file():
                 raise UserError(f"the target stage needs semantic ids: run the ids stage first ({bundle.root})")
@@ -112,7 +151,7 @@ def cmd_build(args: argparse.Namespace) -> int:
                                 **target_settings(args))
             info = {k: v for k, v in info.items() if k not in ("config", "main_process")}
         print(f"[{stage}] finished in {time.monotonic() - t0:.1f}s: {json.dumps(info, default=str)}")
-    if args.drafter_preset:
+    if args.drafter_preset and not args.plan:
         from dataclasses import replace
 
         from training.train_drafter import train_drafter

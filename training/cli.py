@@ -50,9 +50,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=int, default=16)
     p.add_argument("--lora-dropout", type=float, default=0.05)
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="comma-separated module names")
-    p.add_argument("--prompt", choices=("auto", "compact", "lcrec"), default="auto",
-                   help="prompt header: compact ([BOS] only; half the tokens of an epoch), lcrec (LC-Rec's "
-                        "instruction text); auto = compact from scratch, lcrec with --base-model")
+    p.add_argument("--prompt", choices=("auto", "packed", "compact", "lcrec"), default="auto",
+                   help="prompt style: packed ([BOS] + item codes only, no separator: the fewest tokens), compact "
+                        "([BOS] + codes and a newline per item), lcrec (LC-Rec's instruction text); auto = "
+                        "compact from scratch, lcrec with --base-model")
     p.add_argument("--max-history", type=int, default=None, help="history items in a prompt (default 20)")
     p.add_argument("--protocol", choices=("paper", "deploy"), default="paper",
                    help="paper: train on the train period only; deploy: after choosing the epoch on valid, "
