@@ -27,7 +27,8 @@ def test_config_fields() -> None:
 
 
 def test_sizes_and_roles() -> None:
-    assert set(TARGET_PRESETS) == {"tiny", "small", "base"}
+    assert set(TARGET_PRESETS) == {"tiny", "small", "medium", "base"}
+    assert PRESETS["small"].params(VOCAB) < PRESETS["medium"].params(VOCAB) < PRESETS["base"].params(VOCAB)
     assert set(DRAFTER_PRESETS) == {"drafter-tiny", "drafter-small", "llama-68m"}
     assert 140e6 < PRESETS["base"].params(VOCAB) < 170e6
     m68 = PRESETS["llama-68m"]

@@ -4,6 +4,7 @@
 | ------------- | ------- | ------ | ------ | ----- | ---- | -------------------- | --------------------------- |
 | tiny          | target  | 32     | 2      | 2     | 64   | 0.14M                | tests                       |
 | small         | target  | 256    | 4      | 4     | 1024 | 5.1M                 | 2-core CPU, Beauty < 60 min |
+| medium        | target  | 384    | 6      | 6     | 1024 | 12.0M                | CPU, the larger-target point |
 | base          | target  | 1024   | 12     | 16    | 2816 | 158M                 | GPU                         |
 | drafter-tiny  | drafter | 32     | 1      | 2     | 64   | 0.13M                | tests                       |
 | drafter-small | drafter | 128    | 2      | 4     | 512  | 1.0M                 | CPU                         |
@@ -49,6 +50,7 @@ PRESETS: dict[str, ModelPreset] = {
     for p in (
         ModelPreset("tiny", hidden=32, layers=2, heads=2, ffn=64),
         ModelPreset("small", hidden=256, layers=4, heads=4, ffn=1024),
+        ModelPreset("medium", hidden=384, layers=6, heads=6, ffn=1024),
         ModelPreset("base", hidden=1024, layers=12, heads=16, ffn=2816),
         ModelPreset("drafter-tiny", hidden=32, layers=1, heads=2, ffn=64, role="drafter"),
         ModelPreset("drafter-small", hidden=128, layers=2, heads=4, ffn=512, role="drafter"),

@@ -50,7 +50,7 @@ SEP = "\n"
 TEMPLATES = (HEADER, SEP)  # texts the tokenizer is trained on (besides item texts)
 # Prompt styles: "lcrec" = [BOS] + the instruction text above (LC-Rec's prompt; what a pretrained LLM expects);
 # "compact" = [BOS] only. A model trained from scratch learns nothing from the fixed instruction text, and on
-# Beauty it is ~35 of a window's ~65 tokens: "compact" halves the tokens of an epoch (docs/TRAINING.md).
+# Beauty it is ~35 of a window's ~65 tokens: "compact" halves the tokens of an epoch (docs/QUALITY.md).
 # "packed" = [BOS] only and no SEP between items: every item has exactly ``levels`` codes, so the separator tells
 # a model trained from scratch nothing, yet it is one token in five of a window (20% of an epoch's work). The
 # next item's first code is predicted at the previous item's last code.

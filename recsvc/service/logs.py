@@ -36,6 +36,23 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False)
 
 
+class CurrentStderrHandler(logging.StreamHandler):
+    """A StreamHandler on whatever ``sys.stderr`` is when a record is emitted (as logging's own last-resort
+    handler does): a server started where stderr was later replaced or closed (a test harness capturing
+    output, a daemon re-pointing its streams) keeps logging to the live stream instead of a closed one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # StreamHandler.__init__ assigns it; the live sys.stderr wins
+        pass
+
+
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
     """Logs ``event`` with structured ``fields`` (cheap when the level is disabled)."""
     if logger.isEnabledFor(level):
@@ -44,7 +61,7 @@ def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **f
 
 def configure_json_logging(level: str | int = "INFO", stream=None, **static: Any) -> None:
     """Routes the ``recsvc`` loggers to JSON lines on stderr (idempotent); ``static`` fields go on every line."""
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else CurrentStderrHandler()
     handler.setFormatter(JsonFormatter(static))
     root = logging.getLogger("recsvc")
     root.handlers[:] = [handler]
