@@ -38,6 +38,8 @@ opt RECSVC_DTYPE --dtype
 opt RECSVC_REDIS_URL --redis-url
 opt RECSVC_REDIS_TTL_S --redis-ttl-s
 opt RECSVC_REDIS_PREFIX --redis-prefix
+opt RECSVC_REDIS_WAIT_REPLICAS --redis-wait-replicas
+opt RECSVC_REDIS_WAIT_TIMEOUT_MS --redis-wait-timeout-ms
 opt RECSVC_MAX_BATCH --max-batch
 opt RECSVC_MAX_WAIT_MS --max-wait-ms
 opt RECSVC_DEFAULT_MODE --default-mode

@@ -53,6 +53,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = _parsed(text, int, "an integer")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     value = _parsed(text, float, "a number")
     if not value > 0 or value == float("inf"):
@@ -68,7 +75,16 @@ def log_level(text: str) -> str:
 
 
 def redis_url(text: str) -> str:
-    """argparse type: redis://[user:password@]host[:port][/db], rediss://... (TLS) or unix:///path."""
+    """argparse type: redis://[user:password@]host[:port][/db], rediss://... (TLS), unix:///path, or a Redis
+    Cluster: redis+cluster://host:port[,host:port...] (rediss+cluster:// with TLS)."""
+    from .stores.redis_urls import is_cluster_url, parse_cluster_url
+
+    if is_cluster_url(text):
+        try:
+            parse_cluster_url(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text
     try:
         parts = urlsplit(text)
         port = parts.port  # raises ValueError when out of range / not a number
@@ -76,7 +92,8 @@ def redis_url(text: str) -> str:
         raise argparse.ArgumentTypeError(f"not a valid Redis URL {text!r}: {exc}") from None
     if parts.scheme not in REDIS_SCHEMES:
         raise argparse.ArgumentTypeError(
-            f"expected redis://host:port/db, rediss://... or unix:///path, got {text!r}"
+            f"expected redis://host:port/db, rediss://..., unix:///path or redis+cluster://host:port[,...], "
+            f"got {text!r}"
         )
     if parts.scheme == "unix" and not parts.path:
         raise argparse.ArgumentTypeError(f"a unix:// Redis URL needs a socket path, got {text!r}")
@@ -97,10 +114,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto",
                    help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
     p.add_argument("--redis-url", type=redis_url,
-                   help="history store, redis://host:port/db (default: in-process, lost on restart)")
+                   help="history store: redis://host:port/db, or a Redis Cluster redis+cluster://host:port[,host:port"
+                        "...] (default: in-process, lost on restart)")
     p.add_argument("--redis-ttl-s", type=positive_int, default=90 * 24 * 3600,
                    help="history TTL in Redis, seconds >= 1")
-    p.add_argument("--redis-prefix", default="recsvc:hist:", help="Redis key prefix (default: %(default)s)")
+    p.add_argument("--redis-prefix", default="recsvc:hist:",
+                   help="Redis key prefix; a cluster key is PREFIX{user_id} (default: %(default)s)")
+    p.add_argument("--redis-wait-replicas", type=non_negative_int, default=0,
+                   help="acknowledge a RecordInteractions only once this many replicas of the key's master have "
+                        "it (Redis WAIT; fewer in time -> UNAVAILABLE); 0 = off (default: %(default)s)")
+    p.add_argument("--redis-wait-timeout-ms", type=positive_int, default=500,
+                   help="longest WAIT for --redis-wait-replicas, milliseconds >= 1 (default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
     p.add_argument(
         "--port", type=port_number, default=DEFAULT_PORT, help="listen port 0..65535, 0 = any (default: %(default)s)"
@@ -332,13 +356,28 @@ def _serving_fields(args: argparse.Namespace, rec: Recommender) -> dict:
 
 
 def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()
+    from .stores.redis_urls import redacted
+
+    return redacted(url)
+
+
+def store_options(args: argparse.Namespace) -> dict:
+    """``open_store`` options from the --redis-* flags; UserError for settings that cannot work together."""
+    from .stores.redis_urls import is_cluster_url
+
+    if not args.redis_url:
+        if args.redis_wait_replicas:
+            raise UserError("--redis-wait-replicas needs --redis-url (the in-process store has no replicas)")
+        return {}
+    if is_cluster_url(args.redis_url) and ("{" in args.redis_prefix or "}" in args.redis_prefix):
+        raise UserError(f"--redis-prefix cannot contain '{{' or '}}' with a Redis Cluster (the user id is the "
+                        f"hash tag), got {args.redis_prefix!r}")
+    return {"ttl_s": args.redis_ttl_s, "prefix": args.redis_prefix, "wait_replicas": args.redis_wait_replicas,
+            "wait_timeout_ms": args.redis_wait_timeout_ms}
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    store_options(args)  # bad --redis-* combinations fail before anything starts
     if getattr(args, "processes", 1) > 1:
         return run_workers(args)
     return _serve_one(args)
@@ -456,8 +495,7 @@ def _serve_one(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.set())
-    store_options = {"ttl_s": args.redis_ttl_s, "prefix": args.redis_prefix} if args.redis_url else {}
-    store = open_store(args.redis_url, max_len=args.max_history, **store_options)
+    store = open_store(args.redis_url, max_len=args.max_history, **store_options(args))
     server = RecServer(None, store, config)  # listens with health NOT_SERVING until attach()
     try:
         server.start()

@@ -9,6 +9,10 @@ Retries: reads retry on connection errors and timeouts; appends retry only on co
 the transaction never reached Redis), not on timeouts, which may hide an applied transaction. An acknowledged
 append is in Redis; in the rare reset-after-EXEC case a retried append may store the items twice (at least
 once, never lost).
+
+``wait``: with a :class:`WaitPolicy` (a Redis with replicas), an append is the Lua script of
+:mod:`.redis_append` followed by ``WAIT`` on the same connection, and is acknowledged only once that many
+replicas have it (:class:`WriteNotReplicated` otherwise, never retried).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from .base import HistoryStore, HistoryStoreUnavailable
+from .redis_append import WaitPolicy, append_script
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -48,6 +53,7 @@ class RedisHistoryStore(HistoryStore):
         max_backoff_s: float = 0.5,
         max_connections: int = 64,
         pool_timeout_s: float = 1.0,
+        wait: WaitPolicy | None = None,
     ) -> None:
         if max_len < 1 or ttl_s < 1 or retries < 0:
             raise ValueError("max_len and ttl_s must be >= 1 and retries >= 0")
@@ -58,6 +64,9 @@ class RedisHistoryStore(HistoryStore):
         self.retries = retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
+        self.wait = wait
+        if wait is not None:  # WAIT blocks the connection up to its timeout: the socket must wait longer
+            socket_timeout_s = max(socket_timeout_s, wait.timeout_ms / 1000.0 + 0.25)
         self._pool = redis.BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
@@ -77,6 +86,10 @@ class RedisHistoryStore(HistoryStore):
         if not values:
             return len(self.get(user_id))
         key = self.key(user_id)
+        if self.wait is not None:
+            return self._call("append", lambda: append_script(self._client, key, values, max_len=self.max_len,
+                                                              ttl_s=self.ttl_s, wait=self.wait),
+                              retry_on_timeout=False)
 
         def transaction() -> int:
             with self._client.pipeline(transaction=True) as pipe:
