@@ -16,6 +16,8 @@ BENCHES = {
     "seeds": ("recsvc.bench.seeds", "drafter methods across training seeds: mean, spread, paired 95%% CI"),
     "prefix": ("recsvc.bench.prefix", "beam width contract: every top-k is the head of the top-B (counts)"),
     "fuzz": ("recsvc.bench.fuzz", "generated bad requests against a real server: status codes, no INTERNAL"),
+    "failover": ("recsvc.bench.failover", "Redis Cluster failover drill: a master killed under load, errors, "
+                 "recovery, acknowledged writes lost"),
 }
 
 
