@@ -298,3 +298,35 @@ def test_master_killed_under_load(catalog, make_server):
         stop.set()
         store.close()
         procs.close()
+
+
+def test_a_store_opened_while_the_cluster_is_down_connects_when_it_is_back():
+    procs = _spawn()
+    try:
+        first = open_store(procs.url, prefix="down:")
+        first.append("u", [1, 2])
+        for node in procs.nodes:  # the whole cluster down (SIGTERM: each node keeps its data and nodes.conf)
+            node.stop()
+        store = open_store(procs.url, prefix="down:", retry_budget_s=0.2)
+        started = time.monotonic()
+        with pytest.raises(HistoryStoreUnavailable):
+            store.get("u")
+        with pytest.raises(HistoryStoreUnavailable):
+            first.get("u")
+        assert not store.ping() and time.monotonic() - started < 3.0
+        for node in procs.nodes:
+            node.start()
+        procs.wait_ok()
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                assert store.get("u") == [1, 2] and first.get("u") == [1, 2]
+                break
+            except HistoryStoreUnavailable:
+                assert time.monotonic() < deadline, "the stores did not reconnect"
+                time.sleep(0.2)
+        assert store.append("u", [3]) == 3 and store.ping()
+        first.close()
+        store.close()
+    finally:
+        procs.close()

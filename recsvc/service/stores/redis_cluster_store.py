@@ -151,7 +151,8 @@ class RedisClusterHistoryStore(HistoryStore):
         try:
             cluster = self._client()
             return bool(cluster.ping(target_nodes=RedisCluster.PRIMARIES))
-        except (RedisError, RedisClusterException):  # a connection error has refreshed the slot map
+        except (RedisError, RedisClusterException):
+            self._refresh()
             return False
 
     def close(self) -> None:
@@ -178,7 +179,9 @@ class RedisClusterHistoryStore(HistoryStore):
             return self._cluster
 
     def _refresh(self) -> None:
-        """Re-reads the slot map from any reachable node (concurrent refreshes are merged by redis-py)."""
+        """Re-reads the slot map from any reachable node (concurrent refreshes are merged by redis-py). When no
+        known node answers, the client is dropped: the next call starts again from the configured seeds, with
+        their host names resolved again (a cluster whose nodes all came back on new addresses)."""
         with self._lock:
             cluster = self._cluster
         if cluster is None:
@@ -186,7 +189,11 @@ class RedisClusterHistoryStore(HistoryStore):
         try:
             cluster.nodes_manager.initialize()
         except (RedisError, RedisClusterException) as exc:
-            log.debug("redis cluster slot map refresh failed: %s", exc)
+            log.debug("redis cluster slot map refresh failed: %s; reconnecting from the seeds", exc)
+            with self._lock:
+                if self._cluster is cluster:
+                    self._cluster = None
+            cluster.close()
 
     def _call(self, op: str, fn: Callable[[RedisCluster], T], *, retry_on_timeout: bool) -> T:
         deadline = time.monotonic() + self.retry_budget_s
