@@ -265,6 +265,8 @@ class _Server:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 60.0) -> None:
+        import grpc
+
         from recsvc.service.client import RecClient
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -278,7 +280,7 @@ class _Server:
                 try:
                     if client.health() == "SERVING":
                         return
-                except Exception:  # not listening yet
+                except grpc.RpcError:  # not listening yet
                     pass
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"recsvc serve was not SERVING within {timeout_s:.0f} s: {self._tail()}")
