@@ -107,8 +107,10 @@ def check_lists(attrs, rules_list, excluded, lists, scores, brute, k) -> None:
     extra=st.sampled_from([0, 3]),
     batch_size=st.integers(1, 3),
     strategy=st.sampled_from(["beam", "cdlh", "cdsl"]),
+    verify=st.sampled_from(["beams", "paths"]),
 )
-def test_lists_comply_and_hold_k_items_whenever_k_exist(seed, codebook, n_brands, k, extra, batch_size, strategy):
+def test_lists_comply_and_hold_k_items_whenever_k_exist(seed, codebook, n_brands, k, extra, batch_size, strategy,
+                                                        verify):
     ids, trie, attrs, catalog = random_world(seed, codebook, 90, n_brands)
     llama = tiny_llama(L, codebook, seed)
     model = EngineModel.build(llama)
@@ -124,7 +126,7 @@ def test_lists_comply_and_hold_k_items_whenever_k_exist(seed, codebook, n_brands
     elif strategy == "cdsl":
         head = DraftHead(HeadConfig(hidden=llama.config.hidden_size, levels=L, codebook=codebook))
         head.init_from_lm_head(llama.get_output_embeddings().weight, TEXT_VOCAB)
-        lookahead = DraftLookahead(model, head, compiled, None, 2 * k, corrections=0)
+        lookahead = DraftLookahead(model, head, compiled, None, 2 * k, verify=verify, corrections=0)
     out = list_search(model, catalog, TEXT_VOCAB, batch(prompts), k, k + extra, compiled, lookahead=lookahead)
     brute = [item_scores(model, trie, p) for p in prompts]
     check_lists(attrs, rules, excluded, item_ids(catalog, out.rows), out.scores.tolist(), brute, k)
@@ -144,7 +146,7 @@ def test_cdsl_with_unlimited_corrections_returns_cdlh_lists() -> None:
         for kind in ("cdlh", "cdsl"):
             compiled = catalog.compile(rules, [[], []])
             look = (TargetLookahead(model, compiled, None, 12) if kind == "cdlh"
-                    else DraftLookahead(model, head, compiled, None, 12, corrections=None))
+                    else DraftLookahead(model, head, compiled, None, 12, verify="paths", corrections=None))
             out = list_search(model, catalog, TEXT_VOCAB, batch(prompts), 8, 8, compiled, lookahead=look)
             lists.append(item_ids(catalog, out.rows))
         assert lists[0] == lists[1]

@@ -1,7 +1,8 @@
 """The list-level strategies behind one setting (``RuleSettings.strategy``; docs/RULES.md compares them):
 
 - ``beam``: list-level beam search (``search.list_search``) ranked by score + reachable boost, no look-ahead;
-- ``cdsl``: the same search with speculative look-aheads (the draft head completes, the target verifies);
+- ``cdsl``: the same search with speculative look-aheads (the draft head completes the candidates, the rules
+  score the drafted items, the target verifies the beams kept);
 - ``cdlh``: the same search with full target look-aheads (every candidate rolled out by the target);
 - ``postfilter``: a plain beam search of ``factor * k`` beams, then caps and boosts on its list.
 The first three return exactly k items whenever the catalog holds k that fit the caps; post-filtering does not.
@@ -28,13 +29,15 @@ from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 class RuleSettings:
     strategy: str = DEFAULT_STRATEGY
     lookahead: int = 0  # M: candidates completed per depth by cdsl / cdlh (0: 2 * the beam width)
-    corrections: int | None = 0  # cdsl: target forwards that may follow the target off a drafted path (None: all)
+    verify: str = "beams"  # cdsl: "beams" (the target scores the kept beams) or "paths" (every drafted path)
+    corrections: int | None = 0  # cdsl "paths": target forwards that may follow the target off a drafted path
     factor: int = 4  # postfilter: beams searched per item returned
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise UserError(f"rules strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        if self.lookahead < 0 or self.factor < 1 or (self.corrections is not None and self.corrections < 0):
+        if (self.lookahead < 0 or self.factor < 1 or self.verify not in ("beams", "paths")
+                or (self.corrections is not None and self.corrections < 0)):
             raise UserError(f"invalid rules settings {self}")
 
 
@@ -65,7 +68,7 @@ def decode_rules(settings: RuleSettings, target: EngineModel, catalog: RuleCatal
     elif settings.strategy == "cdsl":
         if head is None:
             raise UserError("rules strategy cdsl needs a recurrent draft head (BUNDLE/head: `recsvc train head`)")
-        lookahead = DraftLookahead(target, head, rules, prior, m, settings.corrections)
+        lookahead = DraftLookahead(target, head, rules, prior, m, settings.verify, settings.corrections)
     out = list_search(target, catalog, code_offset, prompts, k, width, rules, prior, lookahead)
     steps = lookahead.head_steps if isinstance(lookahead, DraftLookahead) else 0
     return RulesOutput(out.rows, out.scores, out.target_calls.tolist(), steps)

@@ -6,10 +6,11 @@ target score once the target has seen its path. Two ways to get the completions 
 - ``TargetLookahead`` (CDLH, constrained decoding with look-ahead heuristics): the target rolls every candidate
   out, one target forward per remaining depth;
 - ``DraftLookahead`` (CDSL, constrained decoding with speculative look-aheads): the recurrent draft head rolls
-  them out (no transformer forward), ONE target forward verifies every drafted path, and where the target's
-  own greedy step leaves the drafted path, up to ``corrections`` more forwards follow the target (after that,
-  the drafted item is kept, with its exact target score). With unlimited corrections the completions, hence
-  the lists, are CDLH's.
+  them out (no transformer forward) and the target verifies only where the search goes: the beams it keeps
+  are scored by the target at the next depth, and lists hold target-scored items only. Or (``verify="paths"``)
+  ONE target forward scores every drafted path, and where the target's own greedy step leaves a drafted path,
+  up to ``corrections`` more forwards follow the target (after that, the drafted item is kept, with its exact
+  target score); with unlimited corrections the completions, hence the lists, are CDLH's.
 ``reorder`` then ranks the looked-ahead candidates by their completion's score + boost, those whose
 completion still fits the caps (a greedy pass over the completions) first.
 
@@ -94,18 +95,27 @@ class TargetLookahead:
 
 
 class DraftLookahead:
-    """CDSL: the draft head completes the candidates, the target verifies the drafted paths in one forward."""
+    """CDSL: the draft head completes the candidates (no transformer forward) and the rules score the drafted
+    items. ``verify="beams"``: the target verifies where the search goes, as it scores the kept beams at the
+    next depth (the look-ahead costs the target nothing; a completion's score is the candidate's exact score +
+    the head's log-probs below it). ``verify="paths"``: ONE target forward scores every drafted path exactly
+    first, with ``corrections`` forwards to follow the target where its greedy step leaves a path (None: all, the
+    completions are then CDLH's)."""
 
     def __init__(self, target: EngineModel, head: DraftHead, rules: BatchRules, prior: torch.Tensor | None,
-                 width: int, corrections: int | None = 0) -> None:
+                 width: int, verify: str = "beams", corrections: int | None = 0) -> None:
+        if verify not in ("beams", "paths"):
+            raise ValueError(f"verify must be 'beams' or 'paths', got {verify!r}")
         self.target, self.head, self.rules, self.prior = target, head, rules, prior
-        self.width, self.corrections = width, corrections
+        self.width, self.verify, self.corrections = width, verify, corrections
         self.forwards = 0
         self.head_steps = 0
 
-    def draft(self, cache: TreeCache, nodes: torch.Tensor) -> torch.Tensor:
-        """[B, M] candidates of depth d -> [B, M, L + 1] the head's greedy path (node per depth, -1 elsewhere):
-        the head starts from the target's hidden state at each candidate's parent (a cached beam) and consumes
+    def draft(self, cache: TreeCache, nodes: torch.Tensor, scores: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, M] candidates of depth d with their scores -> ([B, M, L + 1] the head's greedy path, node per depth
+        and -1 elsewhere; [B, M] the drafted item's score: the candidate's + the head's log-probs (+ prior)).
+        The head starts from the target's hidden state at each candidate's parent (a cached beam) and consumes
         the candidate's code, then its own choices."""
         trie, head = cache.trie, self.head
         b, m = nodes.shape
@@ -115,25 +125,28 @@ class DraftLookahead:
         h = cache.hidden_at(torch.where(nodes >= 0, trie.parent[nodes.clamp(min=0)], -1))  # [B, M, H]
         h = h.to(head.out.dtype).reshape(b * m, -1)
         state = head.start(h)  # [B M, S]
-        cur = nodes
+        cur, s = nodes, scores
         for depth in range(d, levels):  # consume the code of the depth-`depth` node, draft depth + 1
             safe = cur.clamp(min=1)
             level = torch.full((b * m,), depth - 1, dtype=torch.long)
             state, logq = head.step(state, h, level, trie.node_code[safe].reshape(-1))
             self.head_steps += 1
-            cand, child = candidate_scores(trie, cur, torch.zeros(b, m), logq.view(b, m, -1).float(),
-                                           self.rules.dead, self.prior)
+            cand, child = candidate_scores(trie, cur, s, logq.view(b, m, -1).float(), self.rules.dead, self.prior)
             key = torch.where(torch.isfinite(cand), cand + self.rules.bonus(child.flatten(1)).view(child.shape),
                               -torch.inf)
-            cur = torch.where(cur >= 0, child.gather(2, key.argmax(-1, keepdim=True))[..., 0], -1)
+            best = key.argmax(-1, keepdim=True)
+            cur = torch.where(cur >= 0, child.gather(2, best)[..., 0], -1)
+            s = cand.gather(2, best)[..., 0]
             paths[..., depth + 1] = cur
-        return paths
+        return paths, s
 
     def complete(self, cache: TreeCache, nodes: torch.Tensor, scores: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         levels = cache.trie.levels
-        drafted = self.draft(cache, nodes)
-        cache.feed(drafted[..., :levels].flatten(1))  # verify: ONE target forward over every drafted path
+        drafted, drafted_scores = self.draft(cache, nodes, scores)
+        if self.verify == "beams":
+            return drafted[..., levels], drafted_scores
+        cache.feed(drafted[..., :levels].flatten(1))  # ONE target forward over every drafted path
         self.forwards += 1
         leaves, out, forwards = greedy_walk(self.target, cache, self.rules, self.prior, nodes, scores, drafted,
                                             self.corrections)
