@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "tokenizer": "tokenizer_rqvae.cli",
     "train": "training.cli",
     "build": "training.build_cli",
+    "bundle": "recsvc.cli.bundle",
     "eval": "training.eval_cli",
     "prior": "training.prior_cli",
     "tune": "training.tune",

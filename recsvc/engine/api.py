@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from recsvc.rules.spec import Rules
+
+if TYPE_CHECKING:
+    from recsvc.rules.catalog import RuleCatalog
 
 Mode = Literal["plain", "strict", "relaxed"]
 MODES: tuple[Mode, ...] = ("plain", "strict", "relaxed")
@@ -24,6 +29,7 @@ class RecQuery:
     exclude: Sequence[int] = ()  # item ids never returned (e.g. the user's history)
     temperature: float = 1.0  # relaxed mode: sampling temperature
     seed: int | None = None  # relaxed mode: makes the sample reproducible
+    rules: Rules | None = None  # caps, allow / deny filters, boosts (recsvc.rules; needs item attributes)
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class RecStats:
 class RecResult:
     item_ids: list[int]  # best first; fewer than k only if the catalog (minus exclusions) is smaller
     scores: list[float]  # sum of code-token log-probs (transformers' convention) [+ w * log P(item): fused prior]
+    #                      [+ the boosts of the query's rules that match the item]
     stats: RecStats = field(default_factory=RecStats)
 
 
@@ -51,6 +58,9 @@ class Recommender(Protocol):
 
     def semantic_id(self, item_id: int) -> list[str]: ...
 
-    def popular_items(self, k: int, exclude: Sequence[int] = ()) -> list[int]: ...
+    def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]: ...
+
+    @property
+    def rule_catalog(self) -> RuleCatalog | None: ...  # item attributes for rules (None: rules refused)
 
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]: ...

@@ -6,6 +6,10 @@ back in the queries' order. Timers and counters are the caller's (``RecStats`` h
 A bundle with a transition prior (BUNDLE/prior, ``recsvc prior fit``) whose weight is > 0 has it fused into
 every mode's decoding (``recsvc.engine.prior``): each query's prior comes from its own history, and returned
 scores are then fused scores. ``exclude_history`` adds every query's history items to its exclusions.
+
+Item attributes (BUNDLE/attributes.json, ``recsvc bundle attributes``; re-read when the file changes) let
+queries carry rules (``recsvc.rules``, docs/RULES.md): allow / deny filters become dead trie nodes like
+exclusions; caps and boosts are decoded by ``RuleSettings.strategy``.
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ from recsvc.engine.speculative import speculative_search
 from recsvc.errors import UserError
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.transition import TransitionPrior
+from recsvc.rules.catalog import BatchRules, RuleCatalog
+from recsvc.rules.decode import RuleSettings, decode_rules
+from recsvc.rules.greedy import greedy_pick
+from recsvc.rules.search import item_ids
+from recsvc.rules.source import AttributeSource
+from recsvc.rules.spec import Rules
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -81,6 +91,8 @@ class BundleRecommender:
         prior: TransitionPrior | None = None,
         exclude_history: bool = False,
         beam_width: int = 0,
+        attributes: AttributeSource | None = None,
+        rules: RuleSettings | None = None,
     ) -> None:
         """``target``: ``EngineModel.build(model, attention)`` (it holds the attention mode; a LLaMA drafter's
         model is built the same way). ``beam_width`` B: plain and strict decoding search B >= k beams and return
@@ -104,12 +116,21 @@ class BundleRecommender:
         self.max_history = prompts.max_history
         counts = popularity or {}
         self._popular = sorted(ids.item_ids.tolist(), key=lambda i: (-counts.get(i, 0), i))
+        self._popular_rows = np.array([ids.index_of(i) for i in self._popular], dtype=np.int64)  # [n]
+        self.attributes = attributes  # item attributes for rules (None: requests with rules are refused)
+        self.rule_settings = rules or RuleSettings()
+
+    @property
+    def rule_catalog(self) -> RuleCatalog | None:
+        """The item attributes laid over the trie, as the attributes file is now (None: no attributes)."""
+        return self.attributes.current() if self.attributes is not None else None
 
     @classmethod
     def from_bundle(cls, path: str | Path, dtype: str = "auto", device: str = "cpu",
                     use_drafter: bool = True, attention: str = "fp32",
                     drafter_name: str | None = None, use_prior: bool = True,
-                    exclude_history: bool = False, beam_width: int | None = None) -> BundleRecommender:
+                    exclude_history: bool = False, beam_width: int | None = None,
+                    attributes: str | Path | None = None, rules: RuleSettings | None = None) -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: serve
         BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing.
@@ -118,7 +139,8 @@ class BundleRecommender:
         (None): BUNDLE/head when the bundle has one, else BUNDLE/drafter when it has one.
         ``beam_width``: see ``__init__`` (None: bundle.json "beam_width", else 0 = k).
         ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
-        recommend a query's history items."""
+        recommend a query's history items. ``attributes``: the item attributes file for rules (None:
+        BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded."""
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(path)
@@ -151,8 +173,11 @@ class BundleRecommender:
         popularity = load_popularity(Path(path), bundle.data_dir())
         prior = stored_prior if use_prior else None
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
+        attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
         rec = cls(target, prompts, ids, drafter, popularity, prior=prior, exclude_history=exclude_history,
-                  beam_width=width)
+                  beam_width=width, rules=rules)
+        if attributes is not None or attr_path.is_file():
+            rec.attributes = AttributeSource(attr_path, rec.trie)
         if drafter is not None:
             drafter.trie = rec.trie  # one trie for both
         return rec
@@ -182,30 +207,46 @@ class BundleRecommender:
     def semantic_id(self, item_id: int) -> list[str]:
         return self.ids.tokens_of(item_id)
 
-    def popular_items(self, k: int, exclude: Sequence[int] = ()) -> list[int]:
-        ex = set(exclude)
-        out = []
-        for item in self._popular:
-            if item not in ex:
-                out.append(item)
-                if len(out) == k:
-                    break
-        return out
+    def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
+        """The k most popular items not excluded; with ``rules``, only items the filters allow, capped (boosts do
+        not apply: there is no model score to add them to)."""
+        catalog = self.rule_catalog if rules is not None and (rules.has_filters or rules.caps) else None
+        if catalog is None:
+            ex = set(exclude)
+            out = []
+            for item in self._popular:
+                if item not in ex:
+                    out.append(item)
+                    if len(out) == k:
+                        break
+            return out
+        assert rules is not None
+        rows = self._popular_rows[catalog.alive_rows(rules, exclude)[self._popular_rows]]
+        picked = greedy_pick(rows, catalog.cap_spec(rules), k)
+        return self.ids.item_ids[rows[picked]].tolist()
 
     # ---- decoding -------------------------------------------------------------------------------------------
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]:
         results: list[RecResult | None] = [None] * len(queries)
-        groups: dict[tuple[str, int], list[int]] = {}
+        groups: dict[tuple[str, int, bool], list[int]] = {}
         for i, q in enumerate(queries):
             mode = q.mode
             width = self.width_for(q.k, mode)
             if mode == "strict" and (self.drafter is None or self.spec.for_k(width)[0] == 0):
                 mode = "plain"  # no drafter, or autotuned: speculation does not pay at this K on this hardware
-            groups.setdefault((mode, width), []).append(i)
-        for (mode, width), idx in groups.items():
-            for i, res in zip(idx, self._decode([queries[i] for i in idx], mode, width), strict=True):
+            listed = q.rules is not None and (q.rules.effective(q.k).list_level or (
+                self.rule_settings.strategy == "postfilter" and self._filters_remove_items(q.rules)))
+            groups.setdefault((mode, width, listed), []).append(i)
+        for (mode, width, listed), idx in groups.items():
+            batch = [queries[i] for i in idx]
+            out = self._decode_rules(batch, mode, width) if listed else self._decode(batch, mode, width)
+            for i, res in zip(idx, out, strict=True):
                 results[i] = res
         return [r for r in results if r is not None]
+
+    def _filters_remove_items(self, rules: Rules) -> bool:
+        """Whether the allow / deny lists rule out any catalog item (postfilter applies them after decoding)."""
+        return rules.has_filters and not bool(self._catalog().alive_rows(rules, ()).all())
 
     def width_for(self, k: int, mode: str) -> int:
         """Beams searched for a request of k items: max(k, B) for plain / strict (deterministic top-k), k for
@@ -222,10 +263,27 @@ class BundleRecommender:
             return None
         return prior_log_mass(self.trie, torch.from_numpy(self.prior.probs(histories)), self.prior_weight)
 
+    def _excluded(self, queries: Sequence[RecQuery]) -> list[list[int]]:
+        return [list(q.exclude) + (list(q.history) if self.exclude_history else []) for q in queries]
+
+    def _catalog(self) -> RuleCatalog:
+        catalog = self.rule_catalog  # read once per batch: a refresh swaps it between batches
+        if catalog is None:
+            raise UserError("rules need item attributes: this server has none (`recsvc bundle attributes`)")
+        return catalog
+
+    @staticmethod
+    def _compiled(catalog: RuleCatalog, queries: Sequence[RecQuery], excluded: list[list[int]]) -> BatchRules:
+        return catalog.compile([(q.rules or Rules()).effective(q.k) for q in queries], excluded)
+
     def _decode(self, queries: list[RecQuery], mode: str, k: int) -> list[RecResult]:
         batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries])
-        excluded = [list(q.exclude) + (list(q.history) if self.exclude_history else []) for q in queries]
-        dead = self.trie.dead_nodes(excluded) if any(excluded) else None
+        excluded = self._excluded(queries)
+        if any(q.rules is not None and q.rules.has_filters for q in queries):  # filters: dead nodes, as exclusions
+            compiled = self._compiled(self._catalog(), queries, excluded)
+            dead, excluded = compiled.dead, compiled.excluded
+        else:
+            dead = self.trie.dead_nodes(excluded) if any(excluded) else None
         prior = self.prior_for([q.history for q in queries])
         if mode == "plain":
             out = self.engine.search(batch, k, dead, prior)
@@ -264,6 +322,44 @@ class BundleRecommender:
                                   rounds=calls[r]))
             for r in range(len(queries))
         ]
+
+    def _decode_rules(self, queries: list[RecQuery], mode: str, width: int) -> list[RecResult]:
+        """Queries of one k with caps or boosts (``recsvc.rules.decode``); k = the queries' own (one group per
+        beam width, and a width is one k or the server's beam width)."""
+        if mode == "relaxed":
+            raise NotImplementedError("caps and boosts in relaxed (sampling) mode")
+        k = max(q.k for q in queries)
+        batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries])
+        catalog = self._catalog()
+        excluded = self._excluded(queries)
+        compiled = self._compiled(catalog, queries, excluded)
+        prior = self.prior_for([q.history for q in queries])
+
+        def wide(w: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+            """postfilter: the mode's own decoding of w beams, exclusions as dead nodes, filters applied after"""
+            w = max(w, width)
+            dead = self.trie.dead_nodes(excluded) if any(excluded) else None
+            if mode == "strict" and self.drafter is not None and self.spec.for_k(w)[0] > 0:
+                session = self.drafter.session(batch, [q.history for q in queries], dead, prior)
+                n, gamma = self.spec.for_k(w)
+                spec = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, w, session,
+                                          n, gamma, dead, self.engine.select, prior)
+                return spec.leaves, spec.scores, spec.target_calls.tolist()
+            out = self.engine.search(batch, w, dead, prior)
+            return out.leaves, out.scores, [out.target_calls] * len(queries)
+
+        from recsvc.drafters.head import HeadDrafter
+
+        head = self.drafter.head if isinstance(self.drafter, HeadDrafter) else None
+        out = decode_rules(self.rule_settings, self.target, catalog, self.prompts.code_offset, batch, k, width,
+                           compiled, prior, head, wide)
+        results = []
+        for r, (q, items) in enumerate(zip(queries, item_ids(catalog, out.rows), strict=True)):
+            scores = out.scores[r][: len(items)][: q.k].tolist()
+            stats = RecStats(target_calls=out.target_calls[r], draft_calls=0, accepted_steps=0,
+                             rounds=out.target_calls[r])
+            results.append(RecResult(item_ids=items[: q.k], scores=scores, stats=stats))
+        return results
 
     def _result(self, leaves: torch.Tensor, scores: torch.Tensor, excluded: list[int], stats: RecStats) -> RecResult:
         ok = leaves >= 0

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from recsvc.engine.api import MODES, Recommender
 from recsvc.errors import UserError
+from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
 DEFAULT_PORT = 50051
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -162,6 +163,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the head of top-10 (default: bundle.json 'beam_width', else 20; 0 = k beams)")
     p.add_argument("--no-prior", action="store_true",
                    help="do not fuse the bundle's transition prior (BUNDLE/prior) into decoding")
+    p.add_argument("--attributes", default=None,
+                   help="item attributes for request rules (default: BUNDLE/attributes.json when present, made by "
+                        "`recsvc bundle attributes`); re-read while serving whenever the file changes")
+    p.add_argument("--rules-strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
+                   help="how caps and boosts are decoded (docs/RULES.md; default: %(default)s)")
     p.add_argument("--spec", default="auto",
                    help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), or N:gamma")
     p.add_argument("--recalibrate", action="store_true",
@@ -207,9 +213,13 @@ def load_recommender(
     started = time.monotonic()
     step("loading_models", bundle=args.bundle, dtype=args.dtype, attention=args.attention,
          drafter=args.drafter_name or "default", prior=not args.no_prior)
+    from recsvc.rules.decode import RuleSettings
+
+    rules = RuleSettings(strategy=getattr(args, "rules_strategy", DEFAULT_STRATEGY))
     rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention=args.attention,
                                         drafter_name=args.drafter_name, use_prior=not args.no_prior,
-                                        exclude_history=args.exclude_history, beam_width=_beam_width(args))
+                                        exclude_history=args.exclude_history, beam_width=_beam_width(args),
+                                        attributes=getattr(args, "attributes", None), rules=rules)
     step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=rec.drafter is not None,
          prior_weight=rec.prior_weight)
     if rec.prior_weight > 0:

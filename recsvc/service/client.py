@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,8 +130,10 @@ class RecClient:
         exclude_history: bool = False,
         temperature: float | None = None,
         seed: int | None = None,
+        rules: pb.Rules | None = None,
         timeout_s: float | None = None,
     ) -> pb.RecommendResponse:
+        """``rules``: e.g. ``rules_message(max_per={"brand": 2}, allow={"category": ["skin"]})``."""
         request = pb.RecommendRequest(
             user_id=user_id,
             history=list(history),
@@ -145,6 +147,8 @@ class RecClient:
             request.temperature = temperature
         if seed is not None:
             request.seed = seed
+        if rules is not None:
+            request.rules.CopyFrom(rules)
         return self.stub.Recommend(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
 
     def record(self, user_id: str, item_ids: Sequence[int], *, timeout_s: float | None = None) -> int:
@@ -176,6 +180,27 @@ class RecClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rules_message(
+    max_per: Mapping[str, int] | Sequence[tuple[str, int]] = (),
+    allow: Mapping[str, Sequence[str]] | Sequence[tuple[str, Sequence[str]]] = (),
+    deny: Mapping[str, Sequence[str]] | Sequence[tuple[str, Sequence[str]]] = (),
+    boosts: Sequence[tuple[str, str, float]] = (),
+) -> pb.Rules:
+    """``rules_message(max_per={"brand": 2}, allow={"category": ["skin", "makeup"]},
+    boosts=[("brand", "olay", 0.5)])`` -> the ``Rules`` message of a RecommendRequest (pairs instead of a
+    mapping give two filters on one attribute: both apply)."""
+
+    def pairs(x):
+        return list(x.items()) if isinstance(x, Mapping) else list(x)
+
+    return pb.Rules(
+        max_per=[pb.MaxPer(attribute=a, m=m) for a, m in pairs(max_per)],
+        allow=[pb.ValueFilter(attribute=a, values=list(v)) for a, v in pairs(allow)],
+        deny=[pb.ValueFilter(attribute=a, values=list(v)) for a, v in pairs(deny)],
+        boosts=[pb.Boost(attribute=a, value=v, weight=w) for a, v, w in boosts],
+    )
 
 
 def response_to_dict(response: pb.RecommendResponse) -> dict[str, Any]:

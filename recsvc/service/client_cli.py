@@ -23,6 +23,40 @@ def _ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _split(text: str, flag: str) -> tuple[str, str]:
+    attribute, sep, rest = text.partition("=")
+    if not sep or not attribute.strip() or not rest.strip():
+        raise argparse.ArgumentTypeError(f"{flag} takes ATTRIBUTE=..., got {text!r}")
+    return attribute.strip(), rest.strip()
+
+
+def _cap(text: str) -> tuple[str, int]:
+    """``brand=2`` -> ("brand", 2)."""
+    attribute, m = _split(text, "--max-per")
+    try:
+        return attribute, int(m)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--max-per takes ATTRIBUTE=M (an integer), got {text!r}") from None
+
+
+def _values(text: str) -> tuple[str, list[str]]:
+    """``category=skin,makeup`` -> ("category", ["skin", "makeup"])."""
+    attribute, rest = _split(text, "--allow / --deny")
+    return attribute, [v.strip() for v in rest.split(",") if v.strip()]
+
+
+def _boost(text: str) -> tuple[str, str, float]:
+    """``brand=olay:0.5`` -> ("brand", "olay", 0.5)."""
+    attribute, rest = _split(text, "--boost")
+    value, sep, weight = rest.rpartition(":")
+    try:
+        if not sep or not value.strip():
+            raise ValueError
+        return attribute, value.strip(), float(weight)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--boost takes ATTRIBUTE=VALUE:WEIGHT, got {text!r}") from None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("client", help="call a running recommendation service", description=__doc__)
     sub = p.add_subparsers(dest="client_command", metavar="ACTION", required=True)
@@ -44,6 +78,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rec.add_argument("--exclude-history", action="store_true", help="do not recommend history items")
     rec.add_argument("--temperature", type=float)
     rec.add_argument("--seed", type=int)
+    rec.add_argument("--max-per", type=_cap, action="append", default=[], metavar="ATTRIBUTE=M",
+                     help="at most M items per value of the attribute, e.g. brand=2 (repeatable)")
+    rec.add_argument("--allow", type=_values, action="append", default=[], metavar="ATTRIBUTE=V1,V2",
+                     help="only items with one of these values, e.g. category=skin,makeup (repeatable: all apply)")
+    rec.add_argument("--deny", type=_values, action="append", default=[], metavar="ATTRIBUTE=V1,V2",
+                     help="never items with one of these values (repeatable)")
+    rec.add_argument("--boost", type=_boost, action="append", default=[], metavar="ATTRIBUTE=VALUE:WEIGHT",
+                     help="add WEIGHT (log-probability units) to the score of items with the value, e.g. "
+                          "brand=olay:0.5 (repeatable)")
 
     record = sub.add_parser("record", parents=[common], help="append interactions to a user's history")
     record.add_argument("--user", required=True)
@@ -59,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_client(args: argparse.Namespace) -> int:
     import grpc
 
-    from .client import RecClient, response_to_dict
+    from .client import RecClient, response_to_dict, rules_message
     from .security import api_key_from
 
     try:
@@ -84,6 +127,8 @@ def run_client(args: argparse.Namespace) -> int:
                     exclude_history=args.exclude_history,
                     temperature=args.temperature,
                     seed=args.seed,
+                    rules=rules_message(args.max_per, args.allow, args.deny, args.boost)
+                    if args.max_per or args.allow or args.deny or args.boost else None,
                 )
             )
         elif args.client_command == "record":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from recsvc.engine.api import RecQuery, RecResult, RecStats
 from recsvc.errors import UserError
+from recsvc.rules.spec import Rules
 
 
 class PopularityRecommender:
@@ -70,7 +71,9 @@ class PopularityRecommender:
     def semantic_id(self, item_id: int) -> list[str]:
         return list(self._semantic_ids.get(item_id, ()))
 
-    def popular_items(self, k: int, exclude: Sequence[int] = ()) -> list[int]:
+    rule_catalog = None  # no item attributes: requests with rules are refused (INVALID_ARGUMENT)
+
+    def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
         excluded = set(exclude)
         out: list[int] = []
         for item in self._ranked:

@@ -55,12 +55,14 @@ class NotReady(Exception):
     """The server is still starting (model loading, calibration): UNAVAILABLE, retry later."""
 
 
-def shortfall_reason(returned: int, k: int, remaining: int) -> str:
-    """Why ``returned`` < ``k`` items: ``remaining`` = how many catalog items the exclusions leave (capped at k)."""
+def shortfall_reason(returned: int, k: int, remaining: int, rules: bool = False) -> str:
+    """Why ``returned`` < ``k`` items: ``remaining`` = how many catalog items the exclusions (and the rules)
+    leave, capped at k."""
+    after = "exclusions and rules" if rules else "exclusions"
     if remaining <= 0:
-        return "no items remain after exclusions"
+        return f"no items remain after {after}"
     if remaining < k:
-        return f"only {remaining} items remain after exclusions"
+        return f"only {remaining} items remain after {after}"
     return f"the engine returned {returned} of the {k} items asked for"
 
 
@@ -166,11 +168,21 @@ class RecommenderServicer:
             exclude.update(history)
         response = pb.RecommendResponse()
         response.stats.mode = MODE_TO_WIRE[args.mode]
-        # how many items the exclusions leave (capped at k; popular_items walks the whole catalog)
-        remaining = len(self.recommender.popular_items(args.k, sorted(exclude))) if exclude else args.k
+        # how many items the exclusions (and the rules' filters and caps) leave, capped at k (a walk over the
+        # catalog in popularity order)
+        rules = args.rules
+        if rules is not None and (rules.has_filters or rules.caps):
+            remaining = len(self.recommender.popular_items(args.k, sorted(exclude), rules))
+        else:
+            remaining = len(self.recommender.popular_items(args.k, sorted(exclude))) if exclude else args.k
         reason = ""
         if not history or remaining == 0:
-            items = self.recommender.popular_items(args.k, sorted(exclude)) if remaining else []
+            if not remaining:
+                items = []
+            elif rules is not None:
+                items = self.recommender.popular_items(args.k, sorted(exclude), rules)
+            else:
+                items = self.recommender.popular_items(args.k, sorted(exclude))
             result = RecResult(item_ids=list(items), scores=[0.0] * len(items))
             response.stats.mode = pb.POPULARITY  # no decoding ran
             reason = NO_HISTORY_REASON if not history else ""
@@ -184,11 +196,12 @@ class RecommenderServicer:
                 exclude=tuple(sorted(exclude)),
                 temperature=args.temperature,
                 seed=args.seed,
+                rules=rules,
             )
             outcome = self._compute(query, context)
             result, batch_size = outcome.result, outcome.batch_size
         if len(result.item_ids) < args.k:
-            short = shortfall_reason(len(result.item_ids), args.k, remaining)
+            short = shortfall_reason(len(result.item_ids), args.k, remaining, rules is not None)
             reason = f"{reason}; {short}" if reason else short
             if history and remaining > 0:  # (remaining == 0 was counted as "nothing_left")
                 self.metrics.fallbacks.labels("short").inc()

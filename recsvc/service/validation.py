@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from recsvc.engine.api import MODES, Mode, Recommender
 from recsvc.errors import UserError
+from recsvc.rules.spec import Rules
 
 from .gen import recommender_pb2 as pb
 
@@ -58,6 +59,7 @@ class RecommendArgs:
     exclude_history: bool
     temperature: float
     seed: int | None
+    rules: Rules | None = None
 
 
 def check_user_id(user_id: str, limits: Limits) -> str:
@@ -112,6 +114,13 @@ def check_temperature(request: pb.RecommendRequest) -> float:
     return value
 
 
+def check_rules(wire: pb.Rules, recommender: Recommender, mode: Mode) -> Rules | None:
+    """``Recommend.rules`` -> Rules (None when the message is empty); see ``recsvc.service.rules_wire``."""
+    from .rules_wire import rules_from_wire
+
+    return rules_from_wire(wire, recommender, mode)
+
+
 def validate_recommend(
     request: pb.RecommendRequest, recommender: Recommender, limits: Limits, default_mode: Mode
 ) -> RecommendArgs:
@@ -135,6 +144,7 @@ def validate_recommend(
         exclude_history=request.exclude_history,
         temperature=temperature,
         seed=int(request.seed) if request.HasField("seed") else None,
+        rules=check_rules(request.rules, recommender, mode) if request.HasField("rules") else None,
     )
 
 

@@ -21,7 +21,7 @@ PLAIN: DecodingMode
 POPULARITY: DecodingMode
 
 class RecommendRequest(_message.Message):
-    __slots__ = ("user_id", "history", "k", "mode", "exclude_items", "exclude_history", "temperature", "seed")
+    __slots__ = ("user_id", "history", "k", "mode", "exclude_items", "exclude_history", "temperature", "seed", "rules")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class RecommendRequest(_message.Message):
     EXCLUDE_HISTORY_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     history: _containers.RepeatedScalarFieldContainer[int]
     k: int
@@ -38,7 +39,46 @@ class RecommendRequest(_message.Message):
     exclude_history: bool
     temperature: float
     seed: int
-    def __init__(self, user_id: _Optional[str] = ..., history: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., exclude_items: _Optional[_Iterable[int]] = ..., exclude_history: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    rules: Rules
+    def __init__(self, user_id: _Optional[str] = ..., history: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., exclude_items: _Optional[_Iterable[int]] = ..., exclude_history: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., rules: _Optional[_Union[Rules, _Mapping]] = ...) -> None: ...
+
+class Rules(_message.Message):
+    __slots__ = ("max_per", "allow", "deny", "boosts")
+    MAX_PER_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_FIELD_NUMBER: _ClassVar[int]
+    DENY_FIELD_NUMBER: _ClassVar[int]
+    BOOSTS_FIELD_NUMBER: _ClassVar[int]
+    max_per: _containers.RepeatedCompositeFieldContainer[MaxPer]
+    allow: _containers.RepeatedCompositeFieldContainer[ValueFilter]
+    deny: _containers.RepeatedCompositeFieldContainer[ValueFilter]
+    boosts: _containers.RepeatedCompositeFieldContainer[Boost]
+    def __init__(self, max_per: _Optional[_Iterable[_Union[MaxPer, _Mapping]]] = ..., allow: _Optional[_Iterable[_Union[ValueFilter, _Mapping]]] = ..., deny: _Optional[_Iterable[_Union[ValueFilter, _Mapping]]] = ..., boosts: _Optional[_Iterable[_Union[Boost, _Mapping]]] = ...) -> None: ...
+
+class MaxPer(_message.Message):
+    __slots__ = ("attribute", "m")
+    ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
+    M_FIELD_NUMBER: _ClassVar[int]
+    attribute: str
+    m: int
+    def __init__(self, attribute: _Optional[str] = ..., m: _Optional[int] = ...) -> None: ...
+
+class ValueFilter(_message.Message):
+    __slots__ = ("attribute", "values")
+    ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    attribute: str
+    values: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, attribute: _Optional[str] = ..., values: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Boost(_message.Message):
+    __slots__ = ("attribute", "value", "weight")
+    ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    attribute: str
+    value: str
+    weight: float
+    def __init__(self, attribute: _Optional[str] = ..., value: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class RecommendedItem(_message.Message):
     __slots__ = ("item_id", "score", "semantic_id")
