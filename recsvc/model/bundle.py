@@ -186,8 +186,8 @@ class Bundle:
         return load_tokenizer(self.tokenizer_dir)
 
     def prompt_settings(self) -> dict[str, Any]:
-        """{"header": "lcrec" | "compact" | "packed", "max_history": n}: recorded by target training (bundles made before the
-        setting existed used the LC-Rec header and 20 items)."""
+        """{"header": "lcrec" | "compact" | "packed", "max_history": n}: recorded by target training (bundles made
+        before the setting existed used the LC-Rec header and 20 items)."""
         from recsvc.model.prompt import MAX_HISTORY
 
         rec = self.read().get("prompt") or {}
