@@ -98,7 +98,7 @@ def check_lists(attrs, rules_list, excluded, lists, scores, brute, k) -> None:
         assert all(a >= b - TOL for a, b in zip(got, got[1:], strict=False))  # best first
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
     codebook=st.sampled_from([4, 8]),

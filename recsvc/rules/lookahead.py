@@ -11,8 +11,9 @@ target score once the target has seen its path. Two ways to get the completions 
   ONE target forward scores every drafted path, and where the target's own greedy step leaves a drafted path,
   up to ``corrections`` more forwards follow the target (after that, the drafted item is kept, with its exact
   target score); with unlimited corrections the completions, hence the lists, are CDLH's.
-``reorder`` then ranks the looked-ahead candidates by their completion's score + boost, those whose
-completion still fits the caps (a greedy pass over the completions) first.
+``reorder`` then ranks the looked-ahead candidates after the beam's own best ones by their completion's score +
+boost, those whose completion still fits the caps (a greedy pass over the completions) first: the look-ahead
+picks the extra beams a cap needs.
 
 Shapes: B requests, M looked-ahead candidates per request, C codes, L levels, H hidden size.
 """
@@ -155,10 +156,12 @@ class DraftLookahead:
 
 
 def reorder(lookahead: Lookahead, cache: TreeCache, order: torch.Tensor, key: torch.Tensor, cand: torch.Tensor,
-            child: torch.Tensor, rules: BatchRules, catalog: RuleCatalog) -> torch.Tensor:
-    """Candidates [B, n] ranked by ``key`` (``order``) -> re-ranked: the first M completed, ordered by their
-    completion's score + boost with those whose item fits the caps (greedily, best first) ahead of the others;
-    then the remaining candidates in ``order``."""
+            child: torch.Tensor, rules: BatchRules, catalog: RuleCatalog, keep: int) -> torch.Tensor:
+    """Candidates [B, n] ranked by ``key`` (``order``) -> re-ranked after the first ``keep`` (the beam's own,
+    which stay): the rest of the first M, completed, by their completion's score + boost, those whose item fits
+    the caps next to the completions of better value (a greedy pass over all M) ahead of the others; then the
+    remaining candidates in ``order``. So the look-ahead chooses the extra beams a cap needs, never drops one of
+    the best-scored prefixes on the strength of a guess."""
     trie = catalog.trie
     m = min(lookahead.width, order.shape[1])
     top = order[:, :m]
@@ -172,9 +175,11 @@ def reorder(lookahead: Lookahead, cache: TreeCache, order: torch.Tensor, key: to
     out = order.clone()
     for r in range(len(order)):
         nv = int(valid[r].sum())  # valid candidates come first in ``order``
+        if nv <= keep:
+            continue
         by_value = torch.sort(value[r, :nv], descending=True, stable=True).indices
         fits = torch.zeros(nv, dtype=torch.bool)
         fits[by_value[greedy_pick(rows[r, by_value].numpy(), rules.caps[r], nv, none=catalog.n)]] = True
-        ranked = torch.cat([by_value[fits[by_value]], by_value[~fits[by_value]]])
-        out[r, :nv] = top[r, ranked]
+        rest = by_value[by_value >= keep]
+        out[r, keep:nv] = top[r, torch.cat([rest[fits[rest]], rest[~fits[rest]]])]
     return out

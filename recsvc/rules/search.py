@@ -5,8 +5,8 @@ Per depth, for every request:
   score   -> the children of the beams with their beam scores (``candidate_scores``: trie, filters as dead
              nodes, fused prior), ranked by score + the largest boost still reachable below (an upper bound)
   look    -> optional: a ``Lookahead`` completes the best candidates to items (CDLH: the target; CDSL: the
-             draft head, verified by the target), the caps score those items, and the ranking puts candidates
-             whose completion fits the list first (``lookahead.reorder``)
+             draft head, verified by the target), the caps score those items, and the candidates after the
+             first ``width`` are re-ranked: those whose completion fits the list first (``lookahead.reorder``)
   keep    -> the first ``width`` candidates, and more while their items cannot yet fill a capped list of k
              (``greedy.capacity_prefix``): the beam never loses the items a compliant list needs
   final   -> at the last depth, every leaf of the beams, best score + boost first, taken greedily under the caps
@@ -116,7 +116,7 @@ def list_search(
             order = torch.sort(key, dim=1, descending=True, stable=True).indices  # [B, n]
         if lookahead is not None:
             with ledger.phase("lookahead"):
-                order = reorder(lookahead, cache, order, key, cand, child, rules, catalog)
+                order = reorder(lookahead, cache, order, key, cand, child, rules, catalog, width)
         with ledger.phase("select"):
             nodes, scores, kept[:, depth] = keep_beams(order, key, cand, child, width, k, rules, catalog)
     with ledger.phase("select"):
