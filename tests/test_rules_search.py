@@ -4,6 +4,9 @@ reports each item's exact score + boosts, best first (every item's score enumera
 
 from __future__ import annotations
 
+import doctest
+import importlib
+
 import numpy as np
 import pytest
 import torch
@@ -172,3 +175,9 @@ def test_beams_widen_only_when_the_caps_need_it(m) -> None:
         assert worst in items and int(out.beams.max()) > 2
     else:
         assert worst not in items and out.beams.tolist() == [[2, 2, 2]]
+
+
+@pytest.mark.parametrize("module", ["spec", "derive", "build", "greedy"])
+def test_docstring_examples(module) -> None:
+    result = doctest.testmod(importlib.import_module(f"recsvc.rules.{module}"))
+    assert result.attempted > 0 and result.failed == 0

@@ -190,3 +190,10 @@ def test_bundle_attributes_command_bands_prices_and_keeps_extra_fields(bundle, t
     doc = json.loads(out.read_text())["items"]
     assert doc["1"] == {"in_stock": "yes", "price_band": "10-25"}
     assert doc["2"] == {"brand": "o.p.i", "categories": "nail", "price_band": "100+"}
+
+
+def test_serve_refuses_attributes_without_a_model(tmp_path, capsys) -> None:
+    pop = tmp_path / "pop.json"
+    pop.write_text(json.dumps({"1": 3, "2": 1}))
+    assert main(["serve", "--popularity", str(pop), "--attributes", str(pop), "--port", "0"]) == 2
+    assert "--attributes needs --bundle" in capsys.readouterr().err

@@ -196,6 +196,8 @@ def load_recommender(
     step = step or _log_step
     if args.popularity and args.drafter_name:
         raise UserError("--drafter needs --bundle (a popularity service has no model to speculate with)")
+    if args.popularity and getattr(args, "attributes", None):
+        raise UserError("--attributes needs --bundle (rules are decoded by the model engine)")
     if args.popularity and args.exclude_history:
         raise UserError("--exclude-history needs --bundle (requests may still ask for it: exclude_history)")
     if args.popularity:
