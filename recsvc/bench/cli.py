@@ -12,6 +12,8 @@ BENCHES = {
     "decode": ("recsvc.bench.decode", "engine beam search vs transformers generate (same model, same users)"),
     "speculative": ("recsvc.bench.speculative", "plain vs speculative beam search: WS@K, AS@K, target calls"),
     "serve": ("recsvc.bench.serve", "load test of the gRPC service: throughput, latency percentiles"),
+    "processes": ("recsvc.bench.processes", "recsvc serve --processes N as a subprocess under load, per N: "
+                  "req/s, latency, per-worker requests, CPU; the N=2 vs N=1 ratio"),
     "drafters": ("recsvc.bench.drafters", "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"),
     "seeds": ("recsvc.bench.seeds", "drafter methods across training seeds: mean, spread, paired 95%% CI"),
     "prefix": ("recsvc.bench.prefix", "beam width contract: every top-k is the head of the top-B (counts)"),

@@ -142,6 +142,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-history", type=int, default=200, help="longest history accepted / stored")
     p.add_argument("--max-message-bytes", type=int, default=1 << 20, help="largest request message")
     p.add_argument("--workers", type=int, default=64, help="RPC handler threads")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch intra-op threads of each serving process (default: 1 per worker with --processes "
+                        "> 1, so N workers use N cores; else torch's default: the cores, or $OMP_NUM_THREADS)")
     p.add_argument("--processes", type=positive_int, default=1,
                    help="serving processes sharing --port through SO_REUSEPORT, each with its own engine and "
                         "gRPC server (N > 1 needs an explicit --port; worker i serves metrics on "
@@ -169,7 +172,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rules-strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
                    help="how caps and boosts are decoded (docs/RULES.md; default: %(default)s)")
     p.add_argument("--spec", default="auto",
-                   help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), or N:gamma")
+                   help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), N:gamma, or 'off' "
+                        "(no calibration; strict requests are decoded plainly)")
     p.add_argument("--recalibrate", action="store_true",
                    help="--spec auto: calibrate even when BUNDLE/calibration.json holds a choice made on this "
                         "hardware with these models and settings (it is reused otherwise)")
@@ -275,7 +279,8 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
     """'auto': time strict speculation per K on calibration histories (``calibration_histories``) and keep the
     fastest (N, gamma) or plain, within ``budget_s`` seconds: a calibration run that would end after the budget
     is not started and the K values not tuned by then are served with plain decoding (logged). 'N:gamma':
-    fixed. Returns the per-K choice ({} when fixed or without a drafter); (0, 0) = plain decoding.
+    fixed. 'off': plain decoding for every K (no calibration). Returns the per-K choice ({} when fixed, off or
+    without a drafter); (0, 0) = plain decoding.
 
     ``cache_settings`` (the serving settings the timing depends on): reuse the choice stored in
     BUNDLE/calibration.json when it was made on this hardware with these models and settings, and store a
@@ -341,9 +346,13 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
             if not save_choice(bundle, key, choice):
                 step("calibration_not_stored", reason=f"{bundle} is not writable: the next start calibrates again")
         return choice
+    if spec == "off":
+        rec.spec = replace(rec.spec, per_k={1: (0, 0)})  # the K=1 choice applies to every larger K
+        step("speculation_off", serving="plain decoding for every K")
+        return {}
     n, _, gamma = spec.partition(":")
     if not (n.isdigit() and gamma.isdigit() and int(n) >= 1 and 1 <= int(gamma) <= 5):
-        raise UserError(f"--spec takes 'auto' or N:gamma (N >= 1, gamma 1..5), got {spec!r}")
+        raise UserError(f"--spec takes 'auto', 'off' or N:gamma (N >= 1, gamma 1..5), got {spec!r}")
     rec.spec = replace(rec.spec, draft_beams=int(n), gamma=int(gamma))
     step("speculation_fixed", draft_beams=int(n), gamma=int(gamma))
     return {}
@@ -364,6 +373,7 @@ def _serving_fields(args: argparse.Namespace, rec: Recommender) -> dict:
         "speculation_per_k": {str(k): list(v) for k, v in sorted((per_k or {}).items())} or None,
         "prior_weight": getattr(rec, "prior_weight", 0.0),
         "exclude_history": args.exclude_history,
+        "torch_threads": torch_threads(),
     }
 
 
@@ -399,6 +409,8 @@ def _worker_main(args: argparse.Namespace, index: int) -> None:
     """A ``--processes N`` worker (spawned: a fresh interpreter, no inherited grpc or torch state)."""
     args.processes = 1
     args.worker_index = index
+    if getattr(args, "threads", None) is None:
+        args.threads = 1  # N workers on N cores: one intra-op thread each, no oversubscription
     parent = os.getppid()
 
     def watch_parent() -> None:  # the parent killed (SIGKILL, OOM): drain and exit rather than linger
@@ -503,6 +515,10 @@ def _serve_one(args: argparse.Namespace) -> int:
         reuse_port=worker is not None,
     )
     config.check()
+    if args.bundle and getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     started = time.monotonic()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
