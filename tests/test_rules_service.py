@@ -197,3 +197,14 @@ def test_serve_refuses_attributes_without_a_model(tmp_path, capsys) -> None:
     pop.write_text(json.dumps({"1": 3, "2": 1}))
     assert main(["serve", "--popularity", str(pop), "--attributes", str(pop), "--port", "0"]) == 2
     assert "--attributes needs --bundle" in capsys.readouterr().err
+
+
+def test_bench_rules_command_on_a_tiny_bundle(bundle, tmp_path) -> None:
+    out = tmp_path / "rules.json"
+    assert main(["bench", "rules", "--bundle", str(bundle), "--users", "3", "--k", "3", "--caps", "1",
+                 "--allow", "category=makeup,skin", "--beam-width", "0", "--threads", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["scenario"], r["strategy"]) for r in rows} >= {("no rules", "plain"), ("brand m=1", "cdsl"),
+                                                              ("allow category=makeup,skin", "postfilter")}
+    exact = [r for r in rows if r["strategy"] in ("plain", "beam", "cdsl", "cdlh")]
+    assert all(r["compliance"] == 100.0 and r["exact_k"] == 100.0 for r in exact)

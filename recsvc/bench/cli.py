@@ -17,6 +17,8 @@ BENCHES = {
     "drafters": ("recsvc.bench.drafters", "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"),
     "seeds": ("recsvc.bench.seeds", "drafter methods across training seeds: mean, spread, paired 95%% CI"),
     "prefix": ("recsvc.bench.prefix", "beam width contract: every top-k is the head of the top-B (counts)"),
+    "rules": ("recsvc.bench.rules", "list-level rules (caps, allow-lists): compliance, exactly-K, Recall / NDCG, "
+              "ms per strategy"),
     "fuzz": ("recsvc.bench.fuzz", "generated bad requests against a real server: status codes, no INTERNAL"),
     "failover": ("recsvc.bench.failover", "Redis Cluster failover drill: a master killed under load, errors, "
                  "recovery, acknowledged writes lost"),
