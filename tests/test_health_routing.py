@@ -83,3 +83,23 @@ def test_a_draining_replica_is_removed_without_failed_calls(catalog, make_server
             t.join(30)
     assert not failures, failures[:5]
     assert _answered(first) > 0 and _answered(first) + _answered(second) == 240
+
+
+def test_an_unavailable_answered_by_a_live_server_is_retried_on_another(catalog, make_server):
+    """Without health checking (RecClient's default config), a starting replica answers UNAVAILABLE itself;
+    the status goes out trailers-only (context.abort), so the retry policy replays the call on the next replica:
+    no call fails. (With set_code + return it was committed after the headers and never retried.)"""
+    serving = make_server(catalog)
+    starting = RecServer(None, None, ServerConfig(max_wait_ms=2.0)).start()  # listens, NOT_SERVING
+    try:
+        target = "ipv4:" + ",".join(f"127.0.0.1:{s.port}" for s in (serving, starting))
+        options = [("grpc.service_config", json.dumps(SERVICE_CONFIG)), ("grpc.enable_retries", 1)]
+        with grpc.insecure_channel(target, options=options) as channel:
+            stub = pb_grpc.RecommenderStub(channel)
+            assert set(_send(stub, 30)) == {"OK"}
+        assert _answered(serving) == 30
+        refused = starting.metrics.registry.get_sample_value(
+            "recsvc_requests_total", {"method": "Recommend", "code": "UNAVAILABLE"}) or 0.0
+        assert refused > 0  # round_robin did send calls there; each was replayed on the serving replica
+    finally:
+        starting.stop(grace_s=0.5)

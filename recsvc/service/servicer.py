@@ -332,7 +332,8 @@ class RecommenderServicer:
             level = _LOG_LEVEL.get(code, logging.WARNING)
         log_event(log, "rpc", level, method=method, code=code.name, ms=round(elapsed * 1000.0, 3), **fields)
         if code != grpc.StatusCode.OK:
-            context.set_code(code)
-            context.set_details(message)
-            return response_type()
+            # abort, not set_code + return: the status goes out as a trailers-only response, which a client's
+            # retry policy may replay (UNAVAILABLE from a starting or store-less replica goes to another one);
+            # a status after response headers is committed and never retried.
+            context.abort(code, message)
         return response
