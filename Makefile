@@ -41,7 +41,7 @@ beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit scratch --refit-epochs auto \
-	  --threads 1 --max-minutes 80 --epochs 6 --patience 2
+	  --threads 2 --max-minutes 80 --epochs 6 --patience 2
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable, Iterator
 
 import pytest
 
 REDIS_MISSING = "redis-server is not installed (apt-get install -y redis-server, or `make redis`)"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_recsvc_logging() -> Iterator[None]:
+    """Each test starts and ends with the ``recsvc`` loggers as it found them: a test that runs ``recsvc serve``
+    in-process configures JSON logging to stderr, which must not leak into the next test's captured stderr."""
+    root = logging.getLogger("recsvc")
+    saved = (list(root.handlers), root.level, root.propagate)
+    yield
+    root.handlers[:], root.level, root.propagate = saved[0], saved[1], saved[2]
 
 
 def _redis_process(tmp_path, persistent: bool):
