@@ -208,3 +208,60 @@ def test_readme_documents_the_service_config():
     readme = (REPO / "README.md").read_text()
     documented = readme.split("```json", 1)[1].split("```", 1)[0]
     assert json.loads(documented) == SERVICE_CONFIG
+
+
+def _start_serve(counts: Path) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--popularity", str(counts), "--port", "0",
+           "--grace-s", "1"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
+                            text=True)
+    deadline, lines = time.monotonic() + 60, []
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if _json_line(line).get("event") == "serving":
+            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
+            return proc, _json_line(line)["address"]
+    proc.kill()
+    raise AssertionError("".join(lines))
+
+
+def test_round_robin_client_survives_a_server_process_killed_mid_load(tmp_path):
+    """Two real `recsvc serve` processes behind RecClient's round_robin + retry policy; one is SIGKILLed (no drain)
+    while 4 threads keep sending: every call still succeeds (calls on the dead connection are replayed)."""
+    counts = tmp_path / "pop.json"
+    counts.write_text(json.dumps({str(i): 100 - i for i in range(1, 60)}))
+    (a, addr_a), (b, addr_b) = _start_serve(counts), _start_serve(counts)
+    failures: list[BaseException] = []
+    done: list[int] = []
+    sent = threading.Semaphore(0)
+    try:
+        with RecClient(f"{addr_a},{addr_b}", timeout_s=10) as client:
+            assert client.health() == "SERVING"
+
+            def send(worker: int) -> None:
+                for i in range(150):
+                    try:
+                        assert client.recommend(f"u{worker}-{i}", history=[1, 2], k=5).items
+                        done.append(1)
+                    except grpc.RpcError as exc:
+                        failures.append(exc)
+                    sent.release()
+
+            threads = [threading.Thread(target=send, args=(w,)) for w in range(4)]
+            for t in threads:
+                t.start()
+            for _ in range(150):  # a quarter answered: kill one server outright while calls keep flowing
+                sent.acquire()
+            a.send_signal(signal.SIGKILL)
+            a.wait(10)
+            for t in threads:
+                t.join(60)
+        assert not failures and len(done) == 600, failures[:3]
+    finally:
+        for proc in (a, b):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
