@@ -78,6 +78,10 @@ def test_torchrun_two_processes_equal_one(bundle, tmp_path, capsys):
     assert a["users"] == b["users"] > 8  # more than two batches of 4: both ranks ranked users
     assert _figures(a) == _figures(b)
 
+    assert two.stdout.count("test: ") == 1 == one.stdout.count("test: ")  # rank 1 printed nothing
+    with capsys.disabled():
+        print(f"\n[eval tiny bundle: 1 process {one_s:.1f} s, torchrun 2 processes {two_s:.1f} s]")
+
 
 VOLATILE = {"processes", "seconds", "ms_per_user", "fit_seconds"}  # timings and the process count
 
@@ -87,6 +91,3 @@ def _figures(report):
     if isinstance(report, dict):
         return {k: _figures(v) for k, v in report.items() if k not in VOLATILE}
     return report
-    assert two.stdout.count("test: ") == 1 == one.stdout.count("test: ")  # rank 1 printed nothing
-    with capsys.disabled():
-        print(f"\n[eval tiny bundle: 1 process {one_s:.1f} s, torchrun 2 processes {two_s:.1f} s]")
