@@ -52,3 +52,33 @@ def test_a_users_calls_reach_one_server(catalog, make_server):
         assert client.recommend(moved, history=[1], k=2).items
         kept = by_server[second.address][0]
         assert client.history(kept) == [users.index(kept) + 1, users.index(kept) + 2]
+
+
+def _client_cli(argv: list[str]) -> int:
+    import argparse
+
+    from recsvc.service import client_cli
+
+    parser = argparse.ArgumentParser(prog="recsvc")
+    client_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["client", *argv])
+    return args.func(args)
+
+
+def test_client_cli_routing_sticky(catalog, make_server, capsys):
+    import json
+
+    first, second = make_server(catalog), make_server(catalog)
+    target = f"{first.address},{second.address}"
+    with StickyClient(target) as probe:
+        owner = probe.target_of("alice")
+    common = ["--target", target, "--routing", "sticky", "--user", "alice"]
+    for _ in range(3):  # every write and read of alice reaches her server, so its history grows in one place
+        assert _client_cli(["record", *common, "--items", "4,5"]) == 0
+    assert json.loads(capsys.readouterr().out.split("}\n")[-2] + "}")["history_length"] == 6
+    assert _client_cli(["history", *common]) == 0
+    assert json.loads(capsys.readouterr().out)["item_ids"] == [4, 5] * 3
+    stores = {s.address: s.store.get("alice") for s in (first, second)}
+    assert stores[owner] == [4, 5] * 3 and not [v for t, v in stores.items() if t != owner and v]
+    assert _client_cli(["health", "--target", target, "--routing", "sticky"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == {first.address: "SERVING", second.address: "SERVING"}

@@ -42,6 +42,18 @@ def test_tune_prior_writes_the_best_trial_and_resumes(tmp_path, capsys) -> None:
     assert "--trials" in capsys.readouterr().err
 
 
+def test_tune_prior_with_history_excluded_keeps_its_own_study(tmp_path) -> None:
+    root = make_tiny_bundle(tmp_path, n_users=60)
+    base = ["tune", "prior", "--bundle", str(root), "--budget-minutes", "5", "--users", "20", "--dtype", "fp32"]
+    assert cli.main([*base, "--trials", "2"]) == 0
+    assert cli.main([*base, "--trials", "2", "--exclude-history"]) == 0
+    record = Bundle.open(root).read()["tuning"]["prior"]
+    # a separate study: the excluded search starts from scratch instead of resuming the other one's trials
+    assert record["exclude_history"] is True and record["trials"] == 2 and record["trials_this_run"] == 2
+    assert (root / "tune" / "prior.db").is_file() and (root / "tune" / "prior-excl.db").is_file()
+    assert record["valid"][record["metric"]] >= record["valid_without_prior"][record["metric"]]
+
+
 def test_tune_target_one_trial(tmp_path) -> None:
     d = make_data(tmp_path, n_users=30)
     ids = write_ids(d, tmp_path / "ids.json")

@@ -41,6 +41,8 @@ def register(subparsers) -> None:
     p.add_argument("--users", type=int, default=1000, help="validation users (a fixed random sample)")
     p.add_argument("--metric", choices=PRIOR_METRICS, default="ndcg@10")
     p.add_argument("--max-weight", type=float, default=2.0, help="upper end of the fusion weight range")
+    p.add_argument("--exclude-history", action="store_true",
+                   help="rank with the users' history items excluded (for services run with --exclude-history)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--threads", type=int, default=None)
@@ -117,11 +119,13 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     ids = bundle.load_ids()
     builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
+    excl = args.exclude_history
     train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), fitted_on="train")
     print(f"tune prior: {len(users)} validation users, model {model_dir.name} (never saw the valid period), "
-          f"metric {args.metric}")
+          f"metric {args.metric}{', history excluded' if excl else ''}")
 
-    base = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, progress=False), users, (10,))
+    base = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, progress=False),
+                             users, (10,))
     print(f"without the prior: recall@10 {base['recall@10']:.4f} ndcg@10 {base['ndcg@10']:.4f}")
 
     def objective(trial) -> float:
@@ -130,13 +134,13 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
                            decay=trial.suggest_float("decay", 0.05, 1.0),
                            beta=trial.suggest_float("beta", 0.01, 30.0, log=True))
         prior = train_prior.with_settings(st)
-        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, progress=False, prior=prior),
-                              users, (10,))
+        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl,
+                                         progress=False, prior=prior), users, (10,))
         trial.set_user_attr("recall@10", m["recall@10"])
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
 
-    study = _study(bundle.root / "tune" / "prior.db", "prior", args.seed)
+    study = _study(bundle.root / "tune" / ("prior-excl.db" if excl else "prior.db"), "prior", args.seed)
     if not study.trials:  # the unfused model as the first trial: the search can only improve on it
         study.enqueue_trial({"weight": 0.0, "window": 1, "decay": 0.5, "beta": 1.0})
     t0 = time.monotonic()
@@ -147,6 +151,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen,
                         fitted_on=fit_on).save(bundle.root / "prior")
     record = {"settings": best.params, "fit_on": fit_on, "valid_users": len(users), "metric": args.metric,
+              "exclude_history": excl,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
               "valid_without_prior": {"recall@10": base["recall@10"], "ndcg@10": base["ndcg@10"]},
               "trials": len(study.trials), "trials_this_run": ran,

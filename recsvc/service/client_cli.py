@@ -64,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common.add_argument("--target", default="127.0.0.1:50051",
                         help="host:port, several as IP:port,IP:port, or a gRPC URI (dns:///name:port, ipv4:...): "
                              "round_robin over the servers, UNAVAILABLE retried (default: %(default)s)")
+    common.add_argument("--routing", choices=("round_robin", "sticky"), default="round_robin",
+                        help="several servers: round_robin (any server answers) or sticky (every call for a user "
+                             "goes to that user's server by consistent hashing, the next one if it is UNAVAILABLE; "
+                             "for deployments that keep per-user state in process) (default: %(default)s)")
     common.add_argument("--api-key", help="sent as x-api-key (default: $RECSVC_API_KEY)")
     common.add_argument("--tls-ca", help="PEM CA certificate (enables TLS)")
     common.add_argument("--tls-server-name", help="expected server name in its certificate")
@@ -104,15 +108,12 @@ def run_client(args: argparse.Namespace) -> int:
 
     from .client import RecClient, response_to_dict, rules_message
     from .security import api_key_from
+    from .sticky_client import StickyClient
 
+    options = {"api_key": api_key_from(args.api_key), "tls_ca": args.tls_ca, "server_name": args.tls_server_name,
+               "timeout_s": args.timeout}
     try:
-        client = RecClient(
-            args.target,
-            api_key=api_key_from(args.api_key),
-            tls_ca=args.tls_ca,
-            server_name=args.tls_server_name,
-            timeout_s=args.timeout,
-        )
+        client = StickyClient(args.target, **options) if args.routing == "sticky" else RecClient(args.target, **options)
     except ValueError as exc:
         raise UserError(f"--target: {exc}") from None
     try:
@@ -135,7 +136,7 @@ def run_client(args: argparse.Namespace) -> int:
             out = {"user_id": args.user, "history_length": client.record(args.user, args.items)}
         elif args.client_command == "history":
             out = {"user_id": args.user, "item_ids": client.history(args.user)}
-        elif args.client_command == "health":
+        elif args.client_command == "health":  # sticky: one status per server
             out = {"status": client.health()}
         else:  # argparse guarantees one of the above
             raise UserError(f"unknown client action {args.client_command!r}")
