@@ -208,3 +208,10 @@ def test_bench_rules_command_on_a_tiny_bundle(bundle, tmp_path) -> None:
                                                               ("allow category=makeup,skin", "postfilter")}
     exact = [r for r in rows if r["strategy"] in ("plain", "beam", "cdsl", "cdlh")]
     assert all(r["compliance"] == 100.0 and r["exact_k"] == 100.0 for r in exact)
+    by = {(r["scenario"], r["strategy"]): r for r in rows}
+    # the ledger splits each request's milliseconds: look-aheads only where a strategy has one, phases add up
+    phases = {s: by[("brand m=1", s)]["phases_ms"] for s in ("beam", "cdsl", "cdlh")}
+    assert phases["cdlh"]["lookahead"] > 0 and "lookahead" in phases["cdsl"]
+    assert "lookahead" not in phases["beam"] and "compile" in phases["beam"]
+    for r in rows:
+        assert sum(r["phases_ms"].values()) == pytest.approx(r["ms"]) and r["phases_ms"]["forward"] > 0

@@ -22,9 +22,13 @@ import torch
 from tqdm import tqdm
 
 from recsvc.bench.common import machine, markdown_table, set_threads, write_json
+from recsvc.engine.ledger import NO_LEDGER, Ledger, PhaseLedger
 from recsvc.errors import UserError
 from recsvc.rules.attributes import ItemAttributes
 from recsvc.rules.spec import STRATEGIES, Cap, Rules, ValueFilter, normalize_value
+
+# list_search's phases (recsvc.rules.search), then plain beam search's, in the order a request meets them
+PHASES = ("compile", "forward", "head", "select", "lookahead", "other")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -119,20 +123,22 @@ def run(args: argparse.Namespace) -> dict:
                         corrections=None if args.corrections < 0 else args.corrections, factor=args.factor)
     runs = [(name, rules, s) for name, rules in scenarios(args) for s in (strategies if rules else ["plain"])]
 
-    def once(history: list[int], rules: Rules | None, strategy: str) -> tuple[list[int], float, int]:
+    def once(history: list[int], rules: Rules | None, strategy: str, ledger: Ledger = NO_LEDGER
+             ) -> tuple[list[int], float, int]:
         if strategy != "plain":
             rec.rule_settings = replace(base, strategy=strategy)
         start = time.perf_counter()
-        (res,) = rec.recommend([RecQuery(history=history, k=k, mode="plain", rules=rules)])
+        (res,) = rec.recommend([RecQuery(history=history, k=k, mode="plain", rules=rules)], ledger)
         return res.item_ids, 1000 * (time.perf_counter() - start), res.stats.target_calls
 
     for u in users[:3]:  # warm-up: every path once
         for _, rules, strategy in runs:
             once(u.history, rules, strategy)
     stats = {(name, s): {"ms": [], "calls": [], "ok": 0, "exact": 0, "feasible": 0, "rank": {}} for name, _, s in runs}
+    ledgers = {(name, s): PhaseLedger() for name, _, s in runs}
     for u in tqdm(users, desc="users"):
         for name, rules, strategy in runs:
-            items, ms, calls = once(u.history, rules, strategy)
+            items, ms, calls = once(u.history, rules, strategy, ledgers[(name, strategy)])
             st = stats[(name, strategy)]
             st["ms"].append(ms)
             st["calls"].append(calls)
@@ -154,6 +160,8 @@ def run(args: argparse.Namespace) -> dict:
                      "ndcg": m[f"ndcg@{k}"], "best": best, "ms": statistics.mean(st["ms"]),
                      "ms_median": statistics.median(st["ms"]), "target_calls": statistics.mean(st["calls"]),
                      "feasible_users": st["feasible"]})
+        phases = {ph: ms / len(users) for ph, ms in ledgers[(name, strategy)].ms.items()}
+        rows[-1]["phases_ms"] = {**phases, "other": rows[-1]["ms"] - sum(phases.values())}
         for i, metric in enumerate(("recall", "ndcg")):  # paired per user against the scenario's best NDCG
             diff = [a - b for a, b in zip(per_user[(name, strategy)][i], per_user[(name, best)][i], strict=True)]
             rows[-1][f"{metric}_vs_best"] = statistics.mean(diff)
@@ -165,9 +173,20 @@ def run(args: argparse.Namespace) -> dict:
                                   ("vs_best", "NDCG vs the scenario's best (paired, ± SE)"),
                                   ("ms", "ms / request"), ("target_calls", "target calls")])
     print(table)
+    phase_names = [ph for ph in PHASES if any(ph in r["phases_ms"] for r in rows)]
+    for r in rows:
+        r.update({f"phase_{ph}": r["phases_ms"].get(ph, 0.0) for ph in phase_names})
+    phase_table = markdown_table(rows, [("scenario", "rules"), ("strategy", "strategy"), ("ms", "ms / request"),
+                                        *[(f"phase_{ph}", ph) for ph in phase_names]])
+    for r in rows:
+        for ph in phase_names:
+            del r[f"phase_{ph}"]
+    print("ms per request per phase (recsvc.engine.ledger; 'other' = the rest of the request):")
+    print(phase_table)
     payload = {"bench": "rules", "k": k, "users": len(users), "split": args.split, "beam_width": width,
                "settings": {"lookahead": args.lookahead, "verify": args.verify, "corrections": args.corrections,
                             "factor": args.factor},
-               "dtype": resolve_dtype(args.dtype), "machine": machine(), "rows": rows, "table": table}
+               "dtype": resolve_dtype(args.dtype), "machine": machine(), "rows": rows, "table": table,
+               "phase_table": phase_table}
     write_json(args.json_path, payload)
     return payload

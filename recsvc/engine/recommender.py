@@ -26,6 +26,7 @@ from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.api import RecQuery, RecResult, RecStats
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.ports import Drafter
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
@@ -226,7 +227,8 @@ class BundleRecommender:
         return self.ids.item_ids[rows[picked]].tolist()
 
     # ---- decoding -------------------------------------------------------------------------------------------
-    def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]:
+    def recommend(self, queries: Sequence[RecQuery], ledger: Ledger = NO_LEDGER) -> list[RecResult]:
+        """``ledger``: phase timers of plain and rule-aware decoding (``recsvc.engine.ledger``; benches only)."""
         results: list[RecResult | None] = [None] * len(queries)
         groups: dict[tuple[str, int, bool], list[int]] = {}
         for i, q in enumerate(queries):
@@ -239,7 +241,8 @@ class BundleRecommender:
             groups.setdefault((mode, width, listed), []).append(i)
         for (mode, width, listed), idx in groups.items():
             batch = [queries[i] for i in idx]
-            out = self._decode_rules(batch, mode, width) if listed else self._decode(batch, mode, width)
+            out = (self._decode_rules(batch, mode, width, ledger) if listed
+                   else self._decode(batch, mode, width, ledger))
             for i, res in zip(idx, out, strict=True):
                 results[i] = res
         return [r for r in results if r is not None]
@@ -276,7 +279,7 @@ class BundleRecommender:
     def _compiled(catalog: RuleCatalog, queries: Sequence[RecQuery], excluded: list[list[int]]) -> BatchRules:
         return catalog.compile([(q.rules or Rules()).effective(q.k) for q in queries], excluded)
 
-    def _decode(self, queries: list[RecQuery], mode: str, k: int) -> list[RecResult]:
+    def _decode(self, queries: list[RecQuery], mode: str, k: int, ledger: Ledger = NO_LEDGER) -> list[RecResult]:
         batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries])
         excluded = self._excluded(queries)
         if any(q.rules is not None and q.rules.has_filters for q in queries):  # filters: dead nodes, as exclusions
@@ -286,7 +289,7 @@ class BundleRecommender:
             dead = self.trie.dead_nodes(excluded) if any(excluded) else None
         prior = self.prior_for([q.history for q in queries])
         if mode == "plain":
-            out = self.engine.search(batch, k, dead, prior)
+            out = self.engine.search(batch, k, dead, prior, ledger)
             calls = [out.target_calls] * len(queries)
             accepted = [0] * len(queries)
             leaves, scores, draft_calls = out.leaves, out.scores, 0
@@ -323,7 +326,8 @@ class BundleRecommender:
             for r in range(len(queries))
         ]
 
-    def _decode_rules(self, queries: list[RecQuery], mode: str, width: int) -> list[RecResult]:
+    def _decode_rules(self, queries: list[RecQuery], mode: str, width: int, ledger: Ledger = NO_LEDGER
+                      ) -> list[RecResult]:
         """Queries of one k with caps or boosts (``recsvc.rules.decode``); k = the queries' own (one group per
         beam width, and a width is one k or the server's beam width)."""
         if mode == "relaxed":
@@ -332,7 +336,8 @@ class BundleRecommender:
         batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries])
         catalog = self._catalog()
         excluded = self._excluded(queries)
-        compiled = self._compiled(catalog, queries, excluded)
+        with ledger.phase("compile"):
+            compiled = self._compiled(catalog, queries, excluded)
         prior = self.prior_for([q.history for q in queries])
 
         def wide(w: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -345,14 +350,14 @@ class BundleRecommender:
                 spec = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, w, session,
                                           n, gamma, dead, self.engine.select, prior)
                 return spec.leaves, spec.scores, spec.target_calls.tolist()
-            out = self.engine.search(batch, w, dead, prior)
+            out = self.engine.search(batch, w, dead, prior, ledger)
             return out.leaves, out.scores, [out.target_calls] * len(queries)
 
         from recsvc.drafters.head import HeadDrafter
 
         head = self.drafter.head if isinstance(self.drafter, HeadDrafter) else None
         out = decode_rules(self.rule_settings, self.target, catalog, self.prompts.code_offset, batch, k, width,
-                           compiled, prior, head, wide)
+                           compiled, prior, head, wide, ledger)
         results = []
         for r, (q, items) in enumerate(zip(queries, item_ids(catalog, out.rows), strict=True)):
             scores = out.scores[r][: len(items)][: q.k].tolist()

@@ -17,6 +17,7 @@ import torch
 
 from recsvc.drafters.head_model import DraftHead
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
 from recsvc.rules.catalog import BatchRules, RuleCatalog
@@ -55,7 +56,7 @@ WideSearch = Callable[[int], tuple[torch.Tensor, torch.Tensor, list[int]]]
 
 def decode_rules(settings: RuleSettings, target: EngineModel, catalog: RuleCatalog, code_offset: int,
                  prompts: PromptBatch, k: int, width: int, rules: BatchRules, prior: torch.Tensor | None,
-                 head: DraftHead | None, wide: WideSearch) -> RulesOutput:
+                 head: DraftHead | None, wide: WideSearch, ledger: Ledger = NO_LEDGER) -> RulesOutput:
     """One batch of requests with list-level rules, decoded by ``settings.strategy``."""
     if settings.strategy == "postfilter":
         leaves, scores, calls = wide(settings.factor * k)
@@ -69,6 +70,6 @@ def decode_rules(settings: RuleSettings, target: EngineModel, catalog: RuleCatal
         if head is None:
             raise UserError("rules strategy cdsl needs a recurrent draft head (BUNDLE/head: `recsvc train head`)")
         lookahead = DraftLookahead(target, head, rules, prior, m, settings.verify, settings.corrections)
-    out = list_search(target, catalog, code_offset, prompts, k, width, rules, prior, lookahead)
+    out = list_search(target, catalog, code_offset, prompts, k, width, rules, prior, lookahead, ledger)
     steps = lookahead.head_steps if isinstance(lookahead, DraftLookahead) else 0
     return RulesOutput(out.rows, out.scores, out.target_calls.tolist(), steps)
