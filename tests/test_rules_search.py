@@ -155,6 +155,36 @@ def test_cdsl_with_unlimited_corrections_returns_cdlh_lists() -> None:
         assert lists[0] == lists[1]
 
 
+def test_looking_ahead_only_where_caps_need_extra_beams_changes_no_list() -> None:
+    # the order after the first `width` candidates is read only when the caps keep more beams: skipping the
+    # look-ahead elsewhere gives the full look-ahead's lists, scores and kept beams, with fewer roll-outs
+    skipped = 0
+    for seed in range(6):
+        ids, trie, attrs, catalog = random_world(seed, 8, 120, 4 + seed)
+        llama = tiny_llama(L, 8, seed)
+        model = EngineModel.build(llama)
+        prompts = random_prompts(3, seed)
+        rules = [Rules(caps=(Cap("brand", 1),)), Rules(caps=(Cap("brand", 3),)),
+                 Rules(boosts=(Boost("brand", "b1", 1.0),))]
+        head = DraftHead(HeadConfig(hidden=llama.config.hidden_size, levels=L, codebook=8))
+        head.init_from_lm_head(llama.get_output_embeddings().weight, TEXT_VOCAB)
+        for kind in ("cdlh", "cdsl"):
+            outs, looks = [], []
+            for always in (True, False):
+                compiled = catalog.compile(rules, [[], [], []])
+                look = (TargetLookahead(model, compiled, None, 12) if kind == "cdlh"
+                        else DraftLookahead(model, head, compiled, None, 12))
+                outs.append(list_search(model, catalog, TEXT_VOCAB, batch(prompts), 6, 6, compiled, lookahead=look,
+                                        lookahead_always=always))
+                looks.append(look)
+            assert torch.equal(outs[0].rows, outs[1].rows) and torch.equal(outs[0].beams, outs[1].beams)
+            torch.testing.assert_close(outs[0].scores, outs[1].scores, atol=TOL, rtol=0)
+            if kind == "cdlh":
+                assert looks[1].forwards <= looks[0].forwards
+                skipped += looks[0].forwards - looks[1].forwards
+    assert skipped > 0  # the skip happened somewhere
+
+
 @pytest.mark.parametrize("m", [1, 2])
 def test_beams_widen_only_when_the_caps_need_it(m) -> None:
     # brand b1 is the catalog's worst-scored item alone, every other item is b0: with m = 1 a list of 2 must

@@ -41,6 +41,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="ATTRIBUTE=V1,V2: the allow-list scenario ('' for none; default: %(default)s)")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--lookahead", type=int, default=0, help="cdsl / cdlh: candidates completed per depth (0: 2B)")
+    p.add_argument("--lookahead-when", choices=["needed", "always"], default="needed",
+                   help="cdsl / cdlh: look ahead only where the caps will keep extra beams (needed: the same lists) "
+                        "or at every depth (always: the full look-ahead)")
     p.add_argument("--verify", choices=["beams", "paths"], default="beams",
                    help="cdsl: the target scores the kept beams (beams) or every drafted path (paths)")
     p.add_argument("--corrections", type=int, default=0,
@@ -119,7 +122,7 @@ def run(args: argparse.Namespace) -> dict:
     users = sample_users(load_split_dir(bundle.resolve_data_dir(args.data)).eval_users(args.split), args.users,
                          args.seed)
     k = args.k
-    base = RuleSettings(lookahead=args.lookahead, verify=args.verify,
+    base = RuleSettings(lookahead=args.lookahead, lookahead_when=args.lookahead_when, verify=args.verify,
                         corrections=None if args.corrections < 0 else args.corrections, factor=args.factor)
     runs = [(name, rules, s) for name, rules in scenarios(args) for s in (strategies if rules else ["plain"])]
 
@@ -184,7 +187,8 @@ def run(args: argparse.Namespace) -> dict:
     print("ms per request per phase (recsvc.engine.ledger; 'other' = the rest of the request):")
     print(phase_table)
     payload = {"bench": "rules", "k": k, "users": len(users), "split": args.split, "beam_width": width,
-               "settings": {"lookahead": args.lookahead, "verify": args.verify, "corrections": args.corrections,
+               "settings": {"lookahead": args.lookahead, "lookahead_when": args.lookahead_when, "verify": args.verify,
+                            "corrections": args.corrections,
                             "factor": args.factor},
                "dtype": resolve_dtype(args.dtype), "machine": machine(), "rows": rows, "table": table,
                "phase_table": phase_table}

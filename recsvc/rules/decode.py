@@ -33,11 +33,13 @@ class RuleSettings:
     verify: str = "beams"  # cdsl: "beams" (the target scores the kept beams) or "paths" (every drafted path)
     corrections: int | None = 0  # cdsl "paths": target forwards that may follow the target off a drafted path
     factor: int = 4  # postfilter: beams searched per item returned
+    lookahead_when: str = "needed"  # cdsl / cdlh: "needed" (where caps keep extra beams) or "always" (every depth)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise UserError(f"rules strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if (self.lookahead < 0 or self.factor < 1 or self.verify not in ("beams", "paths")
+                or self.lookahead_when not in ("needed", "always")
                 or (self.corrections is not None and self.corrections < 0)):
             raise UserError(f"invalid rules settings {self}")
 
@@ -70,6 +72,7 @@ def decode_rules(settings: RuleSettings, target: EngineModel, catalog: RuleCatal
         if head is None:
             raise UserError("rules strategy cdsl needs a recurrent draft head (BUNDLE/head: `recsvc train head`)")
         lookahead = DraftLookahead(target, head, rules, prior, m, settings.verify, settings.corrections)
-    out = list_search(target, catalog, code_offset, prompts, k, width, rules, prior, lookahead, ledger)
+    out = list_search(target, catalog, code_offset, prompts, k, width, rules, prior, lookahead, ledger,
+                      lookahead_always=settings.lookahead_when == "always")
     steps = lookahead.head_steps if isinstance(lookahead, DraftLookahead) else 0
     return RulesOutput(out.rows, out.scores, out.target_calls.tolist(), steps)

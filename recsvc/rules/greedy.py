@@ -95,6 +95,16 @@ def greedy_pick(rows: np.ndarray, spec: CapSpec, k: int, none: int | None = None
     return out
 
 
+def fills(groups: Iterable[np.ndarray], spec: CapSpec, k: int) -> bool:
+    """Whether the groups (rows of alive items) hold k rows a greedy list can take together under the caps."""
+    counter, taken = CapCounter(spec), 0
+    for rows in groups:
+        taken += counter.admit_group(rows)
+        if taken >= k:
+            return True
+    return False
+
+
 def capacity_prefix(groups: Iterable[np.ndarray], spec: CapSpec, k: int) -> int:
     """How many groups (candidate prefixes, best first; each the rows of its alive items) a beam must keep so
     that a greedy list of k items can be made from their items: the first t whose groups hold k admissible

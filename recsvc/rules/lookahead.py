@@ -29,7 +29,7 @@ from recsvc.engine.beam_search import candidate_scores, node_logprobs
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.tree_cache import TreeCache
 from recsvc.rules.catalog import BatchRules, RuleCatalog
-from recsvc.rules.greedy import greedy_pick
+from recsvc.rules.greedy import fills, greedy_pick
 
 
 class Lookahead(Protocol):
@@ -155,17 +155,43 @@ class DraftLookahead:
         return leaves, out
 
 
+def needs_extra_beams(order: torch.Tensor, key: torch.Tensor, child: torch.Tensor, rules: BatchRules,
+                      catalog: RuleCatalog, keep: int, k: int) -> list[bool]:
+    """Per request: whether its first ``keep`` candidates in ``order`` fall short of a capped list of k items, so
+    that ``search.keep_beams`` will keep more beams, chosen by the order after ``keep``. Where they do not (no
+    caps, or the first ``keep`` already hold k items that fit), nothing after ``keep`` is kept and a look-ahead
+    cannot change the result."""
+    valid = torch.isfinite(key.gather(1, order)).sum(1).tolist()
+    out = []
+    for r in range(len(order)):
+        if rules.caps[r].empty or valid[r] <= keep:
+            out.append(False)
+            continue
+        nodes = child[r, order[r, :keep]].tolist()
+        out.append(not fills((catalog.leaves_under(n, rules.leaf_row[r]) for n in nodes), rules.caps[r], k))
+    return out
+
+
 def reorder(lookahead: Lookahead, cache: TreeCache, order: torch.Tensor, key: torch.Tensor, cand: torch.Tensor,
-            child: torch.Tensor, rules: BatchRules, catalog: RuleCatalog, keep: int) -> torch.Tensor:
+            child: torch.Tensor, rules: BatchRules, catalog: RuleCatalog, keep: int, k: int | None = None
+            ) -> torch.Tensor:
     """Candidates [B, n] ranked by ``key`` (``order``) -> re-ranked after the first ``keep`` (the beam's own,
     which stay): the rest of the first M, completed, by their completion's score + boost, those whose item fits
     the caps next to the completions of better value (a greedy pass over all M) ahead of the others; then the
     remaining candidates in ``order``. So the look-ahead chooses the extra beams a cap needs, never drops one of
-    the best-scored prefixes on the strength of a guess."""
+    the best-scored prefixes on the strength of a guess.
+
+    ``k`` (items per list): complete only the requests whose caps will need extra beams (``needs_extra_beams``;
+    the others' lists cannot depend on the look-ahead); None: complete every request (a full look-ahead)."""
     trie = catalog.trie
     m = min(lookahead.width, order.shape[1])
     top = order[:, :m]
     valid = torch.isfinite(key.gather(1, top))  # [B, M]
+    if k is not None:
+        need = torch.tensor(needs_extra_beams(order, key, child, rules, catalog, keep, k))
+        if not bool(need.any()):
+            return order
+        valid &= need[:, None]
     nodes = torch.where(valid, child.gather(1, top), -1)
     leaves, scores = lookahead.complete(cache, nodes, cand.gather(1, top))
     leaf = (leaves - trie.num_internal).clamp(min=0)

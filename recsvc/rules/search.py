@@ -6,7 +6,9 @@ Per depth, for every request:
              nodes, fused prior), ranked by score + the largest boost still reachable below (an upper bound)
   look    -> optional: a ``Lookahead`` completes the best candidates to items (CDLH: the target; CDSL: the
              draft head, verified by the target), the caps score those items, and the candidates after the
-             first ``width`` are re-ranked: those whose completion fits the list first (``lookahead.reorder``)
+             first ``width`` are re-ranked: those whose completion fits the list first (``lookahead.reorder``);
+             only for requests whose caps will keep more than ``width`` beams (elsewhere the order after
+             ``width`` is never used), unless ``lookahead_always``
   keep    -> the first ``width`` candidates, and more while their items cannot yet fill a capped list of k
              (``greedy.capacity_prefix``): the beam never loses the items a compliant list needs
   final   -> at the last depth, every leaf of the beams, best score + boost first, taken greedily under the caps
@@ -95,6 +97,7 @@ def list_search(
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior (recsvc.engine.prior)
     lookahead: Lookahead | None = None,
     ledger: Ledger = NO_LEDGER,
+    lookahead_always: bool = False,  # True: look ahead at every depth, even where it cannot change the list
 ) -> ListOutput:
     trie = catalog.trie
     b, levels = len(prompts.lengths), trie.levels
@@ -116,7 +119,8 @@ def list_search(
             order = torch.sort(key, dim=1, descending=True, stable=True).indices  # [B, n]
         if lookahead is not None:
             with ledger.phase("lookahead"):
-                order = reorder(lookahead, cache, order, key, cand, child, rules, catalog, width)
+                order = reorder(lookahead, cache, order, key, cand, child, rules, catalog, width,
+                                None if lookahead_always else k)
         with ledger.phase("select"):
             nodes, scores, kept[:, depth] = keep_beams(order, key, cand, child, width, k, rules, catalog)
     with ledger.phase("select"):
