@@ -9,6 +9,7 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401 (one_thread: a fixture)
 
 import recsvc.cli.main as cli
+from recsvc.engine.recommender import BundleRecommender
 from recsvc.model.bundle import Bundle
 from recsvc.model.transition import TransitionPrior
 
@@ -42,16 +43,25 @@ def test_tune_prior_writes_the_best_trial_and_resumes(tmp_path, capsys) -> None:
     assert "--trials" in capsys.readouterr().err
 
 
-def test_tune_prior_with_history_excluded_keeps_its_own_study(tmp_path) -> None:
+def test_tune_prior_with_history_excluded_writes_the_excluding_services_prior(tmp_path) -> None:
     root = make_tiny_bundle(tmp_path, n_users=60)
     base = ["tune", "prior", "--bundle", str(root), "--budget-minutes", "5", "--users", "20", "--dtype", "fp32"]
     assert cli.main([*base, "--trials", "2"]) == 0
     assert cli.main([*base, "--trials", "2", "--exclude-history"]) == 0
-    record = Bundle.open(root).read()["tuning"]["prior"]
     # a separate study: the excluded search starts from scratch instead of resuming the other one's trials
-    assert record["exclude_history"] is True and record["trials"] == 2 and record["trials_this_run"] == 2
     assert (root / "tune" / "prior.db").is_file() and (root / "tune" / "prior-excl.db").is_file()
+    b = Bundle.open(root)
+    record = b.read()["tuning"]["prior_excl"]
+    assert record["exclude_history"] is True and record["trials"] == 2 and record["trials_this_run"] == 2
     assert record["valid"][record["metric"]] >= record["valid_without_prior"][record["metric"]]
+    # written beside BUNDLE/prior, which keeps the other search's choice; excluding services fuse it
+    assert b.read()["tuning"]["prior"]["exclude_history"] is False
+    excl, kept = TransitionPrior.load(b.excluded_prior_dir), TransitionPrior.load(b.prior_dir)
+    assert {k: getattr(excl.settings, k) for k in record["settings"]} == record["settings"]
+    assert b.read()["prior"]["weight"] == kept.settings.weight
+    assert b.prior_dir_for(True) == b.excluded_prior_dir and b.prior_dir_for(False) == b.prior_dir
+    rec = BundleRecommender.from_bundle(root, dtype="fp32", exclude_history=True, use_drafter=False)
+    assert rec.prior is not None and rec.prior.settings == excl.settings
 
 
 def test_tune_target_one_trial(tmp_path) -> None:

@@ -166,7 +166,8 @@ def evaluate_bundle(
     model = load_causal_lm(bundle.train_only_target_dir, dtype=dtype) if train_only else bundle.load_target(dtype=dtype)
     users = sample_users(data.eval_users(split), max_users, seed)
     start = time.perf_counter()
-    prior = TransitionPrior.load(bundle.prior_dir) if use_prior and bundle.has_prior() else None
+    prior_dir = bundle.prior_dir_for(exclude_history)  # as the service fuses it (BUNDLE/prior-excl when excluding)
+    prior = TransitionPrior.load(prior_dir) if use_prior and bundle.has_prior(exclude_history) else None
     if prior is not None and prior.settings.weight <= 0:
         prior = None
     if prior is not None and train_only:  # the same settings, counted on the train period only
@@ -195,6 +196,7 @@ def evaluate_bundle(
         "model": evaluate_rankings(rankings, users, ks), "popularity": evaluate_rankings(pop, users, ks),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),
         "processes": world,
-        "prior": {**asdict(prior.settings), "fitted_on": prior.fitted_on} if prior is not None else None,
+        "prior": ({**asdict(prior.settings), "fitted_on": prior.fitted_on, "dir": prior_dir.name}
+                  if prior is not None else None),
         **beside,
     }

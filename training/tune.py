@@ -10,7 +10,10 @@ the chosen settings into the bundle (bundle.json "tuning", and for ``prior`` BUN
 ``prior``: the transition prior's settings (fusion weight, window, decay, back-off beta) are chosen on
 validation users with the model that has not seen the valid period: BUNDLE/target-train for deploy-protocol
 bundles, BUNDLE/target otherwise, and a prior fitted on the train period. The chosen settings are then fitted
-on the periods the served target was trained on (deploy: train + valid) and written to BUNDLE/prior.
+on the periods the served target was trained on (deploy: train + valid) and written to BUNDLE/prior. With
+``--exclude-history`` the search ranks with each user's history items excluded, as a service run with
+``--exclude-history`` does, and writes BUNDLE/prior-excl (bundle.json "prior_excl"), which such a service and
+``recsvc eval --exclude-history`` fuse instead of BUNDLE/prior.
 
 ``target``: each trial trains a target into DIR/trial-N (the paper protocol, validation Recall@10 each epoch,
 ``--trial-minutes`` each) over learning rate, weight decay, history length and preset; the best trial's
@@ -148,8 +151,9 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     best = study.best_trial
     chosen = PriorSettings(**best.params)
     fit_on = resolve_fit_on("auto", protocol)
+    out_dir = bundle.excluded_prior_dir if excl else bundle.prior_dir  # the service picks it by its exclusion
     TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen,
-                        fitted_on=fit_on).save(bundle.root / "prior")
+                        fitted_on=fit_on).save(out_dir)
     record = {"settings": best.params, "fit_on": fit_on, "valid_users": len(users), "metric": args.metric,
               "exclude_history": excl,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
@@ -157,7 +161,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
               "trials": len(study.trials), "trials_this_run": ran,
               "seconds_this_run": round(time.monotonic() - t0, 1)}
     meta = bundle.read()
-    bundle.update(prior={**best.params, "fit_on": fit_on}, tuning={**meta.get("tuning", {}), "prior": record})
+    key = "prior_excl" if excl else "prior"
+    bundle.update(**{key: {**best.params, "fit_on": fit_on}}, tuning={**meta.get("tuning", {}), key: record})
     print(json.dumps(record, indent=1))
     return 0
 

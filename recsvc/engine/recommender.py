@@ -140,7 +140,8 @@ class BundleRecommender:
         (None): BUNDLE/head when the bundle has one, else BUNDLE/drafter when it has one.
         ``beam_width``: see ``__init__`` (None: bundle.json "beam_width", else 0 = k).
         ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
-        recommend a query's history items. ``attributes``: the item attributes file for rules (None:
+        recommend a query's history items (and fuse BUNDLE/prior-excl, the prior tuned for that, when present).
+        ``attributes``: the item attributes file for rules (None:
         BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded."""
         from recsvc.model.bundle import Bundle
 
@@ -150,7 +151,8 @@ class BundleRecommender:
         prompts = bundle.prompt_builder(tokenizer, ids)
         target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention)
         drafter = None
-        stored_prior = TransitionPrior.load(bundle.prior_dir) if bundle.has_prior() else None  # read once
+        stored_prior = (TransitionPrior.load(bundle.prior_dir_for(exclude_history))  # read once
+                        if bundle.has_prior(exclude_history) else None)
         if use_drafter and drafter_name == "transition":  # training-free: drafts from the bundle's prior
             from recsvc.drafters.transition import TransitionDrafter
 

@@ -67,10 +67,24 @@ class Bundle:
         """The item-transition prior fused into decoding (``recsvc prior fit``; optional)."""
         return self.root / "prior"
 
-    def has_prior(self) -> bool:
+    def has_prior(self, exclude_history: bool = False) -> bool:
         from recsvc.model.transition import TENSORS_FILE
 
-        return (self.prior_dir / TENSORS_FILE).is_file()
+        return (self.prior_dir_for(exclude_history) / TENSORS_FILE).is_file()
+
+    @property
+    def excluded_prior_dir(self) -> Path:
+        """The prior tuned for ranking with the history excluded (``recsvc tune prior --exclude-history``)."""
+        return self.root / "prior-excl"
+
+    def prior_dir_for(self, exclude_history: bool) -> Path:
+        """The prior a service that excludes (or keeps) history items fuses: BUNDLE/prior-excl when excluding
+        and the bundle has one, else BUNDLE/prior."""
+        from recsvc.model.transition import TENSORS_FILE
+
+        if exclude_history and (self.excluded_prior_dir / TENSORS_FILE).is_file():
+            return self.excluded_prior_dir
+        return self.prior_dir
 
     def checkpoint_dir(self, stage: str) -> Path:
         return self.root / "checkpoints" / stage

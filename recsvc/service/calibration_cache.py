@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 FILE = "calibration.json"
-MODEL_DIRS = ("target", "head", "drafter", "drafters", "heads", "prior")
+MODEL_DIRS = ("target", "head", "drafter", "drafters", "heads", "prior", "prior-excl")
 
 
 def model_fingerprint(bundle: str | Path) -> list[list[Any]]:
