@@ -91,6 +91,7 @@ class RuleCatalog:
             lo.scatter_reduce_(0, trie.item_path[:, d], leaves, "amin")
             hi.scatter_reduce_(0, trie.item_path[:, d], leaves + 1, "amax")
         self.leaf_lo, self.leaf_hi = lo, hi  # [N]
+        self._lo, self._hi = lo.tolist(), hi.tolist()  # the same as Python ints: read per candidate prefix
         first = torch.full((nl,), self.n, dtype=torch.long)  # lowest row (= lowest item id) of each leaf
         first.scatter_reduce_(0, leaves, torch.arange(self.n), "amin")
         self.static_leaf_row = first
@@ -165,7 +166,8 @@ class RuleCatalog:
         return BatchRules(dead if bool(dead.any()) else None, leaf_row, leaf_boost, node_bonus,
                           [self.cap_spec(r) for r in rules], excluded_ids)
 
-    def leaves_under(self, node: int, leaf_row: torch.Tensor) -> np.ndarray:
-        """Catalog rows of the alive leaves under ``node`` (one request's ``leaf_row`` [NL]), in code order."""
-        rows = leaf_row[int(self.leaf_lo[node]): int(self.leaf_hi[node])]
-        return rows[rows < self.n].numpy()
+    def leaves_under(self, node: int, leaf_row: np.ndarray) -> np.ndarray:
+        """Catalog rows of the alive leaves under ``node`` (one request's ``leaf_row`` [NL] as numpy), in code
+        order."""
+        rows = leaf_row[self._lo[node]: self._hi[node]]
+        return rows[rows < self.n]

@@ -69,26 +69,36 @@ class CapCounter:
         if not self.fast:
             return sum(self.admit(int(r)) for r in rows)
         m, used = self.spec.m[0], self.used[0]
-        vals = self.spec.columns[0][2][rows]
-        taken = int((vals < 0).sum())  # items without a value are never capped
-        uniq, cnt = np.unique(vals[vals >= 0], return_counts=True)
-        for v, c in zip(uniq.tolist(), cnt.tolist(), strict=True):
-            room = m - used.get(v, 0)
-            if room > 0:
-                add = min(room, c)
-                used[v] = used.get(v, 0) + add
-                taken += add
+        taken = 0
+        for v in self.spec.columns[0][2][rows].tolist():  # a prefix's group is small: a Python loop is fastest
+            if v < 0:  # items without a value are never capped
+                taken += 1
+            elif used.get(v, 0) < m:
+                used[v] = used.get(v, 0) + 1
+                taken += 1
         return taken
+
+    def admit_fast(self, row: int) -> bool:
+        """``admit`` for one cap over a single-valued attribute (``self.fast``)."""
+        v = int(self.spec.columns[0][2][row])
+        if v < 0:
+            return True
+        used = self.used[0]
+        if used.get(v, 0) >= self.spec.m[0]:
+            return False
+        used[v] = used.get(v, 0) + 1
+        return True
 
 
 def greedy_pick(rows: np.ndarray, spec: CapSpec, k: int, none: int | None = None) -> list[int]:
     """rows [n] catalog rows best first (``none``: skip) -> positions of the (at most k) rows taken."""
     counter = CapCounter(spec)
+    admit = counter.admit_fast if counter.fast else counter.admit
     out: list[int] = []
     for pos, row in enumerate(rows.tolist()):
         if row == none or row < 0:
             continue
-        if counter.admit(row) if spec.m else True:
+        if admit(row) if spec.m else True:
             out.append(pos)
             if len(out) == k:
                 break

@@ -168,7 +168,8 @@ def needs_extra_beams(order: torch.Tensor, key: torch.Tensor, child: torch.Tenso
             out.append(False)
             continue
         nodes = child[r, order[r, :keep]].tolist()
-        out.append(not fills((catalog.leaves_under(n, rules.leaf_row[r]) for n in nodes), rules.caps[r], k))
+        leaf_row = rules.leaf_row[r].numpy()
+        out.append(not fills((catalog.leaves_under(n, leaf_row) for n in nodes), rules.caps[r], k))
     return out
 
 

@@ -55,7 +55,8 @@ def keep_beams(order: torch.Tensor, key: torch.Tensor, cand: torch.Tensor, child
         w = min(width, valid[r])
         if not rules.caps[r].empty and valid[r] > w:
             nodes = child[r, order[r, : valid[r]]].tolist()
-            groups = (catalog.leaves_under(node, rules.leaf_row[r]) for node in nodes)
+            leaf_row = rules.leaf_row[r].numpy()
+            groups = (catalog.leaves_under(node, leaf_row) for node in nodes)
             w = min(max(w, capacity_prefix(groups, rules.caps[r], k)), valid[r])
         kept.append(w)
     wmax = max(max(kept), 1)
