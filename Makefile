@@ -43,8 +43,6 @@ beauty-bundle: install
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit scratch --refit-epochs auto \
 	  --threads 2 --max-minutes 80 --epochs 6 --patience 2
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
-	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1 \
-	  --exclude-history
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
 
 # the quality comparison (BENCHMARKS.md "Quality"): the served target beside the baselines, both protocols
