@@ -148,7 +148,8 @@ def test_evaluation_fuses_and_reports_the_prior(bundle) -> None:
 
     with_prior = evaluate_bundle(bundle, "valid", (5,), dtype="fp32", max_users=12)
     without = evaluate_bundle(bundle, "valid", (5,), dtype="fp32", max_users=12, use_prior=False)
-    assert with_prior["prior"] == {"window": 1, "decay": 0.5, "beta": 1.0, "weight": WEIGHT, "fitted_on": "train"}
+    assert with_prior["prior"] == {"window": 1, "decay": 0.5, "beta": 1.0, "weight": WEIGHT, "fitted_on": "train",
+                                   "dir": "prior"}
     assert without["prior"] is None
     json.dumps(with_prior)  # the CLI writes it as JSON
     b = Bundle.open(bundle)
