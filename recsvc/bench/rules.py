@@ -6,7 +6,9 @@ Per scenario and strategy (``--strategies``; docs/RULES.md): compliance (lists t
 exactly-K (lists of K items, among users for whom the catalog holds K compliant items), Recall@K / NDCG@K
 against the users' test items (and each strategy's NDCG@K minus the scenario's best, paired per user, with its
 standard error: "within noise" is then a number), ms per request and target forward calls per request.
-Strategies are timed interleaved, user by user, so load on the machine hits them alike.
+Strategies are timed interleaved, user by user, so load on the machine hits them alike; a second table splits
+each strategy's milliseconds by phase (``recsvc.engine.ledger``). ``--lookahead-when always`` forces CDSL's and
+CDLH's look-aheads at every depth (default: only where the caps keep extra beams; the same lists).
 
     recsvc bench rules --bundle artifacts/beauty/bundle --users 200 --k 10 --threads 1
 """
