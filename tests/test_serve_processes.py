@@ -163,32 +163,41 @@ def test_client_cli_rejects_a_host_name_list(capsys):
         args.func(args)
 
 
-def test_round_robin_client_survives_a_server_stopping_mid_way(catalog, make_server):
-    first, second = make_server(catalog), make_server(catalog)
+def _load_through(client: RecClient, per_worker: int, history: list[int], k: int, mid_way, join_s: float
+                  ) -> tuple[list[BaseException], int]:
+    """4 threads send ``per_worker`` Recommend calls each; once a quarter is answered, ``mid_way()`` runs while the
+    calls keep flowing. Returns (the failed calls' errors, calls that succeeded)."""
     failures: list[BaseException] = []
     done: list[int] = []
     sent = threading.Semaphore(0)
+
+    def send(worker: int) -> None:
+        for i in range(per_worker):
+            try:
+                assert client.recommend(f"u{worker}-{i}", history=history, k=k).items
+                done.append(1)
+            except grpc.RpcError as exc:
+                failures.append(exc)
+            sent.release()
+
+    threads = [threading.Thread(target=send, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(per_worker):
+        sent.acquire()
+    mid_way()
+    for t in threads:
+        t.join(join_s)
+    return failures, len(done)
+
+
+def test_round_robin_client_survives_a_server_stopping_mid_way(catalog, make_server):
+    first, second = make_server(catalog), make_server(catalog)
     with RecClient(f"{first.address},{second.address}", timeout_s=10) as client:
         assert client.health() == "SERVING"
-
-        def send(worker: int) -> None:
-            for i in range(100):
-                try:
-                    assert client.recommend(f"u{worker}-{i}", history=[1], k=3).items
-                    done.append(1)
-                except grpc.RpcError as exc:
-                    failures.append(exc)
-                sent.release()
-
-        threads = [threading.Thread(target=send, args=(w,)) for w in range(4)]
-        for t in threads:
-            t.start()
-        for _ in range(100):  # a quarter of the requests answered: drain one server while they keep flowing
-            sent.acquire()
-        first.stop(grace_s=0.5)
-        for t in threads:
-            t.join(30)
-    assert not failures and len(done) == 400, failures[:3]
+        # a quarter of the requests answered: drain one server while they keep flowing
+        failures, done = _load_through(client, 100, [1], 3, lambda: first.stop(grace_s=0.5), 30)
+    assert not failures and done == 400, failures[:3]
     served = [
         s.metrics.registry.get_sample_value("recsvc_requests_total", {"method": "Recommend", "code": "OK"}) or 0
         for s in (first, second)
@@ -234,32 +243,16 @@ def test_round_robin_client_survives_a_server_process_killed_mid_load(tmp_path):
     counts = tmp_path / "pop.json"
     counts.write_text(json.dumps({str(i): 100 - i for i in range(1, 60)}))
     (a, addr_a), (b, addr_b) = _start_serve(counts), _start_serve(counts)
-    failures: list[BaseException] = []
-    done: list[int] = []
-    sent = threading.Semaphore(0)
+
+    def kill_a() -> None:  # a quarter answered: kill one server outright while calls keep flowing
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+
     try:
         with RecClient(f"{addr_a},{addr_b}", timeout_s=10) as client:
             assert client.health() == "SERVING"
-
-            def send(worker: int) -> None:
-                for i in range(150):
-                    try:
-                        assert client.recommend(f"u{worker}-{i}", history=[1, 2], k=5).items
-                        done.append(1)
-                    except grpc.RpcError as exc:
-                        failures.append(exc)
-                    sent.release()
-
-            threads = [threading.Thread(target=send, args=(w,)) for w in range(4)]
-            for t in threads:
-                t.start()
-            for _ in range(150):  # a quarter answered: kill one server outright while calls keep flowing
-                sent.acquire()
-            a.send_signal(signal.SIGKILL)
-            a.wait(10)
-            for t in threads:
-                t.join(60)
-        assert not failures and len(done) == 600, failures[:3]
+            failures, done = _load_through(client, 150, [1, 2], 5, kill_a, 60)
+        assert not failures and done == 600, failures[:3]
     finally:
         for proc in (a, b):
             if proc.poll() is None:
