@@ -357,7 +357,9 @@ def _run_outage(
     duration: float,
     seed: int,
 ) -> dict:
-    """Thirds of ``duration``: before, Redis down, after restart. Threads own their users (ordered acks)."""
+    """Thirds of ``duration``: before, Redis down (from the moment it has exited), after restart. Threads own
+    their users (ordered acks). A call is counted in the phase it started in; a Recommend retried across the
+    restart can end OK. ``write_during_outage``: the code of one RecordInteractions sent once Redis has exited."""
     import grpc
 
     from recsvc.service.client import RecClient
@@ -401,9 +403,11 @@ def _run_outage(
         w.start()
     third = duration / 3.0
     time.sleep(third)
+    redis_proc.stop()  # calls still in flight as it flushes and exits count as "before"
     phase[0] = "during"
-    redis_proc.stop()
-    time.sleep(third)
+    started = time.monotonic()
+    probe = _probe_write(target, client_kwargs, pool[0], acked, lock)  # one write, known to start in the outage
+    time.sleep(max(0.0, third - (time.monotonic() - started)))
     redis_proc.start()
     restarted_at.append(time.monotonic())
     phase[0] = "after"
@@ -424,7 +428,24 @@ def _run_outage(
         "users_with_lost_records": lost,
         "verified": lost == 0,
         "recovery_s": recovery,
+        "write_during_outage": probe,
     }
+
+
+def _probe_write(target: str, client_kwargs: dict, item: int, acked: dict[str, list[int]], lock: Any) -> str:
+    """One RecordInteractions while Redis is down: its status code name (an acknowledged one is verified too)."""
+    import grpc
+
+    from recsvc.service.client import RecClient
+
+    with RecClient(target, **{**client_kwargs, "timeout_s": 5.0}) as client:
+        try:
+            client.record("outage-probe", [item])
+        except grpc.RpcError as exc:
+            return exc.code().name
+    with lock:
+        acked.setdefault("outage-probe", []).append(item)
+    return "OK"
 
 
 def _is_subsequence(needle: Sequence[int], haystack: Sequence[int]) -> bool:
@@ -455,6 +476,7 @@ def markdown_outage(report: dict) -> str:
     verdict = "all present" if report["verified"] else f"LOST for {report['users_with_lost_records']} users"
     lines.append(
         f"\nacknowledged RecordInteractions: {report['acknowledged_records']} ({verdict}); "
-        f"recovery after restart: {report['recovery_s']} s"
+        f"recovery after restart: {report['recovery_s']} s; a write once Redis had exited: "
+        f"{report['write_during_outage']}"
     )
     return "\n".join(lines)
