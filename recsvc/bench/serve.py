@@ -371,11 +371,12 @@ def _run_outage(
     stop = threading.Event()
     restarted_at: list[float] = []
     first_ok_after: list[float] = []
+    call_kwargs = {**client_kwargs, "timeout_s": 5.0}
 
     def worker(i: int) -> None:
         rng = random.Random(seed * 7919 + i)
         mine = [f"outage-{i}-{j}" for j in range(4)]
-        with RecClient(target, **{**client_kwargs, "timeout_s": 5.0}) as client:
+        with RecClient(target, **call_kwargs) as client:
             while not stop.is_set():
                 user, current = rng.choice(mine), phase[0]
                 op = rng.random()
@@ -406,7 +407,7 @@ def _run_outage(
     redis_proc.stop()  # calls still in flight as it flushes and exits count as "before"
     phase[0] = "during"
     started = time.monotonic()
-    probe = _probe_write(target, client_kwargs, pool[0], acked, lock)  # one write, known to start in the outage
+    probe = _probe_write(target, call_kwargs, pool[0], acked, lock)  # one write, known to start in the outage
     time.sleep(max(0.0, third - (time.monotonic() - started)))
     redis_proc.start()
     restarted_at.append(time.monotonic())
@@ -438,7 +439,7 @@ def _probe_write(target: str, client_kwargs: dict, item: int, acked: dict[str, l
 
     from recsvc.service.client import RecClient
 
-    with RecClient(target, **{**client_kwargs, "timeout_s": 5.0}) as client:
+    with RecClient(target, **client_kwargs) as client:
         try:
             client.record("outage-probe", [item])
         except grpc.RpcError as exc:
