@@ -34,6 +34,9 @@ clean:
 # The Beauty acceptance runs (hours of CPU in all; each writes JSON under artifacts/beauty/bench).
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
+# the target's selection budget: the warmup/cosine schedule is sized to the epochs that fit it (--fit-budget).
+# 22 min is Beauty's share of a 55-minute budget for a catalog with 2.5x its interactions (same epochs fit).
+TARGET_MINUTES ?= 22
 BENCH ?= artifacts/beauty/bench
 .PHONY: beauty-bundle quality-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
@@ -41,7 +44,7 @@ beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit scratch --refit-epochs auto \
-	  --threads 2 --max-minutes 80 --epochs 6 --patience 2
+	  --threads 2 --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --patience 2
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
 

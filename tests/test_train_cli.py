@@ -167,3 +167,20 @@ def test_build_plan_counts_an_epoch_and_times_real_steps(data, tmp_path, capsys)
     assert main(["build", "--data", str(d), "--out", str(tmp_path / "x"), "--ids", str(ids), "--plan",
                  "--plan-steps", "0"]) == 2
     assert "--plan-steps" in capsys.readouterr().err
+
+
+def test_build_fit_budget_records_its_plan(data, tmp_path, capsys) -> None:
+    """--fit-budget times the epoch before training and runs the schedule over the epochs that fit (here the
+    budget is ample, so --epochs caps it); the plan is recorded in training.json; no budget -> exit 2."""
+    d, ids = data
+    argv = ["build", "--data", str(d), "--out", str(tmp_path / "fit"), "--ids", str(ids), "--preset", "tiny",
+            "--epochs", "2", "--batch-size", "8", "--eval-users", "10", "--recall-users", "5", "--bf16", "off",
+            "--patience", "0", "--fit-budget", "--max-minutes", "30"]
+    assert main(argv) == 0
+    assert "--fit-budget: 2 epoch(s) in 30 min" in capsys.readouterr().out
+    info = json.loads((Bundle.open(tmp_path / "fit").target_dir / "training.json").read_text())
+    plan = info["budget_plan"]
+    assert info["schedule_epochs"] == plan["epochs"] == info["epochs"] == 2 and plan["epochs_fit"] > 2
+    assert plan["train_tokens_per_s"] > 0 and plan["eval_seconds"] > 0 and plan["budget_minutes"] == 30
+    assert main([*argv[:4], str(tmp_path / "nobudget"), *argv[5:-2]]) == 2
+    assert "--max-minutes" in capsys.readouterr().err

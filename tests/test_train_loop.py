@@ -121,3 +121,49 @@ def test_early_stopping_on_evaluator_metric_keeps_best(tmp_path) -> None:
     assert res.score_name == "recall@10" and res.best_score == pytest.approx(0.30)
     for k, v in weights(best).items():  # the returned model holds epoch 1's weights
         torch.testing.assert_close(v, snapshots[0][k])
+
+
+def test_epochs_in_budget_arithmetic() -> None:
+    from training.budget import epochs_in_budget
+
+    assert epochs_in_budget(budget_s=3300, spent_s=60, epoch_s=600, eval_s=30, max_epochs=8) == 5
+    assert epochs_in_budget(budget_s=100, spent_s=60, epoch_s=600, eval_s=30, max_epochs=8) == 1  # at least one
+    assert epochs_in_budget(budget_s=1e6, spent_s=0, epoch_s=60, eval_s=5, max_epochs=6) == 6  # capped
+
+
+def test_fit_budget_sizes_the_schedule_and_resume_keeps_it(tmp_path) -> None:
+    import time
+
+    from training.train_target import _saved_budget_plan
+
+    calls = []
+
+    def slow_evaluator(model) -> dict[str, float]:  # 1 s per validation pass: at most 3 fit in 3.5 s
+        calls.append(1)
+        time.sleep(1.0)
+        return {"recall@10": 0.1 * len(calls), "ndcg@10": 0.0}
+
+    budget = cfg(epochs=10, fit_budget=True, max_minutes=3.5 / 60)
+    _, res = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, budget, tmp_path, TOK.pad_token_id,
+                           evaluator=slow_evaluator)
+    plan = res.budget_plan
+    assert plan is not None and plan["eval_seconds"] >= 1.0 and plan["train_tokens_per_s"] > 0
+    assert 1 <= res.schedule_epochs == plan["epochs"] <= 3 < budget.epochs
+    steps_per_epoch = (len(TRAIN) + 7) // 8
+    if res.stopped == "epochs":  # the whole (shortened) schedule ran: the learning rate ended annealed
+        assert res.epochs == res.schedule_epochs and res.steps == steps_per_epoch * res.schedule_epochs
+        sched = json.loads((tmp_path / "last" / "state.json").read_text())["scheduler"]
+        assert max(sched["_last_lr"]) == pytest.approx(0.0, abs=1e-9)
+    assert _saved_budget_plan(tmp_path) == plan
+    calls.clear()
+    _, again = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(**{**budget.__dict__, "resume": True}),
+                             tmp_path, TOK.pad_token_id, evaluator=slow_evaluator)
+    assert again.budget_plan == plan and again.schedule_epochs == res.schedule_epochs
+    if res.stopped == "epochs":
+        assert calls == []  # nothing re-timed, nothing re-trained
+
+
+def test_fit_budget_needs_a_budget(tmp_path) -> None:
+    with pytest.raises(Exception, match="--max-minutes"):
+        fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(fit_budget=True), tmp_path,
+                      TOK.pad_token_id)

@@ -25,6 +25,10 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
     p.add_argument("--warmup", type=float, default=0.05, help="< 1: fraction of the steps; >= 1: steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget; stops cleanly")
+    p.add_argument("--fit-budget", action="store_true",
+                   help="with --max-minutes: time a few training steps and one validation pass first, then run "
+                        "the warmup/cosine schedule over the epochs that fit the budget (at most --epochs), so "
+                        "the learning rate has annealed when the budget ends")
     p.add_argument("--patience", type=int, default=2, help="epochs without improvement (0: off)")
     p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto", help="bf16 autocast")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
@@ -178,9 +182,12 @@ def loop_config(args: argparse.Namespace):
             raise UserError(f"--{name.replace('_', '-')} must be >= 1 (--epochs 0 only with --refit scratch)")
     if args.lr <= 0:
         raise UserError("--lr must be > 0")
+    if args.fit_budget and (args.max_minutes is None or args.max_minutes <= 0):
+        raise UserError("--fit-budget sizes the schedule to the budget: give --max-minutes > 0")
     return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
                        weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
-                       max_minutes=args.max_minutes, patience=args.patience, bf16=args.bf16, resume=args.resume)
+                       max_minutes=args.max_minutes, patience=args.patience, bf16=args.bf16, resume=args.resume,
+                       fit_budget=args.fit_budget)
 
 
 def evaluator_factory(args: argparse.Namespace):

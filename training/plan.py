@@ -11,42 +11,26 @@ epoch) come on top; their cost is printed by the training run itself.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import torch
 
+from training.budget import PROBE_WARMUP, time_steps
 from training.sequences import Example, bucketed_batches, collate, count_tokens
 from training.train_target import TrainConfig, lm_loss, resolve_bf16
-
-PROBE_WARMUP = 3  # steps not timed (allocator and kernel warm-up)
 
 
 def probe_tokens_per_s(model, examples: list[Example], cfg: TrainConfig, pad_id: int, steps: int) -> float:
     """Training tokens per second of ``steps`` timed AdamW steps on shuffled, length-bucketed batches.
 
-    The model is trained in place (use a throw-away copy). Padding counts as work, as in the real loop.
-    """
+    The model is trained in place (use a throw-away copy). Padding is work but not a token, as in the loop."""
     bf16 = resolve_bf16(cfg.bf16, torch.device("cpu"))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    batches = bucketed_batches([len(e) for e in examples], cfg.batch_size, seed=cfg.seed)
-    batches = batches[:PROBE_WARMUP + steps]
-    model.train()
-    tokens, start = 0, 0.0
-    for i, idx in enumerate(batches):
-        if i == PROBE_WARMUP:
-            tokens, start = 0, time.perf_counter()
-        batch = collate([examples[j] for j in idx], pad_id)
-        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, _ = lm_loss(model, batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        tokens += int(batch["input_ids"].numel())
-    elapsed = time.perf_counter() - start
-    if tokens == 0 or elapsed <= 0:
+    batches = bucketed_batches([len(e) for e in examples], cfg.batch_size, seed=cfg.seed)[:PROBE_WARMUP + steps]
+    seconds, tokens = time_steps(model, lambda idx: collate([examples[j] for j in idx], pad_id), lm_loss, batches,
+                                 cfg.lr, cfg.weight_decay, bf16)
+    if tokens == 0 or seconds <= 0:
         return float("nan")
-    return tokens / elapsed
+    return tokens / seconds
 
 
 def epoch_plan(selection: list[Example], refit: list[Example] | None, tokens_per_s: float,

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from recsvc.errors import UserError
 from recsvc.model.prompt import IGNORE_INDEX
+from training.budget import plan_schedule
 from training.sequences import Example, bucketed_batches, collate
 
 Evaluator = Callable[[Any], dict[str, float]]  # model -> {"recall@10": ..., ...}
@@ -42,6 +43,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     seed: int = 0
     max_minutes: float | None = None  # wall-clock budget (training + evaluation); stops cleanly
+    fit_budget: bool = False  # size the schedule to the epochs that fit max_minutes (at most `epochs`)
     patience: int = 2  # epochs without improvement before stopping; 0 = never stop early
     bf16: str = "auto"  # auto | on | off: bf16 autocast
     resume: bool = False
@@ -60,6 +62,8 @@ class FitResult:
     seconds: float
     train_tokens_per_s: float
     history: list[dict[str, float]] = field(default_factory=list)
+    schedule_epochs: int = 0  # epochs the warmup/cosine schedule spans (cfg.epochs, or the budget plan's)
+    budget_plan: dict[str, Any] | None = None  # training.budget.plan_schedule's record (fit_budget)
 
 
 def resolve_bf16(mode: str, device: torch.device) -> bool:
@@ -169,20 +173,45 @@ def fit_causal_lm(
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    model, optimizer = acc.prepare(model, optimizer)
-
     lengths = list(source.lengths)
     world, rank = acc.num_processes, acc.process_index
     n_batches = math.ceil(len(lengths) / cfg.batch_size) // world  # per process, equal on every rank
     if n_batches == 0:
         raise UserError(f"{len(lengths)} examples are too few for batch size {cfg.batch_size} x {world} processes")
+
+    def one_pass(m) -> None:  # what evaluate() costs, on any model
+        validation_loss(m, valid, pad_id, cfg.eval_batch_size, acc.device, bf16)
+        if evaluator is not None:
+            evaluator(m)
+
+    budget_plan = None
+    if cfg.fit_budget and cfg.epochs > 0:
+        if cfg.max_minutes is None:
+            raise UserError("--fit-budget sizes the schedule to --max-minutes: give --max-minutes")
+        budget_plan = _saved_budget_plan(ckpt_dir) if cfg.resume else None
+        if budget_plan is None:
+            plans = [None]
+            if acc.is_main_process:
+                plans[0] = plan_schedule(
+                    model, lambda idx: {k: v.to(acc.device) for k, v in source.make_batch(idx).items()},
+                    source.loss, lengths, cfg.batch_size, world, cfg.lr, cfg.weight_decay, bf16, one_pass,
+                    cfg.max_minutes, time.monotonic() - start, max(cfg.epochs, 1), seed=cfg.seed)
+            broadcast_object_list(plans)
+            budget_plan = plans[0]
+        acc.print(f"{desc}: --fit-budget: {budget_plan['epochs']} epoch(s) in {cfg.max_minutes:g} min "
+                  f"(epoch {budget_plan['epoch_seconds'] / 60:.2f} min + validation "
+                  f"{budget_plan['eval_seconds'] / 60:.2f} min, "
+                  f"{budget_plan['train_tokens_per_s']} tokens/s)")
+    schedule_epochs = budget_plan["epochs"] if budget_plan else cfg.epochs
+    model, optimizer = acc.prepare(model, optimizer)
     steps_per_epoch = math.ceil(n_batches / cfg.grad_accum)
-    total_steps = steps_per_epoch * cfg.epochs
+    total_steps = steps_per_epoch * schedule_epochs
     warmup = int(cfg.warmup * total_steps) if cfg.warmup < 1 else int(cfg.warmup)
     scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, max(total_steps, 1))
 
     state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1,
-                             "bad_epochs": 0, "history": [], "train_seconds": 0.0, "train_tokens": 0}
+                             "bad_epochs": 0, "history": [], "train_seconds": 0.0, "train_tokens": 0,
+                             "budget_plan": budget_plan}
     if cfg.resume and (ckpt_dir / "last" / "state.json").is_file():
         state = load_checkpoint(ckpt_dir / "last", acc.unwrap_model(model), optimizer, scheduler)
         acc.print(f"resumed {desc} from epoch {state['epoch']} batch {state['batch']} (step {state['step']})")
@@ -206,11 +235,11 @@ def fit_causal_lm(
         return cfg.max_minutes is not None and time.monotonic() - start > cfg.max_minutes * 60
 
     model.train()
-    while state["epoch"] < cfg.epochs and stopped == "epochs":
+    while state["epoch"] < schedule_epochs and stopped == "epochs":
         epoch = state["epoch"]
         batches = bucketed_batches(lengths, cfg.batch_size, seed=cfg.seed * 1000 + epoch)
         batches = batches[rank::world][:n_batches]
-        bar = tqdm(total=n_batches, initial=state["batch"], desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
+        bar = tqdm(total=n_batches, initial=state["batch"], desc=f"{desc} epoch {epoch + 1}/{schedule_epochs}",
                    disable=not acc.is_local_main_process, dynamic_ncols=True, mininterval=1.0)
         t0, tokens, loss_ema = time.monotonic(), 0, None
         for b in range(state["batch"], n_batches):
@@ -277,9 +306,17 @@ def fit_causal_lm(
         best_score=state["best_score"], score_name=score_name, stopped=stopped,
         seconds=time.monotonic() - start,
         train_tokens_per_s=state["train_tokens"] / max(state["train_seconds"], 1e-9),
-        history=state["history"],
+        history=state["history"], schedule_epochs=schedule_epochs, budget_plan=budget_plan,
     )
     return best, result
+
+
+def _saved_budget_plan(ckpt_dir: Path) -> dict[str, Any] | None:
+    """The --fit-budget plan a checkpoint was trained under (a resumed run keeps its schedule), or None."""
+    path = ckpt_dir / "last" / "state.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())["state"].get("budget_plan")
 
 
 
@@ -515,7 +552,8 @@ def train_target(
         refit["mode"] = refit_mode
     info = {
         "seconds": round(result.seconds, 1), "preset": preset_name, "params": n_params,
-        "epochs": result.epochs, "steps": result.steps, "best_epoch": result.best_epoch,
+        "epochs": result.epochs, "schedule_epochs": result.schedule_epochs, "budget_plan": result.budget_plan,
+        "steps": result.steps, "best_epoch": result.best_epoch,
         "best": _best_entry(result), "stopped": result.stopped,
         "train_tokens_per_s": round(result.train_tokens_per_s, 1), "tokens_per_epoch": tokens,
         "labelled_tokens_per_epoch": labelled, "prompt_header": prompt_header, "protocol": protocol,
@@ -544,7 +582,7 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
     examples = train_examples(builder, data.sequences("train+valid"), stride=window_stride)
     tokens, labelled = count_tokens(examples)
     rcfg = replace(cfg, epochs=epochs, lr=lr if lr is not None else cfg.lr / 2, patience=0,
-                   resume=(ckpt / "last" / "state.json").is_file(), max_minutes=None)
+                   resume=(ckpt / "last" / "state.json").is_file(), max_minutes=None, fit_budget=False)
     log(f"refit (deploy protocol): {len(examples)} windows, {tokens} tokens ({labelled} labelled) per epoch, "
         f"{epochs} epoch(s) at peak lr {rcfg.lr:g}")
     model.train()

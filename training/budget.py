@@ -1,0 +1,91 @@
+"""A learning-rate schedule sized to the wall-clock budget (``--fit-budget``).
+
+``--max-minutes`` alone stops a run when the budget is spent, wherever the warmup/cosine schedule is: on a large
+catalog that means stopping at a high learning rate, an unconverged model. With ``--fit-budget`` the loop first
+measures what an epoch costs on this machine (a few timed optimizer steps on a throw-away copy of the model, and
+one validation pass), then runs the whole schedule over the epochs that fit the budget (at most ``--epochs``), so
+the learning rate has annealed when the budget ends. The plan is saved with the checkpoint: a resumed run keeps
+the schedule it started with.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+PROBE_WARMUP = 3  # steps not timed (allocator and kernel warm-up)
+
+
+def time_steps(model, make_batch: Callable[[list[int]], dict[str, torch.Tensor]],
+               loss_fn: Callable[[Any, dict[str, torch.Tensor]], tuple[torch.Tensor, int]],
+               batches: list[list[int]], lr: float, weight_decay: float, bf16: bool) -> tuple[float, int]:
+    """(seconds, real tokens) of AdamW steps on ``batches`` after ``PROBE_WARMUP`` untimed ones.
+
+    The model is trained in place: pass a throw-away copy. Padding is work but not a token (as in the loop's
+    tokens/s display): the rate is real tokens per second of a padded, length-bucketed batch stream."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    tokens, start = 0, time.perf_counter()
+    for i, idx in enumerate(batches):
+        if i == PROBE_WARMUP:
+            tokens, start = 0, time.perf_counter()
+        batch = make_batch(idx)
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, _ = loss_fn(model, batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        tokens += int(batch["num_tokens"]) if "num_tokens" in batch else int(batch["attention_mask"].sum())
+    return time.perf_counter() - start, tokens
+
+
+def epochs_in_budget(budget_s: float, spent_s: float, epoch_s: float, eval_s: float, max_epochs: int) -> int:
+    """Whole epochs (training + one validation pass each) that fit what is left of the budget; 1..max_epochs.
+
+    >>> epochs_in_budget(budget_s=3300, spent_s=60, epoch_s=600, eval_s=30, max_epochs=8)
+    5
+    >>> epochs_in_budget(budget_s=100, spent_s=60, epoch_s=600, eval_s=30, max_epochs=8)  # never below one
+    1
+    >>> epochs_in_budget(budget_s=1e6, spent_s=0, epoch_s=60, eval_s=5, max_epochs=6)  # capped by --epochs
+    6
+    """
+    per_epoch = epoch_s + eval_s
+    if per_epoch <= 0 or not math.isfinite(per_epoch):
+        return max_epochs
+    return max(1, min(max_epochs, math.floor((budget_s - spent_s) / per_epoch)))
+
+
+def plan_schedule(model, make_batch, loss_fn, lengths: list[int], batch_size: int, world: int, lr: float,
+                  weight_decay: float, bf16: bool, evaluate: Callable[[Any], object], budget_minutes: float,
+                  spent_s: float, max_epochs: int, steps: int = 20, seed: int = 0) -> dict[str, Any]:
+    """Measure an epoch's cost and choose the schedule's epochs (the ``--fit-budget`` plan, JSON-ready).
+
+    ``evaluate(model)`` is one validation pass (timed once, on the untrained copy: beam search costs the same
+    whatever the weights). ``world`` processes share an epoch's batches."""
+    from training.sequences import bucketed_batches
+
+    t0 = time.monotonic()
+    probe = copy.deepcopy(model)
+    batches = bucketed_batches(lengths, batch_size, seed=seed)
+    n_batches = max(1, math.ceil(len(lengths) / batch_size) // world)
+    seconds, tokens = time_steps(probe, make_batch, loss_fn, batches[:PROBE_WARMUP + steps], lr, weight_decay, bf16)
+    timed = min(steps, max(0, len(batches) - PROBE_WARMUP))
+    s_per_batch = seconds / max(timed, 1)
+    probe.eval()
+    e0 = time.perf_counter()
+    with torch.no_grad():
+        evaluate(probe)
+    eval_s = time.perf_counter() - e0
+    del probe
+    epoch_s = s_per_batch * n_batches
+    spent = spent_s + time.monotonic() - t0
+    epochs = epochs_in_budget(budget_minutes * 60, spent, epoch_s, eval_s, max_epochs)
+    return {"budget_minutes": budget_minutes, "max_epochs": max_epochs, "epochs": epochs,
+            "probe_steps": timed, "train_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+            "epoch_seconds": round(epoch_s, 2), "eval_seconds": round(eval_s, 3), "planning_seconds": round(spent, 2),
+            "epochs_fit": round((budget_minutes * 60 - spent) / max(epoch_s + eval_s, 1e-9), 2)}
