@@ -35,8 +35,8 @@ clean:
 BEAUTY ?= ../shared/data/amazon-beauty
 BUNDLE ?= artifacts/beauty/bundle
 # the target's selection budget: the warmup/cosine schedule is sized to the epochs that fit it (--fit-budget).
-# 22 min is Beauty's share of a 55-minute budget for a catalog with 2.5x its interactions (same epochs fit).
-TARGET_MINUTES ?= 22
+# 25 min fits Beauty the 5 epochs that a catalog with 2.5x its interactions gets from a 55-minute budget.
+TARGET_MINUTES ?= 25
 BENCH ?= artifacts/beauty/bench
 .PHONY: beauty-bundle quality-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10

@@ -73,19 +73,25 @@ def plan_schedule(model, make_batch, loss_fn, lengths: list[int], batch_size: in
     probe = copy.deepcopy(model)
     batches = bucketed_batches(lengths, batch_size, seed=seed)
     n_batches = max(1, math.ceil(len(lengths) / batch_size) // world)
-    seconds, tokens = time_steps(probe, make_batch, loss_fn, batches[:PROBE_WARMUP + steps], lr, weight_decay, bf16)
-    timed = min(steps, max(0, len(batches) - PROBE_WARMUP))
-    s_per_batch = seconds / max(timed, 1)
+    probed = batches[:PROBE_WARMUP + steps]
+    seconds, tokens = time_steps(probe, make_batch, loss_fn, probed, lr, weight_decay, bf16)
+    timed = probed[PROBE_WARMUP:]
+
+    def area(idx: list[int]) -> int:  # a padded batch's size: what a step's cost grows with
+        return max(lengths[i] for i in idx) * len(idx)
+
+    # batch sizes vary a lot (length buckets): scale by padded area, not by the count of batches
+    s_per_area = seconds / max(sum(area(b) for b in timed), 1)
     probe.eval()
     e0 = time.perf_counter()
     with torch.no_grad():
         evaluate(probe)
     eval_s = time.perf_counter() - e0
     del probe
-    epoch_s = s_per_batch * n_batches
+    epoch_s = s_per_area * sum(area(b) for b in batches[::world][:n_batches])
     spent = spent_s + time.monotonic() - t0
     epochs = epochs_in_budget(budget_minutes * 60, spent, epoch_s, eval_s, max_epochs)
     return {"budget_minutes": budget_minutes, "max_epochs": max_epochs, "epochs": epochs,
-            "probe_steps": timed, "train_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+            "probe_steps": len(timed), "train_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
             "epoch_seconds": round(epoch_s, 2), "eval_seconds": round(eval_s, 3), "planning_seconds": round(spent, 2),
             "epochs_fit": round((budget_minutes * 60 - spent) / max(epoch_s + eval_s, 1e-9), 2)}
