@@ -73,5 +73,7 @@ def test_tune_target_one_trial(tmp_path) -> None:
     best = json.loads((out / "best.json").read_text())
     assert best["trials"] == 1 and best["settings"]["preset"] == "tiny" and 0.0 <= best["valid_recall@10"] <= 1.0
     assert Bundle.open(out / "trial-0").is_done("target")
+    trained = json.loads((Bundle.open(out / "trial-0").target_dir / "training.json").read_text())
+    assert trained["budget_plan"]["epochs"] == trained["schedule_epochs"] == 1  # sized to --trial-minutes, capped
     assert cli.main(["tune", "target", "--data", str(d), "--ids", str(ids), "--out", str(out),
                      "--presets", "huge"]) == 2

@@ -16,7 +16,9 @@ on the periods the served target was trained on (deploy: train + valid) and writ
 ``recsvc eval --exclude-history`` fuse instead of BUNDLE/prior.
 
 ``target``: each trial trains a target into DIR/trial-N (the paper protocol, validation Recall@10 each epoch,
-``--trial-minutes`` each) over learning rate, weight decay, history length and preset; the best trial's
+``--trial-minutes`` each, the learning-rate schedule sized to the epochs that fit those minutes, so a slower
+preset is judged annealed rather than cut mid-schedule) over learning rate, weight decay, history length and
+preset; the best trial's
 settings go into DIR/best.json for the real build (``recsvc build ... --lr ... --weight-decay ...``).
 """
 
@@ -202,11 +204,12 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
         if not bundle.is_done("ids"):
             stage_ids(bundle, args.data, args.ids)
         cfg = TrainConfig(epochs=args.epochs, lr=settings["lr"], weight_decay=settings["weight_decay"],
-                          max_minutes=args.trial_minutes, seed=args.seed, patience=2,
+                          max_minutes=args.trial_minutes, fit_budget=True, seed=args.seed, patience=2,
                           resume=(bundle.checkpoint_dir("target") / "last").is_dir())
         info = train_target(args.data, out, preset=settings["preset"], cfg=cfg, max_history=settings["max_history"],
                             make_evaluator=make_eval, prompt_header="compact", window_stride=5)
         trial.set_user_attr("best_epoch", info["best_epoch"])
+        trial.set_user_attr("schedule_epochs", info["schedule_epochs"])
         trial.set_user_attr("seconds", info["seconds"])
         return float(info["best"]["value"])
 
