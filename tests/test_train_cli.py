@@ -155,11 +155,12 @@ def test_build_plan_counts_an_epoch_and_times_real_steps(data, tmp_path, capsys)
                 "--plan-steps", "3", "--max-minutes", "30", "--epochs", "4"]
         assert main(argv) == 0
         printed = capsys.readouterr().out
-        assert "tokens per epoch" in printed and "epochs fit" in printed
+        assert "tokens per epoch" in printed and "epochs fit" in printed and "--fit-budget: a 4-epoch" in printed
         plans[prompt] = json.loads((out / "plan.json").read_text())
         assert not Bundle.open(out).is_done("target") and not (out / "target").exists()
     c, p = plans["compact"], plans["packed"]
     assert p["train_tokens_per_s"] > 0 and p["epochs_in_budget"] > 0
+    assert p["fit_budget"]["epochs"] == 4 and p["fit_budget"]["eval_seconds"] > 0  # what --fit-budget would run
     assert p["selection"]["labelled_tokens_per_epoch"] == c["selection"]["labelled_tokens_per_epoch"]
     assert p["selection"]["tokens_per_epoch"] < c["selection"]["tokens_per_epoch"]
     assert p["selection"]["labelled_share"] > c["selection"]["labelled_share"]

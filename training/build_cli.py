@@ -101,12 +101,42 @@ def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
     refit = (train_examples(builder, data.sequences("train+valid"), stride=args.window_stride)
              if settings["protocol"] == "deploy" else None)
     model = new_model(get_preset(args.preset), tok, seed=cfg.seed)
-    rate = probe_tokens_per_s(model, selection, cfg, tok.pad_token_id, args.plan_steps)
+    fit = None
+    if cfg.max_minutes:  # what --fit-budget would plan: the same probe, plus one timed validation pass
+        fit = plan_fit_budget(args, cfg, model, builder, data, selection, tok.pad_token_id)
+        rate = fit["train_tokens_per_s"] or float("nan")
+    else:
+        rate = probe_tokens_per_s(model, selection, cfg, tok.pad_token_id, args.plan_steps)
     plan = epoch_plan(selection, refit, rate, cfg.max_minutes, cfg.epochs)
+    if fit is not None:
+        plan["fit_budget"] = fit
     plan.update(preset=args.preset, prompt=settings["prompt_header"], window_stride=args.window_stride,
                 batch_size=cfg.batch_size, threads=torch.get_num_threads(), probe_steps=args.plan_steps)
     (bundle.root / "plan.json").write_text(json.dumps(plan, indent=1))
     return render_plan(plan, cfg.epochs, cfg.max_minutes)
+
+
+def plan_fit_budget(args: argparse.Namespace, cfg, model, builder, data, selection, pad_id: int) -> dict:
+    """training.budget.plan_schedule for the run these flags describe (the --fit-budget plan, before training)."""
+    import torch
+
+    from training.budget import plan_schedule
+    from training.sequences import collate, eval_examples
+    from training.train_target import lm_loss, resolve_bf16, validation_loss
+
+    bf16 = resolve_bf16(cfg.bf16, torch.device("cpu"))
+    valid = eval_examples(builder, data.eval_users("valid"), max_users=args.eval_users, seed=cfg.seed)
+    make_eval = evaluator_factory(args)
+    evaluator = make_eval(builder, data) if make_eval is not None else None
+
+    def one_pass(m) -> None:
+        validation_loss(m, valid, pad_id, cfg.eval_batch_size, torch.device("cpu"), bf16)
+        if evaluator is not None:
+            evaluator(m)
+
+    return plan_schedule(model, lambda idx: collate([selection[i] for i in idx], pad_id), lm_loss,
+                         [len(e) for e in selection], cfg.batch_size, 1, cfg.lr, cfg.weight_decay, bf16, one_pass,
+                         cfg.max_minutes, 0.0, max(cfg.epochs, 1), steps=args.plan_steps, seed=cfg.seed)
 
 
 def cmd_build(args: argparse.Namespace) -> int:

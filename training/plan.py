@@ -72,4 +72,9 @@ def render_plan(plan: dict[str, Any], epochs: int, max_minutes: float | None) ->
     lines.append(f"{epochs} selection epoch(s): {sel['minutes_for_epochs']} min of training (+ validation passes)")
     if max_minutes:
         lines.append(f"--max-minutes {max_minutes:g}: about {plan['epochs_in_budget']} epochs fit")
+    fit = plan.get("fit_budget")
+    if fit:
+        lines.append(f"--fit-budget: a {fit['epochs']}-epoch schedule (epoch {fit['epoch_seconds'] / 60:.1f} min + "
+                     f"validation pass {fit['eval_seconds'] / 60:.1f} min; {fit['epochs_fit']} epochs fit, "
+                     f"at most --epochs {fit['max_epochs']})")
     return "\n".join(lines)
