@@ -46,6 +46,8 @@ beauty-bundle: install
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit scratch --refit-epochs auto \
 	  --threads 2 --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --patience 2
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
+	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1 \
+	  --exclude-history
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
 
 # the quality comparison (BENCHMARKS.md "Quality"): the served target beside the baselines, both protocols
@@ -55,7 +57,7 @@ quality-beauty: install
 	for ex in "" "--exclude-history"; do $(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 5,10,20 \
 	  --baselines $(QUALITY_BASELINES) --protocol deploy --cache-dir artifacts/baselines $$ex \
 	  --json $(BENCH)/quality_deploy$${ex:+_excl}.json || exit 1; done
-	$(VENV)/bin/recsvc eval --baselines-only --data $(BEAUTY) --split test --k 5,10,20 \
+	$(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 5,10,20 \
 	  --baselines $(QUALITY_BASELINES) --protocol paper --cache-dir artifacts/baselines --json $(BENCH)/quality_paper.json
 
 # BENCHMARKS.md "Speculation with the fused target": the oracle ceiling, the draft head, the transition and
