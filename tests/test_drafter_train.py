@@ -132,3 +132,15 @@ def test_errors(bundle, tmp_path) -> None:
     bare = tiny_bundle(tmp_path, n_users=12)
     with pytest.raises(UserError, match="recsvc train teacher"):
         train_drafter(bare, preset="drafter-tiny", method="atspeed-s", cfg=cfg())
+
+
+def test_fit_budget_plans_an_alignment_run(bundle) -> None:
+    """--fit-budget times the method's own batches and loss (a BatchSource); an ample budget keeps --epochs."""
+    plain = train_drafter(bundle.root, preset="drafter-tiny", method="atspeed-s", cfg=cfg(epochs=2),
+                          eval_max_users=10, out_name="s-plain")
+    fitted = train_drafter(bundle.root, preset="drafter-tiny", method="atspeed-s",
+                           cfg=cfg(epochs=2, fit_budget=True, max_minutes=30.0), eval_max_users=10, out_name="s-fit")
+    assert fitted["epochs"] == plain["epochs"] == 2 and fitted["steps"] == plain["steps"]
+    state = json.loads((bundle.root / "checkpoints" / "drafter-s-fit" / "last" / "state.json").read_text())["state"]
+    plan = state["budget_plan"]
+    assert plan["epochs"] == 2 and plan["train_tokens_per_s"] > 0 and plan["epochs_fit"] > 2
