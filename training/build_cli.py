@@ -122,18 +122,13 @@ def plan_fit_budget(args: argparse.Namespace, cfg, model, builder, data, selecti
 
     from training.budget import plan_schedule
     from training.sequences import collate, eval_examples
-    from training.train_target import lm_loss, resolve_bf16, validation_loss
+    from training.train_target import lm_loss, resolve_bf16, validation_pass
 
-    bf16 = resolve_bf16(cfg.bf16, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    bf16 = resolve_bf16(cfg.bf16, cpu)
     valid = eval_examples(builder, data.eval_users("valid"), max_users=args.eval_users, seed=cfg.seed)
     make_eval = evaluator_factory(args)
-    evaluator = make_eval(builder, data) if make_eval is not None else None
-
-    def one_pass(m) -> None:
-        validation_loss(m, valid, pad_id, cfg.eval_batch_size, torch.device("cpu"), bf16)
-        if evaluator is not None:
-            evaluator(m)
-
+    one_pass = validation_pass(valid, pad_id, cfg, cpu, bf16, make_eval(builder, data) if make_eval else None)
     return plan_schedule(model, lambda idx: collate([selection[i] for i in idx], pad_id), lm_loss,
                          [len(e) for e in selection], cfg.batch_size, 1, cfg.lr, cfg.weight_decay, bf16, one_pass,
                          cfg.max_minutes, 0.0, max(cfg.epochs, 1), steps=args.plan_steps, seed=cfg.seed)

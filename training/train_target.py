@@ -119,6 +119,18 @@ def validation_loss(model, examples: Sequence[Example], pad_id: int, batch_size:
     return total / max(count, 1)
 
 
+def validation_pass(valid: Sequence[Example], pad_id: int, cfg: TrainConfig, device, bf16: bool,
+                    evaluator: Evaluator | None) -> Callable[[Any], None]:
+    """model -> None: the work of one validation pass (the loss over ``valid``, then ``evaluator``), for timing."""
+
+    def run(model) -> None:
+        validation_loss(model, valid, pad_id, cfg.eval_batch_size, device, bf16)
+        if evaluator is not None:
+            evaluator(model)
+
+    return run
+
+
 @dataclass(frozen=True)
 class BatchSource:
     """What the loop trains on, when it is not whole-sequence windows (the drafter's alignment methods).
@@ -179,11 +191,6 @@ def fit_causal_lm(
     if n_batches == 0:
         raise UserError(f"{len(lengths)} examples are too few for batch size {cfg.batch_size} x {world} processes")
 
-    def one_pass(m) -> None:  # what evaluate() costs, on any model
-        validation_loss(m, valid, pad_id, cfg.eval_batch_size, acc.device, bf16)
-        if evaluator is not None:
-            evaluator(m)
-
     budget_plan = None
     if cfg.fit_budget and cfg.epochs > 0:
         if cfg.max_minutes is None:
@@ -194,8 +201,9 @@ def fit_causal_lm(
             if acc.is_main_process:
                 plans[0] = plan_schedule(
                     model, lambda idx: {k: v.to(acc.device) for k, v in source.make_batch(idx).items()},
-                    source.loss, lengths, cfg.batch_size, world, cfg.lr, cfg.weight_decay, bf16, one_pass,
-                    cfg.max_minutes, time.monotonic() - start, max(cfg.epochs, 1), seed=cfg.seed)
+                    source.loss, lengths, cfg.batch_size, world, cfg.lr, cfg.weight_decay, bf16,
+                    validation_pass(valid, pad_id, cfg, acc.device, bf16, evaluator),
+                    cfg.max_minutes, time.monotonic() - start, cfg.epochs, seed=cfg.seed)
             broadcast_object_list(plans)
             budget_plan = plans[0]
         acc.print(f"{desc}: --fit-budget: {budget_plan['epochs']} epoch(s) in {cfg.max_minutes:g} min "
