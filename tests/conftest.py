@@ -7,6 +7,18 @@ import shutil
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
+
+# the devices the engine, drafter and rules tests run on: the CPU always, CUDA where a GPU is present
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request) -> str:
+    """The device under test ("cpu", and "cuda" when torch sees a GPU): a test or module fixture that takes it
+    puts its model (and trie) there and runs once per device."""
+    return request.param
+
 
 REDIS_MISSING = "redis-server is not installed (apt-get install -y redis-server, or `make redis`)"
 

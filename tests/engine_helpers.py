@@ -15,7 +15,8 @@ TEXT_VOCAB = 24  # text tokens before the code tokens; code_offset = TEXT_VOCAB
 
 
 def tiny_llama(levels: int, codebook: int, seed: int, hidden: int = 32, layers: int = 2,
-               init: float = 0.5, dtype: torch.dtype = torch.float32, kv_heads: int = 2) -> LlamaForCausalLM:
+               init: float = 0.5, dtype: torch.dtype = torch.float32, kv_heads: int = 2,
+               device: str = "cpu") -> LlamaForCausalLM:
     """A random LLaMA whose next-token distributions are peaked (large init), so beam ties are rare."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=TEXT_VOCAB + levels * codebook, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -23,8 +24,8 @@ def tiny_llama(levels: int, codebook: int, seed: int, hidden: int = 32, layers: 
                       max_position_embeddings=256, initializer_range=init, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2, tie_word_embeddings=False)
     cfg._attn_implementation = "sdpa"
-    model = LlamaForCausalLM(cfg).to(dtype).eval()
-    return model
+    model = LlamaForCausalLM(cfg).to(dtype).eval()  # initialised on the CPU (the same weights on every device)
+    return model.to(device)
 
 
 def random_catalog(n_items: int, levels: int, codebook: int, seed: int) -> SemanticIds:
@@ -48,7 +49,7 @@ def generate_reference(model: LlamaForCausalLM, trie: CatalogTrie, prompt: list[
 
 
 def engine_codes(trie: CatalogTrie, leaves: torch.Tensor) -> list[list[tuple[int, ...]]]:
-    codes = trie.codes_of_nodes(leaves)  # [B, K, L]
+    codes = trie.codes_of_nodes(leaves.to(trie.device))  # [B, K, L]
     return [[tuple(r) for r in row if r[0] >= 0] for row in codes.tolist()]
 
 

@@ -20,14 +20,14 @@ from training.train_head import containment, head_loss
 LEVELS, CODEBOOK = 4, 16
 
 
-def _setup(seed: int = 3):
+def _setup(seed: int = 3, device: str = "cpu"):
     ids = random_catalog(120, LEVELS, CODEBOOK, seed=seed)
-    trie = CatalogTrie(ids)
-    llama = tiny_llama(LEVELS, CODEBOOK, seed=seed)
+    trie = CatalogTrie(ids).to(device)
+    llama = tiny_llama(LEVELS, CODEBOOK, seed=seed, device=device)
     target = EngineModel.build(llama)
     head = DraftHead(HeadConfig(hidden=llama.config.hidden_size, levels=LEVELS, codebook=CODEBOOK))
     head.init_from_lm_head(llama.get_output_embeddings().weight, TEXT_VOCAB)
-    return ids, trie, llama, target, head
+    return ids, trie, llama, target, head.to(device)
 
 
 def test_untrained_head_scores_codes_as_the_target_head_would() -> None:
@@ -46,8 +46,8 @@ def test_untrained_head_scores_codes_as_the_target_head_would() -> None:
     assert torch.allclose(same[0], logq[0], atol=1e-5)
 
 
-def test_head_drafts_are_exact_under_strict_verification_and_prefill_is_counted() -> None:
-    ids, trie, _, target, head = _setup(5)
+def test_head_drafts_are_exact_under_strict_verification_and_prefill_is_counted(device) -> None:
+    ids, trie, _, target, head = _setup(5, device)
     engine = BeamSearch(target, trie, TEXT_VOCAB)
     prompts = random_prompts(4, seed=5)
     drafter = HeadDrafter(head, trie)

@@ -35,10 +35,10 @@ def test_worked_example_from_docstring() -> None:
     assert session.calls == 0
 
 
-def test_transition_drafter_is_exact_under_strict_verification() -> None:
+def test_transition_drafter_is_exact_under_strict_verification(device) -> None:
     ids = random_catalog(150, 4, 16, seed=9)
-    trie = CatalogTrie(ids)
-    model = EngineModel.build(tiny_llama(4, 16, seed=9))
+    trie = CatalogTrie(ids).to(device)
+    model = EngineModel.build(tiny_llama(4, 16, seed=9, device=device))
     items = ids.item_ids.tolist()
     seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
     drafter = TransitionDrafter(TransitionPrior.fit(seqs, items), trie)

@@ -32,10 +32,10 @@ def test_retrieval_drafts_follow_candidates_in_the_trie() -> None:
     assert trie.codes_of_nodes(drafts[2][0]).tolist()[:2] == [[0, 1, 2, -1], [0, 1, 5, -1]]  # 3 (weight 2) first
 
 
-def test_retrieval_drafter_is_exact_under_strict_verification() -> None:
+def test_retrieval_drafter_is_exact_under_strict_verification(device) -> None:
     ids = random_catalog(150, 4, 16, seed=8)
-    trie = CatalogTrie(ids)
-    model = EngineModel.build(tiny_llama(4, 16, seed=8))
+    trie = CatalogTrie(ids).to(device)
+    model = EngineModel.build(tiny_llama(4, 16, seed=8, device=device))
     items = ids.item_ids.tolist()
     seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
     drafter = RetrievalDrafter(RetrievalDatastore(seqs), trie)

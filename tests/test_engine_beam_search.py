@@ -23,24 +23,26 @@ L, C = 4, 16
 
 
 @pytest.fixture(scope="module")
-def setup():
+def setup(device):
+    """Per device (conftest ``device``): the catalog's trie and a tiny target there."""
     ids = random_catalog(400, L, C, seed=0)
-    trie = CatalogTrie(ids)
-    model = tiny_llama(L, C, seed=0)
+    trie = CatalogTrie(ids).to(device)
+    model = tiny_llama(L, C, seed=0, device=device)
     return ids, trie, model
 
 
 @pytest.mark.parametrize("k", [1, 2, 5, 10, 20])
-def test_same_items_same_order_as_generate(setup, k: int) -> None:
+def test_same_items_same_order_as_generate(setup, device, k: int) -> None:
     _, trie, model = setup
     prompts = random_prompts(4, seed=k)  # different lengths: batched with padding
     out = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB).search(batch(prompts), k)
     got = engine_codes(trie, out.leaves)
     assert out.target_calls == L  # prefill + 3 decode steps for the whole batch
+    assert out.leaves.device.type == out.scores.device.type == torch.device(device).type
     for row, prompt in enumerate(prompts):
         ref_codes, ref_scores = generate_reference(model, trie, prompt, k)
         assert got[row] == ref_codes
-        torch.testing.assert_close(out.scores[row], torch.tensor(ref_scores), atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(out.scores[row].cpu(), torch.tensor(ref_scores), atol=1e-4, rtol=1e-5)
 
 
 def test_exclusions_match_generate_on_the_pruned_trie(setup) -> None:
@@ -69,10 +71,10 @@ def test_batched_equals_one_by_one(setup) -> None:
         torch.testing.assert_close(alone.scores[0], together.scores[row], atol=1e-5, rtol=1e-5)
 
 
-def test_fewer_items_than_k_returns_what_exists() -> None:
+def test_fewer_items_than_k_returns_what_exists(device) -> None:
     ids = random_catalog(3, L, C, seed=1)
-    trie = CatalogTrie(ids)
-    model = tiny_llama(L, C, seed=1)
+    trie = CatalogTrie(ids).to(device)
+    model = tiny_llama(L, C, seed=1, device=device)
     out = BeamSearch(EngineModel.build(model), trie, TEXT_VOCAB).search(batch([[5, 6, 7]]), 5)
     assert (out.leaves[0, :3] >= 0).all() and (out.leaves[0, 3:] == -1).all()
     assert torch.isinf(out.scores[0, 3:]).all()

@@ -17,9 +17,9 @@ L, C, K = 4, 8, 3
 RUNS = 150
 
 
-def setup():
-    trie = CatalogTrie(random_catalog(60, L, C, 0))
-    model = EngineModel.build(tiny_llama(L, C, 0, init=0.1))
+def setup(device: str = "cpu"):
+    trie = CatalogTrie(random_catalog(60, L, C, 0)).to(device)
+    model = EngineModel.build(tiny_llama(L, C, 0, init=0.1, device=device))
     return trie, model, random_prompts(1, 1)
 
 
@@ -34,9 +34,10 @@ def tvd(a: Counter, b: Counter, n: int) -> float:
     return sum(abs(a[x] - b[x]) for x in set(a) | set(b)) / (2 * n * K)
 
 
-def test_seeded_runs_are_reproducible_and_batch_independent() -> None:
-    trie, model, _ = setup()
-    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, C, 5, hidden=16, layers=1)), trie, TEXT_VOCAB)
+def test_seeded_runs_are_reproducible_and_batch_independent(device) -> None:
+    trie, model, _ = setup(device)
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, C, 5, hidden=16, layers=1, device=device)), trie,
+                           TEXT_VOCAB)
     prompts = random_prompts(3, 2)
     temp = torch.ones(3)
 

@@ -30,6 +30,7 @@ def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None):
     assert torch.equal(torch.isfinite(spec.scores), finite)
     torch.testing.assert_close(spec.scores[finite], plain.scores[finite], atol=SCORE_TOL, rtol=0)
     assert (spec.target_calls >= 1).all() and (spec.target_calls <= L).all()
+    assert spec.leaves.device == plain.leaves.device == model.device  # the search stays on the model's device
     return spec
 
 
@@ -43,11 +44,12 @@ def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None):
     batch_size=st.integers(1, 4),
     with_exclusions=st.booleans(),
 )
-def test_strict_equals_plain_on_random_models(seed, codebook, k, n_rel, gamma, batch_size, with_exclusions):
+def test_strict_equals_plain_on_random_models(device, seed, codebook, k, n_rel, gamma, batch_size, with_exclusions):
     ids = random_catalog(120, L, codebook, seed)
-    trie = CatalogTrie(ids)
-    model = EngineModel.build(tiny_llama(L, codebook, seed))
-    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1)), trie, TEXT_VOCAB)
+    trie = CatalogTrie(ids).to(device)
+    model = EngineModel.build(tiny_llama(L, codebook, seed, device=device))
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1, device=device)),
+                           trie, TEXT_VOCAB)
     n = {"less": max(1, k // 2), "equal": k, "more": k + 3}[n_rel]
     prompts = random_prompts(batch_size, seed, min_len=1, max_len=15)
     excluded = None
@@ -56,26 +58,27 @@ def test_strict_equals_plain_on_random_models(seed, codebook, k, n_rel, gamma, b
     check_strict(model, drafter, trie, prompts, k, n, gamma, excluded)
 
 
-def test_oracle_drafter_accepts_everything_in_one_call() -> None:
-    trie = CatalogTrie(random_catalog(200, L, 16, 3))
-    model = EngineModel.build(tiny_llama(L, 16, 3))
+def test_oracle_drafter_accepts_everything_in_one_call(device) -> None:
+    trie = CatalogTrie(random_catalog(200, L, 16, 3)).to(device)
+    model = EngineModel.build(tiny_llama(L, 16, 3, device=device))
     engine = BeamSearch(model, trie, TEXT_VOCAB)
     spec = check_strict(model, OracleDrafter(engine, 10), trie, random_prompts(3, 3), 10, 10, 3)
     assert spec.target_calls.tolist() == [1, 1, 1]  # prefill + tree verification fused into one forward
     assert spec.accepted.tolist() == [3, 3, 3]  # depths 1-3 accepted, depth 4 comes free
 
 
-def test_target_as_its_own_drafter_is_always_accepted() -> None:
-    trie = CatalogTrie(random_catalog(200, L, 16, 4))
-    model = EngineModel.build(tiny_llama(L, 16, 4))
+def test_target_as_its_own_drafter_is_always_accepted(device) -> None:
+    trie = CatalogTrie(random_catalog(200, L, 16, 4)).to(device)
+    model = EngineModel.build(tiny_llama(L, 16, 4, device=device))
     spec = check_strict(model, LlamaDrafter(model, trie, TEXT_VOCAB), trie, random_prompts(2, 4), 5, 5, 2)
     assert spec.target_calls.tolist() == [2, 2]  # gamma 2: depths 1-2 + free 3, then 4
 
 
-def test_a_bad_drafter_still_gives_the_exact_result() -> None:
-    trie = CatalogTrie(random_catalog(200, L, 16, 5))
-    model = EngineModel.build(tiny_llama(L, 16, 5))
-    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, 16, 99, hidden=8, layers=1)), trie, TEXT_VOCAB)
+def test_a_bad_drafter_still_gives_the_exact_result(device) -> None:
+    trie = CatalogTrie(random_catalog(200, L, 16, 5)).to(device)
+    model = EngineModel.build(tiny_llama(L, 16, 5, device=device))
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, 16, 99, hidden=8, layers=1, device=device)), trie,
+                           TEXT_VOCAB)
     spec = check_strict(model, drafter, trie, random_prompts(3, 5), 10, 1, 3)  # N=1 < K: never accepted
     assert spec.accepted.tolist() == [0, 0, 0] and spec.target_calls.tolist() == [4, 4, 4]
 

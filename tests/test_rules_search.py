@@ -32,18 +32,19 @@ TOL = 1e-4  # tree-attention scores of two feeding orders differ by float error 
 def item_scores(model: EngineModel, trie: CatalogTrie, prompt: list[int]) -> dict[int, float]:
     """Brute force: every catalog item's score (sum of its code log-probs) from one forward over the whole trie."""
     cache = TreeCache(model, trie, TEXT_VOCAB, batch([prompt]))
-    internal = torch.arange(trie.num_internal)[None]  # [1, N_int] the root and every prefix
+    internal = torch.arange(trie.num_internal, device=model.device)[None]  # [1, N_int] the root and every prefix
     cache.feed(internal)
     logp = node_logprobs(model, cache, internal)[0]  # [N_int, C]
-    codes = torch.from_numpy(np.asarray(trie.ids.codes))  # [n, L]
+    codes = torch.as_tensor(np.asarray(trie.ids.codes), device=model.device)  # [n, L]
+    trie = trie.to(model.device)
     path = trie.item_path[:, :L]  # [n, L] the node each code is chosen at
     scores = logp[path, codes].sum(1)
     return dict(zip(trie.ids.item_ids.tolist(), scores.tolist(), strict=True))
 
 
-def random_world(seed: int, codebook: int, n_items: int, n_brands: int):
+def random_world(seed: int, codebook: int, n_items: int, n_brands: int, device: str = "cpu"):
     ids = random_catalog(n_items, L, codebook, seed)
-    trie = CatalogTrie(ids)
+    trie = CatalogTrie(ids).to(device)  # the catalog's rules are compiled on the trie's (the model's) device
     rng = np.random.default_rng(seed)
     items = {}
     for item in ids.item_ids.tolist():
@@ -112,10 +113,10 @@ def check_lists(attrs, rules_list, excluded, lists, scores, brute, k) -> None:
     strategy=st.sampled_from(["beam", "cdlh", "cdsl"]),
     verify=st.sampled_from(["beams", "paths"]),
 )
-def test_lists_comply_and_hold_k_items_whenever_k_exist(seed, codebook, n_brands, k, extra, batch_size, strategy,
-                                                        verify):
-    ids, trie, attrs, catalog = random_world(seed, codebook, 90, n_brands)
-    llama = tiny_llama(L, codebook, seed)
+def test_lists_comply_and_hold_k_items_whenever_k_exist(device, seed, codebook, n_brands, k, extra, batch_size,
+                                                        strategy, verify):
+    ids, trie, attrs, catalog = random_world(seed, codebook, 90, n_brands, device)
+    llama = tiny_llama(L, codebook, seed, device=device)
     model = EngineModel.build(llama)
     rng = np.random.default_rng(seed + 1)
     prompts = random_prompts(batch_size, seed, min_len=1, max_len=10)
@@ -129,7 +130,7 @@ def test_lists_comply_and_hold_k_items_whenever_k_exist(seed, codebook, n_brands
     elif strategy == "cdsl":
         head = DraftHead(HeadConfig(hidden=llama.config.hidden_size, levels=L, codebook=codebook))
         head.init_from_lm_head(llama.get_output_embeddings().weight, TEXT_VOCAB)
-        lookahead = DraftLookahead(model, head, compiled, None, 2 * k, verify=verify, corrections=0)
+        lookahead = DraftLookahead(model, head.to(device), compiled, None, 2 * k, verify=verify, corrections=0)
     out = list_search(model, catalog, TEXT_VOCAB, batch(prompts), k, k + extra, compiled, lookahead=lookahead)
     brute = [item_scores(model, trie, p) for p in prompts]
     check_lists(attrs, rules, excluded, item_ids(catalog, out.rows), out.scores.tolist(), brute, k)

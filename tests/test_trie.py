@@ -94,3 +94,13 @@ def test_parent_ancestors_and_codes_of_nodes() -> None:
     assert trie.codes_of_nodes(torch.tensor([4, 2, -1])).tolist() == [[1, 3], [2, -1], [-1, -1]]
     mask, child = trie.allowed(torch.tensor([-1, 0]))
     assert not mask[0].any() and (child[0] == -1).all() and mask[1].sum() == 2
+
+
+def test_to_moves_the_tensors_once_per_device() -> None:
+    trie = CatalogTrie(SemanticIds.from_mapping({7: [1, 2], 8: [1, 3], 9: [2, 0]}, codebook_size=4))
+    assert trie.to("cpu") is trie  # already there: no copy
+    meta = trie.to("meta")  # a device with no data: only placement is checked
+    assert meta is trie.to("meta")  # made once, then kept
+    assert meta.device.type == "meta" and all(getattr(meta, n).device.type == "meta" for n in CatalogTrie._TENSORS)
+    assert (meta.num_nodes, meta.levels, meta.ids) == (trie.num_nodes, trie.levels, trie.ids)
+    assert trie.device.type == "cpu"  # the original stays where it was

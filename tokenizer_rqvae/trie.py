@@ -78,6 +78,29 @@ class CatalogTrie:
         self.node_code = torch.from_numpy(node_code)  # [num_nodes] code of the node's last token (-1 root)
         self.ancestors = torch.from_numpy(ancestors)  # [num_nodes, L] path nodes depth 1..depth(node), then -1
         self._collided = bool(len(np.unique(leaf_rows)) != n)
+        self._on: dict[str, CatalogTrie] = {}  # device -> this trie's copy there (``to``)
+
+    _TENSORS = ("children", "depth", "count", "item_path", "leaf_item", "parent", "node_code", "ancestors")
+
+    @property
+    def device(self) -> torch.device:
+        return self.children.device
+
+    def to(self, device: torch.device | str) -> CatalogTrie:
+        """This trie with its tensors on ``device``: ``self`` when they are there already, else a copy made once
+        per device and kept (the engine moves the trie to its model's device once, never per step)."""
+        device = torch.device(device)
+        if device.type == self.device.type and (device.index is None or device == self.device):
+            return self
+        key = str(device)
+        if key not in self._on:
+            copy = object.__new__(CatalogTrie)
+            copy.__dict__.update(self.__dict__)
+            for name in self._TENSORS:
+                setattr(copy, name, getattr(self, name).to(device))
+            copy._on = {}
+            self._on[key] = copy
+        return self._on[key]
 
     # ---- batched lookups (beam search) -------------------------------------------------------------------
     def allowed(
@@ -103,12 +126,12 @@ class CatalogTrie:
 
         Example: excluding items 7 and 8 above kills leaves 3, 4 and node 1 (both its items are gone).
         """
-        dead = torch.zeros(len(excluded), self.num_nodes, dtype=torch.bool)
+        dead = torch.zeros(len(excluded), self.num_nodes, dtype=torch.bool, device=self.device)
         for b, items in enumerate(excluded):
             rows = [self.ids.index_of(i) for i in set(int(x) for x in items) if i in self.ids]
             if not rows:
                 continue
-            nodes = self.item_path[torch.tensor(rows)].reshape(-1)  # [r * (L+1)]
+            nodes = self.item_path[torch.tensor(rows, device=self.device)].reshape(-1)  # [r * (L+1)]
             hits = torch.bincount(nodes, minlength=self.num_nodes)
             dead[b] = hits >= self.count
         return dead

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from recsvc.engine.beam_search import expand_beams, node_logprobs
+from recsvc.engine.beam_search import expand_beams, node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ports import DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
@@ -30,8 +30,9 @@ from tokenizer_rqvae.trie import CatalogTrie
 class LlamaDraftSession:
     def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
                  dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> None:
-        self.model, self.trie, self.dead = model, trie, dead
-        self.prior = prior  # [B, num_nodes] the target's fused prior: draft the fused beams / distributions
+        dev = model.device  # the session's tensors follow its model (moved once, here)
+        self.model, self.trie, self.dead = model, trie.to(dev), to_device(dead, dev)
+        self.prior = to_device(prior, dev)  # [B, num_nodes] the target's fused prior: draft the fused beams
         self.cache = TreeCache(model, trie, code_offset, prompts)
 
     @property

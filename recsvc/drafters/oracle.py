@@ -29,9 +29,9 @@ class OracleDraftSession:
         out = []
         for s in range(1, int(steps.max()) + 1):
             d = (depth + s - 1).clamp(max=levels - 1)  # beams of depth j + s
-            rows = self.beams[torch.arange(b), d][:, :width]  # [B, min(N, K)]
+            rows = self.beams[torch.arange(b, device=d.device), d][:, :width]  # [B, min(N, K)]
             if width > k:
-                rows = torch.cat([rows, torch.full((b, width - k), -1, dtype=rows.dtype)], 1)
+                rows = torch.cat([rows, torch.full((b, width - k), -1, dtype=rows.dtype, device=rows.device)], 1)
             out.append(torch.where((steps >= s)[:, None], rows, torch.full_like(rows, -1)))
         return out
 

@@ -55,13 +55,14 @@ class RetrievalDraftSession:
         self.trie = trie
         ids = trie.ids
         self.paths = [trie.item_path[[ids.index_of(i) for i, _ in c if i in ids]] if c else
-                      torch.zeros(0, trie.levels + 1, dtype=torch.long) for c in cands]  # per row [M, L+1]
+                      torch.zeros(0, trie.levels + 1, dtype=torch.long, device=trie.device)
+                      for c in cands]  # per row [M, L+1]
         self.weights = [[w for i, w in c if i in ids] for c in cands]
 
     def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
                 target: TargetState) -> list[torch.Tensor]:
         b = roots.shape[0]
-        out = [torch.full((b, width), -1, dtype=torch.long) for _ in range(int(steps.max()))]
+        out = [torch.full((b, width), -1, dtype=torch.long, device=roots.device) for _ in range(int(steps.max()))]
         for row in range(b):
             valid_roots = roots[row][roots[row] >= 0]
             if not len(valid_roots) or not len(self.paths[row]):
@@ -75,7 +76,7 @@ class RetrievalDraftSession:
                     if ok:
                         score[node] = score.get(node, 0.0) + w
                 best = sorted(score, key=lambda n: -score[n])[:width]
-                out[s - 1][row, : len(best)] = torch.tensor(best, dtype=torch.long)
+                out[s - 1][row, : len(best)] = torch.tensor(best, dtype=torch.long, device=roots.device)
         return out
 
     def observe(self, beams: torch.Tensor) -> None:

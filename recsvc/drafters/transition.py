@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from recsvc.engine.ports import StrictOnly, TargetState
@@ -44,7 +45,8 @@ class TransitionDraftSession:
                 target: TargetState) -> list[torch.Tensor]:
         """roots [B, Kc] (depth j_b, -1 dead), root_scores [B, Kc], steps [B] -> max(steps) x [B, N] nodes."""
         b = roots.shape[0]
-        out = [torch.full((b, width), -1, dtype=torch.long) for _ in range(int(steps.max()) if b else 0)]
+        out = [torch.full((b, width), -1, dtype=torch.long, device=roots.device)
+               for _ in range(int(steps.max()) if b else 0)]
         for row in range(b):
             ok = roots[row] >= 0
             if not bool(ok.any()) or int(steps[row]) == 0:
@@ -80,15 +82,22 @@ class TransitionDrafter(StrictOnly):
     name = "transition"
 
     def __init__(self, prior: TransitionPrior, trie: CatalogTrie) -> None:
-        if len(prior.item_ids) != len(trie.ids.item_ids) or not bool(
-                (torch.as_tensor(prior.item_ids) == torch.as_tensor(trie.ids.item_ids)).all()):
+        if not np.array_equal(np.asarray(prior.item_ids), np.asarray(trie.ids.item_ids)):
             raise ValueError("the transition prior was fitted on another catalog than the trie's")
         self.prior, self.trie = prior, trie
-        self.nodes_at = [torch.nonzero(trie.depth == d).reshape(-1) for d in range(trie.levels + 1)]
+        self._nodes_at: dict[str, list[torch.Tensor]] = {}  # device -> per depth d: [M_d] the nodes of depth d
+
+    def nodes_at(self, trie: CatalogTrie) -> list[torch.Tensor]:
+        """The trie's nodes per depth, on its device (computed once per device; the recommender may swap in
+        its own trie on the model's device after construction)."""
+        key = str(trie.device)
+        if key not in self._nodes_at:
+            self._nodes_at[key] = [torch.nonzero(trie.depth == d).reshape(-1) for d in range(trie.levels + 1)]
+        return self._nodes_at[key]
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]], dead: torch.Tensor | None,
                 prior: torch.Tensor | None = None) -> TransitionDraftSession:
         """``prior`` (the target's fused prior, if any) is not needed: the drafter computes its own masses at
         weight 1 from the histories (~0.5 ms per request for a 12k-item catalog)."""
-        log_mass = prior_log_mass(self.trie, self.prior.probs(histories), 1.0)
-        return TransitionDraftSession(self.trie, log_mass, dead, self.nodes_at)
+        log_mass = prior_log_mass(self.trie, self.prior.probs(histories), 1.0)  # on the trie's device
+        return TransitionDraftSession(self.trie, log_mass, dead, self.nodes_at(self.trie))

@@ -22,6 +22,7 @@ from tokenizer_rqvae.trie import CatalogTrie
 
 class BeamCache:
     def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
+        trie, prompts = trie.to(model.device), prompts.to(model.device)  # once, at the start of a search
         self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
         self.cache = model.new_cache()
         self.fp32 = model.fp32
@@ -37,13 +38,13 @@ class BeamCache:
                           split=[] if self.fp32 else None)
         hidden = self.model.forward(self.cache, p.ids, p.positions(), tree)  # [B, T, H]
         self.width, self.calls = p.width, self.calls + 1
-        return hidden[torch.arange(len(self.lengths)), p.lengths - 1]
+        return hidden[torch.arange(len(self.lengths), device=hidden.device), p.lengths - 1]
 
     def feed(self, nodes: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """Feed the beams ``nodes`` [B, K] (trie nodes of depth d, -1 = dead) whose parents are beams
         ``parents`` [B, K] of the previous step (ignored at depth 1): their [B, K, H] hidden states."""
         b, k = nodes.shape
-        own = (self.width + torch.arange(k))[None, :, None].expand(b, k, 1)  # [B, K, 1]
+        own = (self.width + torch.arange(k, device=nodes.device))[None, :, None].expand(b, k, 1)  # [B, K, 1]
         if self.path is None:
             path = own
         else:
@@ -62,16 +63,18 @@ class BeamCache:
     def _groups(self, path: torch.Tensor) -> TreeGroups:
         """Every beam of row r attends [r's prompt slots 0..T_r-1, its path]; rows with equal T_r share a call."""
         b, k, d = path.shape
+        dev = path.device
         if self.fp32:  # split attention: the prompt part shared per request, the path part per beam
-            split = [(r, torch.arange(k), path[r], self.lengths[r]) for r in range(b)]
+            split = [(r, torch.arange(k, device=dev), path[r], self.lengths[r]) for r in range(b)]
             return TreeGroups(prompt_lengths=[], groups=[], upcast=True, split=split)
         by_length: dict[int, list[int]] = {}
         for r, t in enumerate(self.lengths):
             by_length.setdefault(t, []).append(r)
         groups = []
         for t, rs in by_length.items():
-            rows = torch.tensor(rs).repeat_interleave(k)  # [g = len(rs) K]
-            qidx = torch.arange(k).repeat(len(rs))
-            keys = torch.cat([torch.arange(t)[None].expand(len(rows), t), path[rows, qidx]], 1)  # [g, t + d]
+            rows = torch.tensor(rs, device=dev).repeat_interleave(k)  # [g = len(rs) K]
+            qidx = torch.arange(k, device=dev).repeat(len(rs))
+            prompt = torch.arange(t, device=dev)[None].expand(len(rows), t)  # [g, t]
+            keys = torch.cat([prompt, path[rows, qidx]], 1)  # [g, t + d]
             groups.append((rows, qidx, keys))
         return TreeGroups(prompt_lengths=[], groups=groups)

@@ -84,6 +84,12 @@ def node_logprobs(model: EngineModel, cache: TreeCache, nodes: torch.Tensor) -> 
     return flat.view(*nodes.shape, -1)
 
 
+def to_device(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """``t`` on ``device`` (no copy when it is there already; None stays None): per-request inputs (exclusions,
+    priors) are moved to the model's device once per search, never per step."""
+    return t if t is None or t.device == device else t.to(device)
+
+
 def make_selector(model: EngineModel, trie: CatalogTrie, code_offset: int, tie_break: str) -> Selector:
     """"generate": transformers' exact selection (ties included); "index": lower beam, then lower code."""
     if tie_break == "index":
@@ -96,7 +102,7 @@ def make_selector(model: EngineModel, trie: CatalogTrie, code_offset: int, tie_b
 class BeamSearch:
     def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, tie_break: str = "generate") -> None:
         """``model``: ``EngineModel.build(transformers_model, attention)`` (it holds the attention mode)."""
-        self.model, self.trie, self.code_offset = model, trie, code_offset
+        self.model, self.trie, self.code_offset = model, trie.to(model.device), code_offset
         self.select = make_selector(model, trie, code_offset, tie_break)
 
     @torch.inference_mode()
@@ -104,18 +110,21 @@ class BeamSearch:
                prior: torch.Tensor | None = None, ledger: Ledger = NO_LEDGER) -> BeamOutput:
         """dead: [B, num_nodes] excluded prefixes; prior: [B, num_nodes] ``prior_log_mass`` to fuse (scores are
         then fused scores), None = the model alone (bit-identical to transformers' generate)."""
+        dev = self.model.device  # every tensor of the search lives there (inputs moved once, here)
+        prompts = prompts.to(dev)
+        dead, prior = to_device(dead, dev), to_device(prior, dev)
         cache = BeamCache(self.model, self.trie, self.code_offset, prompts)
         b, c = len(prompts.lengths), self.trie.codebook_size
-        nodes = torch.zeros(b, 1, dtype=torch.long)  # the root
-        scores = torch.zeros(b, 1)
-        parents = torch.zeros(b, 1, dtype=torch.long)
+        nodes = torch.zeros(b, 1, dtype=torch.long, device=dev)  # the root
+        scores = torch.zeros(b, 1, device=dev)
+        parents = torch.zeros(b, 1, dtype=torch.long, device=dev)
         beams = []
         for step in range(self.trie.levels):
             # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
             with ledger.phase("head"):
-                level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long)
+                level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long, device=dev)
                 logp = self.model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
             with ledger.phase("select"):
                 nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,

@@ -43,8 +43,10 @@ def prior_log_mass(trie: CatalogTrie, probs: torch.Tensor | np.ndarray, weight: 
     ``weight == 0`` gives zeros (fusion off: adding it changes no score); a request whose probabilities are
     all zero gets zeros too (no information). Masses are accumulated with one ``scatter_add_`` over the items'
     root-to-leaf paths (``trie.item_path``), so items sharing a collided leaf add up. float32 throughout: a
-    node's mass sums its own items only (no cancellation), ~0.4 ms per request for a 12k-item catalog on a CPU."""
-    probs = torch.as_tensor(probs)
+    node's mass sums its own items only (no cancellation), ~0.4 ms per request for a 12k-item catalog on a CPU.
+    The result lives on the trie's device (``CatalogTrie.to``: the model's), ``probs`` are moved there once."""
+    dev = trie.device
+    probs = torch.as_tensor(probs, device=dev)
     if probs.ndim != 2 or probs.shape[1] != trie.item_path.shape[0]:
         raise ValueError(f"probs must be [B, {trie.item_path.shape[0]}] (one column per catalog item), "
                          f"got {tuple(probs.shape)}")
@@ -52,14 +54,14 @@ def prior_log_mass(trie: CatalogTrie, probs: torch.Tensor | np.ndarray, weight: 
         raise ValueError(f"prior weight must be finite and >= 0, got {weight}")
     b = probs.shape[0]
     if weight == 0:
-        return torch.zeros(b, trie.num_nodes)
+        return torch.zeros(b, trie.num_nodes, device=dev)
     p = probs.to(torch.float32)
-    mass = torch.zeros(b, trie.num_nodes)
+    mass = torch.zeros(b, trie.num_nodes, device=dev)
     # every item adds its probability to each node of its path, the root included (depth-major: [(L+1) * n])
     mass.scatter_add_(1, _path_index(trie).expand(b, -1), torch.cat([p] * trie.item_path.shape[1], 1))
     total = mass[:, :1].clone()  # [B, 1] the root's mass
     # few, cheap scalar checks (small torch ops cost 5-50 us each, a request a few ms)
-    lo, hi = torch.aminmax(total) if b else (torch.ones(()), torch.ones(()))
+    lo, hi = torch.aminmax(total) if b else (torch.ones((), device=dev), torch.ones((), device=dev))
     if (p.numel() and float(p.min()) < 0) or not math.isfinite(float(hi)):  # finite sums: finite p
         raise ValueError("prior probabilities must be finite and >= 0")
     if float(lo) <= 0:  # rows without information: no bias

@@ -24,6 +24,13 @@ class PromptBatch:
         valid = torch.arange(t, device=device)[None, :] < lengths[:, None]
         return cls(ids, lengths, valid)
 
+    def to(self, device: torch.device | str) -> PromptBatch:
+        """The batch on ``device`` (``self`` when it is there already): the searches move prompts to their
+        model's device once, at the start."""
+        if self.ids.device == torch.device(device):
+            return self
+        return PromptBatch(self.ids.to(device), self.lengths.to(device), self.valid.to(device))
+
     @property
     def width(self) -> int:
         return int(self.ids.shape[1])

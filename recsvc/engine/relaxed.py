@@ -23,11 +23,12 @@ from dataclasses import dataclass
 
 import torch
 
+from recsvc.engine.beam_search import to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ports import DraftStep, SamplingSession, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.rounds import ActiveBeams
-from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp
+from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp, uniform
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -43,7 +44,7 @@ class RelaxedOutput:
 
 def _uniform_pick(mask: torch.Tensor, k: int, gens, rows) -> torch.Tensor:
     """[R, n] bool -> [R, k] indices of k True entries chosen uniformly (rows with >= k True)."""
-    keys = torch.where(mask, gumbel((mask.shape[1],), gens, rows), float("-inf"))
+    keys = torch.where(mask, gumbel((mask.shape[1],), gens, rows, mask.device), float("-inf"))
     return torch.topk(keys, k, dim=1).indices
 
 
@@ -55,23 +56,26 @@ def relaxed_speculative_search(
     dead: torch.Tensor | None = None,
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior: p_s is the fused target (sampling.py)
 ) -> RelaxedOutput:
+    dev = target.device  # inputs moved once; every tensor of the search lives there
+    trie, prompts, temperature = trie.to(dev), prompts.to(dev), temperature.to(dev)
+    dead, prior = to_device(dead, dev), to_device(prior, dev)
     b, levels = len(prompts.lengths), trie.levels
     n_draft = max(draft_beams, k)
     cache = TreeCache(target, trie, code_offset, prompts)
-    beams = ActiveBeams.start(b, dead=dead, temp=temperature.clone(), prior=prior)
-    out_leaves = torch.full((b, k), -1, dtype=torch.long)
-    out_logp = torch.full((b, k), float("-inf"))
-    calls = torch.zeros(b, dtype=torch.long)
-    accepted = torch.zeros(b, dtype=torch.long)
+    beams = ActiveBeams.start(b, dev, dead=dead, temp=temperature.clone(), prior=prior)
+    out_leaves = torch.full((b, k), -1, dtype=torch.long, device=dev)
+    out_logp = torch.full((b, k), float("-inf"), device=dev)
+    calls = torch.zeros(b, dtype=torch.long, device=dev)
+    accepted = torch.zeros(b, dtype=torch.long, device=dev)
     while len(beams.rows):
         dead, temp, row_prior = beams.per_row["dead"], beams.per_row["temp"], beams.per_row["prior"]
-        grow = beams.rows.tolist()
+        grow = beams.rows.tolist()  # host sync: the rows' CPU generators are picked by request index
         steps = (levels - beams.depth).clamp(max=gamma)
         drafted: list[DraftStep] = drafts.sample(beams.nodes, beams.scores, steps, n_draft, temp,
                                                  [gens[r] for r in grow], TargetState(target, cache))
         tree = torch.cat([beams.nodes, *[d.nodes for d in drafted]], 1)
         cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))
-        running = torch.ones(len(grow), dtype=torch.bool)
+        running = torch.ones(len(grow), dtype=torch.bool, device=dev)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
             if not go.any():
@@ -122,7 +126,7 @@ def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.T
     pos = hit.float().argmax(-1)
     p_y = torch.where(in_cand, logp.gather(1, pos).exp(), 0.0)
     q_y = step.logq.exp()
-    u = torch.stack([torch.rand(step.nodes.shape[1], generator=gens[i]) for i in rows])
+    u = uniform((step.nodes.shape[1],), gens, rows, cand_w.device)
     acc = (step.nodes >= 0) & (u < torch.where(q_y > 0, p_y / q_y, 0.0).clamp(max=1.0)) & in_cand  # [R, N]
     n_acc = acc.sum(1)
     enough = n_acc >= k
@@ -139,7 +143,7 @@ def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.T
     log_resid = torch.where(resid > 0, resid.log(), float("-inf"))
     # order: accepted first (key +inf), then residual samples by Gumbel key, then (only if the residual's
     # support is too small to fill K) samples from p itself; take K
-    noise = gumbel((n_cand,), gens, rows)
+    noise = gumbel((n_cand,), gens, rows, cand_w.device)
     from_p = torch.where(torch.isfinite(logp) & ~acc_cand, logp + noise - 1.0e6, float("-inf"))
     keys = torch.where(torch.isfinite(log_resid), log_resid + noise, from_p)
     keys = torch.where(acc_cand, float("inf"), keys)
@@ -148,8 +152,8 @@ def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.T
     w_r = torch.where(nodes_r >= 0, cand_w.gather(1, top.indices), float("-inf"))
     if nodes_r.shape[1] < k:
         pad = k - nodes_r.shape[1]
-        nodes_r = torch.cat([nodes_r, torch.full((r, pad), -1, dtype=torch.long)], 1)
-        w_r = torch.cat([w_r, torch.full((r, pad), float("-inf"))], 1)
+        nodes_r = torch.cat([nodes_r, torch.full((r, pad), -1, dtype=torch.long, device=nodes_r.device)], 1)
+        w_r = torch.cat([w_r, torch.full((r, pad), float("-inf"), device=w_r.device)], 1)
     new_nodes = torch.where(enough[:, None], nodes_a, nodes_r)
     new_w = torch.where(enough[:, None], w_a, w_r)
     return new_nodes, new_w, enough

@@ -20,9 +20,10 @@ class ActiveBeams:
     per_row: dict[str, torch.Tensor | None] = field(default_factory=dict)  # follow the rows (dead, temperature)
 
     @classmethod
-    def start(cls, batch: int, **per_row: torch.Tensor | None) -> ActiveBeams:
-        return cls(torch.arange(batch), torch.zeros(batch, 1, dtype=torch.long), torch.zeros(batch, 1),
-                   torch.zeros(batch, dtype=torch.long), dict(per_row))
+    def start(cls, batch: int, device: torch.device | str = "cpu", **per_row: torch.Tensor | None) -> ActiveBeams:
+        return cls(torch.arange(batch, device=device), torch.zeros(batch, 1, dtype=torch.long, device=device),
+                   torch.zeros(batch, 1, device=device), torch.zeros(batch, dtype=torch.long, device=device),
+                   dict(per_row))
 
     def advance(self, go: torch.Tensor, new_nodes: torch.Tensor, new_scores: torch.Tensor) -> None:
         """Rows with ``go`` [R] take the new beams [R, K] and go one depth down."""
@@ -39,7 +40,7 @@ class ActiveBeams:
         KV of the others to their beams' paths. Returns (original rows, nodes, scores) of the finished ones."""
         done = self.depth >= levels
         finished = (self.rows[done], self.nodes[done], self.scores[done])
-        keep = torch.nonzero(~done).reshape(-1)
+        keep = torch.nonzero(~done).reshape(-1)  # host sync (a shape): which rows stay is a decision
         if len(keep) < len(self.rows):
             self.rows, self.nodes, self.scores, self.depth = (t[keep] for t in
                                                                (self.rows, self.nodes, self.scores, self.depth))

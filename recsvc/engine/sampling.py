@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from recsvc.engine.beam_search import node_logprobs
+from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
@@ -26,6 +26,8 @@ from tokenizer_rqvae.trie import CatalogTrie
 
 
 def make_generators(seeds: Sequence[int | None]) -> list[torch.Generator]:
+    """One CPU generator per request (deliberately on the host on every device: a seeded request draws the same
+    numbers on a CPU and a GPU; ``gumbel`` moves the noise to the model's device in one copy)."""
     gens = []
     for s in seeds:
         g = torch.Generator()
@@ -34,10 +36,19 @@ def make_generators(seeds: Sequence[int | None]) -> list[torch.Generator]:
     return gens
 
 
-def gumbel(shape: tuple[int, ...], gens: Sequence[torch.Generator], rows: Sequence[int] | None = None) -> torch.Tensor:
-    """[B, *shape] standard Gumbel noise, row b drawn from gens[rows[b]]."""
+def uniform(shape: tuple[int, ...], gens: Sequence[torch.Generator], rows: Sequence[int] | None = None,
+            device: torch.device | str = "cpu") -> torch.Tensor:
+    """[B, *shape] U(0, 1) noise, row b drawn from the CPU generator gens[rows[b]], then moved to ``device`` in one
+    copy (the draws, hence seeded results, do not depend on the device)."""
     rows = list(range(len(gens))) if rows is None else list(rows)
     u = torch.stack([torch.rand(shape, generator=gens[r]) for r in rows])
+    return u if u.device == torch.device(device) else u.to(device)
+
+
+def gumbel(shape: tuple[int, ...], gens: Sequence[torch.Generator], rows: Sequence[int] | None = None,
+           device: torch.device | str = "cpu") -> torch.Tensor:
+    """[B, *shape] standard Gumbel noise on ``device``, row b drawn from gens[rows[b]] (``uniform``)."""
+    u = uniform(shape, gens, rows, device)
     return -torch.log(-torch.log(u.clamp(1e-20, 1.0 - 1e-7)))
 
 
@@ -58,7 +69,7 @@ def temper(trie: CatalogTrie, logp: torch.Tensor, nodes: torch.Tensor, temperatu
     allowed codes -> (log p [B, m, C], child nodes [B, m, C])."""
     b, m = nodes.shape
     logp = logp / temperature[:, None, None]
-    rows = torch.arange(b)[:, None].expand(b, m).reshape(-1)
+    rows = torch.arange(b, device=nodes.device)[:, None].expand(b, m).reshape(-1)
     mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
     if prior is not None:
         logp = logp + step_bias(prior, nodes, child.view(b, m, -1))
@@ -73,7 +84,7 @@ def sample_children(weights: torch.Tensor, child: torch.Tensor, k: int, gens: Se
     """Sample k distinct children without replacement, P(child) ∝ exp(weight).
 
     weights / child: [B, n] (-inf = impossible). Returns (nodes [B, k] (-1 if fewer), weights [B, k])."""
-    keys = weights + gumbel((weights.shape[1],), gens, rows)
+    keys = weights + gumbel((weights.shape[1],), gens, rows, weights.device)
     keys = torch.where(torch.isfinite(weights), keys, float("-inf"))
     kk = min(k, weights.shape[1])
     top = torch.topk(keys, kk, dim=1)
@@ -82,8 +93,8 @@ def sample_children(weights: torch.Tensor, child: torch.Tensor, k: int, gens: Se
     ok = torch.isfinite(top.values)
     nodes, w = torch.where(ok, nodes, -1), torch.where(ok, w, float("-inf"))
     if kk < k:
-        nodes = torch.cat([nodes, torch.full((len(nodes), k - kk), -1, dtype=nodes.dtype)], 1)
-        w = torch.cat([w, torch.full((len(w), k - kk), float("-inf"))], 1)
+        nodes = torch.cat([nodes, torch.full((len(nodes), k - kk), -1, dtype=nodes.dtype, device=nodes.device)], 1)
+        w = torch.cat([w, torch.full((len(w), k - kk), float("-inf"), device=w.device)], 1)
     return nodes, w
 
 
@@ -105,10 +116,13 @@ def sampling_beam_search(model: EngineModel, trie: CatalogTrie, code_offset: int
                          dead: torch.Tensor | None = None, prior: torch.Tensor | None = None) -> SampleOutput:
     """The target's own sampling beam search: L steps of K-without-replacement sampling (from the prior-fused
     distributions when ``prior`` [B, num_nodes] is given)."""
+    dev = model.device  # inputs moved once; every tensor of the search lives there
+    trie, prompts, temperature = trie.to(dev), prompts.to(dev), temperature.to(dev)
+    dead, prior = to_device(dead, dev), to_device(prior, dev)
     cache = TreeCache(model, trie, code_offset, prompts)
     b = len(prompts.lengths)
-    nodes = torch.zeros(b, 1, dtype=torch.long)
-    weights = torch.zeros(b, 1)
+    nodes = torch.zeros(b, 1, dtype=torch.long, device=dev)
+    weights = torch.zeros(b, 1, device=dev)
     for _ in range(trie.levels):
         cache.feed(nodes)
         logp, child = tempered_logp(model, cache, nodes, temperature, dead, prior)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from recsvc.engine.beam_search import expand_beams, node_logprobs
+from recsvc.engine.beam_search import expand_beams, node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.ports import DraftSession, TargetState
@@ -64,15 +64,23 @@ def speculative_search(
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior (recsvc.engine.prior), as given to plain
     ledger: Ledger = NO_LEDGER,  # phase timers (recsvc.engine.ledger); results never depend on it
 ) -> SpecOutput:
+    # Host synchronisation (CUDA): a round reads the device only where a decision needs it: how many tokens
+    # the verification feeds and how they group (TreeCache.missing / _groups: shapes), whether any row can
+    # take another depth (``go.any()``: the replay loop's exit) and which rows finished (ActiveBeams.retire:
+    # the batch's new shape); drafters read how many depths to draft (``steps.max()``). Acceptance, scores
+    # and counters stay on the device.
+    dev = target.device  # inputs moved once; every tensor of the search lives there
+    trie, prompts = trie.to(dev), prompts.to(dev)
+    dead, prior = to_device(dead, dev), to_device(prior, dev)
     b, levels = len(prompts.lengths), trie.levels
     cache = TreeCache(target, trie, code_offset, prompts)
     state = TargetState(target, cache)  # follows the cache's rows (select_rows)
-    beams = ActiveBeams.start(b, dead=dead, prior=prior)
-    out_leaves = torch.full((b, k), -1, dtype=torch.long)
-    out_scores = torch.full((b, k), float("-inf"))
-    calls = torch.zeros(b, dtype=torch.long)
-    accepted = torch.zeros(b, dtype=torch.long)
-    while len(beams.rows):
+    beams = ActiveBeams.start(b, dev, dead=dead, prior=prior)
+    out_leaves = torch.full((b, k), -1, dtype=torch.long, device=dev)
+    out_scores = torch.full((b, k), float("-inf"), device=dev)
+    calls = torch.zeros(b, dtype=torch.long, device=dev)
+    accepted = torch.zeros(b, dtype=torch.long, device=dev)
+    while len(beams.rows):  # a shape: no sync
         dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]
         steps = (levels - beams.depth).clamp(max=gamma)  # [R]
         with ledger.phase("draft"):
@@ -80,10 +88,10 @@ def speculative_search(
         with ledger.phase("verify"):
             tree = torch.cat([beams.nodes, *drafted], 1)
             cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
-        running = torch.ones(len(beams.rows), dtype=torch.bool)
+        running = torch.ones(len(beams.rows), dtype=torch.bool, device=dev)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
-            if not go.any():
+            if not go.any():  # host sync: the decision to stop replaying this round
                 break
             with ledger.phase("replay"):
                 live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step

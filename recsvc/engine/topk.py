@@ -52,6 +52,8 @@ class GenerateSelector:
     def __call__(self, cand: torch.Tensor, k: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if k == 1:  # generate runs greedy search for one beam: argmax, i.e. ties go to the lowest token id
             return IndexSelector()(cand, k, level)
+        if cand.is_cuda:  # the tie test reads the device (a host sync per step); generate's layout is what the
+            return self._as_generate(cand, k, level)  # fast path reduces to, and costs a GPU little
         fast = self._without_ties(cand, k)
         return fast if fast is not None else self._as_generate(cand, k, level)
 

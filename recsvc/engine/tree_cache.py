@@ -23,12 +23,20 @@ from recsvc.engine.prompts import PromptBatch
 from tokenizer_rqvae.trie import CatalogTrie
 
 
+def _check(ok, like: torch.Tensor, message: str) -> None:
+    """An internal consistency check, run on CPU tensors only: on a GPU reading its result would stall the host
+    once per forward (the CPU tests cover the same code)."""
+    if like.device.type == "cpu":
+        assert ok(), message
+
+
 class TreeCache:
     def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
+        dev = model.device  # the cache and its bookkeeping live on the model's device (moved once, here)
+        trie, prompts = trie.to(dev), prompts.to(dev)
         self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
         self.cache = model.new_cache()
         b = len(prompts.lengths)
-        dev = prompts.ids.device
         self.prompt_slot = torch.zeros(b, 0, dtype=torch.bool, device=dev)  # [B, S] slot holds a prompt token
         self.node_of_slot = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, S] (-1: prompt / filler)
         self.slot_of_node = torch.full((b, trie.num_nodes), -1, dtype=torch.long, device=dev)  # [B, N]
@@ -85,7 +93,7 @@ class TreeCache:
         """[B, m] cached nodes (0 = root: the prompt's last token; -1: zeros) -> [B, m, H]."""
         assert self.last_prompt_hidden is not None
         slots = self.slot_of_node.gather(1, nodes.clamp(min=0))
-        assert not ((nodes >= 1) & (slots < 0)).any(), "hidden of a node that was never fed"
+        _check(lambda: not ((nodes >= 1) & (slots < 0)).any(), nodes, "hidden of a node that was never fed")
         h = self.hidden.gather(1, slots.clamp(min=0)[..., None].expand(-1, -1, self.hidden.shape[2]))
         h = torch.where((nodes == 0)[..., None], self.last_prompt_hidden[:, None], h)
         return torch.where((nodes < 0)[..., None], torch.zeros_like(h), h)
@@ -104,12 +112,13 @@ class TreeCache:
         anc = self.trie.ancestors[n]  # [B, q, L] ancestors incl. the node itself
         anc_slots = self.slot_of_node.gather(1, anc.clamp(min=0).reshape(b, -1)).reshape(anc.shape)
         need = (anc >= 0) & valid[..., None]
-        assert not (need & (anc_slots < 0)).any(), "an ancestor of a fed node is not cached"
+        _check(lambda: not (need & (anc_slots < 0)).any(), nodes, "an ancestor of a fed node is not cached")
         anc_slots = torch.where(need, anc_slots, new_slots[..., None])  # unused -> own slot (always allowed)
         positions = self.prompts.lengths[:, None] + self.trie.depth[n] - 1  # [B, q]: prompt length + depth - 1
         ids = self.tokens_of(nodes)
         prompt_slot = torch.cat([self.prompt_slot, self.prompts.valid if first else self.prompt_slot[:, :0]], 1)
-        groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t, self.prompts.lengths.tolist())
+        lengths = self.prompts.lengths.tolist() if first else []  # the prompts' key sets: first call only
+        groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t, lengths)
         if first:
             ids = torch.cat([self.prompts.ids, ids], 1)
             positions = torch.cat([self.prompts.positions(), positions], 1)
@@ -133,7 +142,8 @@ class TreeCache:
     def _groups(self, prompt_slot: torch.Tensor, anc_slots: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
                 t: int, lengths: list[int]) -> TreeGroups:
         """Exact key sets: node i of row b at depth d attends [b's prompt slots, anc_slots[b, i, :d]], grouped by
-        key count (T_b + d) across rows.
+        key count (T_b + d) across rows. The grouping reads the device (unique / nonzero: the groups' shapes);
+        on CUDA these are the forward's only host synchronisations besides ``missing``'s token count.
 
         prompt_slot [B, S_past + t], anc_slots [B, q, L], valid / depth [B, q]."""
         n_prompt = prompt_slot.sum(1)  # [B] real prompt tokens per row (in slot order)
@@ -143,7 +153,7 @@ class TreeCache:
                 qidx = torch.nonzero(valid[row]).reshape(-1)
                 if len(qidx):
                     d = depth[row, qidx]  # [n]
-                    levels = torch.arange(anc_slots.shape[2])[None]
+                    levels = torch.arange(anc_slots.shape[2], device=anc_slots.device)[None]
                     anc = torch.where(levels < d[:, None], anc_slots[row, qidx], -1)  # [n, L]
                     split.append((row, t + qidx, anc, int(n_prompt[row])))
             return TreeGroups(prompt_lengths=lengths if t else [], groups=[], upcast=True, split=split)

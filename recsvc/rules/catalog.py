@@ -72,7 +72,7 @@ class BatchRules:
     def bonus(self, nodes: torch.Tensor) -> torch.Tensor:
         """[B, m] trie nodes (-1 none) -> [B, m] the optimistic boost of each (0 without boosts)."""
         if self.node_bonus is None:
-            return torch.zeros(nodes.shape)
+            return torch.zeros(nodes.shape, device=nodes.device)
         return self.node_bonus.gather(1, nodes.clamp(min=0))
 
 
@@ -85,15 +85,16 @@ class RuleCatalog:
         leaves = trie.item_path[:, trie.levels] - trie.num_internal  # [n] leaf index of every row
         self.leaf_of_row = leaves
         nl = trie.num_nodes - trie.num_internal
-        lo = torch.full((trie.num_nodes,), nl, dtype=torch.long)
-        hi = torch.zeros(trie.num_nodes, dtype=torch.long)
+        dev = trie.device  # the trie's (the model's) device: compiled rules are read beside the beams
+        lo = torch.full((trie.num_nodes,), nl, dtype=torch.long, device=dev)
+        hi = torch.zeros(trie.num_nodes, dtype=torch.long, device=dev)
         for d in range(trie.levels + 1):
             lo.scatter_reduce_(0, trie.item_path[:, d], leaves, "amin")
             hi.scatter_reduce_(0, trie.item_path[:, d], leaves + 1, "amax")
         self.leaf_lo, self.leaf_hi = lo, hi  # [N]
         self._lo, self._hi = lo.tolist(), hi.tolist()  # the same as Python ints: read per candidate prefix
-        first = torch.full((nl,), self.n, dtype=torch.long)  # lowest row (= lowest item id) of each leaf
-        first.scatter_reduce_(0, leaves, torch.arange(self.n), "amin")
+        first = torch.full((nl,), self.n, dtype=torch.long, device=dev)  # lowest row (= lowest item id) of each leaf
+        first.scatter_reduce_(0, leaves, torch.arange(self.n, device=dev), "amin")
         self.static_leaf_row = first
         self.collided = bool(len(torch.unique(leaves)) != self.n)
 
@@ -139,29 +140,31 @@ class RuleCatalog:
     def compile(self, rules: Sequence[Rules], excluded: Sequence[Sequence[int]]) -> BatchRules:
         """Per request: dead prefixes, each leaf's item and boost, the optimistic boost of every node, caps."""
         trie = self.trie
-        alive = torch.from_numpy(np.stack([self.alive_rows(r, ex) for r, ex in zip(rules, excluded, strict=True)]))
+        dev = trie.device
+        alive = torch.as_tensor(np.stack([self.alive_rows(r, ex) for r, ex in zip(rules, excluded, strict=True)]),
+                                device=dev)
         b = alive.shape[0]
         path = trie.item_path.T.reshape(1, -1).expand(b, -1)  # [B, (L+1) n] every item's path, depth-major
-        count = torch.zeros(b, trie.num_nodes, dtype=torch.long)
+        count = torch.zeros(b, trie.num_nodes, dtype=torch.long, device=dev)
         count.scatter_add_(1, path, alive.long().repeat(1, trie.levels + 1))
         dead = count == 0
         if self.collided:
-            rows = torch.where(alive, torch.arange(self.n), self.n)  # [B, n]
-            leaf_row = torch.full((b, len(self.static_leaf_row)), self.n, dtype=torch.long)
+            rows = torch.where(alive, torch.arange(self.n, device=dev), self.n)  # [B, n]
+            leaf_row = torch.full((b, len(self.static_leaf_row)), self.n, dtype=torch.long, device=dev)
             leaf_row.scatter_reduce_(1, self.leaf_of_row.expand(b, -1), rows, "amin")
         else:
             leaf_row = torch.where(dead[:, trie.num_internal:], self.n, self.static_leaf_row[None])
-        boosts = torch.from_numpy(np.stack([self.item_boost(r) for r in rules]))  # [B, n]
-        padded = torch.cat([boosts, torch.zeros(b, 1)], 1)  # row n: no item
+        boosts = torch.as_tensor(np.stack([self.item_boost(r) for r in rules]), device=dev)  # [B, n]
+        padded = torch.cat([boosts, torch.zeros(b, 1, device=dev)], 1)  # row n: no item
         leaf_boost = padded.gather(1, leaf_row)
         node_bonus = None
         if any(r.boosts for r in rules):
             masked = torch.where(alive, boosts, float("-inf")).repeat(1, trie.levels + 1)
-            node_bonus = torch.full((b, trie.num_nodes), float("-inf"))
+            node_bonus = torch.full((b, trie.num_nodes), float("-inf"), device=dev)
             node_bonus.scatter_reduce_(1, path, masked, "amax")
             node_bonus[:, trie.num_internal:] = leaf_boost  # a leaf returns one item: its own boost
             node_bonus = torch.where(dead, 0.0, node_bonus)
-        excluded_ids = [list(ex) + trie.ids.item_ids[~row.numpy()].tolist() if self.collided else list(ex)
+        excluded_ids = [list(ex) + trie.ids.item_ids[~row.cpu().numpy()].tolist() if self.collided else list(ex)
                         for ex, row in zip(excluded, alive, strict=True)]
         return BatchRules(dead if bool(dead.any()) else None, leaf_row, leaf_boost, node_bonus,
                           [self.cap_spec(r) for r in rules], excluded_ids)

@@ -121,7 +121,7 @@ class DraftLookahead:
         trie, head = cache.trie, self.head
         b, m = nodes.shape
         levels, d = trie.levels, int(trie.depth[nodes.clamp(min=0)].max())
-        paths = torch.full((b, m, levels + 1), -1, dtype=torch.long)
+        paths = torch.full((b, m, levels + 1), -1, dtype=torch.long, device=nodes.device)
         paths[..., d] = nodes
         h = cache.hidden_at(torch.where(nodes >= 0, trie.parent[nodes.clamp(min=0)], -1))  # [B, M, H]
         h = h.to(head.out.dtype).reshape(b * m, -1)
@@ -129,7 +129,7 @@ class DraftLookahead:
         cur, s = nodes, scores
         for depth in range(d, levels):  # consume the code of the depth-`depth` node, draft depth + 1
             safe = cur.clamp(min=1)
-            level = torch.full((b * m,), depth - 1, dtype=torch.long)
+            level = torch.full((b * m,), depth - 1, dtype=torch.long, device=nodes.device)
             state, logq = head.step(state, h, level, trie.node_code[safe].reshape(-1))
             self.head_steps += 1
             cand, child = candidate_scores(trie, cur, s, logq.view(b, m, -1).float(), self.rules.dead, self.prior)
@@ -168,7 +168,7 @@ def needs_extra_beams(order: torch.Tensor, key: torch.Tensor, child: torch.Tenso
             out.append(False)
             continue
         nodes = child[r, order[r, :keep]].tolist()
-        leaf_row = rules.leaf_row[r].numpy()
+        leaf_row = rules.leaf_row[r].cpu().numpy()
         out.append(not fills((catalog.leaves_under(n, leaf_row) for n in nodes), rules.caps[r], k))
     return out
 
@@ -189,7 +189,7 @@ def reorder(lookahead: Lookahead, cache: TreeCache, order: torch.Tensor, key: to
     top = order[:, :m]
     valid = torch.isfinite(key.gather(1, top))  # [B, M]
     if k is not None:
-        need = torch.tensor(needs_extra_beams(order, key, child, rules, catalog, keep, k))
+        need = torch.tensor(needs_extra_beams(order, key, child, rules, catalog, keep, k), device=order.device)
         if not bool(need.any()):
             return order
         valid &= need[:, None]
@@ -205,8 +205,8 @@ def reorder(lookahead: Lookahead, cache: TreeCache, order: torch.Tensor, key: to
         if nv <= keep:
             continue
         by_value = torch.sort(value[r, :nv], descending=True, stable=True).indices
-        fits = torch.zeros(nv, dtype=torch.bool)
-        fits[by_value[greedy_pick(rows[r, by_value].numpy(), rules.caps[r], nv, none=catalog.n)]] = True
+        fits = torch.zeros(nv, dtype=torch.bool, device=order.device)
+        fits[by_value[greedy_pick(rows[r, by_value].cpu().numpy(), rules.caps[r], nv, none=catalog.n)]] = True
         rest = by_value[by_value >= keep]
         out[r, keep:nv] = top[r, torch.cat([rest[fits[rest]], rest[~fits[rest]]])]
     return out

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from recsvc.engine.beam_search import candidate_scores, node_logprobs
+from recsvc.engine.beam_search import candidate_scores, node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
@@ -55,16 +55,18 @@ def keep_beams(order: torch.Tensor, key: torch.Tensor, cand: torch.Tensor, child
         w = min(width, valid[r])
         if not rules.caps[r].empty and valid[r] > w:
             nodes = child[r, order[r, : valid[r]]].tolist()
-            leaf_row = rules.leaf_row[r].numpy()
+            leaf_row = rules.leaf_row[r].cpu().numpy()
             groups = (catalog.leaves_under(node, leaf_row) for node in nodes)
             w = min(max(w, capacity_prefix(groups, rules.caps[r], k)), valid[r])
         kept.append(w)
     wmax = max(max(kept), 1)
     top = order[:, :wmax]
-    live = torch.arange(wmax)[None] < torch.tensor(kept)[:, None]  # [B, W]
+    dev = order.device
+    kept_t = torch.tensor(kept, device=dev)
+    live = torch.arange(wmax, device=dev)[None] < kept_t[:, None]  # [B, W]
     nodes = torch.where(live, child.gather(1, top), -1)
     scores = torch.where(live, cand.gather(1, top), float("-inf"))
-    return nodes, scores, torch.tensor(kept)
+    return nodes, scores, kept_t
 
 
 def rank_list(leaves: torch.Tensor, scores: torch.Tensor, k: int, rules: BatchRules, catalog: RuleCatalog
@@ -77,10 +79,10 @@ def rank_list(leaves: torch.Tensor, scores: torch.Tensor, k: int, rules: BatchRu
     row = torch.where(ok, rules.leaf_row.gather(1, leaf), catalog.n)
     adj = torch.where(ok, scores + rules.leaf_boost.gather(1, leaf), -torch.inf)
     order = torch.sort(adj, dim=1, descending=True, stable=True).indices
-    out_rows = torch.full((len(leaves), k), catalog.n, dtype=torch.long)
-    out_scores = torch.full((len(leaves), k), float("-inf"))
+    out_rows = torch.full((len(leaves), k), catalog.n, dtype=torch.long, device=leaves.device)
+    out_scores = torch.full((len(leaves), k), float("-inf"), device=leaves.device)
     for r in range(len(leaves)):
-        picked = order[r, greedy_pick(row[r, order[r]].numpy(), rules.caps[r], k, none=catalog.n)]
+        picked = order[r, greedy_pick(row[r, order[r]].cpu().numpy(), rules.caps[r], k, none=catalog.n)]
         out_rows[r, : len(picked)] = row[r, picked]
         out_scores[r, : len(picked)] = adj[r, picked]
     return out_rows, out_scores
@@ -100,12 +102,14 @@ def list_search(
     ledger: Ledger = NO_LEDGER,
     lookahead_always: bool = False,  # True: look ahead at every depth, even where it cannot change the list
 ) -> ListOutput:
-    trie = catalog.trie
+    trie = catalog.trie  # on the model's device (the recommender builds the catalog over its trie)
+    dev = target.device
+    prompts, prior = prompts.to(dev), to_device(prior, dev)
     b, levels = len(prompts.lengths), trie.levels
     cache = TreeCache(target, trie, code_offset, prompts)
-    nodes = torch.zeros(b, 1, dtype=torch.long)  # the root
-    scores = torch.zeros(b, 1)
-    kept = torch.zeros(b, levels - 1, dtype=torch.long)
+    nodes = torch.zeros(b, 1, dtype=torch.long, device=dev)  # the root
+    scores = torch.zeros(b, 1, device=dev)
+    kept = torch.zeros(b, levels - 1, dtype=torch.long, device=dev)
     for depth in range(levels):
         with ledger.phase("forward"):
             cache.feed(nodes)  # the prefill first; later beams are often cached by a lookahead already
@@ -132,4 +136,4 @@ def list_search(
 def item_ids(catalog: RuleCatalog, rows: torch.Tensor) -> list[list[int]]:
     """[B, k] catalog rows (catalog.n: none) -> item ids per request."""
     ids = np.append(catalog.trie.ids.item_ids, -1)
-    return [[int(i) for i in ids[r.numpy()] if i >= 0] for r in rows]
+    return [[int(i) for i in ids[r.cpu().numpy()] if i >= 0] for r in rows]
