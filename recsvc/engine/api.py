@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 Mode = Literal["plain", "strict", "relaxed"]
 MODES: tuple[Mode, ...] = ("plain", "strict", "relaxed")
+# what ran: a requested mode, or "sampling" (relaxed asked for, the target's own sampling beam search answered)
+DecodedMode = Literal["plain", "strict", "relaxed", "sampling"]
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,23 @@ class RecStats:
 
 
 @dataclass(frozen=True)
+class Decoding:
+    """How the engine decoded one query: what it did, which may differ from what the query asked for."""
+
+    mode: DecodedMode  # plain beam search / strict or relaxed speculation / the target's own sampling
+    beam_width: int  # beams searched (plain, strict: >= k, the first k returned; sampling modes: k)
+    draft_beams: int = 0  # N, beams drafted per round (speculating only)
+    gamma: int = 0  # draft depths per round (speculating only)
+    fallback: str = ""  # why the query's mode did not run ("" when it did), e.g. "no drafter"
+
+
+@dataclass(frozen=True)
 class RecResult:
     item_ids: list[int]  # best first; fewer than k only if the catalog (minus exclusions) is smaller
     scores: list[float]  # sum of code-token log-probs (transformers' convention) [+ w * log P(item): fused prior]
     #                      [+ the boosts of the query's rules that match the item]
     stats: RecStats = field(default_factory=RecStats)
+    decoding: Decoding | None = None  # None: no decoding ran (e.g. a popularity table answered)
 
 
 class Recommender(Protocol):
