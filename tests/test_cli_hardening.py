@@ -120,6 +120,7 @@ class _Spec:
     draft_beams: int | None = None
     gamma: int = 3
     per_k: dict | None = None
+    why_plain: dict | None = None
 
 
 @dataclass

@@ -37,11 +37,12 @@ def test_client_cli_round_trip_json(catalog, make_server, capsys):
     assert json.loads(capsys.readouterr().out)["item_ids"] == [4, 5]
     assert _client(["recommend", "--target", target, "--user", "u", "--k", "3", "--exclude-history"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [i["item_id"] for i in out["items"]] == [1, 2, 3] and out["stats"]["mode"] == "strict"
+    assert [i["item_id"] for i in out["items"]] == [1, 2, 3] and out["stats"]["requested_mode"] == "strict"
+    assert out["stats"]["mode"] == "popularity"  # what answered: a popularity table, no decoding
     assert (
         _client(["recommend", "--target", target, "--user", "v", "--history", "1,2", "--mode", "plain"]) == 0
     )
-    assert json.loads(capsys.readouterr().out)["stats"]["mode"] == "plain"
+    assert json.loads(capsys.readouterr().out)["stats"]["requested_mode"] == "plain"
     assert _client(["health", "--target", target]) == 0
     assert json.loads(capsys.readouterr().out) == {"status": "SERVING"}
 

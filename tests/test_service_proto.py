@@ -32,7 +32,7 @@ def test_wire_schema_fields():
     assert service.full_name == "recsvc.v1.Recommender"
     assert [m.name for m in service.methods] == ["Recommend", "RecordInteractions", "GetHistory"]
     assert pb.DecodingMode.keys() == [
-        "UNSPECIFIED", "STRICT_SPECULATIVE", "RELAXED_SPECULATIVE", "PLAIN", "POPULARITY"
+        "UNSPECIFIED", "STRICT_SPECULATIVE", "RELAXED_SPECULATIVE", "PLAIN", "POPULARITY", "SAMPLING"
     ]
     request = pb.RecommendRequest(user_id="u", history=[1, 2], k=5, seed=3)
     assert pb.RecommendRequest.FromString(request.SerializeToString()) == request

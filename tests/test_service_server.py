@@ -13,7 +13,7 @@ import pytest
 from recsvc.engine.api import RecQuery, RecResult
 from recsvc.service.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
-from recsvc.service.servicer import NO_HISTORY_REASON
+from recsvc.service.servicer import NO_DECODING_REASON, NO_HISTORY_REASON
 from recsvc.service.stores import open_store
 
 
@@ -75,7 +75,9 @@ def test_round_trips_and_fallback(catalog, make_server):
         warm = client.recommend("alice", k=4, exclude_history=True, exclude_items=[3], mode="plain")
         assert [i.item_id for i in warm.items] == [4, 6, 7, 8]
         assert warm.fallback_reason == "" and warm.stats.batch_size >= 1
-        assert warm.stats.mode == pb.PLAIN and warm.stats.server_ms > 0
+        assert warm.stats.requested_mode == pb.PLAIN and warm.stats.server_ms > 0
+        assert warm.stats.mode == pb.POPULARITY and warm.stats.mode_fallback_reason == NO_DECODING_REASON
+        assert warm.stats.beam_width == 0  # a popularity table decodes nothing
         assert list(warm.items[0].semantic_id) == catalog.semantic_id(4)
         assert warm.items[0].score == pytest.approx(catalog.score(4), rel=1e-5)
         inline = client.recommend(
@@ -280,4 +282,4 @@ def test_mode_the_engine_lacks_is_unimplemented(catalog, make_server):
         code, details = _code(lambda: client.recommend("u", history=[1], mode="relaxed", temperature=0.7))
         assert code == grpc.StatusCode.UNIMPLEMENTED
         assert details == "not supported by this engine: decoding mode 'relaxed'"
-        assert client.recommend("u", history=[1]).stats.mode == pb.PLAIN
+        assert client.recommend("u", history=[1]).stats.requested_mode == pb.PLAIN  # the server's default

@@ -12,6 +12,10 @@ error, a worker served nothing in the window, or the server did not exit cleanly
 
 Timings are meaningful only on an otherwise idle host: ``host_cpu_busy`` and ``loadavg_before`` show
 whether it was.
+
+The engine flags (``--beam-width``, ``--spec``, ``--dtype``, ``--default-mode``, ...) are ``recsvc serve``'s own
+(``recsvc.service.settings``): they resolve to the ``ServeSettings`` whose ``argv()`` the server is started
+with, and the report records them (``serving``) beside the precision each run's server resolved.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 from recsvc.errors import UserError
+from recsvc.service.settings import ServeSettings, add_engine_args
 
 from .processes_load import drive, open_channels, percentile, window
 from .processes_server import ServeProcess, WorkerSample
@@ -61,13 +66,6 @@ def _number(cast, lo: float, hi: float, strict_lo: bool = False):
     return parse
 
 
-def _spec(text: str) -> str:
-    n, sep, gamma = text.partition(":")
-    if text in ("auto", "off") or (sep and n.isdigit() and gamma.isdigit() and int(n) >= 1 and 1 <= int(gamma) <= 5):
-        return text
-    raise argparse.ArgumentTypeError(f"'auto', 'off' or N:gamma (N >= 1, gamma 1..5) expected, got {text!r}")
-
-
 def add_args(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.add_argument("--bundle", required=True, help="bundle directory (served; its test users are the requests)")
@@ -83,9 +81,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=_number(float, 0, 600), default=5.0,
                    help="seconds of load before the measured window (default: %(default)s)")
     p.add_argument("--k", type=_number(int, 1, MAX_K), default=10, help="top-k per request (default: %(default)s)")
-    p.add_argument("--spec", type=_spec, default="auto",
-                   help="the server's --spec: auto (serve's default; requests in the default mode, strict), N:gamma, "
-                        "or off (plain decoding: requests in mode plain, no start-up calibration)")
     p.add_argument("--threads", type=_number(int, 1, 256), default=None,
                    help="the server's --threads, torch threads per worker (default: serve's: 1 per worker when N > "
                         "1, else torch's default)")
@@ -93,24 +88,23 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="the server's --max-batch (default: %(default)s, serve's)")
     p.add_argument("--max-wait-ms", type=_number(float, 0, 1000), default=5.0,
                    help="the server's --max-wait-ms (default: %(default)s, serve's)")
-    p.add_argument("--dtype", default="auto", help="the server's --dtype (default: %(default)s)")
-    p.add_argument("--drafter", default=None, help="the server's --drafter (default: serve's)")
     p.add_argument("--users", type=int, default=1000, help="test users sampled for requests (default: %(default)s)")
     p.add_argument("--split", choices=("test", "valid"), default="test", help="users of this split")
     p.add_argument("--startup-timeout-s", type=_number(float, 1, 3600), default=600.0,
                    help="longest wait for all workers to serve (--spec auto calibrates; default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="user sample seed")
     p.add_argument("--json", dest="json_path", help="write the report here")
+    # the server's engine flags, with serve's defaults; --spec off also sends the requests in mode plain
+    add_engine_args(p)
 
 
-def serve_args(args: argparse.Namespace) -> list[str]:
-    """The serving options passed through to ``recsvc serve``."""
-    out = ["--spec", args.spec, "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
-           "--dtype", args.dtype, "--log-level", "INFO"]
+def serve_args(args: argparse.Namespace, settings: ServeSettings) -> list[str]:
+    """The serving options passed through to ``recsvc serve``: the engine's (``settings.argv()``) and the
+    server's."""
+    out = [*settings.argv(), "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
+           "--log-level", "INFO"]
     if args.threads is not None:
         out += ["--threads", str(args.threads)]
-    if args.drafter:
-        out += ["--drafter", args.drafter]
     return out
 
 
@@ -145,10 +139,12 @@ def run(args: argparse.Namespace) -> dict:
 
     configure_json_logging("ERROR")
     requests = build_requests(args.bundle, args.users, args.k, args.spec, args.split, args.seed)
+    settings = ServeSettings.from_args(args)
+    options = serve_args(args, settings)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
-        rows = [measure(args.bundle, n, serve_args(args), requests, args.concurrency, args.warmup, args.duration,
+        rows = [measure(args.bundle, n, options, requests, args.concurrency, args.warmup, args.duration,
                         args.startup_timeout_s, args.balance) for n in args.processes]
     finally:
         if main_thread:
@@ -162,10 +158,12 @@ def run(args: argparse.Namespace) -> dict:
         "warmup_s": args.warmup,
         "k": args.k,
         "spec": args.spec,
-        "request_mode": "plain" if args.spec == "off" else "default (the server's --default-mode, strict)",
+        "request_mode": "plain" if args.spec == "off" else f"default (the server's --default-mode, "
+                                                           f"{settings.default_mode})",
         "users": len(requests),
         "balanced_connections": args.balance,
-        "serve_args": serve_args(args),
+        "serving": settings.describe(),
+        "serve_args": options,
         "rows": rows,
         "throughput_ratio": {f"{r['processes']}/{rows[0]['processes']}":
                              round(r["throughput_rps"] / rows[0]["throughput_rps"], 3)
@@ -241,6 +239,8 @@ def measure(bundle: str, processes: int, serve_options: list[str], requests: lis
             "client_cpu_ms_per_request": round(1000 * client_cpu / ok, 3) if ok else None,
             "host_cpu_busy": round((busy1 - busy0) / (total1 - total0), 3) if total1 > total0 else None,
             "speculation_per_k": serving[0].get("speculation_per_k"),
+            "precision": serving[0].get("precision"),
+            "beam_width": serving[0].get("beam_width"),
             **stopped,
         }
 

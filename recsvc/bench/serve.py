@@ -7,6 +7,12 @@ stops and restarts a private redis-server (``--redis-url spawn``) in the middle 
 by code before/during/after the outage and checks that every acknowledged RecordInteractions is in the
 final history. Client threads share the process (and the GIL) with an in-process server, so absolute
 numbers are pessimistic; use ``--target`` against ``recsvc serve`` for deployment figures.
+
+``--bundle`` is served as ``recsvc serve --bundle`` serves it: the same engine flags (``--beam-width``,
+``--spec``, ``--dtype``, ... with serve's defaults) resolve to the same ``ServeSettings`` and the same
+constructor builds the recommender (``recsvc.service.settings``), --spec auto calibration included. The
+report records those settings and what the engine resolved (``serving``: beam width, default mode, speculation
+policy and per-K choice, precision), and each row counts the modes the server reported using (``modes_used``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
+from recsvc.service.settings import ServeSettings, add_engine_args, build_recommender, engine_fields
 
 BATCH_ON, BATCH_OFF = 16, 1
 SPEC_ON, SPEC_OFF = "strict", "plain"
@@ -52,11 +59,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--users", type=int, default=256, help="distinct users (each gets a stored history)")
     p.add_argument("--history-len", type=int, default=20, help="stored history length per user")
-    p.add_argument("--dtype", default="auto", help="engine dtype for --bundle (auto: bf16 where native, else fp32)")
     p.add_argument("--api-key", help="for --target servers that require one")
     p.add_argument("--tls-ca", help="for --target servers with TLS")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_path", help="write the results here")
+    add_engine_args(p)  # --bundle's engine, as `recsvc serve` builds it (--beam-width, --spec, --dtype, ...)
 
 
 def _int_list(text: str) -> list[int]:
@@ -82,10 +89,12 @@ def run(args: argparse.Namespace) -> None:
         from recsvc.service.popularity import PopularityRecommender
 
         source: Any = PopularityRecommender.from_json(args.popularity)
+        settings = None
     elif args.bundle:
-        source = _load_bundle(args.bundle, args.dtype)
+        settings = ServeSettings.from_args(args)
+        source = build_recommender(settings)
     else:
-        source = args.target
+        source, settings = args.target, None
     report = run_serve_bench(
         source,
         args.concurrency,
@@ -101,18 +110,11 @@ def run(args: argparse.Namespace) -> None:
         api_key=args.api_key,
         tls_ca=args.tls_ca,
         seed=args.seed,
+        settings=settings,
     )
     if report.get("outage") and not report["outage"]["verified"]:
         print("error: acknowledged RecordInteractions are missing from the final history")
         raise SystemExit(1)
-
-
-def _load_bundle(path: str, dtype: str):
-    try:
-        from recsvc.engine.recommender import BundleRecommender
-    except ImportError as exc:
-        raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
-    return BundleRecommender.from_bundle(path, dtype=dtype)
 
 
 # --- measurement -----------------------------------------------------------------------------------------
@@ -125,6 +127,8 @@ class _Tally:
     batch_sizes: list[int] = field(default_factory=list)
     target_calls: int = 0
     accepted_steps: int = 0
+    modes: Counter = field(default_factory=Counter)  # Stats.mode names: what the server reported doing
+    beam_widths: Counter = field(default_factory=Counter)
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -156,6 +160,8 @@ def _row(
         else 0.0,
         "target_calls_per_request": round(tally.target_calls / ok, 3) if ok else 0.0,
         "accepted_steps_per_request": round(tally.accepted_steps / ok, 3) if ok else 0.0,
+        "modes_used": dict(sorted(tally.modes.items())),
+        "beam_widths": {str(w): n for w, n in sorted(tally.beam_widths.items())},
     }
 
 
@@ -173,6 +179,7 @@ def _load_level(
     import grpc
 
     from recsvc.service.client import RecClient
+    from recsvc.service.gen import recommender_pb2 as pb
 
     tallies = [_Tally() for _ in range(concurrency)]
     start_barrier = threading.Barrier(concurrency + 1)
@@ -195,6 +202,8 @@ def _load_level(
                 tally.batch_sizes.append(reply.stats.batch_size)
                 tally.target_calls += reply.stats.target_forward_calls
                 tally.accepted_steps += reply.stats.accepted_steps
+                tally.modes[pb.DecodingMode.Name(reply.stats.mode)] += 1
+                tally.beam_widths[reply.stats.beam_width] += 1
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
     for t in threads:
@@ -213,6 +222,8 @@ def _load_level(
         merged.batch_sizes += t.batch_sizes
         merged.target_calls += t.target_calls
         merged.accepted_steps += t.accepted_steps
+        merged.modes.update(t.modes)
+        merged.beam_widths.update(t.beam_widths)
     return merged, elapsed
 
 
@@ -258,11 +269,15 @@ def run_serve_bench(
     tls_ca: str | Path | None = None,
     seed: int = 0,
     print_table: bool = True,
+    settings: ServeSettings | None = None,
 ) -> dict:
-    """Runs the load test; returns (and optionally writes as JSON) ``{"rows": [...], "outage": {...}|None}``.
+    """Runs the load test; returns (and optionally writes as JSON) ``{"rows": [...], "outage": {...}|None,
+    "serving": {...}}``.
 
-    ``target_or_bundle``: a ``Recommender`` object (served in-process on a free port), a bundle directory, or
-    ``host:port`` of a running server. ``batching`` / ``speculation``: True, False, or None for both.
+    ``target_or_bundle``: a ``Recommender`` object (served in-process on a free port), a bundle directory
+    (built as ``recsvc serve`` builds it: ``settings``, default ``ServeSettings.for_bundle``), or ``host:port``
+    of a running server. ``settings``: what a Recommender object was built from (recorded; its default mode is
+    the in-process server's). ``batching`` / ``speculation``: True, False, or None for both.
     ``redis_url``: None (in-memory store), a URL, or ``"spawn"`` (a private redis-server; needed by
     ``outage``).
     """
@@ -271,7 +286,8 @@ def run_serve_bench(
     from recsvc.service.stores.redis_spawn import RedisProcess
 
     if isinstance(target_or_bundle, (str, Path)) and Path(target_or_bundle).is_dir():
-        target_or_bundle = _load_bundle(str(target_or_bundle), "auto")
+        settings = settings or ServeSettings.for_bundle(str(target_or_bundle))
+        target_or_bundle = build_recommender(settings)
     remote = target_or_bundle if isinstance(target_or_bundle, str) else None
     if remote and (outage or redis_url):
         raise UserError("--outage and --redis-url need an in-process server (--bundle or --popularity)")
@@ -302,6 +318,7 @@ def run_serve_bench(
                     max_batch=max_batch,
                     max_wait_ms=5.0 if max_batch > 1 else 0.0,
                     limits=_limits(target_or_bundle, k),
+                    **({"default_mode": settings.default_mode} if settings is not None else {}),
                 )
                 server = RecServer(target_or_bundle, store, config).start()
             target = remote or server.address
@@ -326,7 +343,10 @@ def run_serve_bench(
             store.close()
         if redis_proc is not None:
             redis_proc.close()
-    report = {"duration_s": duration, "k": k, "users": users, "rows": rows, "outage": outage_report}
+    serving = ({"target": remote} if remote else
+               {**(settings.describe() if settings is not None else {}), **engine_fields(target_or_bundle)})
+    report = {"duration_s": duration, "k": k, "users": users, "serving": serving, "rows": rows,
+              "outage": outage_report}
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.api import RecQuery, RecResult, RecStats
+from recsvc.engine.api import Decoding, RecQuery, RecResult, RecStats
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ledger import NO_LEDGER, Ledger
@@ -51,14 +51,26 @@ class SpecSettings:
     draft_beams: int | None = None  # N; None = K
     gamma: int = 3  # draft depths per round (3 finishes a 4-token id in one round when all are accepted)
     per_k: dict[int, tuple[int, int]] | None = None  # autotuned {K: (N, gamma)}; (0, 0) = do not speculate
+    why_plain: dict[int, str] | None = None  # why per_k holds (0, 0) for a K (default: calibration chose plain)
+
+    def _tuned(self, k: int) -> int:
+        """The per_k entry that serves K: the nearest tuned K at or above, else the largest."""
+        assert self.per_k
+        above = [kk for kk in sorted(self.per_k) if kk >= k]
+        return above[0] if above else max(self.per_k)
 
     def for_k(self, k: int) -> tuple[int, int]:
-        """(N, gamma) for K: the autotuned choice (nearest tuned K at or above, else the largest), else the
-        fixed setting."""
+        """(N, gamma) for K: the autotuned choice (``_tuned``), else the fixed setting."""
         if self.per_k:
-            above = [kk for kk in sorted(self.per_k) if kk >= k]
-            return self.per_k[above[0] if above else max(self.per_k)]
+            return self.per_k[self._tuned(k)]
         return (self.draft_beams or k, self.gamma)
+
+    def plain_reason(self, k: int) -> str:
+        """Why K is not decoded speculatively ("" when it is)."""
+        if not self.per_k or self.for_k(k)[0] > 0:
+            return ""
+        tuned = self._tuned(k)
+        return (self.why_plain or {}).get(tuned) or f"calibration: speculation does not pay at K={tuned}"
 
 
 def load_popularity(bundle_dir: Path, data_dir: Path | None) -> dict[int, int] | None:
@@ -236,7 +248,7 @@ class BundleRecommender:
         for i, q in enumerate(queries):
             mode = q.mode
             width = self.width_for(q.k, mode)
-            if mode == "strict" and (self.drafter is None or self.spec.for_k(width)[0] == 0):
+            if mode == "strict" and self.no_speculation(width):
                 mode = "plain"  # no drafter, or autotuned: speculation does not pay at this K on this hardware
             listed = q.rules is not None and (q.rules.effective(q.k).list_level or (
                 self.rule_settings.strategy == "postfilter" and self._filters_remove_items(q.rules)))
@@ -245,9 +257,38 @@ class BundleRecommender:
             batch = [queries[i] for i in idx]
             out = (self._decode_rules(batch, mode, width, ledger) if listed
                    else self._decode(batch, mode, width, ledger))
+            group_k = max(q.k for q in batch)
             for i, res in zip(idx, out, strict=True):
-                results[i] = res
+                results[i] = replace(res, decoding=self._decoding(queries[i], mode, width, listed, group_k))
         return [r for r in results if r is not None]
+
+    def no_speculation(self, width: int) -> str:
+        """Why strict speculation does not run at this beam width ("" when it does)."""
+        return "no drafter" if self.drafter is None else self.spec.plain_reason(width)
+
+    def _decoding(self, q: RecQuery, mode: str, width: int, listed: bool, group_k: int) -> Decoding:
+        """What decoded ``q`` in its group (``mode``: the group's, after the strict -> plain fallback; the
+        choices mirror ``_decode`` and ``_decode_rules``)."""
+        fallback = self.no_speculation(width) if q.mode == "strict" and mode == "plain" else ""
+        if listed:  # caps or boosts (or filters that post-filtering applies): recsvc.rules.decode
+            strategy = self.rule_settings.strategy
+            if strategy != "postfilter":
+                why = f"caps and boosts are decoded by the rules' list-level search ({strategy})"
+                return Decoding("plain", width, fallback=fallback or (why if q.mode == "strict" else ""))
+            wide = max(self.rule_settings.factor * group_k, width)
+            if mode == "strict" and not self.no_speculation(wide):
+                return Decoding("strict", wide, *self.spec.for_k(wide))
+            return Decoding("plain", wide, fallback=fallback or (self.no_speculation(wide) if mode == "strict"
+                                                                 else ""))
+        if mode == "strict":
+            return Decoding("strict", width, *self.spec.for_k(width))
+        if mode == "relaxed":
+            n, gamma = self.spec.for_k(width)
+            if self.sampler is None or n == 0:
+                why = "no drafter that samples" if self.sampler is None else self.spec.plain_reason(width)
+                return Decoding("sampling", width, fallback=why)
+            return Decoding("relaxed", width, max(n, width), max(gamma, 1))
+        return Decoding("plain", width, fallback=fallback)
 
     def _filters_remove_items(self, rules: Rules) -> bool:
         """Whether the allow / deny lists rule out any catalog item (postfilter applies them after decoding)."""

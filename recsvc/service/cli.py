@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from recsvc.engine.api import MODES, Recommender
+from recsvc.engine.api import Recommender
 from recsvc.errors import UserError
-from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
 DEFAULT_PORT = 50051
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -112,8 +111,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--bundle", help="bundle directory (the model engine)")
     source.add_argument("--popularity", help="JSON {item_id: count}: serve popular items only (no model)")
-    p.add_argument("--dtype", default="auto",
-                   help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
     p.add_argument("--redis-url", type=redis_url,
                    help="history store: redis://host:port/db, or a Redis Cluster redis+cluster://host:port[,host:port"
                         "...] (default: in-process, lost on restart)")
@@ -134,7 +131,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1", help="metrics listen address")
     p.add_argument("--max-batch", type=int, default=16, help="queries per engine call (1 = no batching)")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits to fill")
-    p.add_argument("--default-mode", choices=MODES, default="strict", help="mode for UNSPECIFIED requests")
     p.add_argument("--tls-cert", help="PEM certificate chain (enables TLS, with --tls-key)")
     p.add_argument("--tls-key", help="PEM private key")
     p.add_argument("--api-key", help="require metadata x-api-key (default: $RECSVC_API_KEY; unset = none)")
@@ -152,34 +148,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--log-level", type=log_level, default="INFO",
                    help=f"log level, one of {', '.join(LOG_LEVELS)} (JSON lines on stderr)")
-    p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
-                   help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
-    p.add_argument("--drafter", dest="drafter_name", default=None,
-                   help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
-                        "--out-name NAME`), a model directory, `transition` (training-free, from BUNDLE/prior) or "
-                        "`head` / `head:NAME` (the recurrent draft head BUNDLE/head or BUNDLE/heads/NAME, "
-                        "`recsvc train head`); default: BUNDLE/head, else BUNDLE/drafter)")
-    p.add_argument("--exclude-history", action="store_true",
-                   help="never recommend a user's history items (every request; default: only requests that ask)")
-    p.add_argument("--beam-width", type=int, default=None,
-                   help="beams searched per plain / strict request, B >= k; the first k are returned, so top-5 is "
-                        "the head of top-10 (default: bundle.json 'beam_width', else 20; 0 = k beams)")
-    p.add_argument("--no-prior", action="store_true",
-                   help="do not fuse the bundle's transition prior (BUNDLE/prior) into decoding")
-    p.add_argument("--attributes", default=None,
-                   help="item attributes for request rules (default: BUNDLE/attributes.json when present, made by "
-                        "`recsvc bundle attributes`); re-read while serving whenever the file changes")
-    p.add_argument("--rules-strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
-                   help="how caps and boosts are decoded (docs/RULES.md; default: %(default)s)")
-    p.add_argument("--spec", default="auto",
-                   help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), N:gamma, or 'off' "
-                        "(no calibration; strict requests are decoded plainly)")
-    p.add_argument("--recalibrate", action="store_true",
-                   help="--spec auto: calibrate even when BUNDLE/calibration.json holds a choice made on this "
-                        "hardware with these models and settings (it is reused otherwise)")
-    p.add_argument("--startup-budget-s", type=positive_float, default=60.0,
-                   help="longest --spec auto calibration; K values not tuned in time are served with plain "
-                        "decoding (default: %(default)s)")
+    from .settings import add_engine_args
+
+    add_engine_args(p)  # --dtype, --beam-width, --spec, --default-mode, ...: recsvc.service.settings
     p.set_defaults(func=run_serve)
 
 
@@ -195,8 +166,9 @@ def _log_step(event: str, level: int = logging.INFO, **fields) -> None:
 def load_recommender(
     args: argparse.Namespace, *, step: Step | None = None, should_stop: Callable[[], bool] | None = None
 ) -> Recommender:
-    """The engine of ``args`` (``--bundle`` or ``--popularity``), loaded and (``--spec``) configured; each step
-    is reported through ``step(event, level=INFO, **fields)`` (default: the JSON log)."""
+    """The engine of ``args`` (``--bundle``: ``recsvc.service.settings.build_recommender`` of its
+    ``ServeSettings``; or ``--popularity``), loaded and (``--spec``) configured; each step is reported through
+    ``step(event, level=INFO, **fields)`` (default: the JSON log)."""
     step = step or _log_step
     if args.popularity and args.drafter_name:
         raise UserError("--drafter needs --bundle (a popularity service has no model to speculate with)")
@@ -211,32 +183,10 @@ def load_recommender(
         return PopularityRecommender.from_json(
             args.popularity, max_k=args.max_k, max_history=args.max_history
         )
-    step("loading_bundle", bundle=args.bundle)
-    try:
-        from recsvc.engine.recommender import BundleRecommender
-    except ImportError as exc:
-        raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
-    started = time.monotonic()
-    step("loading_models", bundle=args.bundle, dtype=args.dtype, attention=args.attention,
-         drafter=args.drafter_name or "default", prior=not args.no_prior)
-    from recsvc.rules.decode import RuleSettings
+    from .settings import ServeSettings, build_recommender
 
-    rules = RuleSettings(strategy=getattr(args, "rules_strategy", DEFAULT_STRATEGY))
-    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention=args.attention,
-                                        drafter_name=args.drafter_name, use_prior=not args.no_prior,
-                                        exclude_history=args.exclude_history, beam_width=_beam_width(args),
-                                        attributes=getattr(args, "attributes", None), rules=rules)
-    step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=rec.drafter is not None,
-         prior_weight=rec.prior_weight)
-    if rec.prior_weight > 0:
-        print(f"fusing the transition prior {rec.prior.settings}", flush=True)
-    settings = {"dtype": args.dtype, "attention": args.attention, "drafter": args.drafter_name,
-                "prior": not args.no_prior, "beam_width": rec.beam_width, "exclude_history": args.exclude_history,
-                "torch_threads": torch_threads()}
-    configure_speculation(rec, args.spec, args.bundle, budget_s=getattr(args, "startup_budget_s", 60.0),
-                          step=step, should_stop=should_stop,
-                          cache_settings=None if getattr(args, "recalibrate", False) else settings)
-    return rec
+    step("loading_bundle", bundle=args.bundle)
+    return build_recommender(ServeSettings.from_args(args), step=step, should_stop=should_stop)
 
 
 def torch_threads() -> int:
@@ -323,6 +273,7 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
 
         step("calibrating", ks=list(ks), histories=source, budget_s=budget_s)
         choice: dict[int, tuple[int, int]] = {}
+        why_plain: dict[int, str] = {}  # K served plainly for another reason than calibration's choice
         complete = True
         for i, k in enumerate(ks):
             began = time.monotonic()
@@ -331,6 +282,7 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
             except _OutOfBudget:
                 untuned = list(ks[i:])
                 choice.update(dict.fromkeys(untuned, (0, 0)))
+                why_plain = dict.fromkeys(untuned, f"not calibrated within --startup-budget-s {budget_s:g}")
                 step("calibration_budget_exhausted", logging.WARNING, budget_s=budget_s, untuned_ks=untuned,
                      serving="plain decoding for these K")
                 complete = False
@@ -338,7 +290,7 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
             n, gamma = choice[k]
             step("calibrated", k=k, choice="plain" if n == 0 else f"N={n} gamma={gamma}",
                  seconds=round(time.monotonic() - began, 3))
-        rec.spec = replace(rec.spec, per_k=choice)
+        rec.spec = replace(rec.spec, per_k=choice, why_plain=why_plain or None)
         print(f"speculation autotuned per K on {source}: {choice}", flush=True)
         if key is not None and complete:
             from .calibration_cache import save_choice
@@ -346,8 +298,8 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
             if not save_choice(bundle, key, choice):
                 step("calibration_not_stored", reason=f"{bundle} is not writable: the next start calibrates again")
         return choice
-    if spec == "off":
-        rec.spec = replace(rec.spec, per_k={1: (0, 0)})  # the K=1 choice applies to every larger K
+    if spec == "off":  # the K=1 choice applies to every larger K
+        rec.spec = replace(rec.spec, per_k={1: (0, 0)}, why_plain={1: "speculation off (--spec off)"})
         step("speculation_off", serving="plain decoding for every K")
         return {}
     n, _, gamma = spec.partition(":")
@@ -362,18 +314,18 @@ def _serving_fields(args: argparse.Namespace, rec: Recommender) -> dict:
     """What the "serving" log line says about the engine: bundle or popularity table, decoding settings."""
     if args.popularity:
         return {"popularity": args.popularity, "decoding": "popularity"}
-    spec = getattr(rec, "spec", None)
-    per_k = getattr(spec, "per_k", None)
+    from .settings import engine_fields
+
     return {
         "bundle": args.bundle,
         "dtype": args.dtype,
         "attention": args.attention,
         "drafter": args.drafter_name or ("default" if getattr(rec, "drafter", None) is not None else None),
         "spec": args.spec,
-        "speculation_per_k": {str(k): list(v) for k, v in sorted((per_k or {}).items())} or None,
-        "prior_weight": getattr(rec, "prior_weight", 0.0),
         "exclude_history": args.exclude_history,
+        "rules_strategy": args.rules_strategy,
         "torch_threads": torch_threads(),
+        **engine_fields(rec),  # precision, beam_width, speculation_per_k, prior_weight, drafter_loaded
     }
 
 
@@ -438,6 +390,7 @@ def run_workers(args: argparse.Namespace) -> int:
     import socket
 
     from .logs import configure_json_logging, log_event
+    from .settings import check_beam_width
 
     n = args.processes
     if args.port == 0:
@@ -445,8 +398,8 @@ def run_workers(args: argparse.Namespace) -> int:
                         "worker a different port)")
     if args.metrics_port is not None and args.metrics_port != 0 and args.metrics_port + n - 1 > 65535:
         raise UserError(f"--metrics-port {args.metrics_port} + {n - 1} workers exceeds 65535")
-    if args.beam_width is not None and not 0 <= args.beam_width <= 100:
-        raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {args.beam_width}")
+    if args.beam_width is not None:
+        check_beam_width(args.beam_width)
     configure_json_logging(args.log_level.upper(), role="parent", pid=os.getpid())
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:  # no SO_REUSEPORT: fails if anything listens
@@ -490,11 +443,12 @@ def _serve_one(args: argparse.Namespace) -> int:
     from .logs import configure_json_logging, log_event
     from .security import api_key_from
     from .server import RecServer, ServerConfig
+    from .settings import check_beam_width
     from .stores import open_store
     from .validation import Limits
 
-    if args.beam_width is not None and not 0 <= args.beam_width <= 100:  # fail before anything starts
-        raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {args.beam_width}")
+    if args.beam_width is not None:  # fail before anything starts
+        check_beam_width(args.beam_width)
     worker = getattr(args, "worker_index", None)
     configure_json_logging(args.log_level.upper(), **({} if worker is None else {"worker": worker,
                                                                                "pid": os.getpid()}))
@@ -546,18 +500,3 @@ def _serve_one(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-DEFAULT_BEAM_WIDTH = 20  # LC-Rec's evaluation width: the served top-k are the offline evaluation's top-k
-
-
-def _beam_width(args) -> int:
-    """--beam-width, else the bundle's recorded "beam_width", else DEFAULT_BEAM_WIDTH; UserError when < 0."""
-    from recsvc.model.bundle import Bundle
-
-    width = args.beam_width
-    if width is None:
-        width = int(Bundle.open(args.bundle).read().get("beam_width", DEFAULT_BEAM_WIDTH))
-    if not 0 <= width <= 100:
-        raise UserError(f"--beam-width must lie in 0..100 (0 = k), got {width}")
-    return width

@@ -88,7 +88,8 @@ MODE_NAMES: dict[str, int] = {
     "relaxed": pb.RELAXED_SPECULATIVE,
     "plain": pb.PLAIN,
 }
-_MODE_LABEL = {**{wire: name for name, wire in MODE_NAMES.items()}, pb.POPULARITY: "popularity"}
+_MODE_LABEL = {**{wire: name for name, wire in MODE_NAMES.items()}, pb.POPULARITY: "popularity",
+               pb.SAMPLING: "sampling"}
 
 
 class RecClient:
@@ -218,6 +219,11 @@ def response_to_dict(response: pb.RecommendResponse) -> dict[str, Any]:
             "server_ms": round(stats.server_ms, 3),
             "batch_size": stats.batch_size,
             "mode": _MODE_LABEL.get(stats.mode, str(stats.mode)),
+            "requested_mode": _MODE_LABEL.get(stats.requested_mode, str(stats.requested_mode)),
+            "mode_fallback_reason": stats.mode_fallback_reason,
+            "beam_width": stats.beam_width,
+            "draft_beams": stats.draft_beams,
+            "gamma": stats.gamma,
         },
         "fallback_reason": response.fallback_reason,
     }

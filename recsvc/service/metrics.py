@@ -48,6 +48,13 @@ class ServiceMetrics:
         self.target_calls = Counter("recsvc_target_forward_calls", "Target model forward calls", registry=r)
         self.draft_calls = Counter("recsvc_draft_forward_calls", "Drafter forward calls", registry=r)
         self.accepted_steps = Counter("recsvc_accepted_steps", "Accepted speculative draft steps", registry=r)
+        self.modes = Counter(
+            "recsvc_recommend_modes",
+            "Recommend requests answered, by decoding mode used (plain, strict, relaxed, sampling, popularity) and "
+            "mode requested (plain, strict, relaxed)",
+            ["mode", "requested"],
+            registry=r,
+        )
         self.fallbacks = Counter(
             "recsvc_fallbacks", "Requests answered by a fallback", ["reason"], registry=r
         )

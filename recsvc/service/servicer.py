@@ -8,7 +8,8 @@ UNAVAILABLE, a mode the engine does not implement -> UNIMPLEMENTED. Anything une
 traceback and answered INTERNAL "internal error" without details; handlers never raise into gRPC.
 
 Fewer than k items are never returned silently: ``fallback_reason`` says why (exclusions left fewer items,
-or the engine returned fewer).
+or the engine returned fewer). ``stats`` reports what the engine did (``RecResult.decoding``): the mode used
+beside the one requested, with the reason when they differ, the beam width, and N and gamma when it speculated.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from recsvc.engine.api import Mode, Recommender, RecQuery, RecResult
+from recsvc.engine.api import Decoding, Mode, Recommender, RecQuery, RecResult
 from recsvc.errors import UserError
 
 from .batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
@@ -45,6 +46,9 @@ _LOG_LEVEL = {
     grpc.StatusCode.INTERNAL: logging.ERROR,
 }
 _NO_DEADLINE = 1e8  # grpc reports a huge time_remaining() when the client set no deadline
+# RecResult.decoding.mode -> Stats.mode; a result without decoding (a popularity table answered) is POPULARITY
+DECODED_TO_WIRE = {**MODE_TO_WIRE, "sampling": pb.SAMPLING}
+NO_DECODING_REASON = "no model decoding: popular items"  # a popularity-only server (--popularity)
 
 
 class RpcCancelled(Exception):
@@ -81,6 +85,22 @@ def _lenient(message_type: type[Message]) -> Callable[[bytes], Message | _Malfor
             return _Malformed(str(exc) or type(exc).__name__)
 
     return parse
+
+
+def _report_decoding(stats: pb.Stats, requested: Mode, decoding: Decoding | None, no_decoding_reason: str) -> str:
+    """Fills ``stats`` with what decoded the request (None: nothing did, popular items answered, because of
+    ``no_decoding_reason``); returns the mode used ("popularity" when none)."""
+    stats.requested_mode = MODE_TO_WIRE[requested]
+    if decoding is None:
+        stats.mode = pb.POPULARITY
+        stats.mode_fallback_reason = no_decoding_reason
+        return "popularity"
+    stats.mode = DECODED_TO_WIRE[decoding.mode]
+    stats.beam_width = decoding.beam_width
+    stats.draft_beams = decoding.draft_beams
+    stats.gamma = decoding.gamma
+    stats.mode_fallback_reason = decoding.fallback
+    return decoding.mode
 
 
 class RecommenderServicer:
@@ -167,7 +187,6 @@ class RecommenderServicer:
         if args.exclude_history:
             exclude.update(history)
         response = pb.RecommendResponse()
-        response.stats.mode = MODE_TO_WIRE[args.mode]
         # how many items the exclusions (and the rules' filters and caps) leave, capped at k (a walk over the
         # catalog in popularity order)
         rules = args.rules
@@ -175,7 +194,7 @@ class RecommenderServicer:
             remaining = len(self.recommender.popular_items(args.k, sorted(exclude), rules))
         else:
             remaining = len(self.recommender.popular_items(args.k, sorted(exclude))) if exclude else args.k
-        reason = ""
+        reason, why_popular = "", NO_DECODING_REASON  # why_popular: the engine decoded nothing (no model)
         if not history or remaining == 0:
             if not remaining:
                 items = []
@@ -183,9 +202,9 @@ class RecommenderServicer:
                 items = self.recommender.popular_items(args.k, sorted(exclude), rules)
             else:
                 items = self.recommender.popular_items(args.k, sorted(exclude))
-            result = RecResult(item_ids=list(items), scores=[0.0] * len(items))
-            response.stats.mode = pb.POPULARITY  # no decoding ran
+            result = RecResult(item_ids=list(items), scores=[0.0] * len(items))  # no decoding ran
             reason = NO_HISTORY_REASON if not history else ""
+            why_popular = reason or shortfall_reason(0, args.k, 0, rules is not None)
             self.metrics.fallbacks.labels("no_history" if not history else "nothing_left").inc()
             batch_size = 0
         else:
@@ -212,6 +231,8 @@ class RecommenderServicer:
             response.items.add(
                 item_id=item_id, score=score, semantic_id=self.recommender.semantic_id(item_id)
             )
+        used = _report_decoding(response.stats, args.mode, result.decoding, why_popular)
+        self.metrics.modes.labels(used, args.mode).inc()
         stats = result.stats
         response.stats.target_forward_calls = stats.target_calls
         response.stats.draft_forward_calls = stats.draft_calls
@@ -221,7 +242,7 @@ class RecommenderServicer:
         self.metrics.target_calls.inc(stats.target_calls)
         self.metrics.draft_calls.inc(stats.draft_calls)
         self.metrics.accepted_steps.inc(stats.accepted_steps)
-        fields.update(mode=args.mode, k=args.k, items=len(result.item_ids), batch_size=batch_size)
+        fields.update(mode=args.mode, mode_used=used, k=args.k, items=len(result.item_ids), batch_size=batch_size)
         return response
 
     def _record(

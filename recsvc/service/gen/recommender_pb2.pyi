@@ -14,11 +14,13 @@ class DecodingMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RELAXED_SPECULATIVE: _ClassVar[DecodingMode]
     PLAIN: _ClassVar[DecodingMode]
     POPULARITY: _ClassVar[DecodingMode]
+    SAMPLING: _ClassVar[DecodingMode]
 UNSPECIFIED: DecodingMode
 STRICT_SPECULATIVE: DecodingMode
 RELAXED_SPECULATIVE: DecodingMode
 PLAIN: DecodingMode
 POPULARITY: DecodingMode
+SAMPLING: DecodingMode
 
 class RecommendRequest(_message.Message):
     __slots__ = ("user_id", "history", "k", "mode", "exclude_items", "exclude_history", "temperature", "seed", "rules")
@@ -91,20 +93,30 @@ class RecommendedItem(_message.Message):
     def __init__(self, item_id: _Optional[int] = ..., score: _Optional[float] = ..., semantic_id: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("target_forward_calls", "accepted_steps", "server_ms", "batch_size", "draft_forward_calls", "mode")
+    __slots__ = ("target_forward_calls", "accepted_steps", "server_ms", "batch_size", "draft_forward_calls", "mode", "requested_mode", "beam_width", "draft_beams", "gamma", "mode_fallback_reason")
     TARGET_FORWARD_CALLS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_STEPS_FIELD_NUMBER: _ClassVar[int]
     SERVER_MS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     DRAFT_FORWARD_CALLS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_MODE_FIELD_NUMBER: _ClassVar[int]
+    BEAM_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_BEAMS_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
+    MODE_FALLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
     target_forward_calls: int
     accepted_steps: int
     server_ms: float
     batch_size: int
     draft_forward_calls: int
     mode: DecodingMode
-    def __init__(self, target_forward_calls: _Optional[int] = ..., accepted_steps: _Optional[int] = ..., server_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., draft_forward_calls: _Optional[int] = ..., mode: _Optional[_Union[DecodingMode, str]] = ...) -> None: ...
+    requested_mode: DecodingMode
+    beam_width: int
+    draft_beams: int
+    gamma: int
+    mode_fallback_reason: str
+    def __init__(self, target_forward_calls: _Optional[int] = ..., accepted_steps: _Optional[int] = ..., server_ms: _Optional[float] = ..., batch_size: _Optional[int] = ..., draft_forward_calls: _Optional[int] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., requested_mode: _Optional[_Union[DecodingMode, str]] = ..., beam_width: _Optional[int] = ..., draft_beams: _Optional[int] = ..., gamma: _Optional[int] = ..., mode_fallback_reason: _Optional[str] = ...) -> None: ...
 
 class RecommendResponse(_message.Message):
     __slots__ = ("items", "stats", "fallback_reason")

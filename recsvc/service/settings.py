@@ -1,0 +1,197 @@
+"""The served engine configuration: one set of flags, one frozen ``ServeSettings``, one constructor.
+
+``recsvc serve`` and every bench that claims to measure the server (``recsvc bench serve``, ``recsvc bench
+processes``) register the engine flags with :func:`add_engine_args`, resolve them with
+:meth:`ServeSettings.from_args` and build the recommender with :func:`build_recommender` (``bench processes``
+passes :meth:`ServeSettings.argv` to the ``recsvc serve`` it starts). Their defaults therefore cannot drift: a
+bench measures the beam width, speculation policy and precision that the server serves, and records them
+(:meth:`ServeSettings.describe`, :func:`engine_fields`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from recsvc.engine.api import MODES, Mode
+from recsvc.errors import UserError
+from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
+
+from .cli import _log_step, configure_speculation, positive_float, torch_threads
+
+DEFAULT_BEAM_WIDTH = 20  # LC-Rec's evaluation width: the served top-k are the offline evaluation's top-k
+MAX_BEAM_WIDTH = 100
+
+
+def spec_policy(text: str) -> str:
+    """argparse type of --spec: 'auto', 'off' or N:gamma (N >= 1, gamma 1..5)."""
+    n, sep, gamma = text.partition(":")
+    if text in ("auto", "off") or (sep and n.isdigit() and gamma.isdigit() and int(n) >= 1 and 1 <= int(gamma) <= 5):
+        return text
+    raise argparse.ArgumentTypeError(f"'auto', 'off' or N:gamma (N >= 1, gamma 1..5) expected, got {text!r}")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The flags that decide what the served engine computes (``--bundle`` is the caller's)."""
+    p.add_argument("--dtype", default="auto",
+                   help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
+    p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
+                   help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
+    p.add_argument("--drafter", dest="drafter_name", default=None,
+                   help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
+                        "--out-name NAME`), a model directory, `transition` (training-free, from BUNDLE/prior) or "
+                        "`head` / `head:NAME` (the recurrent draft head BUNDLE/head or BUNDLE/heads/NAME, "
+                        "`recsvc train head`); default: BUNDLE/head, else BUNDLE/drafter)")
+    p.add_argument("--exclude-history", action="store_true",
+                   help="never recommend a user's history items (every request; default: only requests that ask)")
+    p.add_argument("--beam-width", type=int, default=None,
+                   help="beams searched per plain / strict request, B >= k; the first k are returned, so top-5 is "
+                        f"the head of top-10 (default: bundle.json 'beam_width', else {DEFAULT_BEAM_WIDTH}; "
+                        "0 = k beams)")
+    p.add_argument("--no-prior", action="store_true",
+                   help="do not fuse the bundle's transition prior (BUNDLE/prior) into decoding")
+    p.add_argument("--attributes", default=None,
+                   help="item attributes for request rules (default: BUNDLE/attributes.json when present, made by "
+                        "`recsvc bundle attributes`); re-read while serving whenever the file changes")
+    p.add_argument("--rules-strategy", choices=STRATEGIES, default=DEFAULT_STRATEGY,
+                   help="how caps and boosts are decoded (docs/RULES.md; default: %(default)s)")
+    p.add_argument("--default-mode", choices=MODES, default="strict", help="mode for UNSPECIFIED requests")
+    p.add_argument("--spec", type=spec_policy, default="auto",
+                   help="speculation settings: 'auto' (measure (N, gamma) per K at start-up), N:gamma, or 'off' "
+                        "(no calibration; strict requests are decoded plainly)")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="--spec auto: calibrate even when BUNDLE/calibration.json holds a choice made on this "
+                        "hardware with these models and settings (it is reused otherwise)")
+    p.add_argument("--startup-budget-s", type=positive_float, default=60.0,
+                   help="longest --spec auto calibration; K values not tuned in time are served with plain "
+                        "decoding (default: %(default)s)")
+
+
+def check_beam_width(width: int) -> int:
+    if not 0 <= width <= MAX_BEAM_WIDTH:
+        raise UserError(f"--beam-width must lie in 0..{MAX_BEAM_WIDTH} (0 = k), got {width}")
+    return width
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What the served engine is: built by :func:`build_recommender`, recorded by benches. Construct it with
+    :meth:`from_args` (or :meth:`for_bundle`), never field by field: the flags hold the defaults."""
+
+    bundle: str
+    beam_width: int  # resolved: --beam-width, else bundle.json "beam_width", else DEFAULT_BEAM_WIDTH (0 = k)
+    default_mode: Mode  # the mode of UNSPECIFIED requests
+    spec: str  # speculation policy: auto (calibrated per K at start-up), off, or N:gamma
+    dtype: str  # as asked ("auto" resolves per host: ``engine_fields`` reports the precision used)
+    attention: str
+    drafter: str | None  # None: BUNDLE/head, else BUNDLE/drafter
+    prior: bool
+    exclude_history: bool
+    attributes: str | None
+    rules_strategy: str
+    startup_budget_s: float
+    recalibrate: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServeSettings:
+        """From the flags of :func:`add_engine_args` and ``args.bundle``; UserError for a bad beam width."""
+        from recsvc.model.bundle import Bundle
+
+        width = args.beam_width
+        if width is None:
+            width = int(Bundle.open(args.bundle).read().get("beam_width", DEFAULT_BEAM_WIDTH))
+        return cls(bundle=str(args.bundle), beam_width=check_beam_width(width), default_mode=args.default_mode,
+                   spec=args.spec, dtype=args.dtype, attention=args.attention, drafter=args.drafter_name,
+                   prior=not args.no_prior, exclude_history=args.exclude_history, attributes=args.attributes,
+                   rules_strategy=args.rules_strategy, startup_budget_s=args.startup_budget_s,
+                   recalibrate=args.recalibrate)
+
+    @classmethod
+    def for_bundle(cls, bundle: str, flags: list[str] | None = None) -> ServeSettings:
+        """``recsvc serve --bundle BUNDLE [flags]``'s settings (``flags``: engine flags only)."""
+        parser = argparse.ArgumentParser(prog="recsvc serve", add_help=False)
+        add_engine_args(parser)
+        args = parser.parse_args(flags or [])
+        args.bundle = bundle
+        return cls.from_args(args)
+
+    def argv(self) -> list[str]:
+        """The ``recsvc serve`` flags that give these settings (the beam width explicit, as resolved)."""
+        out = ["--dtype", self.dtype, "--attention", self.attention, "--beam-width", str(self.beam_width),
+               "--rules-strategy", self.rules_strategy, "--default-mode", self.default_mode, "--spec", self.spec,
+               "--startup-budget-s", str(self.startup_budget_s)]
+        if self.drafter:
+            out += ["--drafter", self.drafter]
+        if not self.prior:
+            out.append("--no-prior")
+        if self.exclude_history:
+            out.append("--exclude-history")
+        if self.attributes:
+            out += ["--attributes", self.attributes]
+        if self.recalibrate:
+            out.append("--recalibrate")
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """JSON for a report: every setting (beam width, mode policy: default mode and spec, precision asked)."""
+        return asdict(self)
+
+    def calibration_settings(self, beam_width: int, torch_threads: int) -> dict[str, Any]:
+        """What a stored --spec auto calibration depends on besides hardware and model files (the key of
+        ``recsvc.service.calibration_cache``; unchanged names, so stored choices stay valid)."""
+        return {"dtype": self.dtype, "attention": self.attention, "drafter": self.drafter, "prior": self.prior,
+                "beam_width": beam_width, "exclude_history": self.exclude_history, "torch_threads": torch_threads}
+
+
+def precision(rec: Any) -> str | None:
+    """The engine's weights dtype as a --dtype name ("fp32", "bf16", ...; None without a model)."""
+    target = getattr(rec, "target", None)
+    if target is None:
+        return None
+    name = str(target.dtype).removeprefix("torch.")
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name)
+
+
+def engine_fields(rec: Any) -> dict[str, Any]:
+    """What the loaded engine resolved: precision, beam width, drafter loaded, prior weight, and the
+    speculation choice per K ({K: [N, gamma]}, [0, 0] = plain decoding; None: fixed N:gamma or no drafter)."""
+    per_k = getattr(getattr(rec, "spec", None), "per_k", None)
+    return {"precision": precision(rec), "beam_width": getattr(rec, "beam_width", None),
+            "drafter_loaded": getattr(rec, "drafter", None) is not None,
+            "prior_weight": getattr(rec, "prior_weight", 0.0),
+            "speculation_per_k": {str(k): list(v) for k, v in sorted((per_k or {}).items())} or None}
+
+
+Step = Callable[..., None]
+
+
+def build_recommender(settings: ServeSettings, *, step: Step | None = None,
+                      should_stop: Callable[[], bool] | None = None):
+    """The served ``BundleRecommender``: loaded and its speculation configured (--spec), each step reported
+    through ``step(event, level=INFO, **fields)`` (default: the JSON log)."""
+    from recsvc.rules.decode import RuleSettings
+
+    step = step or _log_step
+    try:
+        from recsvc.engine.recommender import BundleRecommender
+    except ImportError as exc:
+        raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
+    started = time.monotonic()
+    step("loading_models", bundle=settings.bundle, dtype=settings.dtype, attention=settings.attention,
+         drafter=settings.drafter or "default", prior=settings.prior)
+    rec = BundleRecommender.from_bundle(settings.bundle, dtype=settings.dtype, attention=settings.attention,
+                                        drafter_name=settings.drafter, use_prior=settings.prior,
+                                        exclude_history=settings.exclude_history, beam_width=settings.beam_width,
+                                        attributes=settings.attributes,
+                                        rules=RuleSettings(strategy=settings.rules_strategy))
+    step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=rec.drafter is not None,
+         prior_weight=rec.prior_weight, precision=precision(rec))
+    if rec.prior_weight > 0:
+        print(f"fusing the transition prior {rec.prior.settings}", flush=True)
+    cache = None if settings.recalibrate else settings.calibration_settings(rec.beam_width, torch_threads())
+    configure_speculation(rec, settings.spec, settings.bundle, budget_s=settings.startup_budget_s, step=step,
+                          should_stop=should_stop, cache_settings=cache)
+    return rec
