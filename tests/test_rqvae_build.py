@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from recsvc.cli.main import main
+from recsvc.errors import UserError
 from tokenizer_rqvae.build import build_semantic_ids
 from tokenizer_rqvae.embed import Embedder
 from tokenizer_rqvae.ids import SemanticIds
@@ -170,3 +171,30 @@ def test_cli_errors_exit_2_with_message(tmp_path: Path, capsys: pytest.CaptureFi
     assert rc == 2 and "items file not found" in err
     rc, err = _run(["tokenizer", "build", "--data", str(tmp_path)], capsys)
     assert rc == 2 and "--out" in err
+
+
+def test_cold_start_protocol_fits_on_known_items_and_places_the_rest(tmp_path: Path) -> None:
+    """--known-through train: the RQ-VAE sees only items of the train period; the others (interacted with only
+    later) get collision-free ids from the fitted encoder and are listed in assigned_later.json."""
+    items = {str(i): {"asin": f"A{i}", "title": f"item {i}" if i % 3 else "clone"} for i in range(1, 41)}
+    (tmp_path / "items.json").write_text(json.dumps(items))
+    # items 1-30 in train, 31-35 first in valid, 36-40 first in test
+    (tmp_path / "sequential_train.txt").write_text("1 " + " ".join(map(str, range(1, 31))) + "\n")
+    (tmp_path / "sequential_valid.txt").write_text("1 " + " ".join(map(str, range(31, 36))) + "\n")
+    (tmp_path / "sequential_test.txt").write_text("1 " + " ".join(map(str, range(36, 41))) + "\n")
+    cfg = replace(RQVAEConfig(), hidden_dims=(64,), latent_dim=8, levels=3, codebook_size=4, epochs=3,
+                  batch_size=16)
+    emb = HashEmbedder(cache_dir=tmp_path / "cache", progress=False)
+    for through, later in (("train", list(range(31, 41))), ("valid", list(range(36, 41)))):
+        out = tmp_path / f"out-{through}"
+        report = build_semantic_ids(tmp_path, out, cfg, embedder=emb, progress=False, known_through=through)
+        rec = json.loads((out / "assigned_later.json").read_text())
+        assert rec == {"known_through": through, "items": later}
+        assert report["fit_items"] == 40 - len(later) and report["assigned_later"] == len(later)
+        ids = SemanticIds.load(out / "semantic_ids.json", 4)
+        assert len(ids) == 40 and ids.collisions() == 0
+    # without the protocol: no record (a stale one from an earlier run is removed)
+    report = build_semantic_ids(tmp_path, tmp_path / "out-valid", cfg, embedder=emb, progress=False)
+    assert report["assigned_later"] == 0 and not (tmp_path / "out-valid" / "assigned_later.json").exists()
+    with pytest.raises(UserError, match="known-through"):
+        build_semantic_ids(tmp_path, tmp_path / "o", cfg, embedder=emb, progress=False, known_through="test")

@@ -12,8 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from recsvc.errors import UserError
-from tokenizer_rqvae.collisions import check_capacity, resolve_collisions
+from tokenizer_rqvae.collisions import IdSpace, check_capacity, last_level_distance, place, resolve_collisions
 from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads
 from tokenizer_rqvae.ids import LEVEL_NAMES, SemanticIds
 from tokenizer_rqvae.rqvae import RQVAEConfig, save_rqvae, train_rqvae
@@ -22,6 +24,43 @@ IDS_FILE = "semantic_ids.json"
 REPORT_FILE = "report.json"
 REFERENCE_FILE = "reference_semantic_ids.json"
 CHECKPOINT_DIR = "checkpoint"
+ASSIGNED_LATER_FILE = "assigned_later.json"
+KNOWN_THROUGH = ("train", "valid")
+
+
+def known_items(data_dir: Path, through: str) -> set[int]:
+    """Items interacted with in the fitting period: ``train`` (selection on valid) or ``train`` + ``valid``
+    (the deploy refit). Reads ``sequential_{split}.txt`` directly (``user item item ...`` per line).
+
+    The cold-start protocol fits the RQ-VAE on these items only; every other catalog item gets its id from the
+    fitted encoder afterwards, as a new item would in production (see ``place_later``).
+    """
+    if through not in KNOWN_THROUGH:
+        raise UserError(f"--known-through must be one of {', '.join(KNOWN_THROUGH)}, got {through!r}")
+    splits = KNOWN_THROUGH[: KNOWN_THROUGH.index(through) + 1]
+    known: set[int] = set()
+    for split in splits:
+        path = data_dir / f"sequential_{split}.txt"
+        if not path.is_file():
+            raise UserError(f"--known-through {through}: {path} not found")
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            try:
+                known.update(int(p) for p in parts[1:])
+            except ValueError as exc:
+                raise UserError(f"{path}: not an integer item id in line {line[:80]!r}") from exc
+    return known
+
+
+def place_later(space: IdSpace, codes: np.ndarray, residuals: np.ndarray, codebooks: np.ndarray,
+                item_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Ids for items the encoder was not fitted on, unique against ``space`` (the fitted items' ids), placed
+    closest-first like ``recsvc tokenizer assign``. codes [m, L], residuals [m, L, D], codebooks [L, K, D],
+    item_ids [m] -> (codes [m, L], moved count)."""
+    dist = last_level_distance(codes, residuals, codebooks)  # [m]
+    order = sorted(range(len(item_ids)), key=lambda r: (dist[r], int(item_ids[r])))
+    out, moved, _ = place(space, codes, residuals, codebooks, order)
+    return out, len(moved)
 
 
 def check_device(device: str) -> str:
@@ -61,9 +100,14 @@ def build_semantic_ids(
     sinkhorn_collisions: bool = False,
     progress: bool = True,
     embedder: Embedder | None = None,
+    known_through: str | None = None,
 ) -> dict[str, Any]:
     """Build the semantic ids of ``data_dir/items.json`` into ``out_dir``; returns the report (also written
-    to ``out_dir/report.json``). ``embedder`` overrides ``model_path`` / ``cache_dir`` (tests inject one)."""
+    to ``out_dir/report.json``). ``embedder`` overrides ``model_path`` / ``cache_dir`` (tests inject one).
+
+    ``known_through`` ("train" / "valid"): the cold-start protocol. The RQ-VAE and the collision resolution
+    see only the items interacted with up to that split; the others are encoded afterwards and placed on free
+    ids (``place_later``); their item ids go to ``out_dir/assigned_later.json``."""
     import torch
 
     t0 = time.perf_counter()
@@ -87,19 +131,41 @@ def build_semantic_ids(
     if x.shape[1] != config.in_dim:
         config = replace(config, in_dim=int(x.shape[1]))
 
-    trained = train_rqvae(x, config, out / CHECKPOINT_DIR, resume=resume, device=device, progress=progress)
+    fit = np.ones(len(item_ids), dtype=bool)  # [n] the rows the RQ-VAE is fitted on
+    if known_through is not None:
+        known = known_items(data, known_through)
+        fit = np.array([int(i) in known for i in item_ids], dtype=bool)
+        if not fit.any():
+            raise UserError(f"--known-through {known_through}: no catalog item was interacted with")
+    trained = train_rqvae(x[fit], config, out / CHECKPOINT_DIR, resume=resume, device=device,
+                          progress=progress)
     model = trained.model
     enc = model.encode(x, device=device)
     codebooks = model.codebooks.detach().cpu().numpy()  # [L, K, D]
     before = SemanticIds(item_ids, enc.codes, config.codebook_size)
-    res = resolve_collisions(enc.codes, enc.residuals, codebooks,
+    res = resolve_collisions(enc.codes[fit], enc.residuals[fit], codebooks,
                              sinkhorn_epsilon=config.sinkhorn_epsilon if sinkhorn_collisions else None,
                              sinkhorn_iters=config.sinkhorn_iters)
-    after = SemanticIds(item_ids, res.codes, config.codebook_size)
+    codes = enc.codes.copy()
+    codes[fit] = res.codes
+    later_ids = item_ids[~fit]
+    moved_later = 0
+    if len(later_ids):
+        space = IdSpace(config.levels, config.codebook_size)
+        for row in res.codes.tolist():
+            space.add(tuple(row))
+        codes[~fit], moved_later = place_later(space, enc.codes[~fit], enc.residuals[~fit], codebooks, later_ids)
+    after = SemanticIds(item_ids, codes, config.codebook_size)
     if after.collisions() != 0:  # resolve_collisions guarantees this; never write colliding ids
         raise AssertionError(f"{after.collisions()} collisions left after resolution")
 
     after.save(out / "semantic_ids.json")
+    later_path = out / ASSIGNED_LATER_FILE
+    if known_through is not None:
+        later_path.write_text(json.dumps({"known_through": known_through,
+                                          "items": sorted(int(i) for i in later_ids)}))
+    elif later_path.exists():
+        later_path.unlink()
     save_rqvae(model, out)
     last = trained.history[-1] if trained.history else {}
     report: dict[str, Any] = {
@@ -108,6 +174,10 @@ def build_semantic_ids(
         "collision_groups_before": len(before.collision_groups()),
         "collisions_after": after.collisions(),
         "moved": len(res.moved),
+        "known_through": known_through,
+        "fit_items": int(fit.sum()),
+        "assigned_later": int(len(later_ids)),
+        "assigned_later_moved": moved_later,
         "moved_first_changed_level": {LEVEL_NAMES[lv]: c for lv, c in sorted(res.changed_from_level.items())},
         "codebook_usage": after.codebook_usage(),
         "codes_used": [round(u * config.codebook_size) for u in after.codebook_usage()],

@@ -1,7 +1,8 @@
 """``recsvc tokenizer build|assign``: semantic ids for a catalog, and for new (cold-start) items.
 
     recsvc tokenizer build --data DIR --out DIR [--epochs E] [--seed S] [--model PATH] [--cache-dir D]
-                           [--resume] [--device cpu|cuda] [--sinkhorn] [--quiet]
+                           [--resume] [--device cpu|cuda] [--sinkhorn] [--known-through train|valid]
+                           [--quiet]
     recsvc tokenizer assign --ids DIR --items NEW_ITEMS.json --out FILE [--model PATH] [--cache-dir D]
 """
 
@@ -50,6 +51,9 @@ def register(subparsers: Any) -> None:
     b.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     b.add_argument("--sinkhorn", action="store_true",
                    help="colliding items first try a Sinkhorn-balanced last code (LC-Rec)")
+    b.add_argument("--known-through", choices=["train", "valid"], default=None,
+                   help="cold-start protocol: fit the RQ-VAE on the items interacted with up to this split; the "
+                        "others get ids from the fitted encoder (listed in OUT/assigned_later.json)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
 
@@ -79,6 +83,7 @@ def _build(args: argparse.Namespace) -> int:
     report = build_semantic_ids(
         args.data, args.out, config, model_path=args.model, cache_dir=args.cache_dir, resume=args.resume,
         device=args.device, sinkhorn_collisions=args.sinkhorn, progress=not args.quiet,
+        known_through=args.known_through,
     )
     print(summary_line(report))
     print(f"wrote {Path(args.out) / 'semantic_ids.json'} and report.json")

@@ -56,9 +56,12 @@ def stage_ids(bundle, data_dir: Path, ids_file: Path | None) -> dict:
 
     t0 = time.monotonic()
     bundle.ids_dir.mkdir(parents=True, exist_ok=True)
+    later_name = "assigned_later.json"  # the cold-start protocol's items (tokenizer_rqvae.build)
     if ids_file is not None:
         ids = SemanticIds.load(ids_file)  # validates the file
         shutil.copyfile(ids_file, bundle.semantic_ids_path)
+        if (ids_file.parent / later_name).is_file():
+            shutil.copyfile(ids_file.parent / later_name, bundle.ids_dir / later_name)
         report = {"source": str(ids_file.resolve()), "items": len(ids), "collisions": ids.collisions()}
     else:
         from tokenizer_rqvae.build import build_semantic_ids  # heavy (embedder, faiss): imported lazily
@@ -68,8 +71,11 @@ def stage_ids(bundle, data_dir: Path, ids_file: Path | None) -> dict:
         if not bundle.semantic_ids_path.is_file():
             raise UserError(f"the ids stage wrote no {bundle.semantic_ids_path}")
         ids = bundle.load_ids()
+    later = bundle.assigned_later()
     bundle.mark_done("ids", seconds=round(time.monotonic() - t0, 1), items=len(ids),
-                     collisions=ids.collisions(), source=str(ids_file) if ids_file else "rqvae")
+                     collisions=ids.collisions(), source=str(ids_file) if ids_file else "rqvae",
+                     assigned_later=len(later["items"]) if later else None,
+                     known_through=later["known_through"] if later else None)
     return _summary(report)
 
 

@@ -43,6 +43,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-users", type=int, help="evaluate a fixed random sample of users")
     p.add_argument("--exclude-history", action="store_true", help="never recommend a user's history items")
     p.add_argument("--no-prior", action="store_true", help="do not fuse the bundle's transition prior (BUNDLE/prior)")
+    p.add_argument("--no-fresh", action="store_true",
+                   help="do not give fresh items (BUNDLE/fresh, `recsvc tune fresh`) the tails of the lists")
     p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
                    help=f"comma-separated subset of {','.join(BASELINES)}, or none (default: %(default)s)")
     p.add_argument("--protocol", choices=PROTOCOLS,
@@ -114,6 +116,7 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
     protocol = args.protocol or bundle_protocol
     result = evaluate_bundle(args.bundle, args.split, ks, args.data, args.dtype, args.batch_size,
                              args.max_users, args.exclude_history, use_prior=not args.no_prior,
+                             use_fresh=not args.no_fresh,
                              baselines=names, protocol=protocol,
                              baseline_options=_baseline_options(args, Path(args.bundle) / "baselines"))
     if result is None:  # a sharded run's other ranks: rank 0 reports
@@ -124,7 +127,9 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
           f"protocol {protocol}")
     print(baselines_table(result) if result.get("baselines") else format_table(result))
     if args.json_path:
-        flat = {**{k: v for k, v in result.items() if k not in ("model", "popularity")}, **result["model"],
+        # the model's figures flat (as before) and whole under "model" (with its cold / warm slices)
+        flat = {**{k: v for k, v in result.items() if k not in ("model", "popularity")},
+                **{k: v for k, v in result["model"].items() if not isinstance(v, dict)}, "model": result["model"],
                 **{f"popularity_{k}": v for k, v in result["popularity"].items()}}
         Path(args.json_path).write_text(json.dumps(flat, indent=1))
     return 0
@@ -140,8 +145,10 @@ def _baseline_options(args: argparse.Namespace, default_cache: Path) -> dict:
 def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> int:
     """``--baselines-only``: no target is loaded; the data comes from --data (or the bundle's record)."""
     from training.baselines import evaluate_baselines
+    from training.baselines.base import fit_period
     from training.baselines.report import sample_users  # = training.evaluate's, without the engine import
     from training.data.dataset import load_split_dir
+    from training.fresh_eval import cold_items
 
     if not names:
         raise UserError("--baselines-only needs at least one baseline (--baselines)")
@@ -160,7 +167,11 @@ def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[i
     protocol = protocol or "paper"
     data = load_split_dir(data_dir)
     users = sample_users(data.eval_users(args.split), args.max_users)
+    fit_on = fit_period(protocol, args.split)
+    catalog = set(data.items) | {i for period in ("train", "valid", "test") for seq in getattr(data, period).values()
+                                 for i in seq}
     beside = evaluate_baselines(data, args.split, ks, names, protocol, users, args.exclude_history,
+                                cold=cold_items(data, fit_on, sorted(catalog)),
                                 **_baseline_options(args, default_cache))
     result = {"split": args.split, "users": len(users), "ks": ks, "exclude_history": args.exclude_history,
               "data": str(data_dir), **beside}

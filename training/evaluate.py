@@ -24,12 +24,14 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
+from recsvc.model.fresh import FreshItems
 from recsvc.model.hardware import resolve_dtype
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 from training.data.dataset import EvalUser, SplitData
-from training.metrics import evaluate_rankings, popularity_rankings
+from training.fresh_eval import cold_items, fresh_lists
+from training.metrics import evaluate_rankings, popularity_rankings, score_lists
 
 DEFAULT_EVAL_KS = (1, 5, 10, 20)
 
@@ -134,6 +136,7 @@ def evaluate_bundle(
     dtype: str = "auto", batch_size: int = 32, max_users: int | None = None, exclude_history: bool = False,
     seed: int = 0, use_prior: bool = True,
     baselines: Sequence[str] = (), protocol: str | None = None, baseline_options: dict[str, Any] | None = None,
+    use_fresh: bool = True,
 ) -> dict[str, Any] | None:
     """Model and popularity metrics on a split: {"model": {...}, "popularity": {...}, "users": n, ...,
     "prior": {settings..., "fitted_on"} of the fused BUNDLE/prior, or None (none, weight 0, or not use_prior)}.
@@ -183,17 +186,29 @@ def evaluate_bundle(
     if len(rankings) != len(users):
         raise RuntimeError(f"gathered {len(rankings)} rankings for {len(users)} users")
     pop = popularity_rankings(data.item_popularity(split), users, max(ks), exclude_history)
+    # cold / warm slices: targets never interacted with in the fitting period, and the rest
+    from training.baselines.base import fit_period
+
+    fit_on = fit_period(protocol, split)
+    cold = cold_items(data, fit_on, ids.item_ids.tolist())
+    fresh = None
+    if use_fresh and bundle.has_fresh():  # fresh items recounted on this evaluation's fitting period
+        fresh = FreshItems.load(bundle.fresh_dir).with_fresh(sorted(cold), fit_on)
+    model_metrics = score_lists(fresh_lists(fresh, rankings, users, exclude_history), users, ks, cold)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
     from training.baselines import evaluate_baselines
 
     beside = evaluate_baselines(data, split, ks, baselines, protocol, users, exclude_history,
-                                **(baseline_options or {}))
+                                cold=cold, fresh=fresh, **(baseline_options or {}))
     return {
         "split": split, "users": len(users), "ks": list(ks), "dtype": resolve_dtype(dtype),
         "target": "target-train" if train_only else "target",
         "exclude_history": exclude_history,
-        "model": evaluate_rankings(rankings, users, ks), "popularity": evaluate_rankings(pop, users, ks),
+        "model": model_metrics, "popularity": evaluate_rankings(pop, users, ks),
+        "model_without_fresh": score_lists(lambda k: rankings, users, ks, cold) if fresh is not None else None,
+        "cold_items": len(cold), "fit_on": fit_on,
+        "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),
         "processes": world,
         "prior": ({**asdict(prior.settings), "fitted_on": prior.fitted_on, "dir": prior_dir.name}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from training.data.dataset import EvalUser
 
@@ -83,4 +83,50 @@ def popularity_rankings(
                 if len(ranked) == k:
                     break
         out[u.user_id] = ranked
+    return out
+
+
+def slice_users(users: Sequence[EvalUser], items: set[int], inside: bool) -> list[EvalUser]:
+    """The users with their targets restricted to ``items`` (inside) or to the rest; users left without targets
+    are dropped. The cold slice is ``slice_users(users, cold, True)``, the warm one ``(users, cold, False)``.
+
+    >>> u = EvalUser(1, [5], [7, 8])
+    >>> [x.targets for x in slice_users([u], {8}, True)], [x.targets for x in slice_users([u], {8}, False)]
+    ([[8]], [[7]])
+    """
+    out = []
+    for u in users:
+        kept = [t for t in u.targets if (t in items) == inside]
+        if kept:
+            out.append(EvalUser(u.user_id, u.history, kept))
+    return out
+
+
+def evaluate_slices(
+    rankings: Mapping[int, Sequence[int]], users: Sequence[EvalUser], ks: Sequence[int], cold: set[int]
+) -> dict[str, dict[str, float]]:
+    """``{"cold": metrics, "warm": metrics}``: Recall / NDCG on the targets that are cold items (never
+    interacted with in the fitting period) and on the others, each averaged over the users with >= 1 such target.
+    The ranking is the same full list; only the targets are split."""
+    return {"cold": evaluate_rankings(rankings, slice_users(users, cold, True), ks),
+            "warm": evaluate_rankings(rankings, slice_users(users, cold, False), ks)}
+
+
+def score_lists(
+    lists_at: Callable[[int], Mapping[int, Sequence[int]]], users: Sequence[EvalUser], ks: Sequence[int],
+    cold: set[int] | None = None,
+) -> dict[str, object]:
+    """Metrics when the list depends on the cutoff (fresh items take the tail of each top-k): ``lists_at(k)``
+    gives the rankings read at k. -> evaluate_rankings' keys, plus ``"cold"`` / ``"warm"`` slices when ``cold``
+    is given."""
+    out: dict[str, object] = {}
+    sliced: dict[str, dict[str, float]] = {"cold": {}, "warm": {}}
+    for k in ks:
+        lists = lists_at(k)
+        out.update(evaluate_rankings(lists, users, (k,)))
+        if cold is not None:
+            for name, part in evaluate_slices(lists, users, (k,), cold).items():
+                sliced[name].update(part)
+    if cold is not None:
+        out.update(sliced)
     return out

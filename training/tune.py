@@ -2,6 +2,7 @@
 
     recsvc tune prior  --bundle B --trials 40 --budget-minutes 15 --users 1000
     recsvc tune target --data D --out DIR --trials 8 --budget-minutes 240 --trial-minutes 30
+    recsvc tune fresh  --bundle B       (the fresh-item slots: training/tune_fresh.py)
 
 Both are resumable (an Optuna SQLite study next to the bundle: a re-run continues the same study, finished
 trials are kept) and bounded (``--trials`` and ``--budget-minutes``, whichever comes first), and both write
@@ -66,6 +67,10 @@ def register(subparsers) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None)
     t.set_defaults(func=cmd_tune_target)
+
+    from training.tune_fresh import register_fresh
+
+    register_fresh(sub)
 
 
 def _check_budget(trials: int, minutes: float) -> None:

@@ -86,6 +86,14 @@ class Bundle:
             return self.excluded_prior_dir
         return self.prior_dir
 
+    @property
+    def fresh_dir(self) -> Path:
+        """Fresh items (``recsvc.model.fresh``): item embeddings, the fresh set and the slot settings."""
+        return self.root / "fresh"
+
+    def has_fresh(self) -> bool:
+        return (self.fresh_dir / "fresh.json").is_file()
+
     def checkpoint_dir(self, stage: str) -> Path:
         return self.root / "checkpoints" / stage
 
@@ -186,6 +194,19 @@ class Bundle:
         return dict(self.read()["stages"].get(stage, {}))
 
     # ------------------------------------------------------------------ artifacts
+    def assigned_later(self) -> dict[str, Any] | None:
+        """The cold-start protocol's record (``ids/assigned_later.json``): ``{"known_through": split, "items":
+        [item ids whose ids came from the fitted encoder, not from fitting]}``; None when ids were fitted on all
+        items."""
+        path = self.ids_dir / "assigned_later.json"
+        if not path.is_file():
+            return None
+        try:
+            rec = json.loads(path.read_text())
+            return {"known_through": str(rec["known_through"]), "items": [int(i) for i in rec["items"]]}
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{path}: not a cold-start record ({exc})") from exc
+
     def load_ids(self) -> SemanticIds:
         if not self.semantic_ids_path.is_file():
             raise UserError(f"bundle {self.root} has no semantic ids yet ({self.semantic_ids_path}); "

@@ -16,7 +16,8 @@ from typing import Any
 from training.baselines.base import check_protocol, fit_period
 from training.baselines.registry import fit_baseline
 from training.data.dataset import EvalUser, SplitData
-from training.metrics import evaluate_rankings
+from training.fresh_eval import fresh_lists
+from training.metrics import score_lists
 
 
 def sample_users(users: Sequence[EvalUser], max_users: int | None, seed: int = 0) -> list[EvalUser]:
@@ -31,9 +32,14 @@ def sample_users(users: Sequence[EvalUser], max_users: int | None, seed: int = 0
 def evaluate_baselines(
     data: SplitData, split: str, ks: Sequence[int], names: Sequence[str], protocol: str = "paper",
     users: Sequence[EvalUser] | None = None, exclude_history: bool = False, *, sasrec_settings=None,
-    cache_dir: str | Path | None = None, progress: bool = True,
+    cache_dir: str | Path | None = None, progress: bool = True, cold: set[int] | None = None,
+    fresh: Any = None,
 ) -> dict[str, Any]:
-    """Fit ``names`` on the protocol's fit period for ``split`` and score them on ``users`` (default: all)."""
+    """Fit ``names`` on the protocol's fit period for ``split`` and score them on ``users`` (default: all).
+
+    ``cold`` (items never interacted with in the fitting period): each baseline also gets ``"cold"`` /
+    ``"warm"`` slices. ``fresh`` (a ``recsvc.model.fresh.FreshItems`` with slots > 0): each baseline is scored a
+    second time as ``NAME+fresh``, its lists' tails given to the same fresh items as the model's."""
     check_protocol(protocol)
     fit_on = fit_period(protocol, split)
     users = list(users) if users is not None else data.eval_users(split)
@@ -45,26 +51,43 @@ def evaluate_baselines(
         rankings = baseline.rank(users, max(ks), exclude_history)
         rank_s = time.perf_counter() - start
         out[name] = {
-            **evaluate_rankings(rankings, users, ks), "fit_seconds": round(baseline.fit_seconds, 2),
+            **score_lists(lambda k, r=rankings: r, users, ks, cold), "fit_seconds": round(baseline.fit_seconds, 2),
             "fit_on": baseline.fit_on, "rank_seconds": round(rank_s, 2),
             **({"info": {k: v for k, v in baseline.info.items() if k != "history"}} if baseline.info else {}),
         }
+        if fresh is not None and fresh.settings.slots > 0:
+            out[f"{name}+fresh"] = {**score_lists(fresh_lists(fresh, rankings, users, exclude_history), users, ks,
+                                                  cold), "fit_seconds": out[name]["fit_seconds"],
+                                    "fit_on": baseline.fit_on, "rank_seconds": round(rank_s, 2)}
     return {"protocol": protocol, "baselines": out}
 
 
+def _slice_cells(r: dict[str, Any], k: int) -> list[str]:
+    return [f"{r[part][f'recall@{k}']:.4f} ({int(r[part]['users'])})" if part in r else "-"
+            for part in ("cold", "warm")]
+
+
 def format_table(result: dict[str, Any]) -> str:
-    """Markdown table: a row for the model (when evaluated) and each baseline; Recall@K / NDCG@K, fit seconds."""
+    """Markdown table: a row for the model (when evaluated) and each baseline; Recall@K / NDCG@K, the cold /
+    warm slices' Recall@10 (or at the largest K; users in the slice in brackets), fit seconds."""
     ks = result["ks"]
-    head = ["", "fit on"] + [f"{m}@{k}" for k in ks for m in ("Recall", "NDCG")] + ["fit s"]
+    sk = 10 if 10 in ks else max(ks)
+    head = (["", "fit on"] + [f"{m}@{k}" for k in ks for m in ("Recall", "NDCG")]
+            + [f"cold Recall@{sk}", f"warm Recall@{sk}", "fit s"])
     rows: list[list[str]] = []
     if "model" in result:
         rows.append(["model", str(result.get("model_fit_on", "bundle"))]
-                    + [f"{result['model'][f'{m}@{k}']:.4f}" for k in ks for m in ("recall", "ndcg")] + ["-"])
+                    + [f"{result['model'][f'{m}@{k}']:.4f}" for k in ks for m in ("recall", "ndcg")]
+                    + _slice_cells(result["model"], sk) + ["-"])
+    if result.get("model_without_fresh"):
+        rows.append(["model, no fresh slots", str(result.get("model_fit_on", "bundle"))]
+                    + [f"{result['model_without_fresh'][f'{m}@{k}']:.4f}" for k in ks for m in ("recall", "ndcg")]
+                    + _slice_cells(result["model_without_fresh"], sk) + ["-"])
     for name, r in result.get("baselines", {}).items():
         info = r.get("info", {})
         cached = " (cached)" if info.get("cached") else " (selection cached)" if info.get("selection_cached") else ""
         rows.append([name, r["fit_on"]] + [f"{r[f'{m}@{k}']:.4f}" for k in ks for m in ("recall", "ndcg")]
-                    + [f"{r['fit_seconds']:.1f}{cached}"])
+                    + _slice_cells(r, sk) + [f"{r['fit_seconds']:.1f}{cached}"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)

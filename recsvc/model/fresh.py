@@ -1,0 +1,193 @@
+"""Fresh items: catalog items nobody has interacted with yet, ranked by their text and given slots in the list.
+
+A sequence model (the target, SASRec, the transition counts) learns items from interactions, so an item added
+to the catalog after the model was fitted (a "fresh" or "cold" item) is never ranked: the transition prior
+gives it no mass, and the target never saw its id as a next item. Its text is known, though: every item has a
+sentence embedding (the same one its semantic id was made from). ``FreshItems`` ranks the fresh items for a
+user by the cosine similarity of their embedding to the mean embedding of the user's last ``window`` history
+items, and ``merge`` gives the best of them at most ``slots`` places at the tail of the top-k, each only when its
+similarity reaches ``min_similarity``. The three settings are chosen on validation (``recsvc tune fresh``); 0
+slots turns the component off.
+
+Worked example (k = 4, slots = 2, min_similarity = 0.5): model list [7, 3, 9, 5]; fresh candidates by
+similarity [(40, 0.8), (41, 0.45)] -> 41 is below the threshold -> [7, 3, 9, 40].
+
+Storage (``BUNDLE/fresh``): ``fresh.json`` (settings, the fresh item ids, the period they were counted on) and
+``embeddings.safetensors`` (``item_ids`` [n] int64, ``vectors`` [n, d] float16, unit-norm rows) for every
+catalog item, so that a history of warm items can be embedded too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recsvc.errors import UserError
+
+FRESH_FILE = "fresh.json"
+EMBEDDINGS_FILE = "embeddings.safetensors"
+
+
+@dataclass(frozen=True)
+class FreshSettings:
+    slots: int = 0  # at most this many fresh items at the tail of a top-k list (0: off)
+    window: int = 20  # the user's last `window` history items form the content query
+    min_similarity: float = -1.0  # a fresh item takes a slot only with cosine similarity >= this
+
+    def __post_init__(self) -> None:
+        if self.slots < 0 or self.window < 1 or not -1.0 <= self.min_similarity <= 1.0:
+            raise UserError(f"fresh settings out of range: {self}")
+
+
+@dataclass(frozen=True)
+class ItemVectors:
+    """Unit-norm text embeddings of catalog items: item_ids [n] (ascending), vectors [n, d] float32."""
+
+    item_ids: np.ndarray
+    vectors: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.item_ids.ndim != 1 or self.vectors.ndim != 2 or len(self.item_ids) != len(self.vectors):
+            raise UserError(f"item vectors: ids {self.item_ids.shape} do not match vectors {self.vectors.shape}")
+        if len(self.item_ids) > 1 and not np.all(np.diff(self.item_ids) > 0):
+            raise UserError("item vectors: item ids must be unique and ascending")
+
+    @classmethod
+    def from_arrays(cls, item_ids: Iterable[int], vectors: np.ndarray) -> ItemVectors:
+        """Sorts by item id and normalises the rows (a zero row stays zero)."""
+        ids = np.asarray(list(item_ids), dtype=np.int64)
+        vec = np.asarray(vectors, dtype=np.float32)
+        order = np.argsort(ids, kind="stable")
+        norm = np.linalg.norm(vec, axis=1, keepdims=True)
+        return cls(ids[order], (vec / np.where(norm > 0, norm, 1.0))[order])
+
+    def rows(self, item_ids: Sequence[int]) -> np.ndarray:
+        """Row index of each item id, -1 for items without a vector. [m] int64"""
+        ids = np.asarray(item_ids, dtype=np.int64)
+        pos = np.searchsorted(self.item_ids, ids)
+        pos = np.minimum(pos, len(self.item_ids) - 1)
+        return np.where(self.item_ids[pos] == ids, pos, -1) if len(self.item_ids) else np.full(len(ids), -1)
+
+    def with_items(self, item_ids: Sequence[int], vectors: np.ndarray) -> ItemVectors:
+        """These vectors added (an item already present is replaced)."""
+        keep = ~np.isin(self.item_ids, np.asarray(item_ids, dtype=np.int64))
+        return ItemVectors.from_arrays(np.concatenate([self.item_ids[keep], np.asarray(item_ids, dtype=np.int64)]),
+                                       np.concatenate([self.vectors[keep], np.asarray(vectors, np.float32)]))
+
+    def save(self, path: Path) -> None:
+        from safetensors.numpy import save_file
+
+        save_file({"item_ids": self.item_ids, "vectors": self.vectors.astype(np.float16)}, str(path))
+
+    @classmethod
+    def load(cls, path: Path) -> ItemVectors:
+        from safetensors.numpy import load_file
+
+        try:
+            t = load_file(str(path))
+            return cls.from_arrays(t["item_ids"], t["vectors"].astype(np.float32))
+        except (OSError, KeyError, ValueError) as exc:
+            raise UserError(f"{path}: not an item-embeddings file ({exc})") from exc
+
+
+class FreshItems:
+    """The fresh items of a catalog and the content query that ranks them for a user."""
+
+    def __init__(self, vectors: ItemVectors, fresh: Iterable[int], settings: FreshSettings,
+                 counted_on: str = "") -> None:
+        self.vectors = vectors
+        self.settings = settings
+        self.counted_on = counted_on
+        fresh_ids = np.unique(np.asarray(list(fresh), dtype=np.int64))
+        rows = vectors.rows(fresh_ids)
+        if (rows < 0).any():
+            missing = fresh_ids[rows < 0][:5].tolist()
+            raise UserError(f"fresh items without an embedding: {missing}")
+        self.fresh_ids = fresh_ids  # [f]
+        self._fresh_vectors = vectors.vectors[rows]  # [f, d]
+
+    def __len__(self) -> int:
+        return len(self.fresh_ids)
+
+    def with_settings(self, settings: FreshSettings) -> FreshItems:
+        return FreshItems(self.vectors, self.fresh_ids, settings, self.counted_on)
+
+    def with_fresh(self, fresh: Iterable[int], counted_on: str) -> FreshItems:
+        """The same vectors and settings over another fresh set (e.g. recounted on an earlier period)."""
+        return FreshItems(self.vectors, fresh, self.settings, counted_on)
+
+    def candidates(self, histories: Sequence[Sequence[int]], n: int,
+                   excluded: Sequence[Iterable[int]] | None = None) -> list[list[tuple[int, float]]]:
+        """Per history, the n fresh items most similar to its last ``window`` items, best first:
+        [(item_id, cosine similarity)]. A history without embedded items gets none. Items of the history and
+        of ``excluded`` are skipped."""
+        out: list[list[tuple[int, float]]] = []
+        if n <= 0 or not len(self.fresh_ids):
+            return [[] for _ in histories]
+        w = self.settings.window
+        for b, hist in enumerate(histories):
+            rows = self.vectors.rows(list(hist)[-w:])
+            rows = rows[rows >= 0]
+            if not len(rows):
+                out.append([])
+                continue
+            query = self.vectors.vectors[rows].mean(axis=0)  # [d]
+            sims = self._fresh_vectors @ query / max(float(np.linalg.norm(query)), 1e-12)  # [f]
+            skip = set(hist) | (set(excluded[b]) if excluded is not None else set())
+            picked: list[tuple[int, float]] = []
+            for r in np.argsort(-sims, kind="stable"):
+                item = int(self.fresh_ids[r])
+                if item in skip:
+                    continue
+                picked.append((item, float(sims[r])))
+                if len(picked) == n:
+                    break
+            out.append(picked)
+        return out
+
+    def merge(self, ranked: Sequence[int], candidates: Sequence[tuple[int, float]], k: int) -> list[int]:
+        """``ranked`` with its tail given to the candidates that pass ``min_similarity`` (at most ``slots``,
+        never more than k - 1 so the model keeps its head); duplicates dropped, length min(k, available)."""
+        chosen = [i for i, s in candidates if s >= self.settings.min_similarity][: min(self.settings.slots, k - 1)]
+        head = [i for i in ranked if i not in set(chosen)][: k - len(chosen)]
+        return head + [i for i in chosen if i not in set(head)]
+
+    def apply(self, rankings: Sequence[Sequence[int]], histories: Sequence[Sequence[int]], k: int,
+              excluded: Sequence[Iterable[int]] | None = None) -> list[list[int]]:
+        """``merge`` for a batch (identity when slots == 0)."""
+        if self.settings.slots <= 0:
+            return [list(r)[:k] for r in rankings]
+        cands = self.candidates(histories, self.settings.slots, excluded)
+        return [self.merge(r, c, k) for r, c in zip(rankings, cands, strict=True)]
+
+    def save(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        self.vectors.save(out_dir / EMBEDDINGS_FILE)
+        (out_dir / FRESH_FILE).write_text(json.dumps({
+            "settings": asdict(self.settings), "counted_on": self.counted_on,
+            "fresh_items": self.fresh_ids.tolist()}))
+
+    @classmethod
+    def load(cls, out_dir: Path) -> FreshItems:
+        try:
+            meta: dict[str, Any] = json.loads((out_dir / FRESH_FILE).read_text())
+            settings = FreshSettings(**meta["settings"])
+            fresh = [int(i) for i in meta["fresh_items"]]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise UserError(f"{out_dir / FRESH_FILE}: not a fresh-items record ({exc})") from exc
+        return cls(ItemVectors.load(out_dir / EMBEDDINGS_FILE), fresh, settings, str(meta.get("counted_on", "")))
+
+
+def fresh_items_of(catalog: Iterable[int], interacted: Iterable[int]) -> list[int]:
+    """Catalog items absent from the interactions of the fitting period.
+
+    >>> fresh_items_of([1, 2, 3, 4], [2, 4, 4])
+    [1, 3]
+    """
+    seen = set(interacted)
+    return sorted(int(i) for i in catalog if int(i) not in seen)

@@ -1,0 +1,83 @@
+"""Fresh items (recsvc/model/fresh.py): content candidates, the tail merge, storage; the cold / warm slices."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recsvc.errors import UserError
+from recsvc.model.fresh import FreshItems, FreshSettings, ItemVectors, fresh_items_of
+from training.data.dataset import EvalUser
+from training.metrics import evaluate_slices, score_lists
+
+# items 1-3 warm, 10-12 fresh; 2-d vectors: 1 and 10 point east, 2 and 11 north, 3 and 12 west
+VECS = ItemVectors.from_arrays([1, 2, 3, 10, 11, 12],
+                               np.array([[1, 0], [0, 1], [-1, 0], [2, 0.1], [0.1, 2], [-1, -0.2]]))
+
+
+def fresh(slots: int = 2, window: int = 1, min_similarity: float = -1.0) -> FreshItems:
+    return FreshItems(VECS, [10, 11, 12], FreshSettings(slots, window, min_similarity))
+
+
+def test_candidates_rank_fresh_items_by_similarity_to_the_last_history_items() -> None:
+    f = fresh(window=1)
+    (c,) = f.candidates([[2, 1]], 3)  # last item 1 (east): 10 first, 11 (north) next, 12 (west) last
+    assert [i for i, _ in c] == [10, 11, 12]
+    assert c[0][1] == pytest.approx(2 / np.hypot(2, 0.1)) and c[0][1] > c[1][1] > c[2][1]
+    (c,) = fresh(window=2).candidates([[2, 1]], 1)  # mean of east and north: 10 and 11 near tie, 10 wins
+    assert c[0][0] in (10, 11)
+    # history and excluded items are skipped; an unknown history gives nothing
+    assert [i for i, _ in f.candidates([[1, 10]], 3)[0]] == [11, 12]  # 10 is in the history
+    assert [i for i, _ in f.candidates([[1]], 3, [[10]])[0]] == [11, 12]
+    assert f.candidates([[999]], 2) == [[]]
+
+
+@pytest.mark.parametrize(("settings", "ranked", "cands", "k", "expected"), [
+    # two slots: the tail of the model's list goes to the two candidates
+    (FreshSettings(2, 1, -1.0), [7, 3, 9, 5], [(40, 0.8), (41, 0.45)], 4, [7, 3, 40, 41]),
+    # a candidate below min_similarity keeps the model's item
+    (FreshSettings(2, 1, 0.5), [7, 3, 9, 5], [(40, 0.8), (41, 0.45)], 4, [7, 3, 9, 40]),
+    # slots 0: the model's list unchanged
+    (FreshSettings(0, 1, -1.0), [7, 3, 9, 5], [(40, 0.8)], 4, [7, 3, 9, 5]),
+    # k = 1: the model keeps its head (at most k - 1 slots)
+    (FreshSettings(3, 1, -1.0), [7, 3], [(40, 0.8)], 1, [7]),
+    # a candidate already in the model's list is not repeated
+    (FreshSettings(2, 1, -1.0), [7, 40, 9, 5], [(40, 0.9), (41, 0.8)], 4, [7, 9, 40, 41]),
+])
+def test_merge(settings, ranked, cands, k, expected) -> None:
+    assert fresh().with_settings(settings).merge(ranked, cands, k) == expected
+
+
+def test_apply_save_load_and_errors(tmp_path: Path) -> None:
+    f = fresh(slots=1)
+    assert f.apply([[1, 2, 3]], [[3]], 3) == [[1, 2, 12]]  # last item 3 (west): fresh 12
+    f.save(tmp_path / "fresh")
+    g = FreshItems.load(tmp_path / "fresh")
+    assert g.settings == f.settings and g.fresh_ids.tolist() == [10, 11, 12]
+    assert np.allclose(g.vectors.vectors, f.vectors.vectors, atol=1e-3)  # stored as float16
+    assert g.apply([[1, 2, 3]], [[3]], 3) == [[1, 2, 12]]
+    with pytest.raises(UserError, match="without an embedding"):
+        FreshItems(VECS, [99], FreshSettings())
+    with pytest.raises(UserError, match="out of range"):
+        FreshSettings(slots=-1)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "fresh.json").write_text("{}")
+    with pytest.raises(UserError, match="not a fresh-items record"):
+        FreshItems.load(tmp_path / "bad")
+    assert fresh_items_of([1, 2, 10], [1, 2, 2]) == [10]
+    added = VECS.with_items([20], np.array([[0.0, -1.0]]))
+    assert added.rows([20, 1, 99]).tolist() == [6, 0, -1]
+
+
+def test_slices_split_targets_not_lists() -> None:
+    users = [EvalUser(1, [1], [2, 10]), EvalUser(2, [1], [3]), EvalUser(3, [2], [11])]
+    rankings = {1: [10, 5], 2: [4, 3], 3: [5, 6]}
+    s = evaluate_slices(rankings, users, (2,), {10, 11})
+    # cold: user 1 (target 10, hit) and user 3 (11, miss); warm: user 1 (2, miss) and user 2 (3, hit)
+    assert s["cold"]["recall@2"] == pytest.approx(0.5) and s["cold"]["users"] == 2
+    assert s["warm"]["recall@2"] == pytest.approx(0.5) and s["warm"]["users"] == 2
+    # score_lists reads a list per cutoff and carries the slices
+    out = score_lists(lambda k: {u: r[:k] for u, r in rankings.items()}, users, (1, 2), {10, 11})
+    assert out["recall@1"] == pytest.approx((0.5 + 0 + 0) / 3) and out["cold"]["recall@1"] == pytest.approx(0.5)

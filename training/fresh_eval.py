@@ -1,0 +1,31 @@
+"""Cold / warm slices and fresh-item lists for offline evaluation (torch-free: the baselines use it too).
+
+The cold slice of a split is the targets that are catalog items nobody interacted with in the fitting period
+(``cold_items``); a model with a fresh-items component (``recsvc.model.fresh``) gives them the tails of its
+lists, read at every cutoff (``fresh_lists``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from recsvc.model.fresh import FreshItems
+from training.data.dataset import EvalUser, SplitData
+
+
+def cold_items(data: SplitData, fit_on: str, catalog: Sequence[int]) -> set[int]:
+    """Catalog items nobody interacted with in the fitting period ("train" or "train+valid"): the cold slice."""
+    seen = {i for seq in data.sequences(fit_on).values() for i in seq}
+    return {int(i) for i in catalog if int(i) not in seen}
+
+
+def fresh_lists(fresh: FreshItems | None, rankings: dict[int, list[int]], users: Sequence[EvalUser],
+                exclude_history: bool = False) -> Callable[[int], dict[int, list[int]]]:
+    """k -> each user's list read at k: the ranking itself, or with its tail given to fresh items
+    (``FreshItems.merge``; candidates computed once per user)."""
+    if fresh is None or fresh.settings.slots <= 0:
+        return lambda k: rankings
+    cands = fresh.candidates([u.history for u in users], fresh.settings.slots,
+                             [u.history for u in users] if exclude_history else None)
+    by_user = {u.user_id: c for u, c in zip(users, cands, strict=True)}
+    return lambda k: {u: fresh.merge(r, by_user.get(u, []), k) for u, r in rankings.items()}

@@ -1,0 +1,136 @@
+"""``recsvc tune fresh``: choose the fresh-item slots (``recsvc.model.fresh``) on validation users, write BUNDLE/fresh.
+
+    recsvc tune fresh --bundle B [--users N] [--metric ndcg@10]
+
+Protocol (no test data is read):
+- the model that has not seen the valid period ranks every sampled validation user once (top 10, the bundle's
+  tuned prior fused, refitted on the train period), as ``recsvc tune prior`` does;
+- the fresh items of validation are the catalog items nobody interacted with in the train period; their text
+  embeddings (the packaged MiniLM sentence encoder, the one the semantic ids were made from) rank them per user;
+- an Optuna grid over slots x window x min_similarity scores each merged list on the metric (slots 0 = the
+  model alone is in the grid, so the search can only keep or improve it);
+- BUNDLE/fresh gets the chosen settings, every catalog item's embedding, and the fresh set of the served
+  model's fitting period (deploy: train + valid). bundle.json records the search under "tuning"."fresh".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from recsvc.errors import UserError
+
+SLOTS = (0, 1, 2, 3)
+WINDOWS = (1, 2, 3, 5, 10, 20)
+MIN_SIMILARITIES = (-1.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+
+
+def register_fresh(sub) -> None:
+    p = sub.add_parser("fresh", help="choose the fresh-item slots on validation users (BUNDLE/fresh)")
+    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
+    p.add_argument("--users", type=int, default=None, help="validation users (default: all)")
+    p.add_argument("--metric", choices=("ndcg@10", "recall@10"), default="ndcg@10")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--embed-cache", default=None, help="embedding cache directory")
+    p.set_defaults(func=cmd_tune_fresh)
+
+
+def item_vectors(data_dir: Path, cache_dir: str | None = None):
+    """Every catalog item's text embedding (``ItemVectors``), with the texts the semantic ids were built from."""
+    from recsvc.model.fresh import ItemVectors
+    from tokenizer_rqvae.embed import Embedder, items_texts, load_items
+
+    ids, texts = items_texts(load_items(data_dir / "items.json"))
+    return ItemVectors.from_arrays(ids, Embedder(None, cache_dir, progress=False).embed(texts))
+
+
+def cmd_tune_fresh(args: argparse.Namespace) -> int:
+    import optuna
+    import torch
+
+    from recsvc.model.bundle import Bundle
+    from recsvc.model.fresh import FreshItems, FreshSettings
+    from recsvc.model.loading import load_causal_lm
+    from recsvc.model.transition import TransitionPrior
+    from tokenizer_rqvae.trie import CatalogTrie
+    from training.data.dataset import load_split_dir
+    from training.evaluate import rank_users, sample_users, serving_model
+    from training.fresh_eval import cold_items, fresh_lists
+    from training.metrics import score_lists
+    from training.prior_cli import resolve_fit_on
+
+    if args.users is not None and args.users < 1:
+        raise UserError("--users must be >= 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bundle = Bundle.open(args.bundle)
+    data_dir = bundle.resolve_data_dir(args.data)
+    data = load_split_dir(data_dir)
+    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
+    protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
+    if protocol == "deploy" and not has_train_only:
+        raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): validation cannot choose "
+                        "the fresh slots with a target that saw the valid period")
+    model_dir = bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir
+    ids = bundle.load_ids()
+    builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
+    users = sample_users(data.eval_users("valid"), args.users, args.seed)
+    excl = False  # one BUNDLE/fresh for both service kinds: fresh picks never repeat a history item anyway
+    prior = None
+    if bundle.has_prior(excl):  # the served prior's settings, counted on the train period only
+        stored = TransitionPrior.load(bundle.prior_dir_for(excl))
+        if stored.settings.weight > 0:
+            prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored.settings,
+                                        fitted_on="train")
+    t0 = time.monotonic()
+    model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
+    rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior)
+    vectors = item_vectors(data_dir, args.embed_cache)
+    cold = cold_items(data, "train", ids.item_ids.tolist())
+    print(f"tune fresh: {len(users)} validation users, {len(cold)} fresh items (none in train), model "
+          f"{model_dir.name}{' + prior' if prior is not None else ''}, metric {args.metric}")
+    base = FreshItems(vectors, sorted(cold), FreshSettings(), counted_on="train")
+
+    def measure(settings: FreshSettings) -> dict:
+        fresh = base.with_settings(settings)
+        return score_lists(fresh_lists(fresh, rankings, users, excl), users, (10,), cold)
+
+    def objective(trial) -> float:
+        st = FreshSettings(slots=trial.suggest_categorical("slots", SLOTS),
+                           window=trial.suggest_categorical("window", WINDOWS),
+                           min_similarity=trial.suggest_categorical("min_similarity", MIN_SIMILARITIES))
+        m = measure(st)
+        for key in ("recall@10", "ndcg@10"):
+            trial.set_user_attr(key, m[key])
+            trial.set_user_attr(f"cold_{key}", m["cold"][key])
+            trial.set_user_attr(f"warm_{key}", m["warm"][key])
+        return m[args.metric]
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    grid = {"slots": list(SLOTS), "window": list(WINDOWS), "min_similarity": list(MIN_SIMILARITIES)}
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.GridSampler(grid, seed=args.seed))
+    study.optimize(objective, n_trials=len(SLOTS) * len(WINDOWS) * len(MIN_SIMILARITIES))
+    # ties (e.g. every window at 0 slots): the first trial in grid order with the best value
+    best = max(study.trials, key=lambda t: (t.value, -t.number))
+    chosen = FreshSettings(**best.params)
+    off = measure(FreshSettings())
+    fit_on = resolve_fit_on("auto", protocol)
+    served = cold_items(data, fit_on, ids.item_ids.tolist())
+    FreshItems(vectors, sorted(served), chosen, counted_on=fit_on).save(bundle.fresh_dir)
+    record = {"settings": best.params, "metric": args.metric, "valid_users": len(users),
+              "valid_fresh_items": len(cold), "served_fresh_items": len(served), "counted_on": fit_on,
+              "valid": {k: v for k, v in best.user_attrs.items()},
+              "valid_without_fresh": {"recall@10": off["recall@10"], "ndcg@10": off["ndcg@10"],
+                                      "cold_recall@10": off["cold"]["recall@10"],
+                                      "warm_recall@10": off["warm"]["recall@10"],
+                                      "warm_ndcg@10": off["warm"]["ndcg@10"]},
+              "trials": len(study.trials), "seconds": round(time.monotonic() - t0, 1)}
+    meta = bundle.read()
+    bundle.update(fresh={**best.params, "counted_on": fit_on}, tuning={**meta.get("tuning", {}), "fresh": record})
+    print(json.dumps(record, indent=1))
+    return 0
