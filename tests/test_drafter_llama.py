@@ -10,6 +10,7 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 from recsvc.drafters.llama import LlamaDrafter, LlamaDraftSession
 from recsvc.engine.beam_search import BeamSearch, expand_beams
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.fast import FastCache
 from recsvc.engine.lean import LeanCache
 from recsvc.engine.speculative import speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
@@ -83,7 +84,8 @@ def test_drafter_on_the_lean_forward_drafts_what_the_causal_forward_drafts(atten
         pb = batch([prompt])
         for k, n, gamma in ((6, 6, 3), (4, 8, 2), (3, 3, 1)):
             session = Recording(drafter.session(pb, [], None))
-            assert isinstance(session.inner.cache.cache, LeanCache)  # the drafter runs the lean forward
+            # the drafter runs the engine's forward: fast in fp32 attention mode (fp32 models), else lean
+            assert isinstance(session.inner.cache.cache, FastCache if attention == "fp32" else LeanCache)
             spec = speculative_search(target, trie, TEXT_VOCAB, pb, k, session, n, gamma, None, engine.select)
             assert torch.equal(spec.leaves, engine.search(pb, k).leaves)  # strict == plain
             for roots, scores, steps, drafts, calls in session.rounds:

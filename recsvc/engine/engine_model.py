@@ -24,26 +24,37 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from recsvc.engine.attention import ATTENTION_MODES, TreeGroups, use_tree_attention
+from recsvc.engine.fast import FastCache, FastLlama
 from recsvc.engine.lean import LeanCache, LeanLlama
+
+FORWARDS = ("auto", "fast", "lean")
 
 
 class EngineModel:
-    def __init__(self, model: PreTrainedModel, attention: str) -> None:
+    def __init__(self, model: PreTrainedModel, attention: str, forward: str = "auto") -> None:
         """Use ``EngineModel.build`` (it switches the model to tree attention first)."""
         self.model = model
         self.attention = attention
         self._lean_supported = LeanLlama.supported(model)
         self._lean: LeanLlama | None = None
+        if forward not in FORWARDS:
+            raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
+        # "fast" (recsvc.engine.fast: few ops per layer, float-rounding tolerance) serves fp32 models in the
+        # "fp32" attention mode; "exact" keeps the bit-identical lean forward; "lean" forces today's path
+        self._fast_wanted = (self._lean_supported and model.dtype == torch.float32
+                             and (forward == "fast" or forward == "auto" and attention == "fp32"))
+        self._fast: FastLlama | None = None
+        self._fast_version: tuple[int, ...] | None = None
 
     @classmethod
-    def build(cls, model: PreTrainedModel, attention: str = "exact") -> EngineModel:
+    def build(cls, model: PreTrainedModel, attention: str = "exact", forward: str = "auto") -> EngineModel:
         """The factory: switch ``model`` to tree attention and wrap it. ``attention``: "exact" (the engine
         reproduces ``generate`` bit for bit) or "fp32" (split fp32 attention of the generated tokens, faster on
         CPUs); see ``recsvc.engine.attention``."""
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention mode must be one of {ATTENTION_MODES}, got {attention!r}")
         use_tree_attention(model)
-        return cls(model, attention)
+        return cls(model, attention, forward)
 
     # ---- what the caches and searches read -------------------------------------------------------------------
     @property
@@ -81,9 +92,30 @@ class EngineModel:
             self._lean = LeanLlama(self.model)
         return self._lean
 
+    @property
+    def is_fast(self) -> bool:
+        """The fast forward serves this model (callers then build ``visible`` masks: ``forward_masked``)."""
+        return self._fast_wanted
+
+    def fast(self) -> FastLlama:
+        """The fast forward, rebuilt when the parameters changed in place (training between validations)."""
+        lean = self.lean()
+        assert lean is not None and self._fast_wanted
+        version = lean.version()
+        if self._fast is None or self._fast_version != version:
+            self._fast, self._fast_version = FastLlama(self.model), version
+        return self._fast
+
+    @property
+    def forward_name(self) -> str:
+        return "fast" if self._fast_wanted else ("lean" if self._lean_supported else "transformers")
+
     # ---- the primitive ---------------------------------------------------------------------------------------
-    def new_cache(self) -> DynamicCache | LeanCache:
-        """An empty KV cache for ``forward``: a LeanCache when the lean forward applies, else transformers'."""
+    def new_cache(self) -> DynamicCache | LeanCache | FastCache:
+        """An empty KV cache for ``forward``: a FastCache (fast forward), a LeanCache when the lean forward
+        applies, else transformers'."""
+        if self._fast_wanted:
+            return self.fast().new_cache()
         lean = self.lean()
         return lean.new_cache() if lean is not None else DynamicCache(config=self.model.config)
 
@@ -95,6 +127,9 @@ class EngineModel:
         position_ids: torch.Tensor,  # [B, q] rotary positions (prompt length + depth - 1 for tree tokens)
         tree: TreeGroups,  # every query's exact key set (and the first call's prompts)
     ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
+        if isinstance(cache, FastCache):
+            slots, visible = tree_mask(cache.width, input_ids.shape, tree)
+            return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
         if isinstance(cache, LeanCache):
             return cache.lean.forward(cache, input_ids, position_ids, tree)
         b = input_ids.shape[0]
@@ -103,6 +138,17 @@ class EngineModel:
         out = self.model.get_decoder()(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                                        past_key_values=cache, use_cache=True, tree=tree)
         return out.last_hidden_state
+
+    def forward_masked(
+        self,
+        cache: FastCache,
+        input_ids: torch.Tensor,  # [B, q]
+        position_ids: torch.Tensor,  # [B, q]
+        slots: torch.Tensor,  # [B, q] cache slots the tokens are written to
+        visible: torch.Tensor,  # [B, q, S] bool: the slots each token attends (itself included)
+    ) -> torch.Tensor:  # [B, q, H]
+        """The fast forward's primitive (``is_fast``): explicit slots and one visibility mask for all layers."""
+        return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
 
     def code_logprobs(
         self,
@@ -115,8 +161,33 @@ class EngineModel:
         the level's code tokens (tokens outside the trie are masked by the caller, without renormalising).
 
         The LM head runs only on the rows that need a next-token distribution, never on the prompt."""
-        lean = self.lean()
-        head = lean.lm_head if lean is not None else self.model.get_output_embeddings()
+        if self._fast_wanted:
+            head = self.fast().lm_head
+        else:
+            lean = self.lean()
+            head = lean.lm_head if lean is not None else self.model.get_output_embeddings()
         logits = head(hidden).float()  # [M, V]
         cols = code_offset + level[:, None] * codebook_size + torch.arange(codebook_size, device=hidden.device)
         return torch.log_softmax(logits, dim=-1).gather(1, cols)
+
+
+def tree_mask(width: int, shape: torch.Size, tree: TreeGroups) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fast forward's (slots [B, q], visible [B, q, width + q]) for tokens appended after ``width`` cached
+    slots with the key sets ``tree`` describes (first-call prompts causal over their own slots; tree tokens:
+    their prompt's slots and the listed ancestor / key slots); every token sees itself."""
+    b, q = shape
+    own = torch.arange(q)
+    slots = (width + own)[None].expand(b, q)
+    vis = torch.zeros(b, q, width + q, dtype=torch.bool)
+    vis[:, own, width + own] = True
+    if tree.prompt_lengths:  # the first call: prompts at slots 0..T_b - 1, causal
+        lengths = torch.tensor(tree.prompt_lengths)
+        keys = torch.arange(width + q)
+        vis |= (keys[None, None] <= own[None, :, None] + width) & (keys[None, None] < lengths[:, None, None])
+    for row, qidx, anc, n_prompt in tree.split or ():
+        vis[row, qidx, :n_prompt] = True
+        r, c = torch.nonzero(anc >= 0, as_tuple=True)
+        vis[row, qidx[r], anc[r, c]] = True
+    for rows, qidx, keys in tree.groups:
+        vis[rows[:, None], qidx[:, None], keys] = True
+    return slots, vis

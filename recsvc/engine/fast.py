@@ -1,0 +1,209 @@
+"""The engine's fast forward of a LLaMA model: few ops per layer, a preallocated KV cache, one mask per call.
+
+Where ``recsvc.engine.lean`` reproduces transformers' numerics bit for bit (it calls the very same kernels, in
+the same grouping: one SDPA call per (request, depth) group of tree tokens), this forward trades bit-identity
+with ``generate`` for a small, fixed number of ops per layer, which is what a decode step of a small target
+costs on a CPU (a forward of 1-20 new tokens spent ~3 ms in per-op overhead, the matmuls < 1 ms):
+- every query's key set is ONE boolean mask ``visible [B, q, S]`` built once per forward by the caller
+  (``BeamCache`` / ``TreeCache``: prompt slots, ancestors, itself) and shared by all layers; attention is one
+  ``scaled_dot_product_attention`` call per layer over the whole cache row with that mask;
+- the KV cache (``FastCache``) is preallocated per layer ([B, h_kv, capacity, d], grown by doubling) and new
+  tokens are written into their slots in place (no concatenation of the whole cache per call); the slots are
+  the caller's, per row, so a batch may mix requests whose prompts are partly in the cache already (the user
+  state cache, ``recsvc.engine.state_cache``);
+- q and k rotated in one go (one rotary expression over the fused q/k columns);
+- fp32 linear layers on CPU run oneDNN with the weight pre-packed once, when a probe shows its result for a
+  row does not depend on the other rows of the call (so a node's hidden state does not depend on what shares
+  its forward); otherwise ``F.linear``.
+Tolerance: RMSNorm, rotary and the MLP are op for op transformers'; the packed matmuls and the masked
+attention sum in another order than ``generate``, so hidden states differ by float rounding (~1e-6 relative in
+fp32). Tests hold the fast path to: the same items in the same order as ``generate`` (no near-ties in the
+test models) and beam scores within 1e-4; strict speculation == plain beam search (same items, scores within
+1e-5). ``EngineModel(forward="lean")`` keeps the bit-identical path.
+
+Shapes: B requests, q new tokens, S cache width (slots), H hidden, h heads, h_kv kv heads, d head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+
+from recsvc.engine.lean import _rms_norm
+
+GROW = 64  # minimum extra slots when a cache grows
+
+
+class FastCache:
+    """Per-layer keys / values in preallocated buffers [B, h_kv, capacity, d]; ``width`` slots are in use (the
+    same for every row; a row's unused slots are never visible). ``layers[i].keys`` / ``.values`` read and
+    replace the used part (what ``TreeCache.compact`` / ``select_rows`` use)."""
+
+    def __init__(self, fast: FastLlama, batch: int) -> None:
+        self.fast = fast
+        self.batch = batch
+        self.layers: list[_KV] = []
+
+    @property
+    def width(self) -> int:
+        return self.layers[0].n if self.layers else 0
+
+    def get_seq_length(self) -> int:
+        return self.width
+
+    def reserve(self, width: int, batch: int) -> None:
+        """Make room for ``width`` slots (creating the buffers on first use)."""
+        f = self.fast
+        if not self.layers:
+            self.batch = batch
+            cap = max(width, 1) + GROW
+            shape = (batch, f.kv_heads, cap, f.head_dim)
+            self.layers = [_KV(self, torch.zeros(shape, dtype=f.dtype, device=f.device),
+                               torch.zeros(shape, dtype=f.dtype, device=f.device)) for _ in f.layers]
+        for layer in self.layers:
+            layer.reserve(width)
+
+    def load_rows(self, row: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy cached prompt rows into slots 0..n-1 of request ``row``: per layer (k, v) [h_kv, n, d]."""
+        for kv, (k, v) in zip(self.layers, layers, strict=True):
+            n = k.shape[1]
+            kv.k[row, :, :n] = k
+            kv.v[row, :, :n] = v
+
+    def rows_of(self, row: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of slots 0..n-1 of request ``row``: per layer (k, v) [h_kv, n, d]."""
+        return [(kv.k[row, :, :n].clone(), kv.v[row, :, :n].clone()) for kv in self.layers]
+
+
+class _KV:
+    def __init__(self, cache: FastCache, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.cache, self.k, self.v = cache, k, v
+        self.n = self.n_v = 0  # slots in use (keys, values: replaced one after the other by a compaction)
+
+    def reserve(self, width: int) -> None:
+        cap = self.k.shape[2]
+        if width > cap:
+            new = max(width + GROW, 2 * cap)
+            k = self.k.new_zeros(self.k.shape[0], self.k.shape[1], new, self.k.shape[3])
+            v = torch.zeros_like(k)
+            k[:, :, :self.n], v[:, :, :self.n] = self.k[:, :, :self.n], self.v[:, :, :self.n]
+            self.k, self.v = k, v
+        self.n = self.n_v = max(self.n, width)
+
+    @property
+    def keys(self) -> torch.Tensor:  # [B, h_kv, S, d] (a view)
+        return self.k[:, :, : self.n]
+
+    @keys.setter
+    def keys(self, value: torch.Tensor) -> None:  # a replacement of the used part (compaction / row selection)
+        self.k = self._buffer(value)
+        self.n = int(value.shape[2])
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.v[:, :, : self.n_v]
+
+    @values.setter
+    def values(self, value: torch.Tensor) -> None:
+        self.v = self._buffer(value)
+        self.n_v = int(value.shape[2])
+        self.cache.batch = int(value.shape[0])
+
+    @staticmethod
+    def _buffer(value: torch.Tensor) -> torch.Tensor:
+        b, h, s, d = value.shape
+        buf = value.new_zeros(b, h, s + GROW, d)
+        buf[:, :, :s] = value
+        return buf
+
+
+class _Linear:
+    """``F.linear(x, weight)``; fp32 on CPU: oneDNN with a pre-packed weight when its rows are row-independent."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.detach().contiguous()
+        self.packed: torch.Tensor | None = None
+        if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            try:
+                packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 20)
+                gen = torch.Generator().manual_seed(0)
+                x = torch.randn(130, weight.shape[1], generator=gen)
+                whole = self._packed(x, packed)
+                if all(torch.equal(self._packed(x[:m], packed), whole[:m]) for m in (1, 2, 3, 10, 20, 37, 64)):
+                    self.packed = packed
+            except (RuntimeError, AttributeError):  # a build without these ops: plain F.linear
+                self.packed = None
+
+    @staticmethod
+    def _packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        if self.packed is None:
+            return F.linear(x, self.weight)
+        shape = x.shape
+        return self._packed(x.reshape(-1, shape[-1]), self.packed).view(*shape[:-1], -1)
+
+
+class FastLlama:
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        decoder = model.get_decoder()
+        cfg = model.config
+        self.rotary = decoder.rotary_emb
+        self.embed = decoder.embed_tokens.weight
+        self.norm, self.norm_eps = decoder.norm.weight, decoder.norm.variance_epsilon
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.dtype, self.device = self.embed.dtype, self.embed.device
+        self.intermediate = cfg.intermediate_size
+        self.layers = []
+        with torch.no_grad():
+            for layer in decoder.layers:
+                a, m = layer.self_attn, layer.mlp
+                self.layers.append((
+                    layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
+                    _Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [q | k | v]
+                    _Linear(a.o_proj.weight),
+                    layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon,
+                    _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
+                    _Linear(m.down_proj.weight),
+                ))
+        self.scaling = decoder.layers[0].self_attn.scaling if decoder.layers else 1.0
+        self.lm_head = _Linear(model.get_output_embeddings().weight)
+
+    def new_cache(self, batch: int = 0) -> FastCache:
+        return FastCache(self, batch)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: FastCache,
+        input_ids: torch.Tensor,  # [B, q]
+        position_ids: torch.Tensor,  # [B, q]
+        slots: torch.Tensor,  # [B, q] where each token's key / value go (padding tokens: any unused slot)
+        visible: torch.Tensor,  # [B, q, S] bool: the slots each token attends (S = the cache width after the call)
+    ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
+        b, q = input_ids.shape
+        h, hkv, d = self.heads, self.kv_heads, self.head_dim
+        nqk, nv, half = (h + hkv) * d, hkv * d, d // 2
+        cache.reserve(int(visible.shape[2]), b)
+        hidden = F.embedding(input_ids, self.embed)  # [B, q, H]
+        cos, sin = self.rotary(hidden, position_ids)  # [B, q, d]
+        cos, sin = cos[:, :, None], sin[:, :, None]  # [B, q, 1, d]
+        rows = torch.arange(b, device=input_ids.device)[:, None].expand(b, q)
+        mask = visible[:, None]  # [B, 1, q, S]
+        gqa = h != hkv
+        for (n1, e1, qkv, o, n2, e2, gate_up, down), kv in zip(self.layers, cache.layers, strict=True):
+            x = _rms_norm(hidden, n1, e1)
+            out = qkv(x)  # [B, q, (h + 2 h_kv) d]
+            qk = out[..., :nqk].view(b, q, h + hkv, d)
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin  # transformers' rotary
+            kv.k.transpose(1, 2)[rows, slots] = qk[:, :, h:]  # [B, q, h_kv, d] into their slots
+            kv.v.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
+            attn = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), kv.keys, kv.values, attn_mask=mask,
+                                                  scale=self.scaling, enable_gqa=gqa)  # [B, h, q, d]
+            hidden = hidden + o(attn.transpose(1, 2).reshape(b, q, h * d))
+            gu = gate_up(_rms_norm(hidden, n2, e2))  # [B, q, 2 I]
+            hidden = hidden + down(F.silu(gu[..., :self.intermediate]) * gu[..., self.intermediate:])
+        return _rms_norm(hidden, self.norm, self.norm_eps)
