@@ -81,3 +81,39 @@ def test_slices_split_targets_not_lists() -> None:
     # score_lists reads a list per cutoff and carries the slices
     out = score_lists(lambda k: {u: r[:k] for u, r in rankings.items()}, users, (1, 2), {10, 11})
     assert out["recall@1"] == pytest.approx((0.5 + 0 + 0) / 3) and out["cold"]["recall@1"] == pytest.approx(0.5)
+
+
+def test_served_lists_end_with_the_fresh_slots(tmp_path: Path) -> None:
+    """BundleRecommender with BUNDLE/fresh: the model's list with its tail given to the most similar fresh item;
+    use_fresh=False (serve --no-fresh) decodes exactly as before; requests with rules are left as decoded."""
+    from test_drafter_fixtures import tiny_bundle
+
+    from recsvc.engine.api import RecQuery
+    from recsvc.engine.recommender import BundleRecommender
+    from recsvc.model.bundle import Bundle
+    from recsvc.rules.spec import Rules
+
+    root = tiny_bundle(tmp_path)
+    bundle = Bundle.open(root)
+    items = bundle.load_ids().item_ids.tolist()
+    rng = np.random.default_rng(0)
+    vecs = ItemVectors.from_arrays(items, rng.normal(size=(len(items), 8)))
+    history = items[:3]
+    # the fresh item is the one closest to the history's last item: item 60 copies item 3's vector
+    vecs = vecs.with_items([items[-1]], vecs.vectors[vecs.rows([history[-1]])])
+    FreshItems(vecs, [items[-1], items[-2]], FreshSettings(slots=1, window=1, min_similarity=0.9)).save(
+        bundle.fresh_dir)
+    off = BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False, use_fresh=False)
+    on = BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False)
+    q = RecQuery(history=history, k=5)
+    (a,), (b,) = off.recommend([q]), on.recommend([q])
+    assert a.fresh == 0 and b.fresh == 1
+    assert b.item_ids == [i for i in a.item_ids if i != items[-1]][:4] + [items[-1]]
+    assert b.scores[:4] == a.scores[:4] and b.scores[4] == pytest.approx(1.0, abs=1e-3)  # cosine similarity
+    # a history whose last item resembles no fresh item (min_similarity 0.9): no slot, the model's list
+    far = next(i for i in items[3:-2] if float(vecs.vectors[vecs.rows([i])][0] @ vecs.vectors[-1]) < 0.5
+               and float(vecs.vectors[vecs.rows([i])][0] @ vecs.vectors[-2]) < 0.5)
+    (c,), (c_off,) = on.recommend([RecQuery(history=[far], k=5)]), off.recommend([RecQuery(history=[far], k=5)])
+    assert c.fresh == 0 and c.item_ids == c_off.item_ids
+    (d,) = on.recommend([RecQuery(history=history, k=5, rules=Rules())])
+    assert d.fresh == 0

@@ -34,6 +34,7 @@ from recsvc.engine.relaxed import relaxed_speculative_search
 from recsvc.engine.sampling import make_generators, sampling_beam_search
 from recsvc.engine.speculative import speculative_search
 from recsvc.errors import UserError
+from recsvc.model.fresh import FreshItems
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.transition import TransitionPrior
 from recsvc.rules.catalog import BatchRules, RuleCatalog
@@ -106,6 +107,7 @@ class BundleRecommender:
         beam_width: int = 0,
         attributes: AttributeSource | None = None,
         rules: RuleSettings | None = None,
+        fresh: FreshItems | None = None,
     ) -> None:
         """``target``: ``EngineModel.build(model, attention)`` (it holds the attention mode; a LLaMA drafter's
         model is built the same way). ``beam_width`` B: plain and strict decoding search B >= k beams and return
@@ -132,6 +134,7 @@ class BundleRecommender:
         self._popular_rows = np.array([ids.index_of(i) for i in self._popular], dtype=np.int64)  # [n]
         self.attributes = attributes  # item attributes for rules (None: requests with rules are refused)
         self.rule_settings = rules or RuleSettings()
+        self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
 
     @property
     def rule_catalog(self) -> RuleCatalog | None:
@@ -143,7 +146,8 @@ class BundleRecommender:
                     use_drafter: bool = True, attention: str = "fp32",
                     drafter_name: str | None = None, use_prior: bool = True,
                     exclude_history: bool = False, beam_width: int | None = None,
-                    attributes: str | Path | None = None, rules: RuleSettings | None = None) -> BundleRecommender:
+                    attributes: str | Path | None = None, rules: RuleSettings | None = None,
+                    use_fresh: bool = True) -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: serve
         BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing.
@@ -154,7 +158,8 @@ class BundleRecommender:
         ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
         recommend a query's history items (and fuse BUNDLE/prior-excl, the prior tuned for that, when present).
         ``attributes``: the item attributes file for rules (None:
-        BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded."""
+        BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded. ``use_fresh``: give
+        fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present."""
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(path)
@@ -189,8 +194,9 @@ class BundleRecommender:
         prior = stored_prior if use_prior else None
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
+        fresh = FreshItems.load(bundle.fresh_dir) if use_fresh and bundle.has_fresh() else None
         rec = cls(target, prompts, ids, drafter, popularity, prior=prior, exclude_history=exclude_history,
-                  beam_width=width, rules=rules)
+                  beam_width=width, rules=rules, fresh=fresh)
         if attributes is not None or attr_path.is_file():
             rec.attributes = AttributeSource(attr_path, rec.trie)
         if drafter is not None:
@@ -260,7 +266,28 @@ class BundleRecommender:
             group_k = max(q.k for q in batch)
             for i, res in zip(idx, out, strict=True):
                 results[i] = replace(res, decoding=self._decoding(queries[i], mode, width, listed, group_k))
-        return [r for r in results if r is not None]
+        done = [r for r in results if r is not None]
+        return self._with_fresh(queries, done) if self.fresh is not None and self.fresh.settings.slots else done
+
+    def _with_fresh(self, queries: Sequence[RecQuery], results: list[RecResult]) -> list[RecResult]:
+        """The tails of the lists given to fresh items (``FreshItems.merge``); requests with rules are left as
+        decoded (fresh items carry no attributes to check them against)."""
+        fresh = self.fresh
+        assert fresh is not None
+        idx = [i for i, q in enumerate(queries) if q.rules is None and q.k > 1]
+        if not idx:
+            return results
+        excluded = self._excluded([queries[i] for i in idx])
+        cands = fresh.candidates([queries[i].history for i in idx], fresh.settings.slots, excluded)
+        out = list(results)
+        for i, cand in zip(idx, cands, strict=True):
+            res, sims = results[i], dict(cand)
+            items = fresh.merge(res.item_ids, cand, queries[i].k)
+            model_scores = dict(zip(res.item_ids, res.scores, strict=True))
+            n_fresh = sum(1 for item in items if item in sims and item not in model_scores)
+            scores = [model_scores[item] if item in model_scores else sims[item] for item in items]
+            out[i] = replace(res, item_ids=items, scores=scores, fresh=n_fresh)
+        return out
 
     def no_speculation(self, width: int) -> str:
         """Why strict speculation does not run at this beam width ("" when it does)."""

@@ -53,6 +53,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "0 = k beams)")
     p.add_argument("--no-prior", action="store_true",
                    help="do not fuse the bundle's transition prior (BUNDLE/prior) into decoding")
+    p.add_argument("--no-fresh", action="store_true",
+                   help="do not give fresh items (no interactions yet) the tail slots chosen by `recsvc tune fresh` "
+                        "(BUNDLE/fresh)")
     p.add_argument("--attributes", default=None,
                    help="item attributes for request rules (default: BUNDLE/attributes.json when present, made by "
                         "`recsvc bundle attributes`); re-read while serving whenever the file changes")
@@ -94,6 +97,7 @@ class ServeSettings:
     rules_strategy: str
     startup_budget_s: float
     recalibrate: bool
+    fresh: bool = True  # BUNDLE/fresh's tail slots (when the bundle has them)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
@@ -107,7 +111,7 @@ class ServeSettings:
                    spec=args.spec, dtype=args.dtype, attention=args.attention, drafter=args.drafter_name,
                    prior=not args.no_prior, exclude_history=args.exclude_history, attributes=args.attributes,
                    rules_strategy=args.rules_strategy, startup_budget_s=args.startup_budget_s,
-                   recalibrate=args.recalibrate)
+                   recalibrate=args.recalibrate, fresh=not getattr(args, "no_fresh", False))
 
     @classmethod
     def for_bundle(cls, bundle: str, flags: list[str] | None = None) -> ServeSettings:
@@ -133,6 +137,8 @@ class ServeSettings:
             out += ["--attributes", self.attributes]
         if self.recalibrate:
             out.append("--recalibrate")
+        if not self.fresh:
+            out.append("--no-fresh")
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -162,6 +168,7 @@ def engine_fields(rec: Any) -> dict[str, Any]:
     return {"precision": precision(rec), "beam_width": getattr(rec, "beam_width", None),
             "drafter_loaded": getattr(rec, "drafter", None) is not None,
             "prior_weight": getattr(rec, "prior_weight", 0.0),
+            "fresh_slots": (rec.fresh.settings.slots if getattr(rec, "fresh", None) is not None else 0),
             "speculation_per_k": {str(k): list(v) for k, v in sorted((per_k or {}).items())} or None}
 
 
@@ -186,7 +193,8 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
                                         drafter_name=settings.drafter, use_prior=settings.prior,
                                         exclude_history=settings.exclude_history, beam_width=settings.beam_width,
                                         attributes=settings.attributes,
-                                        rules=RuleSettings(strategy=settings.rules_strategy))
+                                        rules=RuleSettings(strategy=settings.rules_strategy),
+                                        use_fresh=settings.fresh)
     step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=rec.drafter is not None,
          prior_weight=rec.prior_weight, precision=precision(rec))
     if rec.prior_weight > 0:
