@@ -32,22 +32,29 @@ clean:
 	rm -rf artifacts .pytest_cache .ruff_cache
 
 # The Beauty acceptance runs (hours of CPU in all; each writes JSON under artifacts/beauty/bench).
-BEAUTY ?= ../shared/data/amazon-beauty
+# BEAUTY: the split directory made by `recsvc data prepare-amazon ... --out data/beauty`; another place:
+# `make beauty-bundle BEAUTY=/path/to/split`.
+BEAUTY ?= data/beauty
 BUNDLE ?= artifacts/beauty/bundle
 # the target's selection budget: the warmup/cosine schedule is sized to the epochs that fit it (--fit-budget).
 # 25 min fits Beauty the 5 epochs that a catalog with 2.5x its interactions gets from a 55-minute budget.
 TARGET_MINUTES ?= 25
+# threads of the target build and how the deploy refit runs (scratch: a fresh model for the chosen epochs;
+# continue: one more epoch of the chosen model over train + valid, cheaper on large catalogs)
+TARGET_THREADS ?= 2
+REFIT ?= scratch
 BENCH ?= artifacts/beauty/bench
 .PHONY: beauty-bundle quality-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
 beauty-bundle: install
-	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids
+	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids --known-through valid
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
-	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit scratch --refit-epochs auto \
-	  --threads 2 --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --patience 2
+	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit $(REFIT) --refit-epochs auto \
+	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --patience 2
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1 \
 	  --exclude-history
+	$(VENV)/bin/recsvc tune fresh --bundle $(BUNDLE) --threads 1
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
 
 # the quality comparison (BENCHMARKS.md "Quality"): the served target beside the baselines, both protocols
