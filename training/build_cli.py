@@ -1,6 +1,6 @@
 """``recsvc build``: make a servable bundle from a data directory, stage by stage, resumable.
 
-    recsvc build --data ../shared/data/amazon-beauty --out artifacts/beauty --preset small --max-minutes 50
+    recsvc build --data data/beauty --out artifacts/beauty --preset small --max-minutes 50
 
 Stages (each recorded in BUNDLE/bundle.json when finished; a finished stage is skipped on re-runs, an
 interrupted training stage resumes from its checkpoint):

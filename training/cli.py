@@ -1,6 +1,6 @@
 """``recsvc train ...``: model training commands (``target``, ``teacher``, ``drafter``).
 
-    recsvc train target --data ../shared/data/amazon-beauty --bundle artifacts/beauty --preset small
+    recsvc train target --data data/beauty --bundle artifacts/beauty --preset small
     recsvc train teacher --bundle artifacts/beauty --k 20
     recsvc train drafter --bundle artifacts/beauty --method atspeed-s --alpha 0.5 --out-name atspeed-s
     recsvc train target --data D --bundle B --base-model ~/llama --lora --lora-r 8 --lora-targets q_proj,v_proj

@@ -1,4 +1,4 @@
-"""Drafter alignment losses (ALGORITHMS.md section 5, AtSpeed sections 3.1-3.2) on code-token log-probabilities.
+"""Drafter alignment losses (AtSpeed sections 3.1-3.2; docs/DRAFTER_ALIGNMENT.md) on code-token log-probabilities.
 
 Every method trains ``alpha * L_align + (1 - alpha) * L_rec``; L_rec is the next-item cross-entropy on the
 ground-truth codes (``sft`` is L_rec alone). Shapes at the boundaries (P prefixes, S sequences, L = 4 positions,

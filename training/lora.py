@@ -2,7 +2,7 @@
 
 ``load_base_model`` loads the checkpoint and grows its embeddings for the 1024 code tokens; ``wrap_lora``
 adds LoRA adapters AND trains full copies of ``embed_tokens`` / ``lm_head`` (peft ``modules_to_save``) —
-the new code-token rows must be learnt (the AtSpeed reference never trains them; ALGORITHMS.md section 2).
+the new code-token rows must be learnt (the AtSpeed reference code never trains them).
 ``merge_lora`` folds the adapters in, giving a plain ``LlamaForCausalLM`` that the engine loads.
 """
 

@@ -4,7 +4,7 @@
     recsvc train drafter --bundle B --method atspeed-s --alpha 0.5 [--out-name atspeed-s]
     torchrun --nproc_per_node 2 -m recsvc.cli.main train drafter ...         # CPU processes (gloo) / GPUs
 
-Methods (ALGORITHMS.md section 5; losses in ``training/drafter_losses.py``), all ``alpha * L_align +
+Methods (docs/DRAFTER_ALIGNMENT.md; losses in ``training/drafter_losses.py``), all ``alpha * L_align +
 (1 - alpha) * L_rec``:
 - ``sft``: L_rec only, on the same whole-sequence windows as the target (no teacher data needed);
 - ``seqkd`` / ``atspeed-s`` / ``atspeed-r``: one forward per training prefix over [prompt + the tree of the

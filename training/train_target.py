@@ -1,6 +1,6 @@
 """Train the target LM: whole-sequence windows, AdamW + warmup/cosine, checkpoints, resume, early stopping.
 
-    recsvc train target --data ../shared/data/amazon-beauty --bundle artifacts/beauty --preset small
+    recsvc train target --data data/beauty --bundle artifacts/beauty --preset small
     accelerate launch --multi_gpu --num_processes 4 -m recsvc.cli.main train target ...   # data parallel
     torchrun --nproc_per_node 2 -m recsvc.cli.main train target ...  # CPU processes (gloo), for tests
 

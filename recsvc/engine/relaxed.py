@@ -1,4 +1,4 @@
-"""Speculative sampling beam search with relaxed verification (AtSpeed Algorithm 2, ALGORITHMS.md section 4).
+"""Speculative sampling beam search with relaxed verification (AtSpeed Algorithm 2; docs/SPECULATIVE.md).
 
 Per depth s of a round (every unfinished request; p: target, q: drafter, both trie-masked and renormalised
 sequence distributions over the children of their own current beams):

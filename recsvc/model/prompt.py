@@ -16,7 +16,7 @@ string, so an inference prompt is exactly a prefix of a training sequence:
 
     prompt_ids(h[:t]) + item_token_ids(h[t])  ==  the start of the training window that predicts h[t]
 
-Whole-sequence training (SASRec-style, ALGORITHMS.md section 2): one causal window per user holds up to
+Whole-sequence training (SASRec-style): one causal window per user holds up to
 ``max_history + 1`` items, and the loss covers the 4 codes of every item but the window's first, so a single
 forward pass trains every next-item example of the window. A predicted item must see exactly what inference
 shows it (the last ``<= max_history`` items), hence for a user with n > max_history + 1 items:
