@@ -175,3 +175,16 @@ drafters-beauty-alpha10: install
 	  --k 10 --reference atspeed-r-trie-a10 --out $(BENCH)/seeds/summary_a10_relaxed.json
 	$(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/strict.json,$(BENCH)/seeds/strict_a10.json --mode strict \
 	  --k 10 --reference atspeed-s-a09 --out $(BENCH)/seeds/summary_a10_strict.json
+
+# The engine on a GPU (docs/GPU.md): on a bare CUDA machine, builds a Beauty bundle (base target, llama-68m
+# drafter, draft head; ~20 min of GPU time) and benchmarks it; JSON + Markdown under GPU_OUT. Carry the venv
+# (a CUDA torch wheel installed into it: `$(VENV)/bin/pip install torch==2.13.0 --index-url
+# https://download.pytorch.org/whl/cu126`, MiniLM ships as a package inside it) or a wheel directory
+# (`pip download`/`pip wheel -w wheels .`, then `pip install --no-index -f wheels -e .` there), plus the data.
+# GPU_ARGS=--smoke runs the same script on the CPU with tiny presets in under a minute.
+GPU_OUT ?= artifacts/gpu-bench
+GPU_ARGS ?=
+.PHONY: gpu-bench
+gpu-bench:
+	test -x $(PY) || (echo "no $(VENV): carry the venv or run make install (see docs/GPU.md)"; exit 2)
+	$(VENV)/bin/recsvc bench gpu $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) --out $(GPU_OUT) $(GPU_ARGS)

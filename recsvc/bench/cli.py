@@ -19,6 +19,8 @@ BENCHES = {
     "prefix": ("recsvc.bench.prefix", "beam width contract: every top-k is the head of the top-B (counts)"),
     "rules": ("recsvc.bench.rules", "list-level rules (caps, allow-lists): compliance, exactly-K, Recall / NDCG, "
               "ms per strategy"),
+    "gpu": ("recsvc.bench.gpu", "build a bundle (base target, llama-68m drafter, draft head) and benchmark the engine "
+            "on a GPU: decode vs generate, speculative, relaxed, batched (--smoke: tiny, on the CPU)"),
     "fuzz": ("recsvc.bench.fuzz", "generated bad requests against a real server: status codes, no INTERNAL"),
     "failover": ("recsvc.bench.failover", "Redis Cluster failover drill: a master killed under load, errors, "
                  "recovery, acknowledged writes lost"),

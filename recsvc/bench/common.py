@@ -51,7 +51,8 @@ class BenchContext:
 
 
 def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype: str = "auto",
-                 data_dir: str | Path | None = None, seed: int = 0) -> BenchContext:
+                 data_dir: str | Path | None = None, seed: int = 0, device: str = "cpu") -> BenchContext:
+    """``device``: where the target (and the trie) live: "cpu" or "cuda"."""
     from recsvc.model.bundle import Bundle
     from tokenizer_rqvae.trie import CatalogTrie
     from training.data.dataset import load_split_dir
@@ -62,15 +63,27 @@ def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype:
     data = load_split_dir(data_path)
     ids = bundle.load_ids()
     builder = bundle.prompt_builder(ids=ids)
-    model = bundle.load_target(dtype=dtype)
-    return BenchContext(Path(bundle_dir), model, builder, CatalogTrie(ids),
+    model = bundle.load_target(dtype=dtype, device=device)
+    return BenchContext(Path(bundle_dir), model, builder, CatalogTrie(ids).to(device),
                         sample_users(data.eval_users(split), users, seed), data)
 
 
-def timed(fn, *args, **kwargs) -> tuple[Any, float]:
-    """(result, milliseconds)."""
+def add_device_arg(p) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the target and drafters run (cuda: bf16 with --dtype auto)")
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (CUDA), so a timer read after it measures the work: nothing on CPU."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed(fn, *args, device: str = "cpu", **kwargs) -> tuple[Any, float]:
+    """(result, milliseconds); on CUDA the device's work is finished before the clock is read."""
     start = time.perf_counter()
     out = fn(*args, **kwargs)
+    synchronize(device)
     return out, 1000 * (time.perf_counter() - start)
 
 

@@ -15,7 +15,16 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, set_threads, timed, write_json
+from recsvc.bench.common import (
+    add_device_arg,
+    load_context,
+    machine,
+    markdown_table,
+    parse_int_list,
+    set_threads,
+    timed,
+    write_json,
+)
 from recsvc.model.hardware import resolve_dtype
 
 
@@ -32,6 +41,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
     p.add_argument("--cold", action="store_true",
                    help="no warm-up per prompt length (the first request of each length then pays the header)")
+    add_device_arg(p)
     p.add_argument("--json", dest="json_path")
 
 
@@ -44,20 +54,23 @@ def run(args: argparse.Namespace) -> dict:
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")
-    ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
+    device = getattr(args, "device", "cpu")
+    ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data, device=device)
     engine = BeamSearch(EngineModel.build(ctx.model, args.attention), ctx.trie, ctx.builder.code_offset)
     prompts = [ctx.builder.prompt_ids(u.history) for u in ctx.users]
     warm = warmup_prompts(ctx, args.warmup, args.cold)
+    ref_trie = ctx.trie.to("cpu")  # generate's per-beam Python callback reads the trie on the host
     rows = []
     for k in ks:
         for p in warm:  # warm both paths (allocator, kernels, the engine's per-length prefix rows)
             engine.search(PromptBatch.from_lists([p]), k)
         for p in warm[: args.warmup]:
-            generate_topk(ctx.model, ctx.trie, ctx.builder.code_offset, p, k)
+            generate_topk(ctx.model, ref_trie, ctx.builder.code_offset, p, k)
         eng_ms, gen_ms, same = [], [], 0
         for p in tqdm(prompts, desc=f"decode K={k}", leave=False):
-            out, ms_e = timed(engine.search, PromptBatch.from_lists([p]), k)
-            (ref_codes, _), ms_g = timed(generate_topk, ctx.model, ctx.trie, ctx.builder.code_offset, p, k)
+            out, ms_e = timed(engine.search, PromptBatch.from_lists([p], device), k, device=device)
+            (ref_codes, _), ms_g = timed(generate_topk, ctx.model, ref_trie, ctx.builder.code_offset, p, k,
+                                         device=device)
             codes = ctx.trie.codes_of_nodes(out.leaves[0][out.leaves[0] >= 0]).tolist()
             same += [tuple(c) for c in codes] == ref_codes
             eng_ms.append(ms_e)
@@ -66,7 +79,8 @@ def run(args: argparse.Namespace) -> dict:
         rows.append({"k": k, "engine_ms": e, "generate_ms": g, "speedup": g / e,
                      "identical_rate": same / len(prompts), "users": len(prompts)})
         print(f"K={k}: engine {e:.1f} ms, generate {g:.1f} ms, x{g / e:.2f}, identical {same}/{len(prompts)}")
-    payload = {"bench": "decode", "bundle": str(ctx.bundle_dir), "dtype": resolve_dtype(args.dtype),
+    payload = {"bench": "decode", "bundle": str(ctx.bundle_dir), "dtype": resolve_dtype(args.dtype, device),
+               "device": device,
                "split": args.split,
                "attention": args.attention, "warm_per_length": not args.cold,
                "machine": machine(), "rows": rows}

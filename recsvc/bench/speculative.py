@@ -17,7 +17,16 @@ import time
 import torch
 from tqdm import tqdm
 
-from recsvc.bench.common import load_context, machine, markdown_table, parse_int_list, set_threads, write_json
+from recsvc.bench.common import (
+    add_device_arg,
+    load_context,
+    machine,
+    markdown_table,
+    parse_int_list,
+    set_threads,
+    synchronize,
+    write_json,
+)
 from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.prior import prior_log_mass
 from recsvc.model.hardware import resolve_dtype
@@ -47,11 +56,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
                    help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
+    add_device_arg(p)
     p.add_argument("--json", dest="json_path")
 
 
 def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | None = None,
-                 head_opener: str = "auto"):
+                 head_opener: str = "auto", device: str = "cpu"):
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.drafters.oracle import OracleDrafter
     from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
@@ -74,7 +84,7 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | No
             raise UserError(f"--head-opener transition needs a transition prior in {ctx.bundle_dir}")
         opener = (TransitionDrafter(TransitionPrior.load(bundle.prior_dir), ctx.trie)
                   if head_opener != "none" and bundle.has_prior() else None)
-        return HeadDrafter(load_head(bundle.head_path(head_name)), ctx.trie, opener)
+        return HeadDrafter(load_head(bundle.head_path(head_name), device=device), ctx.trie, opener)
     if kind == "transition":
         from recsvc.drafters.transition import TransitionDrafter
         from recsvc.model.transition import TransitionPrior
@@ -86,7 +96,8 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | No
     if not (bundle.drafter_dir / "config.json").is_file():
         raise UserError(f"bundle {ctx.bundle_dir} has no drafter: run `recsvc train drafter` or use --drafter "
                         "oracle|retrieval")
-    draft_model = EngineModel.build(bundle.load_drafter(dtype=dtype), engine.model.attention)  # the target's mode
+    draft_model = EngineModel.build(bundle.load_drafter(dtype=dtype, device=device),
+                                    engine.model.attention)  # the target's mode
     return LlamaDrafter(draft_model, ctx.trie, ctx.builder.code_offset)
 
 
@@ -124,13 +135,14 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")
     fixed_grid = parse_grid(args.grid)
-    ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data)
+    device = getattr(args, "device", "cpu")
+    ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data, device=device)
     target = EngineModel.build(ctx.model, args.attention)
     engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
     off = ctx.builder.code_offset
     calib = sample_users(ctx.data.eval_users("valid"), args.calibration_users, seed=1)
     relaxed = args.mode == "relaxed"
-    temp = torch.tensor([args.temperature])
+    temp = torch.tensor([args.temperature], device=device)
     fused = load_fused_prior(ctx.bundle_dir, args.prior)
 
     def prior_for(history):  # [1, num_nodes] the bundle's fused prior (inside the timed region), or None
@@ -159,6 +171,7 @@ def run(args: argparse.Namespace) -> dict:
             out = speculative_search(target, ctx.trie, off, pb, k, session, n, gamma, None, engine.select,
                                      prior=pr, ledger=ledger)
             leaves = out.leaves
+        synchronize(device)  # CUDA: the request's work is done before the clock is read
         ms = 1000 * (time.perf_counter() - start)
         return leaves[0], ms, int(out.target_calls[0]), int(out.accepted[0]), int(out.draft_calls)
 
@@ -170,11 +183,12 @@ def run(args: argparse.Namespace) -> dict:
             out = sampling_beam_search(target, ctx.trie, off, pb, k, temp, make_generators([seed]), prior=pr)
         else:
             out = engine.search(pb, k, prior=pr, ledger=ledger)
+        synchronize(device)
         return out.leaves[0], 1000 * (time.perf_counter() - start), out.target_calls
 
     rows = []
     for k in ks:
-        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.head_name, args.head_opener)
+        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.head_name, args.head_opener, device)
         candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
         auto = autotune(lambda k_, n, g, d=drafter: sum(spec_once(u.history, k_, n, g, d)[1] for u in calib) / 1e3,
                         [k], lambda _k, c=candidates: c, repeats=1)[k]
@@ -224,7 +238,7 @@ def run(args: argparse.Namespace) -> dict:
     print(table)
     payload = {"bench": "speculative", "mode": args.mode, "drafter": args.drafter,
                "prior": None if fused is None else {**vars(fused.settings), "fitted_on": fused.fitted_on},
-               "dtype": resolve_dtype(args.dtype),
+               "dtype": resolve_dtype(args.dtype, device), "device": device,
                "split": args.split, "machine": machine(), "rows": rows, "table": table}
     write_json(args.json_path, payload)
     return payload
@@ -234,12 +248,12 @@ def load_fused_prior(bundle_dir, mode: str):
     """The bundle's transition prior when ``mode`` is "auto" and the bundle fuses one (weight > 0), else None."""
     from recsvc.errors import UserError
     from recsvc.model.bundle import Bundle
-    from recsvc.model.transition import TransitionPrior
+    from recsvc.model.sequence_prior import load_prior
 
     if mode not in ("auto", "off"):
         raise UserError(f"--prior must be auto or off, not {mode!r}")
     bundle = Bundle.open(bundle_dir)
     if mode == "off" or not bundle.has_prior():
         return None
-    prior = TransitionPrior.load(bundle.prior_dir)
+    prior = load_prior(bundle.prior_dir)  # as served: mixed with SASRec when `recsvc tune mix` chose it
     return prior if prior.settings.weight > 0 else None

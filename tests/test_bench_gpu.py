@@ -1,0 +1,37 @@
+"""`recsvc bench gpu --smoke`: the GPU benchmark script end to end on the CPU (tiny presets, synthetic data)."""
+
+from __future__ import annotations
+
+import json
+
+from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
+
+from recsvc.cli.main import main
+
+
+def test_smoke_builds_a_bundle_and_writes_every_stage(tmp_path, one_thread) -> None:  # noqa: F811
+    out = tmp_path / "gpu"
+    assert main(["bench", "gpu", "--smoke", "--out", str(out), "--threads", "1"]) == 0
+    payload = json.loads((out / "gpu_bench.json").read_text())
+    assert payload["device"] == "cpu" and payload["smoke"]
+    assert all((out / "bundle" / part / "config.json").is_file() for part in ("target", "drafter", "head"))
+    stages = payload["stages"]
+    ks = [int(k) for k in payload["config"]["ks"].split(",")]
+    # engine vs generate, per K (a one-epoch tiny fp32 model has near-ties, so the rate is reported, not pinned:
+    # the exactness claims are test_engine_beam_search's)
+    assert [r["k"] for r in stages["decode"]["rows"]] == ks
+    assert all(0.0 <= r["identical_rate"] <= 1.0 and r["engine_ms"] > 0 for r in stages["decode"]["rows"])
+    spec = stages["speculative"]
+    for drafter in ("oracle", "head", "llama"):
+        strict = [r for r in spec if r["drafter"] == drafter and r["mode"] == "strict"]
+        for k in ks:  # N = 40 (smoke: its small stand-in) and the engine's own choice, per K
+            assert {r["setting"] for r in strict if r["k"] == k} == {"fixed", "auto"}
+            assert any(r["N"] == payload["config"]["n"] and r["gamma"] == 3 for r in strict if r["k"] == k)
+        assert all(r["identical"] == 1.0 for r in strict)  # strict is lossless
+    assert all(r["AS"] == 3 and r["target_calls_spec"] == 1 for r in spec if r["drafter"] == "oracle"
+               and r["setting"] == "fixed" and r["N"] >= r["k"] and r["gamma"] == 3)  # always accepted: one call
+    assert {r["mode"] for r in spec} == {"strict", "relaxed"}
+    assert [r["k"] for r in stages["batched"]] == ks
+    assert all(r["identical"] == 1.0 and r["plain_target_calls"] == 4 for r in stages["batched"])
+    md = (out / "gpu_bench.md").read_text()
+    assert "## engine vs generate" in md and "## batched" in md
