@@ -60,7 +60,8 @@ def test_the_mode_reaches_the_key_sets() -> None:
     model = tiny_llama(L, C, seed=3)
     seen: dict[str, list] = {}
     for attention in ("exact", "fp32"):
-        em = EngineModel.build(model, attention)  # two objects over one model: each keeps its own mode
+        # two objects over one model: each keeps its own mode (the lean forward: the fast one takes masks)
+        em = EngineModel.build(model, attention, forward="lean")
         spy(em, seen.setdefault(attention, []))
         BeamSearch(em, trie, TEXT_VOCAB).search(batch(random_prompts(2, seed=3)), 3)
         cache = TreeCache(em, trie, TEXT_VOCAB, batch(random_prompts(2, seed=4)))

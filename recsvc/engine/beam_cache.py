@@ -16,15 +16,20 @@ import torch
 
 from recsvc.engine.attention import TreeGroups
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.prefill import Prefill
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.state_cache import UserStateCache
 from tokenizer_rqvae.trie import CatalogTrie
 
 
 class BeamCache:
-    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
+    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
+                 states: UserStateCache | None = None) -> None:
         trie, prompts = trie.to(model.device), prompts.to(model.device)  # once, at the start of a search
         self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
         self.cache = model.new_cache()
+        # the fast forward's prefill (recsvc.engine.prefill), with the user-state cache when one is given
+        self.fast_prefill = Prefill(model, self.cache, prompts, states) if model.is_fast else None
         self.fp32 = model.fp32
         self.lengths = prompts.lengths.tolist()
         self.path: torch.Tensor | None = None  # [B, K, d] cache slots of each beam's path (depth 1..d)
@@ -34,6 +39,10 @@ class BeamCache:
     def prefill(self) -> torch.Tensor:
         """Run the prompts: [B, H] hidden state of each prompt's last token (the first code's distribution)."""
         p = self.prompts
+        if self.fast_prefill is not None:
+            last = self.fast_prefill.run()
+            self.width, self.calls = self.fast_prefill.width, self.calls + self.fast_prefill.calls
+            return last
         tree = TreeGroups(prompt_lengths=self.lengths, groups=[], upcast=self.fp32,
                           split=[] if self.fp32 else None)
         hidden = self.model.forward(self.cache, p.ids, p.positions(), tree)  # [B, T, H]

@@ -19,6 +19,7 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.state_cache import UserStateCache
 from recsvc.engine.topk import GenerateSelector, IndexSelector, Selector
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
@@ -107,13 +108,16 @@ class BeamSearch:
 
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None,
-               prior: torch.Tensor | None = None, ledger: Ledger = NO_LEDGER) -> BeamOutput:
+               prior: torch.Tensor | None = None, ledger: Ledger = NO_LEDGER,
+               states: UserStateCache | None = None) -> BeamOutput:
         """dead: [B, num_nodes] excluded prefixes; prior: [B, num_nodes] ``prior_log_mass`` to fuse (scores are
-        then fused scores), None = the model alone (bit-identical to transformers' generate)."""
+        then fused scores), None = the model alone (bit-identical to transformers' generate). ``states``: the
+        user-state cache (fast forward only): cached prompts are not run again, computed ones are stored."""
         dev = self.model.device  # every tensor of the search lives there (inputs moved once, here)
         prompts = prompts.to(dev)
         dead, prior = to_device(dead, dev), to_device(prior, dev)
-        cache = BeamCache(self.model, self.trie, self.code_offset, prompts)
+        cache = BeamCache(self.model, self.trie, self.code_offset, prompts, states)
+        pre = cache.fast_prefill
         b, c = len(prompts.lengths), self.trie.codebook_size
         nodes = torch.zeros(b, 1, dtype=torch.long, device=dev)  # the root
         scores = torch.zeros(b, 1, device=dev)
@@ -124,8 +128,13 @@ class BeamSearch:
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
             with ledger.phase("head"):
-                level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long, device=dev)
-                logp = self.model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
+                if step == 0 and pre is not None:  # cached for full hits of the user-state cache
+                    logp = pre.first_logprobs(hidden[:, 0], self.code_offset, c)
+                    pre.remember(hidden[:, 0], logp)
+                else:
+                    level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long, device=dev)
+                    logp = self.model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset,
+                                                    c)
             with ledger.phase("select"):
                 nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
                                                       self.select, prior)

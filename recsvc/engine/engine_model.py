@@ -37,14 +37,19 @@ class EngineModel:
         self.attention = attention
         self._lean_supported = LeanLlama.supported(model)
         self._lean: LeanLlama | None = None
-        if forward not in FORWARDS:
-            raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
         # "fast" (recsvc.engine.fast: few ops per layer, float-rounding tolerance) serves fp32 models in the
         # "fp32" attention mode; "exact" keeps the bit-identical lean forward; "lean" forces today's path
-        self._fast_wanted = (self._lean_supported and model.dtype == torch.float32
-                             and (forward == "fast" or forward == "auto" and attention == "fp32"))
         self._fast: FastLlama | None = None
         self._fast_version: tuple[int, ...] | None = None
+        self.set_forward(forward)
+
+    def set_forward(self, forward: str) -> None:
+        """"fast", "lean" (today's bit-identical path) or "auto" (fast for fp32 models in "fp32" attention)."""
+        if forward not in FORWARDS:
+            raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
+        self._fast_wanted = (self._lean_supported and self.model.dtype == torch.float32
+                             and self.model.device.type == "cpu"
+                             and (forward == "fast" or forward == "auto" and self.attention == "fp32"))
 
     @classmethod
     def build(cls, model: PreTrainedModel, attention: str = "exact", forward: str = "auto") -> EngineModel:

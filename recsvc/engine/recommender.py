@@ -33,9 +33,11 @@ from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.relaxed import relaxed_speculative_search
 from recsvc.engine.sampling import make_generators, sampling_beam_search
 from recsvc.engine.speculative import speculative_search
+from recsvc.engine.state_cache import UserStateCache
 from recsvc.errors import UserError
 from recsvc.model.fresh import FreshItems
 from recsvc.model.prompt import PromptBuilder
+from recsvc.model.sequence_prior import MixedPrior, load_prior
 from recsvc.model.transition import TransitionPrior
 from recsvc.rules.catalog import BatchRules, RuleCatalog
 from recsvc.rules.decode import RuleSettings, decode_rules
@@ -102,7 +104,7 @@ class BundleRecommender:
         popularity: dict[int, int] | None = None,
         spec: SpecSettings | None = None,
         max_k: int = 50,
-        prior: TransitionPrior | None = None,
+        prior: TransitionPrior | MixedPrior | None = None,
         exclude_history: bool = False,
         beam_width: int = 0,
         attributes: AttributeSource | None = None,
@@ -134,6 +136,7 @@ class BundleRecommender:
         self._popular_rows = np.array([ids.index_of(i) for i in self._popular], dtype=np.int64)  # [n]
         self.attributes = attributes  # item attributes for rules (None: requests with rules are refused)
         self.rule_settings = rules or RuleSettings()
+        self.states: UserStateCache | None = None  # the user-state cache (enable_state_cache)
         self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
 
     @property
@@ -168,7 +171,7 @@ class BundleRecommender:
         prompts = bundle.prompt_builder(tokenizer, ids)
         target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention)
         drafter = None
-        stored_prior = (TransitionPrior.load(bundle.prior_dir_for(exclude_history))  # read once
+        stored_prior = (load_prior(bundle.prior_dir_for(exclude_history))  # read once (mixed with SASRec if tuned)
                         if bundle.has_prior(exclude_history) else None)
         if use_drafter and drafter_name == "transition":  # training-free: drafts from the bundle's prior
             from recsvc.drafters.transition import TransitionDrafter
@@ -220,6 +223,21 @@ class BundleRecommender:
         choice = autotune(run, ks)
         self.spec = replace(self.spec, per_k=choice)
         return choice
+
+    def enable_state_cache(self, budget_bytes: int, version: str = "") -> UserStateCache | None:
+        """Keep users' prompt states (``recsvc.engine.state_cache``) within ``budget_bytes`` (0: off). Only
+        the fast forward uses it (fp32 target, "fp32" attention)."""
+        self.states = UserStateCache(budget_bytes, version) if budget_bytes > 0 and self.target.is_fast else None
+        return self.states
+
+    def set_forward(self, forward: str) -> None:
+        """"fast" / "lean" / "auto" for the target and a LLaMA drafter (benches compare them in one run); the
+        user-state cache is emptied (its entries were computed by the other forward)."""
+        self.target.set_forward(forward)
+        if isinstance(self.drafter, LlamaDrafter):
+            self.drafter.model.set_forward(forward)
+        if self.states is not None:
+            self.states.clear()
 
     # ---- catalog -------------------------------------------------------------------------------------------
     def known_item(self, item_id: int) -> bool:
@@ -359,7 +377,7 @@ class BundleRecommender:
             dead = self.trie.dead_nodes(excluded) if any(excluded) else None
         prior = self.prior_for([q.history for q in queries])
         if mode == "plain":
-            out = self.engine.search(batch, k, dead, prior, ledger)
+            out = self.engine.search(batch, k, dead, prior, ledger, states=self.states)
             calls = [out.target_calls] * len(queries)
             accepted = [0] * len(queries)
             leaves, scores, draft_calls = out.leaves, out.scores, 0
@@ -368,7 +386,7 @@ class BundleRecommender:
             session = self.drafter.session(batch, [q.history for q in queries], dead, prior)
             n, gamma = self.spec.for_k(k)
             out = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
-                                     n, gamma, dead, self.engine.select, prior)
+                                     n, gamma, dead, self.engine.select, prior, states=self.states)
             calls, accepted = out.target_calls.tolist(), out.accepted.tolist()
             leaves, scores, draft_calls = out.leaves, out.scores, out.draft_calls
         elif mode == "relaxed":
@@ -379,12 +397,13 @@ class BundleRecommender:
                        if self.sampler is not None and n > 0 else None)
             if session is None:  # no sampling drafter (or autotuned off): the target's own sampling beam search
                 smp = sampling_beam_search(self.target, self.trie, self.prompts.code_offset, batch, k, temps, gens,
-                                           dead, prior)
+                                           dead, prior, states=self.states)
                 calls, accepted = [smp.target_calls] * len(queries), [0] * len(queries)
                 leaves, scores, draft_calls = smp.leaves, smp.logp, 0
             else:
                 rel = relaxed_speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k,
-                                                 session, max(n, k), max(gamma, 1), temps, gens, dead, prior)
+                                                 session, max(n, k), max(gamma, 1), temps, gens, dead, prior,
+                                                 states=self.states)
                 calls, accepted = rel.target_calls.tolist(), rel.accepted.tolist()
                 leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
         else:

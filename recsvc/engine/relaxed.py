@@ -29,6 +29,7 @@ from recsvc.engine.ports import DraftStep, SamplingSession, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp, uniform
+from recsvc.engine.state_cache import UserStateCache
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -55,13 +56,14 @@ def relaxed_speculative_search(
     draft_beams: int, gamma: int, temperature: torch.Tensor, gens: Sequence[torch.Generator],
     dead: torch.Tensor | None = None,
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior: p_s is the fused target (sampling.py)
+    states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
 ) -> RelaxedOutput:
     dev = target.device  # inputs moved once; every tensor of the search lives there
     trie, prompts, temperature = trie.to(dev), prompts.to(dev), temperature.to(dev)
     dead, prior = to_device(dead, dev), to_device(prior, dev)
     b, levels = len(prompts.lengths), trie.levels
     n_draft = max(draft_beams, k)
-    cache = TreeCache(target, trie, code_offset, prompts)
+    cache = TreeCache(target, trie, code_offset, prompts, states)
     beams = ActiveBeams.start(b, dev, dead=dead, temp=temperature.clone(), prior=prior)
     out_leaves = torch.full((b, k), -1, dtype=torch.long, device=dev)
     out_logp = torch.full((b, k), float("-inf"), device=dev)

@@ -21,6 +21,7 @@ from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.state_cache import UserStateCache
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -113,13 +114,14 @@ def rank_final(nodes: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor
 @torch.inference_mode()
 def sampling_beam_search(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
                          temperature: torch.Tensor, gens: Sequence[torch.Generator],
-                         dead: torch.Tensor | None = None, prior: torch.Tensor | None = None) -> SampleOutput:
+                         dead: torch.Tensor | None = None, prior: torch.Tensor | None = None,
+                         states: UserStateCache | None = None) -> SampleOutput:
     """The target's own sampling beam search: L steps of K-without-replacement sampling (from the prior-fused
     distributions when ``prior`` [B, num_nodes] is given)."""
     dev = model.device  # inputs moved once; every tensor of the search lives there
     trie, prompts, temperature = trie.to(dev), prompts.to(dev), temperature.to(dev)
     dead, prior = to_device(dead, dev), to_device(prior, dev)
-    cache = TreeCache(model, trie, code_offset, prompts)
+    cache = TreeCache(model, trie, code_offset, prompts, states)
     b = len(prompts.lengths)
     nodes = torch.zeros(b, 1, dtype=torch.long, device=dev)
     weights = torch.zeros(b, 1, device=dev)

@@ -27,6 +27,7 @@ from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.ports import DraftSession, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.rounds import ActiveBeams
+from recsvc.engine.state_cache import UserStateCache
 from recsvc.engine.topk import Selector
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
@@ -63,6 +64,7 @@ def speculative_search(
     select: Selector | None = None,  # the plain engine's tie-break (BeamSearch.select)
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior (recsvc.engine.prior), as given to plain
     ledger: Ledger = NO_LEDGER,  # phase timers (recsvc.engine.ledger); results never depend on it
+    states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
 ) -> SpecOutput:
     # Host synchronisation (CUDA): a round reads the device only where a decision needs it: how many tokens
     # the verification feeds and how they group (TreeCache.missing / _groups: shapes), whether any row can
@@ -73,7 +75,7 @@ def speculative_search(
     trie, prompts = trie.to(dev), prompts.to(dev)
     dead, prior = to_device(dead, dev), to_device(prior, dev)
     b, levels = len(prompts.lengths), trie.levels
-    cache = TreeCache(target, trie, code_offset, prompts)
+    cache = TreeCache(target, trie, code_offset, prompts, states)
     state = TargetState(target, cache)  # follows the cache's rows (select_rows)
     beams = ActiveBeams.start(b, dev, dead=dead, prior=prior)
     out_leaves = torch.full((b, k), -1, dtype=torch.long, device=dev)

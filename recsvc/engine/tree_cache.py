@@ -19,7 +19,9 @@ import torch
 
 from recsvc.engine.attention import TreeGroups
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.prefill import Prefill
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.state_cache import UserStateCache
 from tokenizer_rqvae.trie import CatalogTrie
 
 
@@ -31,7 +33,10 @@ def _check(ok, like: torch.Tensor, message: str) -> None:
 
 
 class TreeCache:
-    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch) -> None:
+    def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
+                 states: UserStateCache | None = None) -> None:
+        """``states``: the user-state cache (fast forward only): the first feed then runs the prompts that are
+        not cached as their own forward (``recsvc.engine.prefill``; none when all are) and stores them."""
         dev = model.device  # the cache and its bookkeeping live on the model's device (moved once, here)
         trie, prompts = trie.to(dev), prompts.to(dev)
         self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
@@ -45,6 +50,7 @@ class TreeCache:
         self.calls = 0  # forward calls for the batch
         self.row_calls = torch.zeros(b, dtype=torch.long, device=dev)  # [B] forward calls with a token of the row
         self.tokens_fed = 0
+        self.states = states if model.is_fast else None
 
     @property
     def prefilled(self) -> bool:
@@ -83,11 +89,27 @@ class TreeCache:
     def feed(self, nodes: torch.Tensor) -> int:
         """Make sure the given nodes ([B, m], -1 = none) and their ancestors are cached, in ONE forward that also
         runs the prompt on the first call. Returns the number of new tokens per row (0: no call was made)."""
+        if self.states is not None and not self.prefilled:
+            self._prefill_states()
         new = self.missing(nodes) if nodes.numel() else nodes[:, :0]
         if self.prefilled and new.shape[1] == 0:
             return 0
         self._forward(new)
         return int(new.shape[1])
+
+    def _prefill_states(self) -> None:
+        """The prompts through the user-state cache: slots 0..T (T: the scratch slot), no node in them."""
+        pre = Prefill(self.model, self.cache, self.prompts, self.states)
+        last = pre.run()  # [B, H]
+        b, w = len(self.prompts.lengths), pre.width
+        dev = last.device
+        self.calls += pre.calls
+        self.row_calls += torch.tensor([0 if f else pre.calls for f in pre.full], dtype=torch.long, device=dev)
+        self.prompt_slot = torch.cat([self.prompts.valid, torch.zeros(b, 1, dtype=torch.bool, device=dev)], 1)
+        self.node_of_slot = torch.full((b, w), -1, dtype=torch.long, device=dev)
+        self.hidden = torch.zeros(b, w, self.model.hidden_size, dtype=self.model.dtype, device=dev)
+        self.last_prompt_hidden = last
+        pre.remember(last, None)
 
     def hidden_at(self, nodes: torch.Tensor) -> torch.Tensor:
         """[B, m] cached nodes (0 = root: the prompt's last token; -1: zeros) -> [B, m, H]."""

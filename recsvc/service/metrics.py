@@ -10,6 +10,7 @@ from prometheus_client import (
     ProcessCollector,
     start_http_server,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from recsvc.errors import UserError
 
@@ -68,6 +69,8 @@ class ServiceMetrics:
         self.store_errors = Counter(
             "recsvc_history_store_errors", "History store failures", ["operation"], registry=r
         )
+        self.state_cache_source = lambda: None  # -> the served recommender's UserStateCache (or None)
+        r.register(_StateCacheCollector(self))
         self._http = None
 
     def serve_http(self, port: int, host: str = "127.0.0.1") -> int:
@@ -84,3 +87,24 @@ class ServiceMetrics:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+class _StateCacheCollector:
+    """The user-state cache's counters (recsvc.engine.state_cache), read at scrape time from the recommender
+    being served (a reload serves a new, empty cache: the counters start again)."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):
+        cache = self.metrics.state_cache_source()
+        stats = cache.stats() if cache is not None else {}
+        for name, help_text in (("hits", "Prompts found whole in the user-state cache"),
+                                ("partial_hits", "Prompts extending a cached prompt (only new tokens run)"),
+                                ("misses", "Prompts run in full"),
+                                ("evictions", "Entries evicted by the byte budget")):
+            yield CounterMetricFamily(f"recsvc_state_cache_{name}", help_text, value=stats.get(name, 0))
+        yield GaugeMetricFamily("recsvc_state_cache_bytes", "Bytes held by the user-state cache",
+                                value=stats.get("bytes", 0))
+        yield GaugeMetricFamily("recsvc_state_cache_entries", "Users' prompts in the user-state cache",
+                                value=stats.get("entries", 0))

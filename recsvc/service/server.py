@@ -106,6 +106,7 @@ class RecServer:
             store if store is not None else InMemoryHistoryStore(max_len=self.config.limits.max_history)
         )
         self.metrics = ServiceMetrics()
+        self.metrics.state_cache_source = lambda: getattr(self.recommender, "states", None)
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.batcher: Batcher | None = None
         self.servicer: RecommenderServicer | None = None

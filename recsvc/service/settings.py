@@ -40,6 +40,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
     p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
+    p.add_argument("--forward", choices=["auto", "fast", "lean"], default="auto",
+                   help="engine forward: fast (few ops per layer; fp32 models, fp32 attention), lean (the previous, "
+                        "bit-identical path) or auto (fast where it applies)")
+    p.add_argument("--state-cache-mb", type=int, default=256,
+                   help="user-state cache budget in MiB: a returning user's prompt KV is reused (fast forward "
+                        "only; 0 = off; docs/SCALING.md)")
     p.add_argument("--drafter", dest="drafter_name", default=None,
                    help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
                         "--out-name NAME`), a model directory, `transition` (training-free, from BUNDLE/prior) or "
@@ -98,6 +104,8 @@ class ServeSettings:
     startup_budget_s: float
     recalibrate: bool
     fresh: bool = True  # BUNDLE/fresh's tail slots (when the bundle has them)
+    forward: str = "auto"  # the engine forward (recsvc.engine.engine_model.FORWARDS)
+    state_cache_mb: int = 256  # the user-state cache budget (0: off)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
@@ -111,7 +119,8 @@ class ServeSettings:
                    spec=args.spec, dtype=args.dtype, attention=args.attention, drafter=args.drafter_name,
                    prior=not args.no_prior, exclude_history=args.exclude_history, attributes=args.attributes,
                    rules_strategy=args.rules_strategy, startup_budget_s=args.startup_budget_s,
-                   recalibrate=args.recalibrate, fresh=not getattr(args, "no_fresh", False))
+                   recalibrate=args.recalibrate, fresh=not getattr(args, "no_fresh", False),
+                   forward=getattr(args, "forward", "auto"), state_cache_mb=getattr(args, "state_cache_mb", 256))
 
     @classmethod
     def for_bundle(cls, bundle: str, flags: list[str] | None = None) -> ServeSettings:
@@ -139,6 +148,7 @@ class ServeSettings:
             out.append("--recalibrate")
         if not self.fresh:
             out.append("--no-fresh")
+        out += ["--forward", self.forward, "--state-cache-mb", str(self.state_cache_mb)]
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -200,6 +210,11 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
     if rec.prior_weight > 0:
         print(f"fusing the transition prior {rec.prior.settings}", flush=True)
     cache = None if settings.recalibrate else settings.calibration_settings(rec.beam_width, torch_threads())
+    rec.set_forward(settings.forward)
     configure_speculation(rec, settings.spec, settings.bundle, budget_s=settings.startup_budget_s, step=step,
                           should_stop=should_stop, cache_settings=cache)
+    if settings.state_cache_mb < 0:
+        raise UserError(f"--state-cache-mb must be >= 0, got {settings.state_cache_mb}")
+    # after calibration (its users are not the served ones); a reload builds a new recommender: an empty cache
+    rec.enable_state_cache(settings.state_cache_mb << 20, version=f"{settings.bundle}@{time.time_ns()}")
     return rec

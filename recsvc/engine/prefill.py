@@ -1,0 +1,83 @@
+"""The prompt prefill of the fast forward, with the user-state cache (``recsvc.engine.state_cache``).
+
+Layout of a request's cache row: its prompt at slots 0..T_b - 1, padding up to the batch's prompt width T, one
+scratch slot T (where padding tokens write; never visible), then the generated tokens. Rows whose prompt (or a
+prefix of it) is cached get those slots copied in; one forward runs every row's remaining prompt tokens (none:
+no forward), each attending its row's slots 0..itself.
+
+Shapes: B requests, T prompt width, q tokens computed per row, H hidden, C codebook size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.fast import FastCache
+from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.state_cache import UserState, UserStateCache
+
+
+class Prefill:
+    """One batch's prompt prefill: ``run`` fills the cache, ``remember`` stores what it computed."""
+
+    def __init__(self, model: EngineModel, cache: FastCache, prompts: PromptBatch,
+                 states: UserStateCache | None) -> None:
+        self.model, self.cache, self.prompts, self.states = model, cache, prompts, states
+        lengths = prompts.lengths.tolist()
+        self.tokens = [tuple(prompts.ids[b, :n].tolist()) for b, n in enumerate(lengths)]
+        found = [states.lookup(t) for t in self.tokens] if states is not None else [(None, 0)] * len(lengths)
+        self.entries: list[UserState | None] = [e for e, _ in found]
+        self.cached = [n for _, n in found]  # tokens of each prompt taken from the cache
+        self.full = [n == t for n, t in zip(self.cached, lengths, strict=True)]
+        self.calls = 0
+
+    @property
+    def width(self) -> int:
+        """Cache slots the prompts occupy (the prompt width + the scratch slot)."""
+        return self.prompts.width + 1
+
+    def run(self) -> torch.Tensor:  # [B, H] final hidden state of each prompt's last token
+        p = self.prompts
+        b, t = len(self.tokens), p.width
+        self.cache.reserve(t + 1, b)
+        for row, (entry, n) in enumerate(zip(self.entries, self.cached, strict=True)):
+            if entry is not None:
+                self.cache.load_rows(row, [(k[:, :n], v[:, :n]) for k, v in entry.kv])
+        lengths = p.lengths
+        start = torch.tensor(self.cached, dtype=torch.long)  # [B]
+        q = int((lengths - start).max())
+        last = torch.zeros(b, self.model.hidden_size, dtype=self.model.dtype)
+        if q > 0:
+            pos = start[:, None] + torch.arange(q)[None]  # [B, q] prompt positions computed
+            real = pos < lengths[:, None]
+            ids = p.ids.gather(1, pos.clamp(max=t - 1))
+            slots = torch.where(real, pos, t)
+            keys = torch.arange(t + 1)[None, None]  # [1, 1, T + 1]
+            visible = ((keys <= pos[..., None]) & (keys < lengths[:, None, None]) & real[..., None]) | (
+                keys == slots[..., None])  # [B, q, T + 1]
+            hidden = self.model.forward_masked(self.cache, ids, torch.where(real, pos, 0), slots, visible)
+            self.calls = 1
+            idx = (lengths - 1 - start).clamp(min=0)
+            last = hidden[torch.arange(b), idx]
+        for row, entry in enumerate(self.entries):
+            if self.full[row]:
+                assert entry is not None
+                last[row] = entry.hidden
+        return last
+
+    def first_logprobs(self, hidden: torch.Tensor, code_offset: int, codebook_size: int) -> torch.Tensor:
+        """[B, H] -> [B, C] the first code's log-probs: cached for full hits, computed for the others."""
+        if all(f and e is not None and e.logp0 is not None for f, e in zip(self.full, self.entries, strict=True)):
+            return torch.stack([e.logp0 for e in self.entries if e is not None and e.logp0 is not None])
+        level = torch.zeros(hidden.shape[0], dtype=torch.long)
+        return self.model.code_logprobs(hidden, level, code_offset, codebook_size)
+
+    def remember(self, hidden: torch.Tensor, logp0: torch.Tensor | None) -> None:
+        """Store the prompts this prefill computed (hidden [B, H], logp0 [B, C] or None)."""
+        if self.states is None:
+            return
+        for row, tokens in enumerate(self.tokens):
+            if not self.full[row]:
+                self.states.store(tokens, self.cache.rows_of(row, len(tokens)), hidden[row].clone(),
+                                  logp0[row].clone() if logp0 is not None else None)

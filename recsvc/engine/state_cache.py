@@ -1,0 +1,104 @@
+"""The user-state cache: a returning user's prompt is not run again.
+
+After a request, the target's KV rows of the user's prompt (every layer's keys and values), the final hidden
+state of its last token and the first code's log-probs are kept, keyed by the bundle version and the prompt's
+tokens. The next request:
+- with the same prompt (a full hit) skips the prompt forward and starts at depth 1;
+- with a prompt that extends a cached one (a new interaction appended, the history window not slid yet: a
+  partial hit) loads the cached rows and runs only the new tokens;
+- otherwise (a miss; also once the history is longer than the prompt window, where every new interaction
+  shifts the window and so every position: the strategy is recompute) runs the whole prompt.
+Bounded by a byte budget, least recently used entries evicted first. One per served bundle and process
+(a reload builds a new recommender and so an empty cache). Only the fast forward (``recsvc.engine.fast``)
+uses it; ``recsvc.engine.prefill`` loads and stores the entries.
+
+Memory per entry: layers x 2 x kv_heads x head_dim x tokens x bytes per value (+ the hidden state and C
+log-probs): docs/SCALING.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class UserState:
+    tokens: tuple[int, ...]  # the prompt
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) [h_kv, T, d]
+    hidden: torch.Tensor  # [H] final hidden state of the prompt's last token
+    logp0: torch.Tensor | None  # [C] the first code's log-probs (float32), None when not computed
+    nbytes: int
+
+
+class UserStateCache:
+    def __init__(self, budget_bytes: int, version: str = "") -> None:
+        if budget_bytes < 0:
+            raise ValueError(f"state cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.budget = int(budget_bytes)
+        self.version = version  # the bundle version: entries of another one never match
+        self._entries: OrderedDict[tuple[str, tuple[int, ...]], UserState] = OrderedDict()
+        self._lengths: Counter[int] = Counter()  # prompt length -> cached entries of that length
+        self._lock = threading.Lock()
+        self.hits = self.partial_hits = self.misses = self.evictions = 0
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, tokens: Sequence[int]) -> tuple[UserState | None, int]:
+        """(entry, cached tokens): a full hit (n == len(tokens)), the longest cached prefix (partial), or
+        (None, 0). Counts the outcome."""
+        key = tuple(tokens)
+        with self._lock:
+            entry = self._entries.get((self.version, key))
+            if entry is not None:
+                self._entries.move_to_end((self.version, key))
+                self.hits += 1
+                return entry, len(key)
+            for n in sorted((n for n in self._lengths if n < len(key)), reverse=True):
+                entry = self._entries.get((self.version, key[:n]))
+                if entry is not None:
+                    self._entries.move_to_end((self.version, key[:n]))
+                    self.partial_hits += 1
+                    return entry, n
+            self.misses += 1
+            return None, 0
+
+    def store(self, tokens: Sequence[int], kv: list[tuple[torch.Tensor, torch.Tensor]], hidden: torch.Tensor,
+              logp0: torch.Tensor | None) -> None:
+        nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + hidden.nbytes + (logp0.nbytes if logp0 is not None else 0)
+        if nbytes > self.budget:
+            return
+        key = (self.version, tuple(tokens))
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._forget(old)
+            self._entries[key] = UserState(key[1], kv, hidden, logp0, nbytes)
+            self._lengths[len(key[1])] += 1
+            self.bytes += nbytes
+            while self.bytes > self.budget and self._entries:
+                _, victim = self._entries.popitem(last=False)
+                self._forget(victim)
+                self.evictions += 1
+
+    def _forget(self, entry: UserState) -> None:
+        self.bytes -= entry.nbytes
+        self._lengths[len(entry.tokens)] -= 1
+        if not self._lengths[len(entry.tokens)]:
+            del self._lengths[len(entry.tokens)]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._lengths.clear()
+            self.bytes = 0
+
+    def stats(self) -> dict[str, int]:
+        return {"hits": self.hits, "partial_hits": self.partial_hits, "misses": self.misses,
+                "evictions": self.evictions, "bytes": self.bytes, "entries": len(self._entries)}

@@ -1,0 +1,123 @@
+"""The user-state cache: a cached prompt is not run again, and the results do not change."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+import torch
+from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
+
+from recsvc.drafters.llama import LlamaDrafter
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.sampling import make_generators, sampling_beam_search
+from recsvc.engine.speculative import speculative_search
+from recsvc.engine.state_cache import UserStateCache
+from recsvc.service.client import RecClient
+from tokenizer_rqvae.trie import CatalogTrie
+
+L, C = 4, 16
+PARTIAL_TOL = 1e-4  # a partial hit runs the new tokens in their own call: float rounding only
+
+
+def _kv(tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.zeros(2, tokens, 4), torch.zeros(2, tokens, 4))]
+
+
+def test_lookup_full_partial_miss_and_lru_budget() -> None:
+    one = 2 * 2 * 10 * 4 * 4 + 4 * 4  # the kv of 10 tokens + a hidden state of 4 floats
+    cache = UserStateCache(budget_bytes=2 * one)
+    cache.store(list(range(10)), _kv(10), torch.zeros(4), None)
+    assert cache.lookup(list(range(10)))[1] == 10  # full
+    assert cache.lookup(list(range(12)))[1] == 10  # partial: extends the cached prompt
+    assert cache.lookup([9] * 12) == (None, 0)  # miss
+    cache.store(list(range(1, 11)), _kv(10), torch.zeros(4), None)
+    cache.lookup(list(range(10)))  # the first entry is now the most recent
+    cache.store(list(range(2, 12)), _kv(10), torch.zeros(4), None)  # over budget: the LRU entry goes
+    assert cache.lookup(list(range(1, 11))) == (None, 0)
+    assert cache.stats() == {"hits": 2, "partial_hits": 1, "misses": 2, "evictions": 1, "bytes": 2 * one,
+                             "entries": 2}
+    other = UserStateCache(budget_bytes=2 * one, version="v2")
+    assert other.lookup(list(range(10))) == (None, 0)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    trie = CatalogTrie(random_catalog(300, L, C, 1))
+    model = EngineModel.build(tiny_llama(L, C, 1), "fp32")
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, C, 2, hidden=16, layers=1), "fp32"), trie, TEXT_VOCAB)
+    assert model.is_fast
+    return trie, model, drafter, BeamSearch(model, trie, TEXT_VOCAB)
+
+
+def test_plain_with_the_cache_returns_what_it_returns_without(setup) -> None:
+    _, model, _, engine = setup
+    cache = UserStateCache(1 << 30)
+    for prompt in random_prompts(5, 2, 3, 20):
+        ref = engine.search(batch([prompt]), 5)
+        first = engine.search(batch([prompt]), 5, states=cache)  # a miss: computes and stores
+        again = engine.search(batch([prompt]), 5, states=cache)  # a full hit: no prompt forward
+        assert torch.equal(first.leaves, ref.leaves) and torch.equal(first.scores, ref.scores)
+        assert torch.equal(again.leaves, ref.leaves) and torch.equal(again.scores, ref.scores)
+        assert again.target_calls == L - 1 and first.target_calls == L
+        longer = prompt + [5, 6, 7, 8, 9]  # a new interaction: only its tokens run
+        ext, ref_ext = engine.search(batch([longer]), 5, states=cache), engine.search(batch([longer]), 5)
+        assert torch.equal(ext.leaves, ref_ext.leaves)
+        torch.testing.assert_close(ext.scores, ref_ext.scores, atol=PARTIAL_TOL, rtol=0)
+    assert cache.stats()["hits"] == 5 and cache.stats()["partial_hits"] == 5
+
+
+def test_batches_mixing_hits_and_misses(setup) -> None:
+    _, _, _, engine = setup
+    cache = UserStateCache(1 << 30)
+    prompts = random_prompts(4, 3, 3, 20)
+    engine.search(batch(prompts[:2]), 4, states=cache)
+    mixed = engine.search(batch(prompts), 4, states=cache)
+    ref = engine.search(batch(prompts), 4)
+    assert torch.equal(mixed.leaves, ref.leaves)
+    torch.testing.assert_close(mixed.scores, ref.scores, atol=PARTIAL_TOL, rtol=0)
+
+
+def test_strict_and_sampling_use_it(setup) -> None:
+    trie, model, drafter, engine = setup
+    cache = UserStateCache(1 << 30)
+    for prompt in random_prompts(4, 4, 3, 20):
+        plain = engine.search(batch([prompt]), 5)
+        for _ in range(2):  # a miss, then a full hit
+            spec = speculative_search(model, trie, TEXT_VOCAB, batch([prompt]), 5,
+                                      drafter.session(batch([prompt]), [], None), 5, 3, None, engine.select,
+                                      states=cache)
+            assert torch.equal(spec.leaves, plain.leaves)
+            torch.testing.assert_close(spec.scores, plain.scores, atol=PARTIAL_TOL, rtol=0)
+        runs = [sampling_beam_search(model, trie, TEXT_VOCAB, batch([prompt]), 3, torch.ones(1), make_generators([7]),
+                                     states=states) for states in (None, cache, cache)]
+        assert all(torch.equal(r.leaves, runs[0].leaves) for r in runs)
+    assert cache.stats()["hits"] >= 4
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from recsvc.engine.recommender import BundleRecommender
+
+    rec = BundleRecommender.from_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), n_users=40),
+                                        dtype="fp32")
+    assert rec.enable_state_cache(64 << 20, "test") is not None
+    return rec
+
+
+def test_grpc_second_identical_request_is_a_hit_with_identical_items(make_server, served) -> None:
+    server = make_server(served, metrics_port=0)
+    items = served.popular_items(6)
+    with RecClient(f"127.0.0.1:{server.port}") as client:
+        client.record("u1", items[:3])
+        first = client.recommend("u1", k=5, mode="plain")
+        hits = served.states.stats()["hits"]
+        second = client.recommend("u1", k=5, mode="plain")
+    assert served.states.stats()["hits"] == hits + 1
+    assert [(i.item_id, i.score) for i in second.items] == [(i.item_id, i.score) for i in first.items]
+    assert second.stats.target_forward_calls == first.stats.target_forward_calls - 1
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
+    assert f"recsvc_state_cache_hits_total {float(hits + 1)}" in text
+    assert "recsvc_state_cache_bytes" in text
