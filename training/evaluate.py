@@ -27,6 +27,7 @@ from recsvc.errors import UserError
 from recsvc.model.fresh import FreshItems
 from recsvc.model.hardware import resolve_dtype
 from recsvc.model.prompt import PromptBuilder
+from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
 from recsvc.model.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 from training.data.dataset import EvalUser, SplitData
@@ -47,7 +48,7 @@ def sample_users(users: Sequence[EvalUser], max_users: int | None, seed: int = 0
 def rank_users(
     model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], k: int,
     batch_size: int = 32, exclude_history: bool = False, progress: bool = True,
-    prior: TransitionPrior | None = None, shard: tuple[int, int] | None = None,
+    prior: TransitionPrior | MixedPrior | None = None, shard: tuple[int, int] | None = None,
 ) -> dict[int, list[int]]:
     """user_id -> the engine's top-k item ids (plain constrained beam search; with ``prior`` of weight > 0 the
     prior is fused, each user's from its history). ``model``: ``EngineModel.build(model, "fp32")`` is what the
@@ -170,11 +171,19 @@ def evaluate_bundle(
     users = sample_users(data.eval_users(split), max_users, seed)
     start = time.perf_counter()
     prior_dir = bundle.prior_dir_for(exclude_history)  # as the service fuses it (BUNDLE/prior-excl when excluding)
-    prior = TransitionPrior.load(prior_dir) if use_prior and bundle.has_prior(exclude_history) else None
+    prior = load_prior(prior_dir) if use_prior and bundle.has_prior(exclude_history) else None
     if prior is not None and prior.settings.weight <= 0:
         prior = None
-    if prior is not None and train_only:  # the same settings, counted on the train period only
-        prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), prior.settings, fitted_on="train")
+    if prior is not None and train_only:  # the same settings, counted (and SASRec fitted) on the train period
+        counted = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), prior.settings, fitted_on="train")
+        if isinstance(prior, MixedPrior):
+            seq_train = prior_dir / "sequence-train"
+            if not seq_train.is_dir():
+                raise UserError(f"{prior_dir} mixes a SASRec but has no train-period one ({seq_train}): re-run "
+                                "`recsvc tune mix`")
+            prior = MixedPrior(counted, SequenceModel.load(seq_train), prior.mix)
+        else:
+            prior = counted
     rank, world = dist_rank_world()
     rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
                           exclude_history, progress=rank == 0, prior=prior,
@@ -211,7 +220,8 @@ def evaluate_bundle(
         "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),
         "processes": world,
-        "prior": ({**asdict(prior.settings), "fitted_on": prior.fitted_on, "dir": prior_dir.name}
+        "prior": ({**asdict(prior.settings), "fitted_on": prior.fitted_on, "dir": prior_dir.name,
+                   **(asdict(prior.mix) if isinstance(prior, MixedPrior) else {})}
                   if prior is not None else None),
         **beside,
     }

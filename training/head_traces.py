@@ -75,7 +75,7 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prior import prior_log_mass
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.model.transition import TransitionPrior
+    from recsvc.model.sequence_prior import load_prior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.teacher import model_fingerprint
 
@@ -95,7 +95,7 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
     off = builder.code_offset
     target = EngineModel.build(bundle.load_target(dtype=dtype), attention)
     select = BeamSearch(target, trie, off).select
-    stored = TransitionPrior.load(bundle.prior_dir) if bundle.has_prior() else None
+    stored = load_prior(bundle.prior_dir) if bundle.has_prior() else None  # the served (possibly mixed) prior
     weight = stored.settings.weight if stored is not None else 0.0
     sequences = data.sequences(periods)
     prefixes = sample_prefixes(sequences, max_prefixes, seed)

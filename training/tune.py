@@ -3,6 +3,7 @@
     recsvc tune prior  --bundle B --trials 40 --budget-minutes 15 --users 1000
     recsvc tune target --data D --out DIR --trials 8 --budget-minutes 240 --trial-minutes 30
     recsvc tune fresh  --bundle B       (the fresh-item slots: training/tune_fresh.py)
+    recsvc tune mix    --bundle B       (SASRec mixed into the fused prior: training/tune_mix.py)
 
 Both are resumable (an Optuna SQLite study next to the bundle: a re-run continues the same study, finished
 trials are kept) and bounded (``--trials`` and ``--budget-minutes``, whichever comes first), and both write
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -69,8 +71,10 @@ def register(subparsers) -> None:
     t.set_defaults(func=cmd_tune_target)
 
     from training.tune_fresh import register_fresh
+    from training.tune_mix import register_mix
 
     register_fresh(sub)
+    register_mix(sub)
 
 
 def _check_budget(trials: int, minutes: float) -> None:
@@ -161,6 +165,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     out_dir = bundle.excluded_prior_dir if excl else bundle.prior_dir  # the service picks it by its exclusion
     TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen,
                         fitted_on=fit_on).save(out_dir)
+    for stale in ("sequence", "sequence-train"):  # a mix tuned for the previous settings (`recsvc tune mix`)
+        shutil.rmtree(out_dir / stale, ignore_errors=True)
     record = {"settings": best.params, "fit_on": fit_on, "valid_users": len(users), "metric": args.metric,
               "exclude_history": excl,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},

@@ -56,6 +56,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from recsvc.model.bundle import Bundle
     from recsvc.model.fresh import FreshItems, FreshSettings
     from recsvc.model.loading import load_causal_lm
+    from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
     from recsvc.model.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.data.dataset import load_split_dir
@@ -83,10 +84,13 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     excl = False  # one BUNDLE/fresh for both service kinds: fresh picks never repeat a history item anyway
     prior = None
     if bundle.has_prior(excl):  # the served prior's settings, counted on the train period only
-        stored = TransitionPrior.load(bundle.prior_dir_for(excl))
+        stored = load_prior(bundle.prior_dir_for(excl))
         if stored.settings.weight > 0:
             prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored.settings,
                                         fitted_on="train")
+            seq_train = bundle.prior_dir_for(excl) / "sequence-train"
+            if isinstance(stored, MixedPrior) and seq_train.is_dir():  # the mixed prior, train-period SASRec
+                prior = MixedPrior(prior, SequenceModel.load(seq_train), stored.mix)
     t0 = time.monotonic()
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
     rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior)

@@ -4,7 +4,7 @@
 - ``transition`` / ``transition-window``: last-item(s) transition counts with popularity back-off
   (``transition.py``, over ``recsvc.model.transition.TransitionPrior``);
 - ``sasrec``: a self-attentive sequential recommender trained with full-softmax cross-entropy
-  (``sasrec_model.py`` the network, ``sasrec_train.py`` the loop, ``sasrec.py`` fit / rank / cache).
+  (``recsvc/model/sasrec.py`` the network, ``sasrec_train.py`` the loop, ``sasrec.py`` fit / rank / cache).
 
 Protocols and fit periods: ``base.py``; by name: ``registry.py``; the report beside the model: ``report.py``.
 """

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from training.baselines.sasrec_model import SASRec
+from recsvc.model.sasrec import SASRec
 
 BUCKET_BATCHES = 32  # batches per length-sorted chunk
 

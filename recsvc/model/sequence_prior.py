@@ -1,0 +1,153 @@
+"""A sequence model's item distribution mixed into the fused prior: transition counts + SASRec, one prior.
+
+The transition prior (``recsvc.model.transition``) knows exact item pairs; a SASRec ("Self-Attentive Sequential
+Recommendation") reads the whole recent history and generalises across items. ``MixedPrior`` mixes the two item
+distributions and is fused into beam search through the trie exactly like the transition prior alone
+(``recsvc.engine.prior``: a finished item's fused score is its target log-prob + w * log P(item | history)):
+
+    P(j | h) = (1 - mix) * P_transition(j | h) + mix * softmax_j(s(j | h) / temperature)
+
+with s(j | h) SASRec's score of item j. Items SASRec was not fitted on (fresh items) get only the transition
+part (its popularity back-off). ``mix`` = 0 is the transition prior alone. The settings are chosen on validation
+(``recsvc tune mix``).
+
+Stored beside the transition prior: ``PRIOR_DIR/sequence/`` holds ``model.safetensors`` (SASRec weights under
+``model.*``, ``item_ids`` [m], ``item_counts`` [m]; the baselines' format), ``fit.json`` (its settings) and
+``mix.json`` (mix, temperature). ``load_prior(dir)`` returns a ``MixedPrior`` when that folder exists, else the
+``TransitionPrior``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from recsvc.errors import UserError
+from recsvc.model.sasrec import SASRec
+from recsvc.model.transition import PriorSettings, TransitionPrior
+
+SEQUENCE_DIR = "sequence"
+MODEL_FILE = "model.safetensors"
+FIT_FILE = "fit.json"
+MIX_FILE = "mix.json"
+ARCH_KEYS = ("hidden", "blocks", "heads", "dropout", "max_len")
+
+
+@dataclass(frozen=True)
+class MixSettings:
+    mix: float = 0.0  # share of the sequence model in the item distribution (0: transition prior alone)
+    temperature: float = 1.0  # of the sequence model's softmax
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.mix <= 1.0 or self.temperature <= 0:
+            raise UserError(f"mix settings out of range: {self}")
+
+
+class SequenceModel:
+    """A fitted SASRec as a distribution over catalog items (inference only; its rows are ``item_ids``)."""
+
+    def __init__(self, model: SASRec, item_ids: np.ndarray, max_len: int) -> None:
+        self.model = model.eval()
+        self.item_ids = np.asarray(item_ids, dtype=np.int64)  # [m] item id of row r + 1, ascending
+        self.max_len = max_len
+        self._row = {int(i): r + 1 for r, i in enumerate(self.item_ids.tolist())}
+
+    @classmethod
+    def load(cls, directory: Path) -> SequenceModel:
+        from safetensors.torch import load_file
+
+        try:
+            settings: dict[str, Any] = json.loads((directory / FIT_FILE).read_text())["settings"]
+            t = load_file(str(directory / MODEL_FILE))
+            arch = {k: settings[k] for k in ARCH_KEYS}
+            model = SASRec(len(t["item_ids"]), **arch)
+            model.load_state_dict({k[len("model."):]: v for k, v in t.items() if k.startswith("model.")})
+        except (OSError, KeyError, ValueError, RuntimeError, json.JSONDecodeError) as exc:
+            raise UserError(f"{directory}: not a fitted sequence model ({exc})") from exc
+        return cls(model, t["item_ids"].numpy(), int(arch["max_len"]))
+
+    @torch.inference_mode()
+    def log_probs(self, histories: Sequence[Sequence[int]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (log softmax of score / temperature over the model's items [B, m], whether each history had a
+        known item [B] bool; a history without one gets a uniform row)."""
+        rows = [[self._row[int(i)] for i in h if int(i) in self._row][-self.max_len:] for h in histories]
+        lengths = torch.tensor([max(len(r), 1) for r in rows])  # [B]
+        seqs = torch.zeros(len(rows), int(lengths.max()) if rows else 1, dtype=torch.long)  # [B, L]
+        for b, r in enumerate(rows):
+            seqs[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+        scores = self.model.item_logits(self.model.last_hidden(seqs, lengths)).float()  # [B, m]
+        known = torch.tensor([bool(r) for r in rows])
+        scores[~known] = 0.0
+        return torch.log_softmax(scores / temperature, dim=-1), known
+
+
+class MixedPrior:
+    """The transition prior mixed with a sequence model; the engine uses it wherever it takes a prior
+    (``item_ids``, ``settings.weight``, ``fitted_on``, ``probs``)."""
+
+    def __init__(self, transition: TransitionPrior, sequence: SequenceModel, mix: MixSettings) -> None:
+        self.transition = transition
+        self.sequence = sequence
+        self.mix = mix
+        cols = np.searchsorted(transition.item_ids, sequence.item_ids)  # [m] catalog row of each model row
+        cols = np.minimum(cols, len(transition.item_ids) - 1)
+        ok = transition.item_ids[cols] == sequence.item_ids
+        self._model_rows = torch.from_numpy(np.nonzero(ok)[0])  # model rows that are catalog items
+        self._catalog_cols = torch.from_numpy(cols[ok])  # their catalog columns
+
+    @property
+    def item_ids(self) -> np.ndarray:
+        return self.transition.item_ids
+
+    @property
+    def settings(self) -> PriorSettings:
+        return self.transition.settings
+
+    @property
+    def fitted_on(self) -> str:
+        return self.transition.fitted_on
+
+    def with_settings(self, settings: PriorSettings, mix: MixSettings | None = None) -> MixedPrior:
+        return MixedPrior(self.transition.with_settings(settings), self.sequence, mix or self.mix)
+
+    def probs(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
+        """[B] histories -> [B, n] P(item | history) over the catalog rows (float32, rows sum to 1)."""
+        p = self.transition.probs(histories)  # [B, n]
+        if self.mix.mix <= 0:
+            return p
+        logq, known = self.sequence.log_probs(histories, self.mix.temperature)  # [B, m]
+        q = np.zeros_like(p)
+        q[:, self._catalog_cols.numpy()] = logq[:, self._model_rows].exp().numpy()
+        q /= np.maximum(q.sum(axis=1, keepdims=True), 1e-30)
+        mix = np.where(known.numpy()[:, None], self.mix.mix, 0.0).astype(np.float32)  # [B, 1]
+        return ((1.0 - mix) * p + mix * q).astype(np.float32)
+
+    def save(self, directory: Path, sequence_dir: Path) -> None:
+        """The transition prior into ``directory``, the sequence model's files copied from ``sequence_dir``."""
+        import shutil
+
+        self.transition.save(directory)
+        out = directory / SEQUENCE_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        for name in (MODEL_FILE, FIT_FILE):
+            shutil.copyfile(sequence_dir / name, out / name)
+        (out / MIX_FILE).write_text(json.dumps(asdict(self.mix)))
+
+
+def load_prior(directory: Path) -> TransitionPrior | MixedPrior:
+    """BUNDLE/prior (or prior-excl): the transition prior, mixed with its sequence model when one is stored."""
+    transition = TransitionPrior.load(directory)
+    seq_dir = Path(directory) / SEQUENCE_DIR
+    if not (seq_dir / MIX_FILE).is_file():
+        return transition
+    try:
+        mix = MixSettings(**json.loads((seq_dir / MIX_FILE).read_text()))
+    except (OSError, TypeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{seq_dir / MIX_FILE}: not mix settings ({exc})") from exc
+    return MixedPrior(transition, SequenceModel.load(seq_dir), mix)

@@ -1,0 +1,136 @@
+"""``recsvc tune mix``: mix a SASRec's item distribution into the bundle's fused prior, chosen on validation.
+
+    recsvc tune mix --bundle B [--trials 25] [--budget-minutes 15] [--users 1000] [--cache-dir DIR]
+
+After ``recsvc tune prior`` (the transition settings are kept): SASRec is fitted on the train period (for the
+search) and on the served target's periods (deploy: train + valid, the epoch count chosen on valid), both
+through the baselines' cache, so ``recsvc eval --baselines sasrec`` with the same ``--cache-dir`` reuses them.
+Optuna (TPE) searches the mix share, the SASRec softmax temperature and the fusion weight on validation users
+ranked by the train-only target with the train-period priors; the first trial is the transition prior alone
+(mix 0, its tuned weight), so the search can only keep or improve it. The choice goes to BUNDLE/prior
+(``recsvc.model.sequence_prior``: ``sequence/`` the served SASRec and mix.json, ``sequence-train/`` the
+train-period SASRec the paper protocol's evaluation uses) and bundle.json ("prior" weight, "tuning"."mix").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from recsvc.errors import UserError
+
+TRAIN_SEQUENCE_DIR = "sequence-train"
+
+
+def register_mix(sub) -> None:
+    p = sub.add_parser("mix", help="mix SASRec's item distribution into the fused prior (chosen on validation)")
+    p.add_argument("--bundle", type=Path, required=True)
+    p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
+    p.add_argument("--trials", type=int, default=25)
+    p.add_argument("--budget-minutes", type=float, default=15.0)
+    p.add_argument("--users", type=int, default=1000, help="validation users (a fixed random sample)")
+    p.add_argument("--metric", choices=("ndcg@10", "recall@10"), default="ndcg@10")
+    p.add_argument("--max-weight", type=float, default=3.0, help="upper end of the fusion weight range")
+    p.add_argument("--cache-dir", type=Path, default=None,
+                   help="fitted SASRec cache, shared with `recsvc eval` (default: BUNDLE/baselines)")
+    p.add_argument("--sasrec-max-minutes", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_tune_mix)
+
+
+def cmd_tune_mix(args: argparse.Namespace) -> int:
+    import torch
+
+    from recsvc.model.bundle import Bundle
+    from recsvc.model.loading import load_causal_lm
+    from recsvc.model.sequence_prior import MixedPrior, MixSettings, SequenceModel
+    from recsvc.model.transition import TransitionPrior
+    from tokenizer_rqvae.trie import CatalogTrie
+    from training.baselines.sasrec import cache_dir_for, fit_sasrec
+    from training.baselines.sasrec_train import SASRecSettings
+    from training.data.dataset import load_split_dir
+    from training.evaluate import rank_users, sample_users, serving_model
+    from training.metrics import evaluate_rankings
+    from training.prior_cli import prior_sequences, resolve_fit_on
+    from training.tune import _check_budget, _run, _study
+
+    _check_budget(args.trials, args.budget_minutes)
+    if args.users < 1 or not 0 < args.max_weight <= 10:
+        raise UserError("--users must be >= 1 and --max-weight in (0, 10]")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bundle = Bundle.open(args.bundle)
+    if not bundle.has_prior(False):
+        raise UserError(f"{bundle.root} has no transition prior: run `recsvc tune prior` first")
+    data = load_split_dir(bundle.resolve_data_dir(args.data))
+    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
+    protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
+    if protocol == "deploy" and not has_train_only:
+        raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): validation cannot choose "
+                        "the mix with a target that saw the valid period")
+    fit_on = resolve_fit_on("auto", protocol)
+    stored = TransitionPrior.load(bundle.prior_dir)
+    ids = bundle.load_ids()
+    cache = args.cache_dir or bundle.root / "baselines"
+    settings = SASRecSettings(max_minutes=args.sasrec_max_minutes).check()
+    t0 = time.monotonic()
+    for period in ("train", fit_on):  # fitted (or loaded from the cache) before the search
+        fit_sasrec(data, period, settings, cache_dir=cache)
+    train_dir, served_dir = (cache_dir_for(cache, data, p, settings) for p in ("train", fit_on))
+    seq_train = SequenceModel.load(train_dir)
+    train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored.settings,
+                                      fitted_on="train")
+    model_dir = bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir
+    model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
+    builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
+    users = sample_users(data.eval_users("valid"), args.users, args.seed)
+    print(f"tune mix: {len(users)} validation users, model {model_dir.name}, transition {stored.settings}, "
+          f"metric {args.metric}")
+
+    def objective(trial) -> float:
+        mix = MixSettings(mix=trial.suggest_float("mix", 0.0, 1.0),
+                          temperature=trial.suggest_float("temperature", 0.25, 4.0, log=True))
+        weight = trial.suggest_float("weight", 0.0, args.max_weight)
+        prior = MixedPrior(train_prior.with_settings(_with_weight(stored.settings, weight)), seq_train, mix)
+        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, progress=False, prior=prior),
+                              users, (10,))
+        trial.set_user_attr("recall@10", m["recall@10"])
+        trial.set_user_attr("ndcg@10", m["ndcg@10"])
+        return m[args.metric]
+
+    study = _study(bundle.root / "tune" / "mix.db", "mix", args.seed)
+    if not study.trials:  # the transition prior alone, as tuned
+        study.enqueue_trial({"mix": 0.0, "temperature": 1.0, "weight": min(stored.settings.weight, args.max_weight)})
+    ran = _run(study, objective, args.trials, args.budget_minutes)
+    best = study.best_trial
+    first = study.trials[0]
+    chosen = _with_weight(stored.settings, best.params["weight"])
+    served = TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen, fitted_on=fit_on)
+    mix = MixSettings(mix=best.params["mix"], temperature=best.params["temperature"])
+    out = bundle.prior_dir
+    MixedPrior(served, SequenceModel.load(served_dir), mix).save(out, served_dir)
+    shutil.rmtree(out / TRAIN_SEQUENCE_DIR, ignore_errors=True)
+    shutil.copytree(train_dir, out / TRAIN_SEQUENCE_DIR)
+    record = {"settings": best.params, "transition": asdict(stored.settings), "fit_on": fit_on,
+              "valid_users": len(users), "metric": args.metric,
+              "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
+              "valid_transition_only": {"recall@10": first.user_attrs.get("recall@10"),
+                                        "ndcg@10": first.user_attrs.get("ndcg@10")},
+              "sasrec_cache": str(cache), "trials": len(study.trials), "trials_this_run": ran,
+              "seconds_this_run": round(time.monotonic() - t0, 1)}
+    meta = bundle.read()
+    bundle.update(prior={**meta.get("prior", {}), "weight": chosen.weight, "mix": mix.mix,
+                         "temperature": mix.temperature},
+                  tuning={**meta.get("tuning", {}), "mix": record})
+    print(json.dumps(record, indent=1))
+    return 0
+
+
+def _with_weight(settings, weight: float):
+    return replace(settings, weight=float(weight))
