@@ -73,3 +73,15 @@ def test_bench_serve_measures_the_served_configuration(bundle, tmp_path, capsys)
     for row in rows.values():  # what the server reported doing: --spec off answers strict requests plainly
         assert row["ok"] > 0 and row["modes_used"] == {"PLAIN": row["ok"]}
         assert row["beam_widths"] == {str(DEFAULT_BEAM_WIDTH): row["ok"]}
+
+
+def test_the_demo_serves_the_served_configuration(bundle, capsys) -> None:
+    from recsvc.cli.demo import _serve_and_query
+
+    _serve_and_query(bundle, startup_budget_s=5.0)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    stats = [line["stats"] for line in lines]
+    assert [s["requested_mode"] for s in stats] == ["plain", "strict", "relaxed", "strict"]
+    assert all(s["beam_width"] == DEFAULT_BEAM_WIDTH for s in stats[:2])  # serve's default width, not k
+    assert stats[1]["mode"] in ("strict", "plain") and stats[-1]["mode"] == "popularity"  # the new user
+    assert (stats[1]["mode"] == "plain") == bool(stats[1]["mode_fallback_reason"])

@@ -51,14 +51,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_and_query(bundle: Path) -> None:
-    from recsvc.engine.recommender import BundleRecommender
+def _serve_and_query(bundle: Path, startup_budget_s: float = 20.0) -> None:
     from recsvc.service.client import RecClient, response_to_dict
     from recsvc.service.server import ServerConfig, serve
+    from recsvc.service.settings import ServeSettings, build_recommender
 
-    _say("starting the gRPC server (in-process history store, port chosen by the OS)")
-    rec = BundleRecommender.from_bundle(bundle)
-    server = serve(rec, None, ServerConfig(port=0, default_mode="strict"))
+    _say("starting the gRPC server as `recsvc serve` would (in-process history store, port chosen by the OS; "
+         f"--spec auto calibration within {startup_budget_s:g} s)")
+    settings = ServeSettings.for_bundle(str(bundle), ["--startup-budget-s", str(startup_budget_s)])
+    rec = build_recommender(settings, step=lambda *a, **f: None)
+    server = serve(rec, None, ServerConfig(port=0, default_mode=settings.default_mode))
     try:
         with RecClient(f"127.0.0.1:{server.port}") as client:
             print("health:", client.health())
