@@ -121,5 +121,11 @@ def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, mo
     model = res["model"]
     assert model["cold"]["users"] > 0 and model["warm"]["users"] > 0 and res["cold_items"] == 3
     assert res["baselines"]["popularity"]["cold"]["recall@10"] == 0.0  # no interactions: never ranked
+    # a third of the validation users have all three fresh items among their targets: slots pay
+    assert fresh.settings.slots > 0
     if fresh.settings.slots:
         assert "popularity+fresh" in res["baselines"] and res["fresh"]["slots"] == fresh.settings.slots
+        effect = res["fresh_effect"]["cold@10"]  # per-user differences with vs without the slots
+        assert effect["users"] == model["cold"]["users"]
+        assert effect["recall@10_diff"] == pytest.approx(model["cold"]["recall@10"]
+                                                         - res["model_without_fresh"]["cold"]["recall@10"])

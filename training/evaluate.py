@@ -31,7 +31,7 @@ from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
 from recsvc.model.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 from training.data.dataset import EvalUser, SplitData
-from training.fresh_eval import cold_items, fresh_lists
+from training.fresh_eval import cold_items, fresh_lists, paired_effect
 from training.metrics import evaluate_rankings, popularity_rankings, score_lists
 
 DEFAULT_EVAL_KS = (1, 5, 10, 20)
@@ -203,7 +203,8 @@ def evaluate_bundle(
     fresh = None
     if use_fresh and bundle.has_fresh():  # fresh items recounted on this evaluation's fitting period
         fresh = FreshItems.load(bundle.fresh_dir).with_fresh(sorted(cold), fit_on)
-    model_metrics = score_lists(fresh_lists(fresh, rankings, users, exclude_history), users, ks, cold)
+    lists_at = fresh_lists(fresh, rankings, users, exclude_history)  # k -> the lists read at k
+    model_metrics = score_lists(lists_at, users, ks, cold)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
     from training.baselines import evaluate_baselines
@@ -216,6 +217,8 @@ def evaluate_bundle(
         "exclude_history": exclude_history,
         "model": model_metrics, "popularity": evaluate_rankings(pop, users, ks),
         "model_without_fresh": score_lists(lambda k: rankings, users, ks, cold) if fresh is not None else None,
+        "fresh_effect": ({f"{part}@{k}": paired_effect(lists_at(k), rankings, users, k, cold, part == "cold")
+                          for k in ks for part in ("cold", "warm")} if fresh is not None else None),
         "cold_items": len(cold), "fit_on": fit_on,
         "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),

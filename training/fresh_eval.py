@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 
 from recsvc.model.fresh import FreshItems
 from training.data.dataset import EvalUser, SplitData
+from training.metrics import ndcg_at_k, recall_at_k, slice_users, standard_error
 
 
 def cold_items(data: SplitData, fit_on: str, catalog: Sequence[int]) -> set[int]:
@@ -29,3 +30,18 @@ def fresh_lists(fresh: FreshItems | None, rankings: dict[int, list[int]], users:
                              [u.history for u in users] if exclude_history else None)
     by_user = {u.user_id: c for u, c in zip(users, cands, strict=True)}
     return lambda k: {u: fresh.merge(r, by_user.get(u, []), k) for u, r in rankings.items()}
+
+
+def paired_effect(with_slots: dict[int, list[int]], without: dict[int, list[int]], users: Sequence[EvalUser],
+                  k: int, items: set[int], inside: bool) -> dict[str, float]:
+    """What the slots change on one slice (``inside``: the cold targets, else the warm ones), user by user:
+    mean and standard error of the per-user difference of Recall@k and NDCG@k (with - without), so that "within
+    noise" is a stated number rather than an impression."""
+    part = slice_users(users, items, inside)
+    out: dict[str, float] = {"users": float(len(part))}
+    for name, fn in (("recall", recall_at_k), ("ndcg", ndcg_at_k)):
+        diff = [fn(with_slots.get(u.user_id, []), u.targets, k) - fn(without.get(u.user_id, []), u.targets, k)
+                for u in part]
+        out[f"{name}@{k}_diff"] = sum(diff) / len(diff) if diff else 0.0
+        out[f"{name}@{k}_diff_se"] = standard_error(diff)
+    return out
