@@ -16,21 +16,44 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from recsvc.errors import UserError
 from tokenizer_rqvae.build import IDS_FILE, REPORT_FILE, check_device
 from tokenizer_rqvae.collisions import IdSpace, check_capacity, last_level_distance, place
 from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads
 from tokenizer_rqvae.ids import SemanticIds
-from tokenizer_rqvae.rqvae import load_rqvae
+from tokenizer_rqvae.rqvae import RQVAE, load_rqvae
 
 
-def _recorded_model(ids_dir: Path) -> Path | None:
+def recorded_model(ids_dir: Path) -> Path | None:
     """The embedding model the ids were built with (from report.json), when still present."""
     try:
         path = json.loads((ids_dir / REPORT_FILE).read_text()).get("embedding_model")
     except (OSError, json.JSONDecodeError, AttributeError):
         return None
     return Path(path) if path and Path(path).is_dir() else None
+
+
+def assign_codes(model: RQVAE, taken: np.ndarray, item_ids: np.ndarray, x: np.ndarray, device: str = "cpu"
+                 ) -> tuple[np.ndarray, int]:
+    """Collision-free codes for new items: ``taken`` [n, L] the ids already in use, ``item_ids`` [m] the new
+    items, ``x`` [m, in] their text embeddings -> (codes [m, L], how many did not get their own raw id).
+    Placed closest-first (last-level residual distance, then item id), as :func:`place` resolves collisions."""
+    cfg = model.config
+    if x.shape[1] != cfg.in_dim:
+        raise UserError(f"embedding model gives {x.shape[1]}-d vectors, the RQ-VAE expects {cfg.in_dim}-d "
+                        "(use the --model the ids were built with)")
+    check_capacity(len(taken) + len(item_ids), cfg.levels, cfg.codebook_size)
+    enc = model.encode(x, device=device)
+    codebooks = model.codebooks.detach().cpu().numpy()  # [L, K, D]
+    space = IdSpace(cfg.levels, cfg.codebook_size)
+    for row in np.asarray(taken).tolist():
+        space.add(tuple(row))
+    dist = last_level_distance(enc.codes, enc.residuals, codebooks)  # [m]
+    order = sorted(range(len(item_ids)), key=lambda r: (dist[r], int(item_ids[r])))
+    codes, moved_rows, _ = place(space, enc.codes, enc.residuals, codebooks, order)
+    return np.asarray(codes, dtype=np.int64), len(moved_rows)
 
 
 @torch_threads()
@@ -70,21 +93,10 @@ def assign_new_items(
     moved = 0
     if new_items:
         new_ids, texts = items_texts(new_items)
-        emb = embedder or Embedder(model_path or _recorded_model(ids_dir), cache_dir, device=device,
+        emb = embedder or Embedder(model_path or recorded_model(ids_dir), cache_dir, device=device,
                                    progress=progress)
         x = emb.embed(texts)  # [m, dim]
-        if x.shape[1] != cfg.in_dim:
-            raise UserError(f"embedding model gives {x.shape[1]}-d vectors, the RQ-VAE expects {cfg.in_dim}-d "
-                            "(use the --model the ids were built with)")
-        enc = model.encode(x, device=device)
-        codebooks = model.codebooks.detach().cpu().numpy()  # [L, K, D]
-        space = IdSpace(cfg.levels, cfg.codebook_size)
-        for row in catalog.codes.tolist():
-            space.add(tuple(row))
-        dist = last_level_distance(enc.codes, enc.residuals, codebooks)  # [m]
-        order = sorted(range(len(new_ids)), key=lambda r: (dist[r], int(new_ids[r])))
-        codes, moved_rows, _ = place(space, enc.codes, enc.residuals, codebooks, order)
-        moved = len(moved_rows)
+        codes, moved = assign_codes(model, catalog.codes, new_ids, x, device)
         mapping.update({int(i): tuple(int(c) for c in row) for i, row in zip(new_ids, codes, strict=True)})
     merged = SemanticIds.from_mapping(mapping, cfg.codebook_size)
     if merged.collisions():  # place() guarantees this

@@ -107,6 +107,26 @@ class TransitionPrior:
         return TransitionPrior(self.item_ids, self.indptr, self.indices, self.counts, self.item_counts, settings,
                                self.fitted_on)
 
+    def with_items(self, item_ids: Iterable[int]) -> TransitionPrior:
+        """This prior over the catalog plus ``item_ids`` (items it does not cover get rows with zero counts, so
+        they receive only the popularity back-off: add-one mass; items already covered keep their counts).
+        Rows stay in ascending item-id order, so new items may land between existing rows."""
+        new = np.setdiff1d(np.asarray(list(item_ids), dtype=np.int64), self.item_ids)
+        if not len(new):
+            return self
+        merged = np.union1d(self.item_ids, new)  # [n'] ascending
+        old_rows = np.searchsorted(merged, self.item_ids)  # [n] old row -> new row
+        n = len(merged)
+        src = np.repeat(old_rows, np.diff(self.indptr))  # [nnz] new source row of each stored transition
+        dst = old_rows[self.indices]  # [nnz]
+        order = np.lexsort((dst, src))  # CSR: by source row, then next item (old order is kept: monotone map)
+        indptr = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(indptr, src + 1, 1)
+        item_counts = np.zeros(n, dtype=np.float32)
+        item_counts[old_rows] = self.item_counts
+        return TransitionPrior(merged, np.cumsum(indptr), dst[order], self.counts[order], item_counts,
+                               self.settings, self.fitted_on)
+
     # ---- scoring --------------------------------------------------------------------------------------------
     def probs(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
         """[B] histories -> [B, n] P(next = row j | history) (rows in ``item_ids`` order; each row sums to 1)."""

@@ -26,6 +26,17 @@ class AttributeSource:
         self._checked = time.monotonic()
         self.reloads = 0
 
+    def over(self, trie: CatalogTrie) -> AttributeSource:
+        """The same file's source over another trie (a live catalog's), starting from the attributes held now
+        (no re-read: a file that is bad at this moment does not stop the catalog from changing)."""
+        other = object.__new__(AttributeSource)
+        other.path, other.trie, other.check_every_s = self.path, trie, self.check_every_s
+        other._lock = threading.Lock()
+        with self._lock:
+            other._stamp, other._checked, other.reloads = self._stamp, self._checked, self.reloads
+            other._catalog = RuleCatalog(self._catalog.attrs, trie)
+        return other
+
     def _stat(self) -> tuple[int, int] | None:
         try:
             st = os.stat(self.path)

@@ -1,0 +1,176 @@
+"""A bundle's recommender over a live catalog (``recsvc.model.live_catalog``): added and retired items, no retraining.
+
+:func:`with_catalog` builds, from the recommender loaded from the bundle, one over the bundle's items plus the
+added ones; it shares the loaded models (target, drafter network, draft head), the settings (speculation,
+beam width, rules) and the user-state cache, and rebuilds what depends on the catalog:
+
+- the ids, the prompt builder (a history may hold new items) and the trie, on the target's device, with the
+  beam search over it; every drafter that holds a trie (and the transition drafter's prior) follows;
+- the fused transition prior, extended with zero counts for the new items (they get only its popularity
+  back-off mass: the model has never seen them as targets);
+- the popularity fallback order (new items last: nobody has interacted with them);
+- the fresh-item component: new items join the fresh set with their text vectors, so they take its tail slots
+  for the users whose recent items they resemble;
+- the item attributes for rules (the same file over the new trie; new items have no attributes until it lists
+  them).
+
+Retired items stay in the ids (they may still be in users' histories) and are excluded from every response:
+:class:`LiveRecommender` adds them to every query's exclusions (dead trie nodes, fresh candidates skipped) and
+to the popularity fallback's. It holds the current ``CatalogState`` behind one reference that :meth:`apply`
+replaces; a batch reads it once, so a batch in flight finishes on the catalog it started with.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from recsvc.engine.api import RecQuery, RecResult
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.recommender import BundleRecommender
+from recsvc.model.fresh import FreshItems
+from recsvc.model.live_catalog import LiveCatalog
+from recsvc.model.prompt import PromptBuilder
+from recsvc.rules.catalog import RuleCatalog
+from recsvc.rules.spec import Rules
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+def drafter_over(drafter: Any, trie: CatalogTrie, item_ids: np.ndarray) -> Any:
+    """``drafter`` (sharing its network) over another catalog's trie; a transition prior it holds covers
+    ``item_ids`` [n]. None stays None."""
+    from recsvc.drafters.head import HeadDrafter
+    from recsvc.drafters.llama import LlamaDrafter
+    from recsvc.drafters.transition import TransitionDrafter
+
+    if drafter is None:
+        return None
+    if isinstance(drafter, TransitionDrafter):
+        return TransitionDrafter(drafter.prior.with_items(item_ids), trie)
+    if isinstance(drafter, HeadDrafter):
+        return HeadDrafter(drafter.head, trie, drafter_over(drafter.opener, trie, item_ids))
+    if isinstance(drafter, LlamaDrafter):
+        return LlamaDrafter(drafter.model, trie, drafter.code_offset)
+    other = copy.copy(drafter)  # any other drafter with a trie (benches' oracle and retrieval drafters)
+    if hasattr(other, "trie"):
+        other.trie = trie
+    return other
+
+
+def fresh_with(fresh: FreshItems, item_ids: np.ndarray, vectors: np.ndarray) -> FreshItems:
+    """The fresh component with ``item_ids`` [m] (vectors [m, d]) added to its fresh set."""
+    if not len(item_ids):
+        return fresh
+    return FreshItems(fresh.vectors.with_items(item_ids, vectors),
+                      np.concatenate([fresh.fresh_ids, item_ids]), fresh.settings, fresh.counted_on)
+
+
+def with_catalog(base: BundleRecommender, catalog: LiveCatalog) -> BundleRecommender:
+    """A recommender over ``base``'s catalog plus ``catalog``'s additions (``base`` itself when there are
+    none; retired items are :class:`LiveRecommender`'s). ``base`` is not modified."""
+    if not len(catalog.item_ids):
+        return base
+    ids = catalog.merged_ids(base.ids)
+    rec = copy.copy(base)  # shares the models, settings and the user-state cache (prompts of old items hold)
+    p = base.prompts
+    rec.ids = ids
+    rec.prompts = PromptBuilder(p.tokenizer, ids, p.max_history, header=p.header)
+    rec.trie = CatalogTrie(ids).to(base.target.device)
+    rec.engine = BeamSearch(base.target, rec.trie, rec.prompts.code_offset)
+    if base.prior is not None:
+        rec.prior = base.prior.with_items(ids.item_ids)
+    # the popularity fallback: the bundle's order, then the new items (no interactions), lowest id first
+    rec._popular = list(base._popular) + catalog.item_ids.tolist()
+    rec._popular_rows = np.array([ids.index_of(i) for i in rec._popular], dtype=np.int64)  # [n + m]
+    if base.fresh is not None:
+        rec.fresh = fresh_with(base.fresh, catalog.item_ids, catalog.vectors)
+    if base.attributes is not None:
+        rec.attributes = base.attributes.over(rec.trie)
+    rec.drafter = drafter_over(base.drafter, rec.trie, ids.item_ids)
+    rec.sampler = rec.drafter if base.sampler is not None else None
+    return rec
+
+
+@dataclass(frozen=True)
+class CatalogState:
+    """What one batch is served with: the recommender and the items it must never return."""
+
+    recommender: BundleRecommender
+    catalog: LiveCatalog
+    retired: tuple[int, ...]  # ascending
+
+    @property
+    def items(self) -> int:
+        """Items that can be recommended: the bundle's and the added ones, less the retired."""
+        return len(self.recommender.ids) - len(self.retired)
+
+
+class LiveRecommender:
+    """A ``Recommender`` (``recsvc.engine.api``) over a bundle's recommender whose catalog :meth:`apply`
+    replaces while it serves. Configure the bundle's recommender (speculation, rules, caches) before wrapping
+    it: other attributes are read from the current state's recommender."""
+
+    def __init__(self, base: BundleRecommender) -> None:
+        self.base = base
+        dim = base.fresh.vectors.vectors.shape[1] if base.fresh is not None else 0
+        self._state = CatalogState(base, LiveCatalog.empty(base.ids.levels, dim), ())
+        self._apply_lock = threading.Lock()
+
+    @property
+    def state(self) -> CatalogState:
+        return self._state
+
+    @property
+    def vector_dim(self) -> int | None:
+        """The length new items' vectors must have (the fresh component's), None without one."""
+        fresh = self.base.fresh
+        return int(fresh.vectors.vectors.shape[1]) if fresh is not None else None
+
+    def apply(self, catalog: LiveCatalog) -> CatalogState:
+        """Builds the state of ``catalog`` (validated against the bundle: ``recsvc.model.live_catalog``) and
+        makes it current; the previous state serves until then, and batches that read it finish on it."""
+        with self._apply_lock:
+            state = CatalogState(with_catalog(self.base, catalog), catalog, tuple(int(i) for i in catalog.retired))
+            self._state = state  # one reference: atomic for every reader
+            return state
+
+    # ---- Recommender --------------------------------------------------------------------------------------
+    def recommend(self, queries: Sequence[RecQuery], *args: Any, **kwargs: Any) -> list[RecResult]:
+        state = self._state  # read once: the whole batch is decoded over one catalog
+        if state.retired:
+            queries = [replace(q, exclude=tuple(q.exclude) + state.retired) for q in queries]
+        return state.recommender.recommend(queries, *args, **kwargs)
+
+    def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
+        state = self._state
+        return state.recommender.popular_items(k, tuple(exclude) + state.retired, rules)
+
+    def known_item(self, item_id: int) -> bool:
+        """Retired items stay known: they may be in histories (and excluded), never in responses."""
+        return self._state.recommender.known_item(item_id)
+
+    def semantic_id(self, item_id: int) -> list[str]:
+        return self._state.recommender.semantic_id(item_id)
+
+    @property
+    def rule_catalog(self) -> RuleCatalog | None:
+        return self._state.recommender.rule_catalog
+
+    @property
+    def max_k(self) -> int:
+        return self._state.recommender.max_k
+
+    @property
+    def max_history(self) -> int:
+        return self._state.recommender.max_history
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (target, spec, drafter, fresh, beam width, ...) is the current recommender's."""
+        if name.startswith("__") or name in ("_state", "base", "_apply_lock"):
+            raise AttributeError(name)
+        return getattr(self._state.recommender, name)

@@ -1,0 +1,164 @@
+"""The live catalog file: items added to and retired from a bundle's catalog without retraining.
+
+``recsvc catalog add|retire`` writes it (BUNDLE/catalog_live.json by default); a running ``recsvc serve`` reads
+it whenever it changes (``recsvc.service.catalog_watch``) and serves the bundle's catalog plus the additions,
+minus the retired items. Format (cumulative: each command rewrites the whole file, atomically)::
+
+    {"version": 3,
+     "add": [{"item_id": 61, "codes": [12, 200, 7, 31], "vector": [0.013, -0.052, ...]}, ...],
+     "retire": [12, 34]}
+
+``codes``: the item's semantic id (one code per level, each in [0, codebook size)), unique against the
+bundle's ids and every other addition (``tokenizer_rqvae.assign.assign_codes`` gives such codes). ``vector``:
+the item's text embedding (the bundle's fresh-item component ranks new items with it, so its length must be
+that component's). ``retire``: items of the bundle or of ``add`` that are never recommended again (they stay
+valid in histories). ``version``: a counter the commands increase, reported in the server's log.
+
+Worked example: bundle items {1: (0, 0, 0, 1), 2: (0, 0, 0, 2)}; ``{"version": 1, "add": [{"item_id": 3,
+"codes": [0, 0, 0, 2], ...}]}`` is rejected (item 2's id), ``"codes": [0, 0, 1, 0]`` is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recsvc.errors import UserError
+from tokenizer_rqvae.ids import SemanticIds
+
+CATALOG_FILE = "catalog_live.json"
+FIELDS = ("version", "add", "retire")
+
+
+@dataclass(frozen=True)
+class LiveCatalog:
+    """A validated live catalog: additions (``item_ids`` [m] ascending, ``codes`` [m, L], ``vectors`` [m, d]
+    float32) and ``retired`` [r] item ids (ascending)."""
+
+    version: int
+    item_ids: np.ndarray
+    codes: np.ndarray
+    vectors: np.ndarray
+    retired: np.ndarray
+
+    @classmethod
+    def empty(cls, levels: int = 4, dim: int = 0) -> LiveCatalog:
+        return cls(0, np.zeros(0, np.int64), np.zeros((0, levels), np.int64), np.zeros((0, dim), np.float32),
+                   np.zeros(0, np.int64))
+
+    def merged_ids(self, base: SemanticIds) -> SemanticIds:
+        """The bundle's ids plus the additions (``base`` itself when there are none)."""
+        if not len(self.item_ids):
+            return base
+        ids = np.concatenate([base.item_ids, self.item_ids])  # [n + m]
+        order = np.argsort(ids, kind="stable")
+        return SemanticIds(ids[order], np.concatenate([base.codes, self.codes])[order], base.codebook_size)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version,
+                "add": [{"item_id": int(i), "codes": [int(c) for c in row], "vector": [float(v) for v in vec]}
+                        for i, row, vec in zip(self.item_ids, self.codes, self.vectors, strict=True)],
+                "retire": [int(i) for i in self.retired]}
+
+    def save(self, path: str | Path) -> None:
+        """Atomic write (a temp file in the same directory, then ``os.replace``): a server polling the file
+        never reads half of it."""
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.to_json()) + "\n")
+        os.replace(tmp, path)
+
+
+def _int(value: Any, where: str, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise UserError(f"{where} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def parse_catalog(doc: Any, base: SemanticIds, vector_dim: int | None = None) -> LiveCatalog:
+    """Validates a live-catalog document against the bundle's ids ``base``; UserError naming the first bad
+    field. ``vector_dim``: the length every ``vector`` must have (None: any, but one length for all)."""
+    if not isinstance(doc, dict):
+        raise UserError(f"expected a JSON object with {', '.join(FIELDS)}, got {type(doc).__name__}")
+    unknown = sorted(set(doc) - set(FIELDS))
+    if unknown:
+        raise UserError(f"unknown field(s) {', '.join(map(repr, unknown))} (expected {', '.join(FIELDS)})")
+    version = _int(doc.get("version", 0), "version")
+    adds, retire = doc.get("add", []), doc.get("retire", [])
+    if not isinstance(adds, list) or not isinstance(retire, list):
+        raise UserError("add and retire must be lists")
+    levels, size = base.levels, base.codebook_size
+    taken = {tuple(int(c) for c in row): int(i) for i, row in zip(base.item_ids, base.codes, strict=True)}
+    items: list[int] = []
+    added: set[int] = set()
+    codes: list[tuple[int, ...]] = []
+    vectors: list[list[float]] = []
+    dim = vector_dim
+    for n, entry in enumerate(adds):
+        where = f"add[{n}]"
+        if not isinstance(entry, dict) or set(entry) != {"item_id", "codes", "vector"}:
+            raise UserError(f"{where} must be an object with exactly item_id, codes and vector, got {entry!r:.80}")
+        item = _int(entry["item_id"], f"{where}.item_id", 1)
+        if item in base:
+            raise UserError(f"{where}.item_id: item {item} is already in the bundle's catalog")
+        if item in added:
+            raise UserError(f"{where}.item_id: item {item} is added twice")
+        row = entry["codes"]
+        if not isinstance(row, list) or len(row) != levels:
+            raise UserError(f"{where}.codes must be a list of {levels} codes, got {row!r:.80}")
+        key = tuple(_int(c, f"{where}.codes", 0) for c in row)
+        if max(key) >= size:
+            raise UserError(f"{where}.codes: codes must lie in [0, {size}), got {list(key)}")
+        if key in taken:
+            raise UserError(f"{where}.codes: {list(key)} is already item {taken[key]}'s id (ids must be unique)")
+        vec = entry["vector"]
+        if not isinstance(vec, list) or not vec or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in vec):
+            raise UserError(f"{where}.vector must be a non-empty list of finite numbers")
+        if dim is not None and len(vec) != dim:
+            raise UserError(f"{where}.vector has {len(vec)} dimensions, the served item embeddings have {dim}")
+        dim = len(vec)
+        taken[key] = item
+        added.add(item)
+        items.append(item)
+        codes.append(key)
+        vectors.append([float(v) for v in vec])
+    retired: list[int] = []
+    seen: set[int] = set()
+    for n, value in enumerate(retire):
+        item = _int(value, f"retire[{n}]", 1)
+        if item not in base and item not in added:
+            raise UserError(f"retire[{n}]: item {item} is in neither the bundle's catalog nor add")
+        if item in seen:
+            raise UserError(f"retire[{n}]: item {item} is retired twice")
+        seen.add(item)
+        retired.append(item)
+    order = np.argsort(np.asarray(items, dtype=np.int64), kind="stable")
+    return LiveCatalog(
+        version=version,
+        item_ids=np.asarray(items, dtype=np.int64)[order],
+        codes=np.asarray(codes, dtype=np.int64).reshape(len(items), levels)[order],
+        vectors=np.asarray(vectors, dtype=np.float32).reshape(len(items), dim or 0)[order],
+        retired=np.sort(np.asarray(retired, dtype=np.int64)),
+    )
+
+
+def read_catalog(path: str | Path, base: SemanticIds, vector_dim: int | None = None) -> LiveCatalog:
+    """``parse_catalog`` of a file; UserError (prefixed with the path) when it cannot be read or is invalid."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such live-catalog file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not a readable JSON file ({exc})") from exc
+    try:
+        return parse_catalog(doc, base, vector_dim)
+    except UserError as exc:
+        raise UserError(f"{path}: {exc}") from None

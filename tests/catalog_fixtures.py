@@ -1,0 +1,58 @@
+"""Shared helpers for the live-catalog tests (no tests here): a tiny real bundle with a fused transition prior,
+item attributes and a fresh-item component (BUNDLE/fresh, one tail slot), and live-catalog documents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from test_drafter_fixtures import tiny_bundle
+
+from recsvc.model.bundle import Bundle
+from recsvc.model.fresh import FreshItems, FreshSettings, ItemVectors
+from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.rules.attributes import ItemAttributes
+from tokenizer_rqvae.ids import SemanticIds
+from training.data.dataset import load_split_dir
+
+DIM = 8  # the fresh component's vector length
+NEW = 1001  # the id of the first added item (above the synthetic catalog's 1..60)
+
+
+def live_bundle(root: Path, n_users: int = 40) -> Path:
+    """tiny_bundle + BUNDLE/prior (weight 0.5) + BUNDLE/attributes.json (brand) + BUNDLE/fresh (random
+    unit vectors per item, no fresh items yet, 1 tail slot at cosine >= 0.9 to the last history item)."""
+    path = tiny_bundle(root, n_users=n_users)
+    bundle = Bundle.open(path)
+    data = load_split_dir(bundle.resolve_data_dir())
+    items = bundle.load_ids().item_ids.tolist()
+    TransitionPrior.fit(data.train.values(), items, PriorSettings(weight=0.5)).save(bundle.prior_dir)
+    ItemAttributes.from_items({i: {"brand": "acme" if i % 2 else "kirra"} for i in items}).save(
+        path / "attributes.json")
+    vecs = ItemVectors.from_arrays(items, np.random.default_rng(0).normal(size=(len(items), DIM)))
+    FreshItems(vecs, [], FreshSettings(slots=1, window=1, min_similarity=0.9)).save(bundle.fresh_dir)
+    return path
+
+
+def vector_of(bundle: Path, item: int) -> list[float]:
+    """The stored text vector of a bundle item (BUNDLE/fresh)."""
+    fresh = FreshItems.load(Bundle.open(bundle).fresh_dir)
+    return fresh.vectors.vectors[fresh.vectors.rows([item])][0].tolist()
+
+
+def free_codes(ids: SemanticIds, n: int, seed: int = 1) -> list[list[int]]:
+    """n distinct 4-code ids no item of ``ids`` has."""
+    taken = {tuple(r) for r in ids.codes.tolist()}
+    rng = np.random.default_rng(seed)
+    out: list[list[int]] = []
+    while len(out) < n:
+        row = tuple(int(c) for c in rng.integers(0, 256, size=4))
+        if row not in taken:
+            taken.add(row)
+            out.append(list(row))
+    return out
+
+
+def add_entry(item: int, codes: list[int], vector: list[float]) -> dict[str, Any]:
+    return {"item_id": item, "codes": codes, "vector": vector}
