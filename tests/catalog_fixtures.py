@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 from test_drafter_fixtures import tiny_bundle
 
+from recsvc.data.split import load_split_dir
 from recsvc.model.bundle import Bundle
 from recsvc.model.fresh import FreshItems, FreshSettings, ItemVectors
 from recsvc.model.transition import PriorSettings, TransitionPrior
 from recsvc.rules.attributes import ItemAttributes
 from tokenizer_rqvae.ids import SemanticIds
-from training.data.dataset import load_split_dir
 
 DIM = 8  # the fresh component's vector length
 NEW = 1001  # the id of the first added item (above the synthetic catalog's 1..60)

@@ -1,4 +1,4 @@
-"""training.data.dataset: the split format loader, the evaluation protocol, format errors, the real Beauty split."""
+"""recsvc.data.split: the split format loader, the evaluation protocol, format errors, the real Beauty split."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recsvc.cli.main import main
+from recsvc.data.split import EvalUser, ItemMeta, load_split_dir, split_stats, write_split_dir
 from recsvc.errors import UserError
-from training.data.dataset import EvalUser, ItemMeta, load_split_dir, split_stats, write_split_dir
 
 
 def beauty_dir() -> Path:

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recsvc.cli.main import main
+from recsvc.data.split import ItemMeta, load_split_dir
 from recsvc.errors import UserError
 from training.data.amazon_raw import PrepareConfig, parse_record, prepare_amazon
-from training.data.dataset import ItemMeta, load_split_dir
 from training.data.split import kcore, parse_ratios, split_by_global_time
 
 # (user, asin, rating, time). After the rating filter, the dedupe and the 2-core, 10 events remain:

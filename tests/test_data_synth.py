@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recsvc.cli.main import main
+from recsvc.data.split import SplitData, load_split_dir
 from recsvc.errors import UserError
-from training.data.dataset import SplitData, load_split_dir
 from training.data.synth import SynthConfig, write_synth
 
 FILES = ("sequential_train.txt", "sequential_valid.txt", "sequential_test.txt", "items.json", "stats.json")

@@ -10,8 +10,8 @@ from test_drafter_fixtures import tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
+from recsvc.data.split import load_split_dir
 from training.api import build_teacher, evaluate_acceptance, load_bundle, train_drafter
-from training.data.dataset import load_split_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

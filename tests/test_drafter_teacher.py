@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from test_drafter_fixtures import forced_code_logprobs, tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
+from recsvc.data.split import load_split_dir
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prompts import PromptBatch
@@ -21,7 +22,6 @@ from recsvc.model.loading import save_causal_lm
 from recsvc.model.presets import new_model
 from recsvc.model.prompt import PromptBuilder
 from tokenizer_rqvae.trie import CatalogTrie
-from training.data.dataset import load_split_dir
 from training.drafter_losses import code_logprobs_tree
 from training.teacher import TeacherStore, build_teacher, collate_tree, shard_name, teacher_dir
 

@@ -11,13 +11,13 @@ from safetensors.torch import load_file
 from test_drafter_fixtures import tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
+from recsvc.data.split import load_split_dir
 from recsvc.errors import UserError
 from recsvc.model.bundle import Bundle
 from recsvc.model.loading import load_causal_lm
 from recsvc.model.presets import new_model
 from recsvc.model.prompt import PromptBuilder
 from tokenizer_rqvae.trie import CatalogTrie
-from training.data.dataset import load_split_dir
 from training.drafter_losses import METHODS, code_logprobs_tree, method_loss
 from training.teacher import TeacherStore, build_teacher, collate_tree, teacher_dir
 from training.train_drafter import acceptance_evaluator, train_drafter, validation_metric

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recsvc.data.metrics import evaluate_slices, score_lists
+from recsvc.data.split import EvalUser
 from recsvc.errors import UserError
 from recsvc.model.fresh import FreshItems, FreshSettings, ItemVectors, fresh_items_of
-from training.data.dataset import EvalUser
-from training.metrics import evaluate_slices, score_lists
 
 # items 1-3 warm, 10-12 fresh; 2-d vectors: 1 and 10 point east, 2 and 11 north, 3 and 12 west
 VECS = ItemVectors.from_arrays([1, 2, 3, 10, 11, 12],

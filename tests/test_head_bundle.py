@@ -11,11 +11,11 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
+from recsvc.data.split import load_split_dir
 from recsvc.drafters.head import HeadDrafter
 from recsvc.engine.api import RecQuery
 from recsvc.engine.recommender import BundleRecommender
 from recsvc.model.bundle import Bundle
-from training.data.dataset import load_split_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from training.data.dataset import EvalUser
-from training.metrics import evaluate_rankings, ndcg_at_k, popularity_rankings, recall_at_k
+from recsvc.data.metrics import evaluate_rankings, ndcg_at_k, popularity_rankings, recall_at_k
+from recsvc.data.split import EvalUser
 
 L2 = math.log2
 

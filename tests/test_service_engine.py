@@ -101,9 +101,9 @@ def test_relaxed_without_a_drafter_samples_from_the_target(tiny_bundle) -> None:
 
 
 def test_auto_speculation_calibrates_on_the_bundles_validation_users(tiny_bundle, recommender, tmp_path) -> None:
+    from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from recsvc.service.cli import calibration_histories
-    from training.data.dataset import load_split_dir
 
     data = load_split_dir(Bundle.open(tiny_bundle).resolve_data_dir())
     valid = {tuple(u.history[-50:]) for u in data.eval_users("valid")}

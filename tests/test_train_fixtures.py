@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from recsvc.data.split import load_split_dir
 from recsvc.model.prompt import TEMPLATES
 from recsvc.model.tokenizer import tokenizer_texts, train_tokenizer
 from tokenizer_rqvae.ids import SemanticIds
-from training.data.dataset import load_split_dir
 from training.data.synth import SynthConfig, write_synth
 
 N_ITEMS = 60

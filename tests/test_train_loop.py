@@ -8,9 +8,9 @@ import pytest
 import torch
 from test_train_fixtures import one_thread, random_ids, small_tokenizer  # noqa: F401 (one_thread: a fixture)
 
+from recsvc.data.split import EvalUser
 from recsvc.model.presets import new_model
 from recsvc.model.prompt import PromptBuilder
-from training.data.dataset import EvalUser
 from training.sequences import collate, eval_examples, train_examples
 from training.train_target import (
     TrainConfig,

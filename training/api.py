@@ -87,10 +87,10 @@ class Setup:
 def load_setup(bundle: str | Path | Bundle, dtype: str = "auto", data_dir: str | Path | None = None,
                attention: str = "fp32") -> Setup:
     """The bundle's target in the service's configuration (bf16, the engine's "fp32" attention mode)."""
+    from recsvc.data.split import load_split_dir
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.data.dataset import load_split_dir
 
     b = load_bundle(bundle)
     data_path = b.resolve_data_dir(data_dir)
@@ -118,7 +118,7 @@ def load_drafter(setup: Setup, name: str | Path | None):
 
 
 def pick_users(setup: Setup, split: str, users: int | Sequence[int] | None, seed: int = 0) -> list:
-    from training.evaluate import sample_users
+    from recsvc.data.sampling import sample_users
 
     pool = setup.data.eval_users(split)
     if users is None or isinstance(users, int):
@@ -148,11 +148,11 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
     max(K, ``draft_beams``) when given (a fixed N for every K, as in the AtSpeed paper: N = 40)."""
     from tqdm.auto import tqdm
 
+    from recsvc.data.metrics import evaluate_rankings, standard_error
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.relaxed import relaxed_speculative_search
     from recsvc.engine.sampling import make_generators, sampling_beam_search
     from recsvc.engine.speculative import speculative_search
-    from training.metrics import evaluate_rankings, standard_error
 
     bad = [m for m in modes if m not in MODES]
     if bad or not users:

@@ -141,8 +141,8 @@ def plan_fit_budget(args: argparse.Namespace, cfg, model, builder, data, selecti
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
-    from training.data.dataset import load_split_dir
     from training.train_target import ensure_tokenizer, train_target
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]

@@ -144,10 +144,10 @@ def _baseline_options(args: argparse.Namespace, default_cache: Path) -> dict:
 
 def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> int:
     """``--baselines-only``: no target is loaded; the data comes from --data (or the bundle's record)."""
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from training.baselines import evaluate_baselines
     from training.baselines.base import fit_period
-    from training.baselines.report import sample_users  # = training.evaluate's, without the engine import
-    from training.data.dataset import load_split_dir
     from training.fresh_eval import cold_items
 
     if not names:

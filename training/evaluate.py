@@ -9,7 +9,6 @@ A bundle's transition prior (BUNDLE/prior, weight > 0) is fused into the beam se
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -19,6 +18,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from recsvc.data.metrics import evaluate_rankings, popularity_rankings, score_lists
+from recsvc.data.sampling import sample_users
+from recsvc.data.split import EvalUser, SplitData
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import prior_log_mass
@@ -30,18 +32,9 @@ from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
 from recsvc.model.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
-from training.data.dataset import EvalUser, SplitData
 from training.fresh_eval import cold_items, fresh_lists, paired_effect
-from training.metrics import evaluate_rankings, popularity_rankings, score_lists
 
 DEFAULT_EVAL_KS = (1, 5, 10, 20)
-
-
-def sample_users(users: Sequence[EvalUser], max_users: int | None, seed: int = 0) -> list[EvalUser]:
-    users = list(users)
-    if max_users is not None and len(users) > max_users:
-        users = sorted(random.Random(seed).sample(users, max_users), key=lambda u: u.user_id)
-    return users
 
 
 @torch.inference_mode()
@@ -151,10 +144,10 @@ def evaluate_bundle(
     alone scores them (and the baselines) and returns the result; the other ranks return None."""
     import time
 
+    from recsvc.data.split import load_split_dir
     from recsvc.errors import UserError
     from recsvc.model.bundle import Bundle
     from recsvc.model.loading import load_causal_lm
-    from training.data.dataset import load_split_dir
 
     bundle = Bundle.open(bundle_dir)
     data_path = bundle.resolve_data_dir(data_dir)

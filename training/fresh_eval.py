@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from recsvc.data.metrics import ndcg_at_k, recall_at_k, slice_users, standard_error
+from recsvc.data.split import EvalUser, SplitData
 from recsvc.model.fresh import FreshItems
-from training.data.dataset import EvalUser, SplitData
-from training.metrics import ndcg_at_k, recall_at_k, slice_users, standard_error
 
 
 def cold_items(data: SplitData, fit_on: str, catalog: Sequence[int]) -> set[int]:

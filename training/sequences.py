@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from recsvc.data.sampling import sample_users
+from recsvc.data.split import EvalUser
 from recsvc.model.prompt import IGNORE_INDEX, PromptBuilder
-from training.data.dataset import EvalUser
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,8 @@ def eval_examples(
 
     ``max_users`` takes a fixed random sample of users (validation loss is a cheap early-stopping signal).
     """
-    users = list(users)
-    if max_users is not None and len(users) > max_users:
-        users = sorted(random.Random(seed).sample(users, max_users), key=lambda u: u.user_id)
-    return [Example(*builder.target_example(u.history, t)) for u in users for t in u.targets
-            if t in builder.ids]
+    return [Example(*builder.target_example(u.history, t)) for u in sample_users(users, max_users, seed)
+            for t in u.targets if t in builder.ids]
 
 
 def bucketed_batches(

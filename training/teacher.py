@@ -182,12 +182,12 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     from safetensors.torch import save_file
     from tqdm.auto import tqdm
 
+    from recsvc.data.split import load_split_dir
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
     from recsvc.model.bundle import Bundle
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.data.dataset import load_split_dir
 
     if k < 1 or batch_size < 1 or shard_size < 1:
         raise UserError("--k, --batch-size and the shard size must be >= 1")

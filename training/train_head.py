@@ -106,10 +106,10 @@ def train_head(bundle_dir: str | Path, method: str = "atspeed-s", alpha: float =
     from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
+    from recsvc.data.split import load_split_dir
     from recsvc.drafters.head_model import DraftHead, HeadConfig, load_head, save_head
     from recsvc.model.bundle import Bundle
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.data.dataset import load_split_dir
     from training.head_traces import build_traces
 
     if method not in METHODS:

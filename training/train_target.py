@@ -485,11 +485,11 @@ def train_target(
     """
     from accelerate import PartialState
 
+    from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from recsvc.model.loading import save_causal_lm
     from recsvc.model.presets import get_preset, new_model
     from recsvc.model.prompt import MAX_HISTORY, PromptBuilder
-    from training.data.dataset import load_split_dir
     from training.lora import is_peft, load_base_model, merge_lora, wrap_lora
     from training.sequences import count_tokens, eval_examples, train_examples
 

@@ -106,13 +106,14 @@ def _run(study, objective, trials: int, minutes: float) -> int:
 def cmd_tune_prior(args: argparse.Namespace) -> int:
     import torch
 
+    from recsvc.data.metrics import evaluate_rankings
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from recsvc.model.loading import load_causal_lm
     from recsvc.model.transition import PriorSettings, TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.data.dataset import load_split_dir
-    from training.evaluate import rank_users, sample_users, serving_model
-    from training.metrics import evaluate_rankings
+    from training.evaluate import rank_users, serving_model
     from training.prior_cli import prior_sequences, resolve_fit_on
 
     _check_budget(args.trials, args.budget_minutes)

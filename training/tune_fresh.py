@@ -53,16 +53,17 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     import optuna
     import torch
 
+    from recsvc.data.metrics import score_lists
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from recsvc.model.fresh import FreshItems, FreshSettings
     from recsvc.model.loading import load_causal_lm
     from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
     from recsvc.model.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.data.dataset import load_split_dir
-    from training.evaluate import rank_users, sample_users, serving_model
+    from training.evaluate import rank_users, serving_model
     from training.fresh_eval import cold_items, fresh_lists
-    from training.metrics import score_lists
     from training.prior_cli import resolve_fit_on
 
     if args.users is not None and args.users < 1:

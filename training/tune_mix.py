@@ -47,6 +47,9 @@ def register_mix(sub) -> None:
 def cmd_tune_mix(args: argparse.Namespace) -> int:
     import torch
 
+    from recsvc.data.metrics import evaluate_rankings
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from recsvc.model.loading import load_causal_lm
     from recsvc.model.sequence_prior import MixedPrior, MixSettings, SequenceModel
@@ -54,9 +57,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
-    from training.data.dataset import load_split_dir
-    from training.evaluate import rank_users, sample_users, serving_model
-    from training.metrics import evaluate_rankings
+    from training.evaluate import rank_users, serving_model
     from training.prior_cli import prior_sequences, resolve_fit_on
     from training.tune import _check_budget, _run, _study
 

@@ -53,10 +53,10 @@ class BenchContext:
 def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype: str = "auto",
                  data_dir: str | Path | None = None, seed: int = 0, device: str = "cpu") -> BenchContext:
     """``device``: where the target (and the trie) live: "cpu" or "cuda"."""
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.data.dataset import load_split_dir
-    from training.evaluate import sample_users
 
     bundle = Bundle.open(bundle_dir)
     data_path = bundle.resolve_data_dir(data_dir)

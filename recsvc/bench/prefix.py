@@ -29,12 +29,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     from tqdm import tqdm
 
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from recsvc.engine.api import RecQuery
     from recsvc.engine.recommender import BundleRecommender
     from recsvc.model.bundle import Bundle
     from recsvc.model.hardware import resolve_dtype
-    from training.data.dataset import load_split_dir
-    from training.evaluate import sample_users
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")

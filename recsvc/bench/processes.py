@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import signal
 import tempfile
 import threading
@@ -111,15 +110,14 @@ def serve_args(args: argparse.Namespace, settings: ServeSettings) -> list[str]:
 def build_requests(bundle: str, users: int, k: int, spec: str, split: str = "test", seed: int = 0) -> list:
     """One Recommend request per sampled user of ``split`` (the sample of ``recsvc eval``: seeded, sorted by
     user id), its history inline (the last MAX_HISTORY items)."""
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from recsvc.service.gen import recommender_pb2 as pb
-    from training.data.dataset import load_split_dir
 
     if not Path(bundle, "bundle.json").is_file():
         raise UserError(f"not a bundle (no bundle.json): {bundle}")
-    everyone = load_split_dir(Bundle.open(bundle).resolve_data_dir()).eval_users(split)
-    if len(everyone) > users:  # training.evaluate.sample_users, without importing torch here
-        everyone = sorted(random.Random(seed).sample(everyone, users), key=lambda u: u.user_id)
+    everyone = sample_users(load_split_dir(Bundle.open(bundle).resolve_data_dir()).eval_users(split), users, seed)
     mode = pb.PLAIN if spec == "off" else pb.UNSPECIFIED
     requests = [pb.RecommendRequest(user_id=f"bench-{split}-{u.user_id}", history=u.history[-MAX_HISTORY:], k=k,
                                     mode=mode) for u in everyone if u.history]

@@ -102,14 +102,14 @@ def complies(items: Sequence[int], rules: Rules, attrs: ItemAttributes) -> bool:
 def run(args: argparse.Namespace) -> dict:
     from dataclasses import replace
 
+    from recsvc.data.metrics import evaluate_rankings, ndcg_at_k, recall_at_k, standard_error
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from recsvc.engine.api import RecQuery
     from recsvc.engine.recommender import BundleRecommender
     from recsvc.model.bundle import Bundle
     from recsvc.model.hardware import resolve_dtype
     from recsvc.rules.decode import RuleSettings
-    from training.data.dataset import load_split_dir
-    from training.evaluate import sample_users
-    from training.metrics import evaluate_rankings, ndcg_at_k, recall_at_k, standard_error
 
     set_threads(args.threads)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.bench.common import markdown_table, write_json
+from recsvc.data.metrics import standard_error
 from recsvc.errors import UserError
-from training.metrics import standard_error
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
 

@@ -122,6 +122,8 @@ def parse_grid(text: str) -> list[tuple[str, int]] | None:
 
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
+    from recsvc.data.metrics import evaluate_rankings
+    from recsvc.data.sampling import sample_users
     from recsvc.engine.autotune import DEFAULT_GRID, autotune, resolve_grid
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
@@ -129,8 +131,6 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.relaxed import relaxed_speculative_search
     from recsvc.engine.sampling import make_generators, sampling_beam_search
     from recsvc.engine.speculative import speculative_search
-    from training.evaluate import sample_users
-    from training.metrics import evaluate_rankings
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")

@@ -15,7 +15,7 @@ import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from training.data.dataset import EvalUser
+from recsvc.data.split import EvalUser
 
 DEFAULT_KS = (5, 10, 20)
 

@@ -203,8 +203,8 @@ def calibration_histories(rec, bundle: str | None, n: int = 8, max_len: int = 50
         from recsvc.model.bundle import Bundle
 
         try:
-            from training.data.dataset import load_split_dir
-            from training.evaluate import sample_users
+            from recsvc.data.sampling import sample_users
+            from recsvc.data.split import load_split_dir
 
             data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
             users = sample_users(data.eval_users("valid"), n, seed=1)

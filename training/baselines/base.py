@@ -16,8 +16,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from recsvc.data.split import EvalUser, SplitData
 from recsvc.errors import UserError
-from training.data.dataset import EvalUser, SplitData
 
 FitOn = Literal["train", "train+valid"]
 FIT_PERIODS: tuple[str, ...] = ("train", "train+valid")

@@ -2,7 +2,7 @@
 
     score(j) = count(j) = number of interactions with item j in the fitted sequences
 
-Ties go to the smaller item id (``training.metrics.popularity_rankings``, the ranking the model is compared
+Ties go to the smaller item id (``recsvc.data.metrics.popularity_rankings``, the ranking the model is compared
 with since the first ``recsvc eval``); items nobody interacted with are never recommended.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
+from recsvc.data.metrics import popularity_rankings
+from recsvc.data.split import EvalUser, SplitData
 from training.baselines.base import Baseline, check_fit_on, fit_sequences
-from training.data.dataset import EvalUser, SplitData
-from training.metrics import popularity_rankings
 
 
 class PopularityBaseline(Baseline):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from recsvc.data.split import SplitData
 from recsvc.errors import UserError
 from training.baselines.base import Baseline, check_fit_on
-from training.data.dataset import SplitData
 
 BASELINES: tuple[str, ...] = ("popularity", "transition", "transition-window", "sasrec")
 DEFAULT_BASELINES: tuple[str, ...] = ("popularity", "transition", "transition-window")  # sasrec costs minutes

@@ -2,31 +2,21 @@
 
 ``evaluate_baselines`` -> ``{"protocol": p, "baselines": {name: {"recall@K": .., "ndcg@K": .., "users": n,
 "fit_seconds": s, "fit_on": "train" | "train+valid", "rank_seconds": s, ...}}}``. Every ranking goes through
-``training.metrics.evaluate_rankings`` with the users (and the history exclusion) the model is scored on.
+``recsvc.data.metrics.evaluate_rankings`` with the users (and the history exclusion) the model is scored on.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from recsvc.data.metrics import score_lists
+from recsvc.data.split import EvalUser, SplitData
 from training.baselines.base import check_protocol, fit_period
 from training.baselines.registry import fit_baseline
-from training.data.dataset import EvalUser, SplitData
 from training.fresh_eval import fresh_lists
-from training.metrics import score_lists
-
-
-def sample_users(users: Sequence[EvalUser], max_users: int | None, seed: int = 0) -> list[EvalUser]:
-    """A fixed random sample of ``max_users`` users (sorted by id); the same draw as
-    ``training.evaluate.sample_users`` (repeated here so ``--baselines-only`` never imports the engine)."""
-    users = list(users)
-    if max_users is not None and len(users) > max_users:
-        users = sorted(random.Random(seed).sample(users, max_users), key=lambda u: u.user_id)
-    return users
 
 
 def evaluate_baselines(

@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
+from recsvc.data.split import EvalUser, SplitData
 from recsvc.errors import UserError
 from recsvc.model.sasrec import SASRec
 from training.baselines.base import Baseline, check_fit_on, fit_sequences
 from training.baselines.sasrec_train import SASRecSettings, TrainLog, train_sasrec
-from training.data.dataset import EvalUser, SplitData
 
 MODEL_FILE = "model.safetensors"
 FIT_FILE = "fit.json"
@@ -181,7 +181,7 @@ def _fit(data: SplitData, fit_on: str, settings: SASRecSettings, epochs: int, se
         baseline = SASRecBaseline(model, item_ids, counts, settings, fit_on)
         evaluate = None
         if select:
-            from training.metrics import evaluate_rankings
+            from recsvc.data.metrics import evaluate_rankings
 
             users = data.eval_users("valid")
             if settings.eval_users is not None and len(users) > settings.eval_users:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from recsvc.data.split import EvalUser, SplitData
 from recsvc.model.transition import PriorSettings, TransitionPrior
 from training.baselines.base import Baseline, check_fit_on, fit_sequences
-from training.data.dataset import EvalUser, SplitData
 
 TRANSITION_SETTINGS: dict[str, PriorSettings] = {
     "transition": PriorSettings(window=1, beta=1.0),

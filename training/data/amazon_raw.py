@@ -15,7 +15,7 @@ Pipeline (``prepare_amazon``), in order:
    (like the shared Beauty split, seed 2023);
 7. metadata: the meta file is streamed and only the kept asins are read (title, brand, categories -
    2018 ``category`` list or 2014 ``categories`` list of lists, flattened - and description);
-8. write ``sequential_*.txt`` + ``items.json`` (:func:`training.data.dataset.write_split_dir`) and
+8. write ``sequential_*.txt`` + ``items.json`` (:func:`recsvc.data.split.write_split_dir`) and
    ``stats.json``.
 
 2014 meta lines are Python dict literals, read with :func:`ast.literal_eval` when JSON fails (never eval).
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from recsvc.data.split import SPLITS, ItemMeta, write_split_dir
 from recsvc.errors import UserError
-from training.data.dataset import SPLITS, ItemMeta, write_split_dir
 from training.data.split import kcore, split_by_global_time
 
 DESCRIPTION_KEEP_CHARS = 2000  # items.json keeps this much of a description (ItemMeta.text uses ~300)

@@ -69,7 +69,7 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from training.data.dataset import load_split_dir, split_stats
+    from recsvc.data.split import load_split_dir, split_stats
 
     _print_json(split_stats(load_split_dir(args.data)))
     return 0

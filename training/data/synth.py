@@ -29,8 +29,8 @@ from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
+from recsvc.data.split import ItemMeta, write_split_dir
 from recsvc.errors import UserError
-from training.data.dataset import ItemMeta, write_split_dir
 from training.data.split import split_by_global_time
 
 # top-level group -> (leaf categories, variants, sizes)
