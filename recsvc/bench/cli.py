@@ -14,7 +14,7 @@ BENCHES = {
     "serve": ("recsvc.bench.serve", "load test of the gRPC service: throughput, latency percentiles"),
     "processes": ("recsvc.bench.processes", "recsvc serve --processes N as a subprocess under load, per N: "
                   "req/s, latency, per-worker requests, CPU; the N=2 vs N=1 ratio"),
-    "drafters": ("recsvc.bench.drafters", "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"),
+    "drafters": ("training.drafter_bench", "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"),
     "seeds": ("recsvc.bench.seeds", "drafter methods across training seeds: mean, spread, paired 95%% CI"),
     "prefix": ("recsvc.bench.prefix", "beam width contract: every top-k is the head of the top-B (counts)"),
     "rules": ("recsvc.bench.rules", "list-level rules (caps, allow-lists): compliance, exactly-K, Recall / NDCG, "

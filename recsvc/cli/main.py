@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "train": "training.cli",
     "build": "training.build_cli",
     "bundle": "recsvc.cli.bundle",
+    "catalog": "recsvc.cli.catalog",
     "eval": "training.eval_cli",
     "prior": "training.prior_cli",
     "tune": "training.tune",

@@ -145,6 +145,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="serving processes sharing --port through SO_REUSEPORT, each with its own engine and "
                         "gRPC server (N > 1 needs an explicit --port; worker i serves metrics on "
                         "--metrics-port + i; log lines carry \"worker\": i; default: %(default)s)")
+    p.add_argument("--catalog", default=None,
+                   help="live-catalog file of added / retired items (`recsvc catalog add|retire`), re-read while "
+                        "serving whenever it changes (default: BUNDLE/catalog_live.json; docs/CATALOG.md)")
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--log-level", type=log_level, default="INFO",
                    help=f"log level, one of {', '.join(LOG_LEVELS)} (JSON lines on stderr)")
@@ -174,6 +177,8 @@ def load_recommender(
         raise UserError("--drafter needs --bundle (a popularity service has no model to speculate with)")
     if args.popularity and getattr(args, "attributes", None):
         raise UserError("--attributes needs --bundle (rules are decoded by the model engine)")
+    if args.popularity and getattr(args, "catalog", None):
+        raise UserError("--catalog needs --bundle (a popularity service has no catalog trie to extend)")
     if args.popularity and args.exclude_history:
         raise UserError("--exclude-history needs --bundle (requests may still ask for it: exclude_history)")
     if args.popularity:
@@ -479,11 +484,19 @@ def _serve_one(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda signum, _frame: stop.set())
     store = open_store(args.redis_url, max_len=args.max_history, **store_options(args))
     server = RecServer(None, store, config)  # listens with health NOT_SERVING until attach()
+    watch = None
     try:
         server.start()
         if args.redis_url and not store.ping():
             log_event(log, "history_store_unreachable", logging.WARNING, url=_redacted(args.redis_url))
         recommender = load_recommender(args, should_stop=stop.is_set)
+        if args.bundle and not stop.is_set():  # the live catalog: added / retired items, re-read on change
+            from recsvc.model.live_catalog import CATALOG_FILE
+
+            from .catalog_watch import watch_catalog
+
+            recommender, watch = watch_catalog(recommender, args.catalog or os.path.join(args.bundle, CATALOG_FILE),
+                                               server.metrics.registry)
         if not stop.is_set():
             server.attach(recommender, startup_s=round(time.monotonic() - started, 3),
                           grace_s=args.grace_s, **_serving_fields(args, recommender))
@@ -493,6 +506,8 @@ def _serve_one(args: argparse.Namespace) -> int:
         server.stop(grace_s=args.grace_s)
     finally:
         server.stop(grace_s=0)
+        if watch is not None:
+            watch.close()
         store.close()
     # Everything the server owned is released and drained: skip the interpreter's teardown of torch and
     # transformers (1-2 s on a loaded host), so the process exits promptly after draining.

@@ -1,4 +1,6 @@
-"""`recsvc bench drafters`: drafter alignment methods compared like the AtSpeed paper's Table 1.
+"""`recsvc bench drafters`: drafter alignment methods compared like the AtSpeed paper's Table 1 (a training
+benchmark: it loads the aligned drafters through ``training.api``; ``recsvc bench`` lists it when training/ is
+installed).
 
     recsvc bench drafters --bundle B --methods sft,wordkd,tvdkd,seqkd,atspeed-s,atspeed-r --k 1,5,10,20 \\
         --users 200 --json bench_drafters.json
