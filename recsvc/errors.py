@@ -6,3 +6,7 @@ class UserError(Exception):
 
     The CLI prints ``error: <message>`` and exits with code 2; it never shows a traceback for these.
     """
+
+
+class InvalidRequest(UserError):
+    """A request the client must fix (an RPC's arguments); the service answers INVALID_ARGUMENT."""

@@ -7,11 +7,11 @@ import math
 from collections.abc import Sequence
 
 from recsvc.engine.api import Mode, Recommender
+from recsvc.errors import InvalidRequest
 from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.spec import Boost, Cap, Rules, ValueFilter, normalize_value
 
 from .gen import recommender_pb2 as pb
-from .validation import InvalidRequest
 
 MAX_ENTRIES = 16  # caps / filters / boosts per request
 MAX_VALUES = 1000  # values per filter

@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from recsvc.engine.api import MODES, Mode, Recommender
-from recsvc.errors import UserError
+from recsvc.errors import InvalidRequest
 from recsvc.rules.spec import Rules
 
 from .gen import recommender_pb2 as pb
+from .rules_wire import rules_from_wire
 
 DEFAULT_K = 10
 DEFAULT_TEMPERATURE = 1.0
@@ -30,10 +31,6 @@ MODE_FROM_WIRE: dict[int, Mode] = {
     pb.PLAIN: "plain",
 }
 MODE_TO_WIRE: dict[Mode, int] = {mode: wire for wire, mode in MODE_FROM_WIRE.items()}
-
-
-class InvalidRequest(UserError):
-    """A request the client must fix; maps to INVALID_ARGUMENT."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +113,6 @@ def check_temperature(request: pb.RecommendRequest) -> float:
 
 def check_rules(wire: pb.Rules, recommender: Recommender, mode: Mode) -> Rules | None:
     """``Recommend.rules`` -> Rules (None when the message is empty); see ``recsvc.service.rules_wire``."""
-    from .rules_wire import rules_from_wire
-
     return rules_from_wire(wire, recommender, mode)
 
 
