@@ -10,6 +10,10 @@ from recsvc.errors import UserError
 
 BENCHES = {
     "decode": ("recsvc.bench.decode", "engine beam search vs transformers generate (same model, same users)"),
+    "cache": ("recsvc.bench.cache", "previous forward vs fast forward vs a returning user's cached state, one run: "
+              "ms/request, forwards/request, fixed ms per forward, identical outputs"),
+    "replay": ("recsvc.bench.replay", "a split's test period replayed against recsvc serve + redis-server (R Recommend "
+               "calls before each RecordInteractions): p50 / p99, throughput, state-cache hit rate, RSS"),
     "speculative": ("recsvc.bench.speculative", "plain vs speculative beam search: WS@K, AS@K, target calls"),
     "serve": ("recsvc.bench.serve", "load test of the gRPC service: throughput, latency percentiles"),
     "processes": ("recsvc.bench.processes", "recsvc serve --processes N as a subprocess under load, per N: "

@@ -26,6 +26,7 @@ from transformers import DynamicCache, PreTrainedModel
 from recsvc.engine.attention import ATTENTION_MODES, TreeGroups, use_tree_attention
 from recsvc.engine.fast import FastCache, FastLlama
 from recsvc.engine.lean import LeanCache, LeanLlama
+from recsvc.engine.ledger import ForwardLedger
 
 FORWARDS = ("auto", "fast", "lean")
 
@@ -41,6 +42,7 @@ class EngineModel:
         # "fp32" attention mode; "exact" keeps the bit-identical lean forward; "lean" forces today's path
         self._fast: FastLlama | None = None
         self._fast_version: tuple[int, ...] | None = None
+        self.forward_ledger: ForwardLedger | None = None  # benches: every forward's tokens and time
         self.set_forward(forward)
 
     def set_forward(self, forward: str) -> None:
@@ -132,6 +134,12 @@ class EngineModel:
         position_ids: torch.Tensor,  # [B, q] rotary positions (prompt length + depth - 1 for tree tokens)
         tree: TreeGroups,  # every query's exact key set (and the first call's prompts)
     ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
+        if self.forward_ledger is not None:
+            with self.forward_ledger.forward(input_ids.numel()):
+                return self._forward(cache, input_ids, position_ids, tree)
+        return self._forward(cache, input_ids, position_ids, tree)
+
+    def _forward(self, cache, input_ids: torch.Tensor, position_ids: torch.Tensor, tree: TreeGroups) -> torch.Tensor:
         if isinstance(cache, FastCache):
             slots, visible = tree_mask(cache.width, input_ids.shape, tree)
             return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
@@ -153,6 +161,9 @@ class EngineModel:
         visible: torch.Tensor,  # [B, q, S] bool: the slots each token attends (itself included)
     ) -> torch.Tensor:  # [B, q, H]
         """The fast forward's primitive (``is_fast``): explicit slots and one visibility mask for all layers."""
+        if self.forward_ledger is not None:
+            with self.forward_ledger.forward(input_ids.numel()):
+                return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
         return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
 
     def code_logprobs(

@@ -121,10 +121,13 @@ class _KV:
 class _Linear:
     """``F.linear(x, weight)``; fp32 on CPU: oneDNN with a pre-packed weight when its rows are row-independent."""
 
+    pack = True  # class-wide switch (benchmarks compare)
+
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight.detach().contiguous()
         self.packed: torch.Tensor | None = None
-        if weight.device.type == "cpu" and weight.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        if (self.pack and weight.device.type == "cpu" and weight.dtype == torch.float32
+                and torch.backends.mkldnn.is_available()):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 20)
                 gen = torch.Generator().manual_seed(0)

@@ -49,3 +49,32 @@ class _NoLedger:
 
 NO_LEDGER = _NoLedger()
 Ledger = PhaseLedger | _NoLedger
+
+
+class ForwardLedger:
+    """Every model forward's new tokens and milliseconds (``EngineModel.forward_ledger``; benches only), and
+    the fixed cost per forward: the intercept of a least-squares line ms = fixed + per_token * tokens over
+    the recorded forwards (what a forward costs before its first token: op dispatch, mask and cache
+    bookkeeping, streaming the weights through the cache)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, float]] = []  # (tokens = rows x new tokens, ms)
+
+    @contextmanager
+    def forward(self, tokens: int) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.calls.append((tokens, 1000.0 * (time.perf_counter() - start)))
+
+    def fit(self) -> tuple[float, float]:
+        """(fixed ms per forward, ms per token); (nan, nan) with fewer than two distinct token counts."""
+        n = len(self.calls)
+        xs = [float(t) for t, _ in self.calls]
+        if n < 2 or len(set(xs)) < 2:
+            return float("nan"), float("nan")
+        ys = [ms for _, ms in self.calls]
+        mx, my = sum(xs) / n, sum(ys) / n
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+        return my - slope * mx, slope

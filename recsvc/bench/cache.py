@@ -1,0 +1,181 @@
+"""`recsvc bench cache`: today's forward vs the fast forward vs a returning user's cached state, in ONE run.
+
+The same users, one request at a time, the served recommender (plain decoding, the bundle's prior, the beam
+width B), three paths per user, interleaved (paired A/B: machine noise hits all three alike):
+- ``lean``: the previous engine forward (``--forward lean``), no user-state cache;
+- ``fast``: the fast forward (recsvc.engine.fast), no user-state cache (a new user);
+- ``cached``: the fast forward, the user's prompt state cached by an earlier identical request (a returning
+  user: a full hit of the user-state cache, the prompt forward skipped).
+Per path: p50 / mean ms per request, target forwards per request, and the fixed cost per forward from the
+forward ledger (``recsvc.engine.ledger.ForwardLedger``: the intercept of ms vs new tokens over a sweep of
+plain searches of K = 1..40 beams, so 1..40 tokens per decode forward), for the target and, when the bundle
+has them, the LLaMA drafter and the draft head (its step: a few matmuls, no transformer forward).
+Outputs: ``fast`` vs ``lean`` (same items in the same order; float rounding may reorder near-ties) and
+``cached`` vs ``fast`` (identical items and scores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from recsvc.bench.common import machine, markdown_table, set_threads, write_json
+
+PATHS = ("lean", "fast", "cached")
+SWEEP_K = (1, 2, 5, 10, 20, 40)
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--users", type=int, default=200)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--beam-width", type=int, default=20, help="beams searched per request (the served B)")
+    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="fp32")
+    p.add_argument("--data", help="data directory (default: the bundle's)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--warmup", type=int, default=10, help="training users run through every path first")
+    p.add_argument("--sweep-users", type=int, default=10, help="users of the fixed-cost sweep (K = 1..40)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_path")
+
+
+def _users(bundle_dir: str, n: int, split: str, data_dir: str | None, seed: int):
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
+    from recsvc.model.bundle import Bundle
+
+    data = load_split_dir(Bundle.open(bundle_dir).resolve_data_dir(data_dir))
+    users = sample_users(data.eval_users(split), n, seed)
+    train = [items for items in data.train.values() if items]
+    return [list(u.history) for u in users], train
+
+
+def _fixed_cost(model, search, prompts, k_values=SWEEP_K) -> tuple[float, float]:
+    """(fixed ms per forward, ms per token) of ``model`` from plain searches of every K in ``k_values``."""
+    from recsvc.engine.ledger import ForwardLedger
+    from recsvc.engine.prompts import PromptBatch
+
+    ledger = ForwardLedger()
+    for k in k_values:  # warm each width once, then record
+        search(PromptBatch.from_lists([prompts[0]]), k)
+    model.forward_ledger = ledger
+    try:
+        for p in prompts:
+            for k in k_values:
+                search(PromptBatch.from_lists([p]), k)
+    finally:
+        model.forward_ledger = None
+    return ledger.fit()
+
+
+def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
+    """ms per step of the draft head (``DraftHead.step`` on ``rows`` beams), None without a head."""
+    from recsvc.drafters.head import HeadDrafter
+
+    if not isinstance(rec.drafter, HeadDrafter):
+        return None
+    head = rec.drafter.head
+    h = torch.zeros(rows, rec.target.hidden_size)
+    with torch.inference_mode():
+        state = head.start(h)
+        codes, level = torch.zeros(rows, dtype=torch.long), torch.ones(rows, dtype=torch.long)
+        for _ in range(10):
+            head.step(state, h, level, codes)
+        start = time.perf_counter()
+        for _ in range(reps):
+            head.step(state, h, level, codes)
+    return 1000.0 * (time.perf_counter() - start) / reps
+
+
+@torch.inference_mode()
+def run(args: argparse.Namespace) -> dict:
+    from recsvc.engine.api import RecQuery
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.recommender import BundleRecommender
+    from recsvc.engine.state_cache import UserStateCache
+    from recsvc.model.hardware import resolve_dtype
+
+    set_threads(args.threads)
+    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention="fp32",
+                                        beam_width=args.beam_width)
+    histories, train = _users(args.bundle, args.users, args.split, args.data, args.seed)
+    target = rec.target
+    cache = UserStateCache(1 << 40, "bench")
+
+    def one(path: str, history: list[int]):
+        target.set_forward("lean" if path == "lean" else "fast")
+        rec.states = cache if path == "cached" else None
+        start = time.perf_counter()
+        out = rec.recommend([RecQuery(history=history, k=args.k, mode="plain")])[0]
+        return out, 1000.0 * (time.perf_counter() - start)
+
+    for h in train[: args.warmup]:
+        for path in PATHS:
+            one(path, h)
+    ms: dict[str, list[float]] = {p: [] for p in PATHS}
+    calls: dict[str, list[int]] = {p: [] for p in PATHS}
+    same_items = same_cached = 0
+    max_diff = 0.0
+    for i, h in enumerate(tqdm(histories, desc="bench cache", leave=False)):
+        order = PATHS[i % 3:] + PATHS[: i % 3]  # rotate the order: no path always runs first
+        target.set_forward("fast")
+        rec.states = cache
+        rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])  # the user's earlier request: a miss, stored
+        res = {}
+        for path in order:
+            res[path], t = one(path, h)
+            ms[path].append(t)
+            calls[path].append(res[path].stats.target_calls)
+        same_items += res["fast"].item_ids == res["lean"].item_ids
+        same_cached += (res["cached"].item_ids == res["fast"].item_ids and res["cached"].scores == res["fast"].scores)
+        if res["fast"].item_ids == res["lean"].item_ids:
+            max_diff = max([max_diff, *(abs(a - b) for a, b in zip(res["fast"].scores, res["lean"].scores,
+                                                                   strict=True))])
+    rec.states = None
+    sweep = [rec.prompts.prompt_ids(h) for h in histories[: args.sweep_users]]
+    fixed = {}
+    for name in ("lean", "fast"):
+        target.set_forward(name)
+        fixed[name] = _fixed_cost(target, BeamSearch(target, rec.trie, rec.prompts.code_offset).search, sweep)
+    drafter_fixed = None
+    drafter_model = getattr(rec.drafter, "model", None)
+    if drafter_model is not None:
+        drafter_fixed = {}
+        for name in ("lean", "fast"):
+            drafter_model.set_forward(name)
+            drafter_fixed[name] = _fixed_cost(drafter_model, BeamSearch(drafter_model, rec.trie,
+                                                                        rec.prompts.code_offset).search, sweep)
+    target.set_forward("auto")
+    rows = []
+    base = statistics.median(ms["lean"])
+    for path in PATHS:
+        f = fixed["fast" if path == "cached" else path]
+        rows.append({"path": path, "p50_ms": statistics.median(ms[path]), "mean_ms": statistics.mean(ms[path]),
+                     "vs_lean": statistics.median(ms[path]) / base,
+                     "forwards_per_request": statistics.mean(calls[path]),
+                     "fixed_ms_per_forward": f[0], "ms_per_token": f[1]})
+    n = len(histories)
+    payload = {"bench": "cache", "bundle": str(args.bundle), "dtype": resolve_dtype(args.dtype), "k": args.k,
+               "beam_width": args.beam_width, "split": args.split, "users": n, "machine": machine(),
+               "rows": rows, "identical_items_fast_vs_lean": same_items / n,
+               "max_score_diff_fast_vs_lean": max_diff, "identical_cached_vs_fast": same_cached / n,
+               "drafter_fixed_ms_per_forward": ({k: v[0] for k, v in drafter_fixed.items()}
+                                                if drafter_fixed else None),
+               "head_step_ms": _head_step_ms(rec)}
+    print(markdown_table(rows, [("path", "path"), ("p50_ms", "p50 ms/req"), ("mean_ms", "mean ms/req"),
+                                ("vs_lean", "p50 vs lean"), ("forwards_per_request", "forwards/req"),
+                                ("fixed_ms_per_forward", "fixed ms/forward"), ("ms_per_token", "ms/token")]))
+    print(f"identical items fast vs lean: {same_items}/{n} (max score diff {max_diff:.2e}); "
+          f"cached == fast (items and scores): {same_cached}/{n}")
+    if drafter_fixed:
+        lean_d, fast_d = drafter_fixed["lean"][0], drafter_fixed["fast"][0]
+        print(f"LLaMA drafter fixed ms/forward: lean {lean_d:.3f}, fast {fast_d:.3f}")
+    if payload["head_step_ms"] is not None:
+        print(f"draft head: {payload['head_step_ms']:.3f} ms per step (20 beams)")
+    write_json(args.json_path, payload)
+    return payload

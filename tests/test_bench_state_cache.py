@@ -1,0 +1,45 @@
+"""`recsvc bench cache` and `recsvc bench replay` on the tiny bundle (a few seconds each)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
+
+from recsvc.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return make_tiny_bundle(tmp_path_factory.mktemp("bundle"), n_users=30)
+
+
+def test_bench_cache_compares_the_three_paths_in_one_run(bundle, tmp_path) -> None:
+    out = tmp_path / "cache.json"
+    assert main(["bench", "cache", "--bundle", str(bundle), "--users", "6", "--k", "3", "--beam-width", "5",
+                 "--threads", "1", "--warmup", "1", "--sweep-users", "2", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    rows = {r["path"]: r for r in report["rows"]}
+    assert set(rows) == {"lean", "fast", "cached"}
+    assert rows["lean"]["forwards_per_request"] == rows["fast"]["forwards_per_request"] == 4
+    assert rows["cached"]["forwards_per_request"] == 3  # the prompt forward skipped
+    assert report["identical_cached_vs_fast"] == 1.0
+    assert report["drafter_fixed_ms_per_forward"] is not None  # the tiny bundle has a LLaMA drafter
+    assert all(r["fixed_ms_per_forward"] == r["fixed_ms_per_forward"] for r in rows.values())  # fitted (not nan)
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_bench_replay_against_a_served_bundle_and_redis(bundle, tmp_path) -> None:
+    out = tmp_path / "replay.json"
+    assert main(["bench", "replay", "--bundle", str(bundle), "--users", "5", "--r", "2", "--k", "3",
+                 "--concurrency", "2", "--threads", "1", "--max-seconds", "4", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    by_cache = {r["cache"]: r for r in report["rows"]}
+    assert set(by_cache) == {"off", "on"}
+    assert all(r["recommend"] > 0 and r["record"] > 0 and not r["errors"] for r in report["rows"])
+    assert by_cache["off"]["hit_rate"] == 0.0
+    # the second of R = 2 calls before an interaction repeats the first one's prompt: a full hit
+    assert by_cache["on"]["hit_rate"] > 0.3
+    assert all(r["rss_mb"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in report["rows"])
