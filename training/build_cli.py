@@ -60,8 +60,11 @@ def stage_ids(bundle, data_dir: Path, ids_file: Path | None) -> dict:
     if ids_file is not None:
         ids = SemanticIds.load(ids_file)  # validates the file
         shutil.copyfile(ids_file, bundle.semantic_ids_path)
-        if (ids_file.parent / later_name).is_file():
-            shutil.copyfile(ids_file.parent / later_name, bundle.ids_dir / later_name)
+        # the cold-start record, and the RQ-VAE that made the ids (with its report, which names the embedding
+        # model): a bundle then places new items by itself (`recsvc catalog add`)
+        for name in (later_name, "rqvae.safetensors", "rqvae_config.json", "report.json"):
+            if (ids_file.parent / name).is_file() and ids_file.parent.resolve() != bundle.ids_dir.resolve():
+                shutil.copyfile(ids_file.parent / name, bundle.ids_dir / name)
         report = {"source": str(ids_file.resolve()), "items": len(ids), "collisions": ids.collisions()}
     else:
         from tokenizer_rqvae.build import build_semantic_ids  # heavy (embedder, faiss): imported lazily
