@@ -17,6 +17,7 @@ from recsvc.cli.catalog import add_items
 from recsvc.model.bundle import Bundle
 from recsvc.model.live_catalog import CATALOG_FILE, read_catalog
 from tokenizer_rqvae.build import build_semantic_ids
+from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.rqvae import RQVAEConfig
 
 RQVAE_FILES = ("rqvae.safetensors", "rqvae_config.json", "report.json")
@@ -89,6 +90,12 @@ def test_catalog_add_retire_show_write_a_valid_cumulative_file(built, capsys) ->
     shown = json.loads(out)
     assert rc == 0 and shown["added"] == [61, 62, 63] and shown["retired"] == [3, 5, 62]
     assert shown["items"] == len(base) + 3 - 3 and [p.name for p in bundle.glob(".catalog_live.json.*tmp")] == []
+    # the served ids for the next bundle: every item (retired ones too), the additions under their served ids
+    out = built["root"] / "merged.json"
+    assert _run(["catalog", "ids", "--bundle", str(bundle), "--out", str(out)], capsys)[0] == 0
+    merged = SemanticIds.load(out)
+    assert merged.item_ids.tolist() == base.item_ids.tolist() + [61, 62, 63]
+    assert [merged.codes_of(i) for i in (61, 62, 63)] == [tuple(r) for r in second.codes.tolist()]
 
 
 def test_user_mistakes_exit_2_with_a_clear_error_and_leave_the_file(built, capsys, tmp_path) -> None:

@@ -3,12 +3,15 @@
     recsvc catalog add    --bundle B --items new_items.json [--retire 12,34] [--ids-dir DIR]
     recsvc catalog retire --bundle B --items 12,34
     recsvc catalog show   --bundle B
+    recsvc catalog ids    --bundle B --out merged_semantic_ids.json
 
 ``add`` embeds the new items' text (items.json format) with the embedding model the ids were built with,
 gives each a semantic id from the bundle's RQ-VAE (BUNDLE/ids, or ``--ids-dir``), unique against the bundle's
 ids and every earlier addition, and writes the live-catalog file (BUNDLE/catalog_live.json, or ``--catalog``;
 ``recsvc.model.live_catalog``) atomically with its version increased. A running ``recsvc serve`` picks it up
-within a second. ``retire`` adds items that are never recommended again.
+within a second. ``retire`` adds items that are never recommended again. ``ids`` writes the ids served now
+(retired items included: they stay in histories) for the next bundle's ``recsvc build --ids``, so a retrained
+target learns the new items under the ids they were served with.
 """
 
 from __future__ import annotations
@@ -56,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s = sub.add_parser("show", help="what the live catalog holds")
     common(s)
     s.set_defaults(func=_show)
+
+    e = sub.add_parser("ids", help="write the served ids (the bundle's plus the added ones) as semantic_ids.json, "
+                                   "for the next `recsvc build --ids`")
+    common(e)
+    e.add_argument("--out", type=Path, required=True, help="semantic_ids.json to write")
+    e.set_defaults(func=_export_ids)
 
 
 def parse_ids(text: str, flag: str) -> list[int]:
@@ -248,4 +257,19 @@ def _show(args: argparse.Namespace) -> int:
                       "bundle_items": len(base), "added": current.item_ids.tolist(),
                       "retired": current.retired.tolist(),
                       "items": len(base) + len(current.item_ids) - len(current.retired)}))
+    return 0
+
+
+def _export_ids(args: argparse.Namespace) -> int:
+    from recsvc.model.bundle import Bundle
+    from recsvc.model.live_catalog import CATALOG_FILE
+
+    bundle = Bundle.open(args.bundle)
+    base = bundle.load_ids()
+    current = _current(args.catalog or bundle.root / CATALOG_FILE, base)
+    merged = current.merged_ids(base)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    merged.save(args.out)
+    print(json.dumps({"out": str(args.out), "items": len(merged), "added": len(current.item_ids),
+                      "version": current.version}))
     return 0
