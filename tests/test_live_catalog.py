@@ -4,6 +4,8 @@ and a bundle's recommender over added / retired items (LiveRecommender) on a tin
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ from recsvc.engine.recommender import BundleRecommender
 from recsvc.errors import UserError
 from recsvc.model.live_catalog import LiveCatalog, parse_catalog, read_catalog
 from recsvc.model.transition import PriorSettings, TransitionPrior
-from recsvc.rules.spec import Cap, Rules
+from recsvc.rules.spec import Cap, Rules, ValueFilter
 from tokenizer_rqvae.ids import SemanticIds
 
 BASE = SemanticIds.from_mapping({1: (0, 0, 0, 1), 2: (0, 0, 0, 2), 5: (3, 1, 4, 1)})
@@ -149,3 +151,26 @@ def test_a_drafter_follows_the_catalog(base) -> None:
     plain, strict = rec.recommend(queries)
     assert plain.item_ids == strict.item_ids  # strict verification stays lossless over the new trie
     assert NEW not in base.ids and NEW not in base.prompts.ids and base.trie.ids is base.ids  # base untouched
+
+
+def test_rules_see_new_items_once_the_attributes_file_lists_them(bundle, tmp_path) -> None:
+    """The attributes file is re-read over the live trie, and a later catalog update keeps what it re-read."""
+    path = tmp_path / "attributes.json"
+    path.write_text((bundle / "attributes.json").read_text())
+    rec = BundleRecommender.from_bundle(bundle, dtype="fp32", use_drafter=False, attributes=path)
+    live = LiveRecommender(rec)
+    codes = free_codes(rec.ids, 2, seed=5)
+    first = [add_entry(NEW, codes[0], [0.1] * DIM)]
+    live.apply(parse_catalog(doc(first), rec.ids, DIM))
+    live.state.recommender.attributes.check_every_s = 0.0
+    attrs = json.loads(path.read_text())
+    attrs["items"][str(NEW)] = {"brand": "zeta"}
+    path.write_text(json.dumps(attrs))
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # a new mtime even on a coarse clock
+    zeta = Rules(allow=(ValueFilter("brand", frozenset({"zeta"})),))
+    (res,) = live.recommend([RecQuery(history=[1, 2], k=3, mode="plain", rules=zeta)])
+    assert res.item_ids == [NEW]  # the only item with that brand: reached through the new trie
+    live.state.recommender.attributes.check_every_s = 3600.0  # no further reload: what the update carries over
+    live.apply(parse_catalog(doc(first + [add_entry(NEW + 1, codes[1], [0.1] * DIM)], version=2), rec.ids, DIM))
+    (res,) = live.recommend([RecQuery(history=[1, 2], k=3, mode="plain", rules=zeta)])
+    assert res.item_ids == [NEW] and "zeta" in live.rule_catalog.index["brand"].vocab

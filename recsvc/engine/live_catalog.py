@@ -37,6 +37,7 @@ from recsvc.model.fresh import FreshItems
 from recsvc.model.live_catalog import LiveCatalog
 from recsvc.model.prompt import PromptBuilder
 from recsvc.rules.catalog import RuleCatalog
+from recsvc.rules.source import AttributeSource
 from recsvc.rules.spec import Rules
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -70,9 +71,11 @@ def fresh_with(fresh: FreshItems, item_ids: np.ndarray, vectors: np.ndarray) -> 
                       np.concatenate([fresh.fresh_ids, item_ids]), fresh.settings, fresh.counted_on)
 
 
-def with_catalog(base: BundleRecommender, catalog: LiveCatalog) -> BundleRecommender:
+def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
+                 attributes: AttributeSource | None = None) -> BundleRecommender:
     """A recommender over ``base``'s catalog plus ``catalog``'s additions (``base`` itself when there are
-    none; retired items are :class:`LiveRecommender`'s). ``base`` is not modified."""
+    none; retired items are :class:`LiveRecommender`'s). ``base`` is not modified. ``attributes``: the
+    attribute source to carry over (default: ``base``'s; a served one holds the latest reload)."""
     if not len(catalog.item_ids):
         return base
     ids = catalog.merged_ids(base.ids)
@@ -89,8 +92,9 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog) -> BundleRecomme
     rec._popular_rows = np.array([ids.index_of(i) for i in rec._popular], dtype=np.int64)  # [n + m]
     if base.fresh is not None:
         rec.fresh = fresh_with(base.fresh, catalog.item_ids, catalog.vectors)
-    if base.attributes is not None:
-        rec.attributes = base.attributes.over(rec.trie)
+    source = attributes or base.attributes
+    if source is not None:
+        rec.attributes = source.over(rec.trie)
     rec.drafter = drafter_over(base.drafter, rec.trie, ids.item_ids)
     rec.sampler = rec.drafter if base.sampler is not None else None
     return rec
@@ -135,7 +139,8 @@ class LiveRecommender:
         """Builds the state of ``catalog`` (validated against the bundle: ``recsvc.model.live_catalog``) and
         makes it current; the previous state serves until then, and batches that read it finish on it."""
         with self._apply_lock:
-            state = CatalogState(with_catalog(self.base, catalog), catalog, tuple(int(i) for i in catalog.retired))
+            rec = with_catalog(self.base, catalog, self._state.recommender.attributes)
+            state = CatalogState(rec, catalog, tuple(int(i) for i in catalog.retired))
             self._state = state  # one reference: atomic for every reader
             return state
 
