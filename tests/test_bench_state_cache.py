@@ -22,10 +22,11 @@ def test_bench_cache_compares_the_three_paths_in_one_run(bundle, tmp_path) -> No
                  "--threads", "1", "--warmup", "1", "--sweep-users", "2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     rows = {r["path"]: r for r in report["rows"]}
-    assert set(rows) == {"lean", "fast", "cached"}
+    assert set(rows) == {"lean", "fast", "cached", "repeat"}
     assert rows["lean"]["forwards_per_request"] == rows["fast"]["forwards_per_request"] == 4
     assert rows["cached"]["forwards_per_request"] == 3  # the prompt forward skipped
-    assert report["identical_cached_vs_fast"] == 1.0
+    assert rows["repeat"]["forwards_per_request"] == 0  # an identical request: every step replayed
+    assert report["identical_cached_vs_fast"] == report["identical_repeat_vs_fast"] == 1.0
     assert report["drafter_fixed_ms_per_forward"] is not None  # the tiny bundle has a LLaMA drafter
     assert all(r["fixed_ms_per_forward"] == r["fixed_ms_per_forward"] for r in rows.values())  # fitted (not nan)
 

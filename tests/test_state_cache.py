@@ -43,6 +43,20 @@ def test_lookup_full_partial_miss_and_lru_budget() -> None:
     assert other.lookup(list(range(10))) == (None, 0)
 
 
+def test_decode_steps_count_in_the_budget() -> None:
+    cache = UserStateCache(budget_bytes=1 << 20)
+    entry = cache.store([1, 2, 3], _kv(3), torch.zeros(4), None)
+    assert entry is not None
+    before = cache.bytes
+    cache.add_step(entry, (5, 6), torch.zeros(1, 2, 2, 2, 4), torch.zeros(2, 4))
+    assert cache.bytes == before + 2 * 2 * 2 * 4 * 4 + 2 * 4 * 4 and (5, 6) in entry.steps
+    tiny = UserStateCache(budget_bytes=cache.bytes - 1)  # the same entry and step no longer fit: evicted
+    e2 = tiny.store([1, 2, 3], _kv(3), torch.zeros(4), None)
+    assert e2 is not None
+    tiny.add_step(e2, (5, 6), torch.zeros(1, 2, 2, 2, 4), torch.zeros(2, 4))
+    assert len(tiny) == 0 and tiny.bytes == 0 and tiny.stats()["evictions"] == 1
+
+
 @pytest.fixture(scope="module")
 def setup():
     trie = CatalogTrie(random_catalog(300, L, C, 1))
@@ -58,15 +72,18 @@ def test_plain_with_the_cache_returns_what_it_returns_without(setup) -> None:
     for prompt in random_prompts(5, 2, 3, 20):
         ref = engine.search(batch([prompt]), 5)
         first = engine.search(batch([prompt]), 5, states=cache)  # a miss: computes and stores
-        again = engine.search(batch([prompt]), 5, states=cache)  # a full hit: no prompt forward
+        again = engine.search(batch([prompt]), 5, states=cache)  # an identical request: no forward at all
+        wider = engine.search(batch([prompt]), 6, states=cache)  # other beams: only the prompt is reused
         assert torch.equal(first.leaves, ref.leaves) and torch.equal(first.scores, ref.scores)
         assert torch.equal(again.leaves, ref.leaves) and torch.equal(again.scores, ref.scores)
-        assert again.target_calls == L - 1 and first.target_calls == L
+        ref6 = engine.search(batch([prompt]), 6)
+        assert torch.equal(wider.leaves, ref6.leaves) and torch.equal(wider.scores, ref6.scores)
+        assert first.target_calls == L and again.target_calls == 0 and wider.target_calls == L - 1
         longer = prompt + [5, 6, 7, 8, 9]  # a new interaction: only its tokens run
         ext, ref_ext = engine.search(batch([longer]), 5, states=cache), engine.search(batch([longer]), 5)
         assert torch.equal(ext.leaves, ref_ext.leaves)
         torch.testing.assert_close(ext.scores, ref_ext.scores, atol=PARTIAL_TOL, rtol=0)
-    assert cache.stats()["hits"] == 5 and cache.stats()["partial_hits"] == 5
+    assert cache.stats()["hits"] == 10 and cache.stats()["partial_hits"] == 5
 
 
 def test_batches_mixing_hits_and_misses(setup) -> None:
@@ -117,7 +134,7 @@ def test_grpc_second_identical_request_is_a_hit_with_identical_items(make_server
         second = client.recommend("u1", k=5, mode="plain")
     assert served.states.stats()["hits"] == hits + 1
     assert [(i.item_id, i.score) for i in second.items] == [(i.item_id, i.score) for i in first.items]
-    assert second.stats.target_forward_calls == first.stats.target_forward_calls - 1
+    assert first.stats.target_forward_calls == 4 and second.stats.target_forward_calls == 0  # replayed steps
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
     assert f"recsvc_state_cache_hits_total {float(hits + 1)}" in text
     assert "recsvc_state_cache_bytes" in text

@@ -1,17 +1,19 @@
 """`recsvc bench cache`: today's forward vs the fast forward vs a returning user's cached state, in ONE run.
 
 The same users, one request at a time, the served recommender (plain decoding, the bundle's prior, the beam
-width B), three paths per user, interleaved (paired A/B: machine noise hits all three alike):
+width B), four paths per user, interleaved (paired A/B: machine noise hits all of them alike):
 - ``lean``: the previous engine forward (``--forward lean``), no user-state cache;
 - ``fast``: the fast forward (recsvc.engine.fast), no user-state cache (a new user);
-- ``cached``: the fast forward, the user's prompt state cached by an earlier identical request (a returning
-  user: a full hit of the user-state cache, the prompt forward skipped).
+- ``cached``: the fast forward, the user's prompt state cached by an earlier request with the same prompt but
+  other beams (beam width B + 5): the prompt forward skipped, the decode steps run;
+- ``repeat``: the fast forward, the user's earlier request identical (same prompt, k, B, exclusions, prior):
+  the prompt and every decode step replayed from the cache, no forward.
 Per path: p50 / mean ms per request, target forwards per request, and the fixed cost per forward from the
 forward ledger (``recsvc.engine.ledger.ForwardLedger``: the intercept of ms vs new tokens over a sweep of
 plain searches of K = 1..40 beams, so 1..40 tokens per decode forward), for the target and, when the bundle
 has them, the LLaMA drafter and the draft head (its step: a few matmuls, no transformer forward).
 Outputs: ``fast`` vs ``lean`` (same items in the same order; float rounding may reorder near-ties) and
-``cached`` vs ``fast`` (identical items and scores).
+``cached`` / ``repeat`` vs ``fast`` (identical items and scores).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from tqdm import tqdm
 
 from recsvc.bench.common import machine, markdown_table, set_threads, write_json
 
-PATHS = ("lean", "fast", "cached")
+PATHS = ("lean", "fast", "cached", "repeat")
 SWEEP_K = (1, 2, 5, 10, 20, 40)
 
 
@@ -67,7 +69,9 @@ def _fixed_cost(model, search, prompts, k_values=SWEEP_K) -> tuple[float, float]
     try:
         for p in prompts:
             for k in k_values:
+                first = len(ledger.calls)
                 search(PromptBatch.from_lists([p]), k)
+                del ledger.calls[first]  # the prompt forward: the fit is over decode forwards (k tokens)
     finally:
         model.forward_ledger = None
     return ledger.fit()
@@ -105,11 +109,11 @@ def run(args: argparse.Namespace) -> dict:
                                         beam_width=args.beam_width)
     histories, train = _users(args.bundle, args.users, args.split, args.data, args.seed)
     target = rec.target
-    cache = UserStateCache(1 << 40, "bench")
+    caches = {"cached": UserStateCache(1 << 40, "bench"), "repeat": UserStateCache(1 << 40, "bench")}
 
     def one(path: str, history: list[int]):
         target.set_forward("lean" if path == "lean" else "fast")
-        rec.states = cache if path == "cached" else None
+        rec.states = caches.get(path)
         start = time.perf_counter()
         out = rec.recommend([RecQuery(history=history, k=args.k, mode="plain")])[0]
         return out, 1000.0 * (time.perf_counter() - start)
@@ -119,13 +123,16 @@ def run(args: argparse.Namespace) -> dict:
             one(path, h)
     ms: dict[str, list[float]] = {p: [] for p in PATHS}
     calls: dict[str, list[int]] = {p: [] for p in PATHS}
-    same_items = same_cached = 0
+    same_items = same_cached = same_repeat = 0
     max_diff = 0.0
     for i, h in enumerate(tqdm(histories, desc="bench cache", leave=False)):
-        order = PATHS[i % 3:] + PATHS[: i % 3]  # rotate the order: no path always runs first
+        order = PATHS[i % len(PATHS):] + PATHS[: i % len(PATHS)]  # rotate: no path always runs first
         target.set_forward("fast")
-        rec.states = cache
-        rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])  # the user's earlier request: a miss, stored
+        rec.states = caches["repeat"]  # the user's earlier request: identical
+        rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])
+        rec.states, rec.beam_width = caches["cached"], args.beam_width + 5  # ... with other beams
+        rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])
+        rec.beam_width = args.beam_width
         res = {}
         for path in order:
             res[path], t = one(path, h)
@@ -133,6 +140,7 @@ def run(args: argparse.Namespace) -> dict:
             calls[path].append(res[path].stats.target_calls)
         same_items += res["fast"].item_ids == res["lean"].item_ids
         same_cached += (res["cached"].item_ids == res["fast"].item_ids and res["cached"].scores == res["fast"].scores)
+        same_repeat += (res["repeat"].item_ids == res["fast"].item_ids and res["repeat"].scores == res["fast"].scores)
         if res["fast"].item_ids == res["lean"].item_ids:
             max_diff = max([max_diff, *(abs(a - b) for a, b in zip(res["fast"].scores, res["lean"].scores,
                                                                    strict=True))])
@@ -154,7 +162,7 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     base = statistics.median(ms["lean"])
     for path in PATHS:
-        f = fixed["fast" if path == "cached" else path]
+        f = fixed["lean" if path == "lean" else "fast"]
         rows.append({"path": path, "p50_ms": statistics.median(ms[path]), "mean_ms": statistics.mean(ms[path]),
                      "vs_lean": statistics.median(ms[path]) / base,
                      "forwards_per_request": statistics.mean(calls[path]),
@@ -164,6 +172,7 @@ def run(args: argparse.Namespace) -> dict:
                "beam_width": args.beam_width, "split": args.split, "users": n, "machine": machine(),
                "rows": rows, "identical_items_fast_vs_lean": same_items / n,
                "max_score_diff_fast_vs_lean": max_diff, "identical_cached_vs_fast": same_cached / n,
+               "identical_repeat_vs_fast": same_repeat / n,
                "drafter_fixed_ms_per_forward": ({k: v[0] for k, v in drafter_fixed.items()}
                                                 if drafter_fixed else None),
                "head_step_ms": _head_step_ms(rec)}
@@ -171,7 +180,7 @@ def run(args: argparse.Namespace) -> dict:
                                 ("vs_lean", "p50 vs lean"), ("forwards_per_request", "forwards/req"),
                                 ("fixed_ms_per_forward", "fixed ms/forward"), ("ms_per_token", "ms/token")]))
     print(f"identical items fast vs lean: {same_items}/{n} (max score diff {max_diff:.2e}); "
-          f"cached == fast (items and scores): {same_cached}/{n}")
+          f"cached == fast (items and scores): {same_cached}/{n}; repeat == fast: {same_repeat}/{n}")
     if drafter_fixed:
         lean_d, fast_d = drafter_fixed["lean"][0], drafter_fixed["fast"][0]
         print(f"LLaMA drafter fixed ms/forward: lean {lean_d:.3f}, fast {fast_d:.3f}")

@@ -79,5 +79,37 @@ class Prefill:
             return
         for row, tokens in enumerate(self.tokens):
             if not self.full[row]:
-                self.states.store(tokens, self.cache.rows_of(row, len(tokens)), hidden[row].clone(),
-                                  logp0[row].clone() if logp0 is not None else None)
+                self.entries[row] = self.states.store(tokens, self.cache.rows_of(row, len(tokens)),
+                                                      hidden[row].clone(),
+                                                      logp0[row].clone() if logp0 is not None else None)
+
+    def load_step(self, nodes: torch.Tensor, width: int) -> torch.Tensor | None:
+        """Plain beam search's decode step over the beams ``nodes`` [B, K] written at slots width..width+K-1:
+        when every row kept exactly these beams under its prompt, their keys / values are copied into those
+        slots and their [B, K, H] hidden states returned (no forward); else None."""
+        if self.states is None:
+            return None
+        keys = [tuple(row) for row in nodes.tolist()]
+        kept = [e.steps.get(key) if e is not None else None for e, key in zip(self.entries, keys, strict=True)]
+        if any(k is None for k in kept):
+            return None
+        b, k = nodes.shape
+        self.cache.reserve(width + k, b)
+        for row, item in enumerate(kept):
+            assert item is not None
+            kv = item[0]  # [layers, 2, h_kv, K, d]
+            for i, layer in enumerate(self.cache.layers):
+                layer.k[row, :, width:width + k] = kv[i, 0]
+                layer.v[row, :, width:width + k] = kv[i, 1]
+        return torch.stack([item[1] for item in kept if item is not None])
+
+    def store_step(self, nodes: torch.Tensor, width: int, hidden: torch.Tensor) -> None:
+        """Keep a computed decode step (beams ``nodes`` [B, K] at slots width.., hidden [B, K, H])."""
+        if self.states is None:
+            return
+        k = nodes.shape[1]
+        for row, (entry, key) in enumerate(zip(self.entries, nodes.tolist(), strict=True)):
+            if entry is not None:
+                kv = torch.stack([torch.stack([layer.k[row, :, width:width + k], layer.v[row, :, width:width + k]])
+                                  for layer in self.cache.layers])
+                self.states.add_step(entry, tuple(key), kv, hidden[row].clone())

@@ -6,6 +6,9 @@ tokens. The next request:
 - with the same prompt (a full hit) skips the prompt forward and starts at depth 1;
 - with a prompt that extends a cached one (a new interaction appended, the history window not slid yet: a
   partial hit) loads the cached rows and runs only the new tokens;
+- plain beam search also keeps each decode step's fed beams (keys / values / hidden states of those trie
+  nodes under this prompt): a step whose beams are exactly a kept step's (an identical request: same k, beam
+  width, exclusions and prior) loads them instead of running the forward, so a repeated request runs none;
 - otherwise (a miss; also once the history is longer than the prompt window, where every new interaction
   shifts the window and so every position: the strategy is recompute) runs the whole prompt.
 Bounded by a byte budget, least recently used entries evicted first. One per served bundle and process
@@ -21,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +36,13 @@ class UserState:
     hidden: torch.Tensor  # [H] final hidden state of the prompt's last token
     logp0: torch.Tensor | None  # [C] the first code's log-probs (float32), None when not computed
     nbytes: int
+    # plain beam search's decode steps: the beams fed (their node ids, in order) -> (every layer's keys and
+    # values of those tokens [layers, 2, h_kv, K, d], their hidden states [K, H]); a token's key / value / hidden
+    # depend only on the prompt and its trie node's ancestors, so an identical request replays them
+    steps: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=OrderedDict)
+
+
+MAX_STEPS = 12  # decode steps kept per prompt (3 per request of a 4-level id: the last 4 distinct requests)
 
 
 class UserStateCache:
@@ -70,22 +80,42 @@ class UserStateCache:
             return None, 0
 
     def store(self, tokens: Sequence[int], kv: list[tuple[torch.Tensor, torch.Tensor]], hidden: torch.Tensor,
-              logp0: torch.Tensor | None) -> None:
+              logp0: torch.Tensor | None) -> UserState | None:
         nbytes = sum(k.nbytes + v.nbytes for k, v in kv) + hidden.nbytes + (logp0.nbytes if logp0 is not None else 0)
         if nbytes > self.budget:
-            return
+            return None
         key = (self.version, tuple(tokens))
+        entry = UserState(key[1], kv, hidden, logp0, nbytes)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
                 self._forget(old)
-            self._entries[key] = UserState(key[1], kv, hidden, logp0, nbytes)
+            self._entries[key] = entry
             self._lengths[len(key[1])] += 1
             self.bytes += nbytes
-            while self.bytes > self.budget and self._entries:
-                _, victim = self._entries.popitem(last=False)
-                self._forget(victim)
-                self.evictions += 1
+            self._evict()
+        return entry
+
+    def add_step(self, entry: UserState, nodes: tuple[int, ...], kv: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Keep a decode step of ``entry``'s prompt (at most MAX_STEPS per entry, the oldest dropped)."""
+        nbytes = kv.nbytes + hidden.nbytes
+        with self._lock:
+            if (self.version, entry.tokens) not in self._entries or nodes in entry.steps:
+                return  # evicted meanwhile, or already kept
+            entry.steps[nodes] = (kv, hidden)
+            entry.nbytes += nbytes
+            self.bytes += nbytes
+            while len(entry.steps) > MAX_STEPS:
+                _, (k_old, h_old) = entry.steps.popitem(last=False)
+                entry.nbytes -= k_old.nbytes + h_old.nbytes
+                self.bytes -= k_old.nbytes + h_old.nbytes
+            self._evict()
+
+    def _evict(self) -> None:
+        while self.bytes > self.budget and self._entries:
+            _, victim = self._entries.popitem(last=False)
+            self._forget(victim)
+            self.evictions += 1
 
     def _forget(self, entry: UserState) -> None:
         self.bytes -= entry.nbytes
