@@ -57,10 +57,11 @@ class CatalogWatch:
     def load_initial(self) -> None:
         """Applies the file when it exists (UserError when it is malformed: fail before serving)."""
         stamp = self._stat()
-        if stamp is None:
-            log_event(log, "catalog_watching", file=str(self.path), version=0, items=self.live.state.items)
-            return
-        self._apply(stamp)
+        if stamp is not None:
+            self._apply(stamp)
+        state = self.live.state
+        log_event(log, "catalog_watching", file=str(self.path), exists=stamp is not None,
+                  version=state.catalog.version, items=state.items, check_every_s=self.check_every_s)
 
     def check(self) -> bool | None:
         """One look at the file: None when it has not changed, True when a change was applied, False when it
