@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from recsvc.cli.main import build_parser, main
-from recsvc.service import cli as serve_cli
+from recsvc.service import calibration
 from recsvc.service.client import RecClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,7 +145,7 @@ class _SlowEngine:
 def test_calibration_within_budget_tunes_every_k():
     engine = _SlowEngine(cost_s=0.001)
     steps = []
-    choice = serve_cli.configure_speculation(
+    choice = calibration.configure_speculation(
         engine, "auto", None, budget_s=30, step=lambda event, *a, **f: steps.append((event, f))
     )
     assert set(choice) == {1, 5, 10, 20} and all(n > 0 for n, _ in choice.values())
@@ -157,7 +157,7 @@ def test_calibration_over_budget_serves_plain_for_the_untuned_k():
     engine = _SlowEngine(cost_s=0.05)  # one K costs ~7 candidates x 3 runs x 25-50 ms ~ 0.6-1 s
     steps = []
     started = time.monotonic()
-    choice = serve_cli.configure_speculation(
+    choice = calibration.configure_speculation(
         engine, "auto", None, budget_s=1.2, step=lambda event, *a, **f: steps.append((event, f))
     )
     assert time.monotonic() - started < 1.2 + 0.2  # a run that would end past the budget is not started
@@ -171,7 +171,7 @@ def test_calibration_over_budget_serves_plain_for_the_untuned_k():
 
 def test_calibration_stops_on_a_signal():
     engine = _SlowEngine(cost_s=0.01)
-    choice = serve_cli.configure_speculation(
+    choice = calibration.configure_speculation(
         engine, "auto", None, budget_s=60, step=lambda *a, **f: None, should_stop=lambda: engine.calls >= 3
     )
     assert choice == {1: (0, 0), 5: (0, 0), 10: (0, 0), 20: (0, 0)}

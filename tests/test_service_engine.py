@@ -103,7 +103,7 @@ def test_relaxed_without_a_drafter_samples_from_the_target(tiny_bundle) -> None:
 def test_auto_speculation_calibrates_on_the_bundles_validation_users(tiny_bundle, recommender, tmp_path) -> None:
     from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
-    from recsvc.service.cli import calibration_histories
+    from recsvc.service.calibration import calibration_histories
 
     data = load_split_dir(Bundle.open(tiny_bundle).resolve_data_dir())
     valid = {tuple(u.history[-50:]) for u in data.eval_users("valid")}
@@ -208,7 +208,7 @@ def test_auto_calibration_is_stored_and_reused_on_the_same_hardware_models_and_s
     import json
     import shutil
 
-    from recsvc.service.cli import configure_speculation
+    from recsvc.service.calibration import configure_speculation
 
     root = tmp_path / "b"
     shutil.copytree(tiny_bundle, root)

@@ -13,7 +13,7 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 from recsvc.cli.main import build_parser
-from recsvc.service import cli as serve_cli
+from recsvc.service import calibration, startup
 from recsvc.service.calibration_cache import calibration_key, save_choice
 from recsvc.service.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
@@ -37,7 +37,7 @@ def _serve_args(bundle, *flags: str):
 
 def _recommender(args):
     events: list[str] = []
-    rec = serve_cli.load_recommender(args, step=lambda event, *a, **f: events.append(event))
+    rec = startup.load_recommender(args, step=lambda event, *a, **f: events.append(event))
     return rec, events
 
 
@@ -48,7 +48,7 @@ def _store_calibration(bundle, tmp_path):
     shutil.copytree(bundle, root)
     settings = ServeSettings.from_args(_serve_args(root))
     key = calibration_key(root, {**settings.calibration_settings(settings.beam_width, torch.get_num_threads()),
-                                 "ks": list(serve_cli.CALIBRATION_KS)})
+                                 "ks": list(calibration.CALIBRATION_KS)})
     assert save_choice(root, key, STORED)
     return root
 

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 # A library does not print by default: without configure_json_logging() records go nowhere (no lastResort).
@@ -67,3 +68,13 @@ def configure_json_logging(level: str | int = "INFO", stream=None, **static: Any
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+# `recsvc serve`'s own lines (start-up steps, calibration, worker processes, draining) share one logger name
+SERVE_LOGGER = "recsvc.service.cli"
+Step = Callable[..., None]  # step(event, level=INFO, **fields): how start-up reports each step
+
+
+def log_step(event: str, level: int = logging.INFO, **fields: Any) -> None:
+    """A ``recsvc serve`` line (the default ``Step``)."""
+    log_event(logging.getLogger(SERVE_LOGGER), event, level, **fields)

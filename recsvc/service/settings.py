@@ -20,7 +20,9 @@ from recsvc.engine.api import MODES, Mode
 from recsvc.errors import UserError
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
-from .cli import _log_step, configure_speculation, positive_float, torch_threads
+from .arg_types import positive_float
+from .calibration import configure_speculation, torch_threads
+from .logs import Step, log_step
 
 DEFAULT_BEAM_WIDTH = 20  # LC-Rec's evaluation width: the served top-k are the offline evaluation's top-k
 MAX_BEAM_WIDTH = 100
@@ -182,16 +184,13 @@ def engine_fields(rec: Any) -> dict[str, Any]:
             "speculation_per_k": {str(k): list(v) for k, v in sorted((per_k or {}).items())} or None}
 
 
-Step = Callable[..., None]
-
-
 def build_recommender(settings: ServeSettings, *, step: Step | None = None,
                       should_stop: Callable[[], bool] | None = None):
     """The served ``BundleRecommender``: loaded and its speculation configured (--spec), each step reported
     through ``step(event, level=INFO, **fields)`` (default: the JSON log)."""
     from recsvc.rules.decode import RuleSettings
 
-    step = step or _log_step
+    step = step or log_step
     try:
         from recsvc.engine.recommender import BundleRecommender
     except ImportError as exc:

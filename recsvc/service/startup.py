@@ -1,0 +1,157 @@
+"""One ``recsvc serve`` process from start to exit: the port listens first (health NOT_SERVING), the engine is
+loaded (``--bundle`` or ``--popularity``) and calibrated (``settings.build_recommender``), the live catalog
+watched, then the server is attached (health SERVING) until SIGTERM / SIGINT, and drained."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from recsvc.engine.api import Recommender
+from recsvc.errors import UserError
+
+from .calibration import torch_threads
+from .logs import Step, log_step
+
+
+def load_recommender(
+    args: argparse.Namespace, *, step: Step | None = None, should_stop: Callable[[], bool] | None = None
+) -> Recommender:
+    """The engine of ``args`` (``--bundle``: ``recsvc.service.settings.build_recommender`` of its
+    ``ServeSettings``; or ``--popularity``), loaded and (``--spec``) configured; each step is reported through
+    ``step(event, level=INFO, **fields)`` (default: the JSON log)."""
+    step = step or log_step
+    if args.popularity and args.drafter_name:
+        raise UserError("--drafter needs --bundle (a popularity service has no model to speculate with)")
+    if args.popularity and getattr(args, "attributes", None):
+        raise UserError("--attributes needs --bundle (rules are decoded by the model engine)")
+    if args.popularity and getattr(args, "catalog", None):
+        raise UserError("--catalog needs --bundle (a popularity service has no catalog trie to extend)")
+    if args.popularity and args.exclude_history:
+        raise UserError("--exclude-history needs --bundle (requests may still ask for it: exclude_history)")
+    if args.popularity:
+        from .popularity import PopularityRecommender
+
+        step("loading_popularity", popularity=args.popularity)
+        return PopularityRecommender.from_json(
+            args.popularity, max_k=args.max_k, max_history=args.max_history
+        )
+    from .settings import ServeSettings, build_recommender
+
+    step("loading_bundle", bundle=args.bundle)
+    return build_recommender(ServeSettings.from_args(args), step=step, should_stop=should_stop)
+
+
+def serving_fields(args: argparse.Namespace, rec: Recommender) -> dict:
+    """What the "serving" log line says about the engine: bundle or popularity table, decoding settings."""
+    if args.popularity:
+        return {"popularity": args.popularity, "decoding": "popularity"}
+    from .settings import engine_fields
+
+    return {
+        "bundle": args.bundle,
+        "dtype": args.dtype,
+        "attention": args.attention,
+        "drafter": args.drafter_name or ("default" if getattr(rec, "drafter", None) is not None else None),
+        "spec": args.spec,
+        "exclude_history": args.exclude_history,
+        "rules_strategy": args.rules_strategy,
+        "torch_threads": torch_threads(),
+        **engine_fields(rec),  # precision, beam_width, speculation_per_k, prior_weight, drafter_loaded
+    }
+
+
+def store_options(args: argparse.Namespace) -> dict:
+    """``open_store`` options from the --redis-* flags; UserError for settings that cannot work together."""
+    from .stores.redis_urls import is_cluster_url
+
+    if not args.redis_url:
+        if args.redis_wait_replicas:
+            raise UserError("--redis-wait-replicas needs --redis-url (the in-process store has no replicas)")
+        return {}
+    if is_cluster_url(args.redis_url) and ("{" in args.redis_prefix or "}" in args.redis_prefix):
+        raise UserError(f"--redis-prefix cannot contain '{{' or '}}' with a Redis Cluster (the user id is the "
+                        f"hash tag), got {args.redis_prefix!r}")
+    return {"ttl_s": args.redis_ttl_s, "prefix": args.redis_prefix, "wait_replicas": args.redis_wait_replicas,
+            "wait_timeout_ms": args.redis_wait_timeout_ms}
+
+
+def serve_one(args: argparse.Namespace) -> int:
+    """Serves ``args`` in this process until a signal, drains, and exits the process (``os._exit(0)``)."""
+    from .logs import configure_json_logging
+    from .security import api_key_from
+    from .server import RecServer, ServerConfig
+    from .settings import check_beam_width
+    from .stores import open_store
+    from .stores.redis_urls import redacted
+    from .validation import Limits
+
+    if args.beam_width is not None:  # fail before anything starts
+        check_beam_width(args.beam_width)
+    worker = getattr(args, "worker_index", None)
+    configure_json_logging(args.log_level.upper(), **({} if worker is None else {"worker": worker,
+                                                                               "pid": os.getpid()}))
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        default_mode=args.default_mode,
+        limits=Limits(max_k=args.max_k, max_history=args.max_history, max_record_items=args.max_history),
+        max_message_bytes=args.max_message_bytes,
+        api_key=api_key_from(args.api_key),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        workers=args.workers,
+        reuse_port=worker is not None,
+    )
+    config.check()
+    if args.bundle and getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    started = time.monotonic()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stop.set())
+    store = open_store(args.redis_url, max_len=args.max_history, **store_options(args))
+    server = RecServer(None, store, config)  # listens with health NOT_SERVING until attach()
+    watch = None
+    try:
+        server.start()
+        if args.redis_url and not store.ping():
+            log_step("history_store_unreachable", logging.WARNING, url=redacted(args.redis_url))
+        recommender = load_recommender(args, should_stop=stop.is_set)
+        if args.bundle and not stop.is_set():  # the live catalog: added / retired items, re-read on change
+            from recsvc.model.live_catalog import CATALOG_FILE
+
+            from .catalog_watch import watch_catalog
+
+            recommender, watch = watch_catalog(recommender, args.catalog or os.path.join(args.bundle, CATALOG_FILE),
+                                               server.metrics.registry)
+        if not stop.is_set():
+            server.attach(recommender, startup_s=round(time.monotonic() - started, 3),
+                          grace_s=args.grace_s, **serving_fields(args, recommender))
+            while not stop.wait(0.2):
+                pass
+        log_step("signal_received", grace_s=args.grace_s)
+        server.stop(grace_s=args.grace_s)
+    finally:
+        server.stop(grace_s=0)
+        if watch is not None:
+            watch.close()
+        store.close()
+    # Everything the server owned is released and drained: skip the interpreter's teardown of torch and
+    # transformers (1-2 s on a loaded host), so the process exits promptly after draining.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
