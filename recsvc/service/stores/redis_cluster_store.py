@@ -22,8 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TypeVar
 
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
@@ -39,15 +37,13 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from .base import HistoryStore, HistoryStoreUnavailable
 from .redis_append import WaitPolicy, append_script
+from .redis_base import RedisStoreBase
 from .redis_urls import parse_cluster_url, redacted
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 # a failover in progress: refresh the slot map, back off, try again
 FAILOVER_ERRORS = (
     RedisConnectionError,
@@ -61,8 +57,11 @@ FAILOVER_ERRORS = (
 )
 
 
-class RedisClusterHistoryStore(HistoryStore):
+class RedisClusterHistoryStore(RedisStoreBase):
     """History lists under ``{prefix}{{user_id}}`` in the cluster named by ``url`` (``redis+cluster://``)."""
+
+    label = "redis cluster"
+    RETRIABLE = FAILOVER_ERRORS
 
     def __init__(
         self,
@@ -79,24 +78,18 @@ class RedisClusterHistoryStore(HistoryStore):
         max_backoff_s: float = 0.4,
         max_connections: int = 64,
     ) -> None:
-        if max_len < 1 or ttl_s < 1 or retry_budget_s < 0:
-            raise ValueError("max_len and ttl_s must be >= 1 and retry_budget_s >= 0")
+        if retry_budget_s < 0:
+            raise ValueError("retry_budget_s must be >= 0")
         if "{" in prefix or "}" in prefix:
             raise ValueError(f"a Redis Cluster key prefix cannot contain '{{' or '}}' (the hash tag is the user id), "
                              f"got {prefix!r}")
+        super().__init__(max_len=max_len, ttl_s=ttl_s, prefix=prefix, wait=wait, socket_timeout_s=socket_timeout_s,
+                         backoff_s=backoff_s, max_backoff_s=max_backoff_s)
         self.cluster_url = parse_cluster_url(url)
         self.url = redacted(url)
-        self.max_len = max_len
-        self.ttl_s = ttl_s
-        self.prefix = prefix
-        self.wait = wait
         self.retry_budget_s = retry_budget_s
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        # WAIT blocks the connection up to its timeout: the socket must wait longer than WAIT does
-        wait_s = wait.timeout_ms / 1000.0 if wait else 0.0
         self._options = {
-            "socket_timeout": max(socket_timeout_s, wait_s + 0.25),
+            "socket_timeout": self.socket_timeout_s,
             "socket_connect_timeout": connect_timeout_s,
             "max_connections": max_connections,
             "username": self.cluster_url.username,
@@ -111,45 +104,12 @@ class RedisClusterHistoryStore(HistoryStore):
     def key(self, user_id: str) -> str:
         return f"{self.prefix}{{{user_id}}}"
 
-    # --- HistoryStore ------------------------------------------------------------------------------------
-
-    def append(self, user_id: str, items: Sequence[int]) -> int:
-        values = [int(item) for item in items]
-        if not values:
-            return len(self.get(user_id))
-        key = self.key(user_id)
-
-        def write(cluster: RedisCluster) -> int:
-            def run(node: ClusterNode, asking: bool = False) -> int:
-                return append_script(cluster.get_redis_connection(node), key, values, max_len=self.max_len,
-                                     ttl_s=self.ttl_s, wait=self.wait, asking=asking)
-
-            try:
-                return run(cluster.get_node_from_key(key))
-            except AskError as exc:
-                if isinstance(exc, MovedError):
-                    raise  # the slot map is stale: refreshed, then retried
-                target = cluster.get_node(exc.host, exc.port)  # the slot is migrating to this node
-                if target is None:
-                    raise TryAgainError(f"ASK to unknown node {exc.host}:{exc.port}") from exc
-                return run(target, asking=True)
-
-        return self._call("append", write, retry_on_timeout=False)
-
-    def get(self, user_id: str) -> list[int]:
-        key = self.key(user_id)
-        raw = self._call("get", lambda cluster: cluster.lrange(key, 0, -1), retry_on_timeout=True)
-        return [int(value) for value in raw]
-
-    def ttl(self, user_id: str) -> int:
-        """Seconds until the user's history expires (-2: no such key, -1: no TTL)."""
-        key = self.key(user_id)
-        return int(self._call("ttl", lambda cluster: cluster.ttl(key), retry_on_timeout=True))
+    # --- HistoryStore (append, get, ttl: RedisStoreBase) --------------------------------------------------
 
     def ping(self) -> bool:
         """Every master answers (a shard without a reachable master is a degraded store)."""
         try:
-            cluster = self._client()
+            cluster = self._connection()
             return bool(cluster.ping(target_nodes=RedisCluster.PRIMARIES))
         except (RedisError, RedisClusterException):
             self._refresh()
@@ -164,7 +124,33 @@ class RedisClusterHistoryStore(HistoryStore):
 
     # --- plumbing ----------------------------------------------------------------------------------------
 
-    def _client(self) -> RedisCluster:
+    def _write(self, cluster: RedisCluster, key: str, values: list[int]) -> int:
+        """The append on the master that owns the key's slot (following an ASK to a slot being migrated)."""
+
+        def run(node: ClusterNode, asking: bool = False) -> int:
+            return append_script(cluster.get_redis_connection(node), key, values, max_len=self.max_len,
+                                 ttl_s=self.ttl_s, wait=self.wait, asking=asking)
+
+        try:
+            return run(cluster.get_node_from_key(key))
+        except AskError as exc:
+            if isinstance(exc, MovedError):
+                raise  # the slot map is stale: refreshed, then retried
+            target = cluster.get_node(exc.host, exc.port)  # the slot is migrating to this node
+            if target is None:
+                raise TryAgainError(f"ASK to unknown node {exc.host}:{exc.port}") from exc
+            return run(target, asking=True)
+
+    def _deadline(self) -> float | None:
+        return time.monotonic() + self.retry_budget_s
+
+    def _retry_left(self, attempt: int, delay: float, deadline: float | None) -> bool:
+        return deadline is not None and time.monotonic() + delay <= deadline
+
+    def _after_failure(self) -> None:
+        self._refresh()
+
+    def _connection(self) -> RedisCluster:
         """The cluster client, created on first use (RedisClusterException while no seed answers)."""
         with self._lock:
             if self._closed:
@@ -194,35 +180,3 @@ class RedisClusterHistoryStore(HistoryStore):
                 if self._cluster is cluster:
                     self._cluster = None
             cluster.close()
-
-    def _call(self, op: str, fn: Callable[[RedisCluster], T], *, retry_on_timeout: bool) -> T:
-        deadline = time.monotonic() + self.retry_budget_s
-        delay = self.backoff_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return fn(self._client())
-            except HistoryStoreUnavailable:
-                raise  # a WAIT shortfall: the append reached the master, never retried
-            except RedisTimeoutError as exc:
-                if not retry_on_timeout or time.monotonic() + delay > deadline:
-                    raise HistoryStoreUnavailable(f"redis cluster {op} failed: {_describe(exc)}") from exc
-                error: Exception = exc
-            except FAILOVER_ERRORS as exc:
-                if time.monotonic() + delay > deadline:
-                    raise HistoryStoreUnavailable(
-                        f"redis cluster {op} failed after {attempt} attempts: {_describe(exc)}"
-                    ) from exc
-                error = exc
-            except RedisError as exc:
-                raise HistoryStoreUnavailable(f"redis cluster {op} failed: {_describe(exc)}") from exc
-            log.debug("redis cluster %s failed (attempt %d): %s; retrying", op, attempt, error)
-            self._refresh()
-            time.sleep(delay)
-            delay = min(delay * 2, self.max_backoff_s)
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text if len(text) <= 200 else text[:197] + "..."
