@@ -138,3 +138,33 @@ def test_grpc_second_identical_request_is_a_hit_with_identical_items(make_server
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics").read().decode()
     assert f"recsvc_state_cache_hits_total {float(hits + 1)}" in text
     assert "recsvc_state_cache_bytes" in text
+
+
+def test_prefill_ahead_after_a_write_makes_the_next_request_a_hit(make_server, served) -> None:
+    import time
+
+    from recsvc.engine.api import RecQuery
+
+    served.ahead = True
+    try:
+        server = make_server(served)
+        items = served.popular_items(8)
+        with RecClient(f"127.0.0.1:{server.port}") as client:
+            client.record("u-ahead", items[4:7])
+            deadline = time.monotonic() + 10
+            before = served.states.stats()
+            while served.states.stats()["entries"] == before["entries"] and time.monotonic() < deadline:
+                time.sleep(0.02)  # the prefill runs on the batcher thread once it is idle
+            got = client.recommend("u-ahead", k=5, mode="plain")
+        after = served.states.stats()
+        assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]  # ahead: not counted
+        assert got.stats.target_forward_calls == 3  # the prompt came from the cache
+        states, served.states = served.states, None
+        try:
+            ref = served.recommend([RecQuery(history=items[4:7], k=5, mode="plain")])[0]
+        finally:
+            served.states = states
+        assert [i.item_id for i in got.items] == ref.item_ids
+        assert [i.score for i in got.items] == pytest.approx(ref.scores, abs=1e-6)
+    finally:
+        served.ahead = False

@@ -6,7 +6,8 @@ stored history, k items, plain decoding) and followed by its RecordInteractions.
 order on one client thread at a time; ``--concurrency`` threads take users from a shared queue.
 
 Per configuration (``--cache``: the user-state cache off = ``--state-cache-mb 0``, on = ``--state-cache-mb``
-MB) and concurrency level, a fresh redis-server and ``recsvc serve`` subprocess: Recommend latency p50 / p99,
+MB, ahead = on + ``--prefill-ahead``: the user's prefill after each write, when the engine is idle) and
+concurrency level, a fresh redis-server and ``recsvc serve`` subprocess: Recommend latency p50 / p99,
 throughput (requests of both kinds per second, Recommend per second), the state cache's hit rate (full and
 partial hits per Recommend, from the server's /metrics) and the server's resident memory at the end. JSON
 output (``--json``).
@@ -31,7 +32,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--r", type=int, default=3, help="Recommend calls before each test interaction")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--concurrency", default="1,16", help="client threads, comma-separated levels")
-    p.add_argument("--cache", choices=["off", "on", "both"], default="both", help="the user-state cache")
+    p.add_argument("--cache", default="off,on,ahead",
+                   help="configurations, comma-separated: off (no user-state cache), on, ahead (on + --prefill-ahead)")
     p.add_argument("--state-cache-mb", type=int, default=256, help="its budget when on")
     p.add_argument("--max-seconds", type=float, default=None, help="stop a run's trace after this long")
     p.add_argument("--split", choices=["valid", "test"], default="test")
@@ -143,19 +145,23 @@ def _metrics(port: int) -> dict[str, float]:
     return out
 
 
-def run_one(args: argparse.Namespace, trace, cache_mb: int, concurrency: int, workdir: Path) -> dict:
+def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, workdir: Path) -> dict:
     from recsvc.bench.processes_server import ServeProcess
     from recsvc.service.client import RecClient
     from recsvc.service.stores.redis_spawn import RedisProcess
 
-    redis = RedisProcess(data_dir=workdir / f"redis-{cache_mb}-{concurrency}")
-    (workdir / f"redis-{cache_mb}-{concurrency}").mkdir(parents=True, exist_ok=True)
+    cache_mb = 0 if config == "off" else args.state_cache_mb
+    name = f"{config}-{concurrency}"
+    (workdir / f"redis-{name}").mkdir(parents=True, exist_ok=True)
+    redis = RedisProcess(data_dir=workdir / f"redis-{name}")
     redis.start()
     serve_args = ["--redis-url", redis.url, "--state-cache-mb", str(cache_mb), "--max-batch", str(args.max_batch),
                   "--spec", "off", "--dtype", args.dtype, "--log-level", "INFO", *args.serve_arg]
+    if config == "ahead":
+        serve_args.append("--prefill-ahead")
     if args.threads is not None:
         serve_args += ["--threads", str(args.threads)]
-    server = ServeProcess(args.bundle, 1, serve_args, workdir / f"serve-{cache_mb}-{concurrency}.log")
+    server = ServeProcess(args.bundle, 1, serve_args, workdir / f"serve-{name}.log")
     try:
         server.start(args.startup_timeout_s)
         with RecClient(server.target, timeout_s=30.0) as client:
@@ -172,7 +178,7 @@ def run_one(args: argparse.Namespace, trace, cache_mb: int, concurrency: int, wo
                                                                                     0.0)
              for name in ("hits", "partial_hits", "misses", "evictions")}
     looked = sum(delta[n] for n in ("hits", "partial_hits", "misses"))
-    return {"cache": "on" if cache_mb else "off", "state_cache_mb": cache_mb, "concurrency": concurrency, **result,
+    return {"cache": config, "state_cache_mb": cache_mb, "concurrency": concurrency, **result,
             "hit_rate": delta["hits"] / looked if looked else 0.0,
             "partial_hit_rate": delta["partial_hits"] / looked if looked else 0.0,
             "evictions": delta["evictions"], "state_cache_bytes": after.get("recsvc_state_cache_bytes", 0.0),
@@ -185,15 +191,17 @@ def run(args: argparse.Namespace) -> dict:
     levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
     if not levels or min(levels) < 1:
         raise UserError(f"--concurrency takes positive integers, got {args.concurrency!r}")
-    if args.state_cache_mb < 1 and args.cache != "off":
+    configs = [c.strip() for c in str(args.cache).split(",") if c.strip()]
+    if not configs or set(configs) - {"off", "on", "ahead"}:
+        raise UserError(f"--cache takes off, on, ahead (comma-separated), got {args.cache!r}")
+    if args.state_cache_mb < 1 and set(configs) - {"off"}:
         raise UserError("--state-cache-mb must be >= 1 with the cache on")
     trace = build_trace(args.bundle, args.users, args.r, args.split, args.seed)
-    budgets = {"off": [0], "on": [args.state_cache_mb], "both": [0, args.state_cache_mb]}[args.cache]
     rows = []
     with tempfile.TemporaryDirectory(prefix="recsvc-replay-") as tmp:
         for concurrency in levels:
-            for mb in budgets:
-                row = run_one(args, trace, mb, concurrency, Path(tmp))
+            for config in configs:
+                row = run_one(args, trace, config, concurrency, Path(tmp))
                 rows.append(row)
                 print(f"cache {row['cache']}, concurrency {concurrency}: p50 {row['p50_ms']} ms, p99 "
                       f"{row['p99_ms']} ms, {row['requests_per_s']:.1f} req/s, hit rate {row['hit_rate']:.2f} "

@@ -22,11 +22,12 @@ class Prefill:
     """One batch's prompt prefill: ``run`` fills the cache, ``remember`` stores what it computed."""
 
     def __init__(self, model: EngineModel, cache: FastCache, prompts: PromptBatch,
-                 states: UserStateCache | None) -> None:
+                 states: UserStateCache | None, count: bool = True) -> None:
+        """``count``: whether the cache's lookups count as hits / misses (False: a prefill ahead of demand)."""
         self.model, self.cache, self.prompts, self.states = model, cache, prompts, states
         lengths = prompts.lengths.tolist()
         self.tokens = [tuple(prompts.ids[b, :n].tolist()) for b, n in enumerate(lengths)]
-        found = [states.lookup(t) for t in self.tokens] if states is not None else [(None, 0)] * len(lengths)
+        found = [states.lookup(t, count) for t in self.tokens] if states is not None else [(None, 0)] * len(lengths)
         self.entries: list[UserState | None] = [e for e, _ in found]
         self.cached = [n for _, n in found]  # tokens of each prompt taken from the cache
         self.full = [n == t for n, t in zip(self.cached, lengths, strict=True)]

@@ -137,6 +137,7 @@ class BundleRecommender:
         self.attributes = attributes  # item attributes for rules (None: requests with rules are refused)
         self.rule_settings = rules or RuleSettings()
         self.states: UserStateCache | None = None  # the user-state cache (enable_state_cache)
+        self.ahead = False  # prefill a user's prompt after a write, when the server is idle (prefill_ahead)
         self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
 
     @property
@@ -229,6 +230,26 @@ class BundleRecommender:
         the fast forward uses it (fp32 target, "fp32" attention)."""
         self.states = UserStateCache(budget_bytes, version) if budget_bytes > 0 and self.target.is_fast else None
         return self.states
+
+    @property
+    def prefill_ahead_enabled(self) -> bool:
+        """Whether the server should run ``prefill_ahead`` after writes (``ahead`` set and a state cache on)."""
+        return self.ahead and self.states is not None
+
+    def prefill_ahead(self, history: Sequence[int]) -> None:
+        """Compute and cache the prompt state of ``history`` (its next request then skips the prompt forward);
+        nothing when it is cached already or there is no state cache."""
+        if self.states is None or not history:
+            return
+        from recsvc.engine.prefill import Prefill
+
+        batch = PromptBatch.from_lists([self.prompts.prompt_ids(history)])
+        with torch.inference_mode():
+            pre = Prefill(self.target, self.target.new_cache(), batch, self.states, count=False)
+            if pre.full[0]:
+                return
+            last = pre.run()
+            pre.remember(last, pre.first_logprobs(last, self.prompts.code_offset, self.trie.codebook_size))
 
     def set_forward(self, forward: str) -> None:
         """"fast" / "lean" / "auto" for the target and a LLaMA drafter (benches compare them in one run); the

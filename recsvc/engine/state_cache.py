@@ -60,23 +60,24 @@ class UserStateCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, tokens: Sequence[int]) -> tuple[UserState | None, int]:
+    def lookup(self, tokens: Sequence[int], count: bool = True) -> tuple[UserState | None, int]:
         """(entry, cached tokens): a full hit (n == len(tokens)), the longest cached prefix (partial), or
-        (None, 0). Counts the outcome."""
+        (None, 0). Counts the outcome (unless ``count`` is False: work ahead of a request)."""
         key = tuple(tokens)
+        inc = 1 if count else 0
         with self._lock:
             entry = self._entries.get((self.version, key))
             if entry is not None:
                 self._entries.move_to_end((self.version, key))
-                self.hits += 1
+                self.hits += inc
                 return entry, len(key)
             for n in sorted((n for n in self._lengths if n < len(key)), reverse=True):
                 entry = self._entries.get((self.version, key[:n]))
                 if entry is not None:
                     self._entries.move_to_end((self.version, key[:n]))
-                    self.partial_hits += 1
+                    self.partial_hits += inc
                     return entry, n
-            self.misses += 1
+            self.misses += inc
             return None, 0
 
     def store(self, tokens: Sequence[int], kv: list[tuple[torch.Tensor, torch.Tensor]], hidden: torch.Tensor,

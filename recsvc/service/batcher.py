@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ class _Pending:
 
 
 _STOP = object()
+_IDLE = object()  # wakes the worker for idle work (offer_idle)
+MAX_IDLE_TASKS = 256  # idle work waiting; the oldest is dropped beyond this
 
 
 class Batcher:
@@ -74,6 +77,7 @@ class Batcher:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
         self._lock = threading.Lock()
         self._closed = False
+        self._idle: deque[Callable[[], None]] = deque(maxlen=MAX_IDLE_TASKS)
         self._thread = threading.Thread(target=self._loop, name="recsvc-batcher", daemon=True)
         self._thread.start()
 
@@ -89,6 +93,30 @@ class Batcher:
                 raise Overloaded(f"engine queue is full ({self._queue.maxsize} queries waiting)") from None
         self._gauge()
         return pending.future
+
+    def offer_idle(self, task: Callable[[], None]) -> None:
+        """Runs ``task`` on the worker thread when no query is waiting (between engine calls, never during one):
+        work ahead of demand, such as a user's prefill after a write. Never blocks the caller; dropped when the
+        server closes or too many wait."""
+        with self._lock:
+            if self._closed:
+                return
+            self._idle.append(task)
+        try:
+            self._queue.put_nowait(_IDLE)
+        except queue.Full:  # the worker is busy anyway and will find the task once the queue drains
+            pass
+
+    def _run_idle(self) -> None:
+        while self._idle and self._queue.empty():
+            try:
+                task = self._idle.popleft()
+            except IndexError:
+                return
+            try:
+                task()
+            except BaseException:  # idle work is best effort
+                log.exception("idle task failed")
 
     def close(self, timeout_s: float | None = None) -> None:
         """Stops accepting queries, finishes the queued ones, joins the worker."""
@@ -106,9 +134,12 @@ class Batcher:
     def _loop(self) -> None:
         stopping = False
         while not stopping:
+            self._run_idle()
             first = self._queue.get()
             if first is _STOP:
                 break
+            if first is _IDLE:
+                continue
             batch = [first]
             opened = time.monotonic()
             while len(batch) < self.max_batch:
@@ -120,7 +151,8 @@ class Batcher:
                 if item is _STOP:
                     stopping = True
                     break
-                batch.append(item)
+                if item is not _IDLE:
+                    batch.append(item)
             self._gauge()
             try:
                 self._run(batch)  # type: ignore[arg-type]

@@ -160,6 +160,8 @@ class RecServer:
         )
         assert self.servicer is not None
         self.servicer.attach(recommender, self.batcher)
+        if getattr(recommender, "prefill_ahead_enabled", False):  # a user's prefill, ahead, when idle
+            self.servicer.after_record = self._prefill_ahead
         self.probe_store()
         if cfg.store_probe_s > 0:
             self._probe = threading.Thread(target=self._probe_loop, name="recsvc-store-probe", daemon=True)
@@ -181,6 +183,14 @@ class RecServer:
             store=type(self.store).__name__,
             **serving_fields,
         )
+
+    def _prefill_ahead(self, user_id: str) -> None:
+        """After a write: the user's new prompt state computed on the batcher thread when no query waits (the
+        write's acknowledgement never waits for it; the history is read then, so a burst of writes costs one)."""
+        servicer, batcher = self.servicer, self.batcher
+        if servicer is None or batcher is None:
+            return
+        batcher.offer_idle(lambda: self.recommender.prefill_ahead(servicer._stored_history(user_id)))
 
     def _abort(self) -> None:
         """Releases what a failed start() had opened (the caller owns the store)."""

@@ -128,6 +128,7 @@ class RecommenderServicer:
         self.metrics = metrics
         self.request_timeout_s = request_timeout_s
         self.on_store_state = on_store_state
+        self.after_record: Callable[[str], None] | None = None  # called with the user id after a stored write
 
     def attach(self, recommender: Recommender, batcher: Batcher) -> None:
         """The engine is ready: serve RPCs from now on."""
@@ -251,6 +252,8 @@ class RecommenderServicer:
         user_id, items = validate_record(request, self.recommender, self.limits)
         length = self._store_call("append", lambda: self.store.append(user_id, items))
         fields.update(items=len(items), history_length=length)
+        if self.after_record is not None:  # e.g. the user's prefill, ahead, when the engine is idle
+            self.after_record(user_id)
         return pb.RecordInteractionsResponse(history_length=length)
 
     def _get_history(

@@ -48,6 +48,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-cache-mb", type=int, default=256,
                    help="user-state cache budget in MiB: a returning user's prompt KV is reused (fast forward "
                         "only; 0 = off; docs/SCALING.md)")
+    p.add_argument("--prefill-ahead", action="store_true",
+                   help="after a RecordInteractions, compute the user's new prompt state when the engine is idle "
+                        "(needs the state cache; the write is acknowledged first)")
     p.add_argument("--drafter", dest="drafter_name", default=None,
                    help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
                         "--out-name NAME`), a model directory, `transition` (training-free, from BUNDLE/prior) or "
@@ -108,6 +111,7 @@ class ServeSettings:
     fresh: bool = True  # BUNDLE/fresh's tail slots (when the bundle has them)
     forward: str = "auto"  # the engine forward (recsvc.engine.engine_model.FORWARDS)
     state_cache_mb: int = 256  # the user-state cache budget (0: off)
+    prefill_ahead: bool = False  # a user's prefill after a write, when the engine is idle
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
@@ -122,7 +126,8 @@ class ServeSettings:
                    prior=not args.no_prior, exclude_history=args.exclude_history, attributes=args.attributes,
                    rules_strategy=args.rules_strategy, startup_budget_s=args.startup_budget_s,
                    recalibrate=args.recalibrate, fresh=not getattr(args, "no_fresh", False),
-                   forward=getattr(args, "forward", "auto"), state_cache_mb=getattr(args, "state_cache_mb", 256))
+                   forward=getattr(args, "forward", "auto"), state_cache_mb=getattr(args, "state_cache_mb", 256),
+                   prefill_ahead=getattr(args, "prefill_ahead", False))
 
     @classmethod
     def for_bundle(cls, bundle: str, flags: list[str] | None = None) -> ServeSettings:
@@ -151,6 +156,8 @@ class ServeSettings:
         if not self.fresh:
             out.append("--no-fresh")
         out += ["--forward", self.forward, "--state-cache-mb", str(self.state_cache_mb)]
+        if self.prefill_ahead:
+            out.append("--prefill-ahead")
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -216,4 +223,5 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
         raise UserError(f"--state-cache-mb must be >= 0, got {settings.state_cache_mb}")
     # after calibration (its users are not the served ones); a reload builds a new recommender: an empty cache
     rec.enable_state_cache(settings.state_cache_mb << 20, version=f"{settings.bundle}@{time.time_ns()}")
+    rec.ahead = settings.prefill_ahead
     return rec
