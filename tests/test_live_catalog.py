@@ -131,7 +131,8 @@ def test_added_items_are_decoded_and_take_the_fresh_slot_retired_ones_never_retu
     # retire the model's first item of every mode: gone from every list, the fresh tail and the fallback
     top = {r.item_ids[0] for r in after}
     cat2 = parse_catalog(doc(cat.to_json()["add"], retire=sorted(top) + [NEW], version=2), ids, DIM)
-    live.apply(cat2)
+    grown = live.state.recommender
+    assert live.apply(cat2).recommender is grown  # only retirements changed: nothing rebuilt
     for res in live.recommend(queries + [RecQuery(history=history, k=5, mode="plain", rules=Rules(
             caps=(Cap("brand", 3),)))]):
         assert not (set(res.item_ids) & (top | {NEW})) and len(res.item_ids) == 5
@@ -174,3 +175,29 @@ def test_rules_see_new_items_once_the_attributes_file_lists_them(bundle, tmp_pat
     live.apply(parse_catalog(doc(first + [add_entry(NEW + 1, codes[1], [0.1] * DIM)], version=2), rec.ids, DIM))
     (res,) = live.recommend([RecQuery(history=[1, 2], k=3, mode="plain", rules=zeta)])
     assert res.item_ids == [NEW] and "zeta" in live.rule_catalog.index["brand"].vocab
+
+
+def test_the_user_state_cache_never_replays_steps_of_another_catalog(bundle) -> None:
+    """The cache keeps decode steps by trie node ids, which a new trie numbers anew: each catalog state gets
+    its own cache (the same budget), and the one swapped out is emptied."""
+    cached = BundleRecommender.from_bundle(bundle, dtype="fp32", use_drafter=False, use_prior=False)
+    if cached.enable_state_cache(64 << 20, "v") is None:
+        pytest.skip("the user-state cache needs the fast forward")
+    plain = BundleRecommender.from_bundle(bundle, dtype="fp32", use_drafter=False, use_prior=False)
+    live = LiveRecommender(cached)
+    ids = cached.ids
+    queries = [RecQuery(history=ids.item_ids[i : i + 4].tolist(), k=5, mode="plain") for i in (0, 9, 20)]
+    for _ in range(2):  # the second pass replays the kept steps
+        assert [r.item_ids for r in live.recommend(queries)] == [r.item_ids for r in plain.recommend(queries)]
+    assert cached.states.stats()["hits"] > 0
+    # new items whose ids sort first: every trie node is numbered anew
+    codes = [[0, 0, 0, c] for c in range(3) if (0, 0, 0, c) not in {tuple(r) for r in ids.codes.tolist()}]
+    cat = parse_catalog(doc([add_entry(NEW + n, c, [0.1] * DIM) for n, c in enumerate(codes)]), ids, DIM)
+    live.apply(cat)
+    expected = with_catalog(plain, cat)
+    for _ in range(2):
+        got = live.recommend(queries)
+        want = expected.recommend(queries)
+        assert [(r.item_ids, r.scores) for r in got] == [(r.item_ids, r.scores) for r in want]
+    assert live.states is not cached.states and live.states.budget == cached.states.budget
+    assert cached.states.stats()["entries"] == 0  # the state swapped out holds nothing

@@ -2,7 +2,7 @@
 
 :func:`with_catalog` builds, from the recommender loaded from the bundle, one over the bundle's items plus the
 added ones; it shares the loaded models (target, drafter network, draft head), the settings (speculation,
-beam width, rules) and the user-state cache, and rebuilds what depends on the catalog:
+beam width, rules), and rebuilds what depends on the catalog:
 
 - the ids, the prompt builder (a history may hold new items) and the trie, on the target's device, with the
   beam search over it; every drafter that holds a trie (and the transition drafter's prior) follows;
@@ -12,7 +12,9 @@ beam width, rules) and the user-state cache, and rebuilds what depends on the ca
 - the fresh-item component: new items join the fresh set with their text vectors, so they take its tail slots
   for the users whose recent items they resemble;
 - the item attributes for rules (the same file over the new trie; new items have no attributes until it lists
-  them).
+  them);
+- the user-state cache: a new one of the same budget (its decode steps are keyed by trie node ids); the prompt
+  entries of the old one would still hold, but a catalog changes rarely and the old cache is emptied on the swap.
 
 Retired items stay in the ids (they may still be in users' histories) and are excluded from every response:
 :class:`LiveRecommender` adds them to every query's exclusions (dead trie nodes, fresh candidates skipped) and
@@ -97,6 +99,9 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
         rec.attributes = source.over(rec.trie)
     rec.drafter = drafter_over(base.drafter, rec.trie, ids.item_ids)
     rec.sampler = rec.drafter if base.sampler is not None else None
+    states = getattr(base, "states", None)
+    if states is not None:  # it keeps decode steps by trie node ids, which the new trie numbers anew: a cache
+        rec.enable_state_cache(states.budget, f"{states.version}+catalog-{catalog.version}")  # of its own
     return rec
 
 
@@ -139,9 +144,16 @@ class LiveRecommender:
         """Builds the state of ``catalog`` (validated against the bundle: ``recsvc.model.live_catalog``) and
         makes it current; the previous state serves until then, and batches that read it finish on it."""
         with self._apply_lock:
-            rec = with_catalog(self.base, catalog, self._state.recommender.attributes)
+            previous = self._state.recommender
+            if self._state.catalog.same_additions(catalog):  # e.g. only retirements changed: nothing to rebuild
+                rec = previous
+            else:
+                rec = with_catalog(self.base, catalog, previous.attributes)
             state = CatalogState(rec, catalog, tuple(int(i) for i in catalog.retired))
             self._state = state  # one reference: atomic for every reader
+            old = getattr(previous, "states", None)
+            if old is not None and old is not getattr(rec, "states", None):
+                old.clear()  # the swapped-out state's cache: its memory back (a batch still on it just misses)
             return state
 
     # ---- Recommender --------------------------------------------------------------------------------------

@@ -60,6 +60,13 @@ class LiveCatalog:
         order = np.argsort(ids, kind="stable")
         return SemanticIds(ids[order], np.concatenate([base.codes, self.codes])[order], base.codebook_size)
 
+    def same_additions(self, other: LiveCatalog) -> bool:
+        """Whether ``other`` adds exactly these items, ids and vectors (its retirements may differ)."""
+        if not len(self.item_ids) and not len(other.item_ids):
+            return True
+        return (np.array_equal(self.item_ids, other.item_ids) and np.array_equal(self.codes, other.codes)
+                and np.array_equal(self.vectors, other.vectors))
+
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version,
                 "add": [{"item_id": int(i), "codes": [int(c) for c in row], "vector": [float(v) for v in vec]}
