@@ -65,14 +65,16 @@ class BeamCache:
         ids = torch.where(alive, self.code_offset + (d - 1) * c + self.trie.node_code[n], self.code_offset)
         positions = self.prompts.lengths[:, None] + (d - 1)  # [B, 1]: the prompt length + depth - 1
         width = self.width + k
-        pre = self.fast_prefill
-        kept = pre.load_step(nodes, self.width) if pre is not None else None  # an identical request's step
+        pre = self.fast_prefill if self.fast_prefill is not None and self.fast_prefill.states is not None else None
+        keys = ([tuple(row) for row in self.trie.codes_of_nodes(nodes).reshape(b, -1).tolist()]
+                if pre is not None else [])  # per row: the beams' code paths
+        kept = pre.load_step(keys, k, self.width) if pre is not None else None  # an identical request's step
         if kept is not None:
             self.path, self.width = path, width
             return kept
         hidden = self.model.forward(self.cache, ids, positions.expand(b, k), self._groups(path))  # [B, K, H]
         if pre is not None:
-            pre.store_step(nodes, self.width, hidden)
+            pre.store_step(keys, self.width, hidden)
         self.path, self.width, self.calls = path, width, self.calls + 1
         return hidden
 

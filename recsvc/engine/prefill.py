@@ -84,17 +84,17 @@ class Prefill:
                                                       hidden[row].clone(),
                                                       logp0[row].clone() if logp0 is not None else None)
 
-    def load_step(self, nodes: torch.Tensor, width: int) -> torch.Tensor | None:
-        """Plain beam search's decode step over the beams ``nodes`` [B, K] written at slots width..width+K-1:
-        when every row kept exactly these beams under its prompt, their keys / values are copied into those
-        slots and their [B, K, H] hidden states returned (no forward); else None."""
+    def load_step(self, keys: list[tuple[int, ...]], k: int, width: int) -> torch.Tensor | None:
+        """Plain beam search's decode step over K beams written at slots width..width+K-1, ``keys``: per row,
+        the beams' code paths (catalog-independent: a trie's node ids change with the catalog). When every row
+        kept exactly these beams under its prompt, their keys / values are copied into those slots and their
+        [B, K, H] hidden states returned (no forward); else None."""
         if self.states is None:
             return None
-        keys = [tuple(row) for row in nodes.tolist()]
         kept = [e.steps.get(key) if e is not None else None for e, key in zip(self.entries, keys, strict=True)]
-        if any(k is None for k in kept):
+        if any(item is None for item in kept):
             return None
-        b, k = nodes.shape
+        b = len(keys)
         self.cache.reserve(width + k, b)
         for row, item in enumerate(kept):
             assert item is not None
@@ -104,13 +104,13 @@ class Prefill:
                 layer.v[row, :, width:width + k] = kv[i, 1]
         return torch.stack([item[1] for item in kept if item is not None])
 
-    def store_step(self, nodes: torch.Tensor, width: int, hidden: torch.Tensor) -> None:
-        """Keep a computed decode step (beams ``nodes`` [B, K] at slots width.., hidden [B, K, H])."""
+    def store_step(self, keys: list[tuple[int, ...]], width: int, hidden: torch.Tensor) -> None:
+        """Keep a computed decode step (beams with code paths ``keys`` at slots width.., hidden [B, K, H])."""
         if self.states is None:
             return
-        k = nodes.shape[1]
-        for row, (entry, key) in enumerate(zip(self.entries, nodes.tolist(), strict=True)):
+        k = hidden.shape[1]
+        for row, (entry, key) in enumerate(zip(self.entries, keys, strict=True)):
             if entry is not None:
                 kv = torch.stack([torch.stack([layer.k[row, :, width:width + k], layer.v[row, :, width:width + k]])
                                   for layer in self.cache.layers])
-                self.states.add_step(entry, tuple(key), kv, hidden[row].clone())
+                self.states.add_step(entry, key, kv, hidden[row].clone())

@@ -36,7 +36,7 @@ class UserState:
     hidden: torch.Tensor  # [H] final hidden state of the prompt's last token
     logp0: torch.Tensor | None  # [C] the first code's log-probs (float32), None when not computed
     nbytes: int
-    # plain beam search's decode steps: the beams fed (their node ids, in order) -> (every layer's keys and
+    # plain beam search's decode steps: the beams fed (their code paths, in order) -> (every layer's keys and
     # values of those tokens [layers, 2, h_kv, K, d], their hidden states [K, H]); a token's key / value / hidden
     # depend only on the prompt and its trie node's ancestors, so an identical request replays them
     steps: OrderedDict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=OrderedDict)
