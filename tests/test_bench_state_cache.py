@@ -38,9 +38,9 @@ def test_bench_replay_against_a_served_bundle_and_redis(bundle, tmp_path) -> Non
                  "--concurrency", "2", "--threads", "1", "--max-seconds", "4", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     by_cache = {r["cache"]: r for r in report["rows"]}
-    assert set(by_cache) == {"off", "on", "ahead"}
+    assert set(by_cache) == {"lean", "off", "on", "ahead"}
     assert all(r["recommend"] > 0 and r["record"] > 0 and not r["errors"] for r in report["rows"])
-    assert by_cache["off"]["hit_rate"] == 0.0
+    assert by_cache["off"]["hit_rate"] == by_cache["lean"]["hit_rate"] == 0.0
     # the second of R = 2 calls before an interaction repeats the first one's prompt: a full hit
     assert by_cache["on"]["hit_rate"] > 0.3
     # ahead: the write's prefill runs before the next Recommend when the engine is idle: more full hits

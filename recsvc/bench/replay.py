@@ -5,12 +5,12 @@ setup), then each of the user's test interactions, in order, is preceded by R Re
 stored history, k items, plain decoding) and followed by its RecordInteractions. A user's events run in
 order on one client thread at a time; ``--concurrency`` threads take users from a shared queue.
 
-Per configuration (``--cache``: the user-state cache off = ``--state-cache-mb 0``, on = ``--state-cache-mb``
-MB, ahead = on + ``--prefill-ahead``: the user's prefill after each write, when the engine is idle) and
-concurrency level, a fresh redis-server and ``recsvc serve`` subprocess: Recommend latency p50 / p99,
-throughput (requests of both kinds per second, Recommend per second), the state cache's hit rate (full and
-partial hits per Recommend, from the server's /metrics) and the server's resident memory at the end. JSON
-output (``--json``).
+Per configuration (``--cache``: lean = the previous engine forward without the user-state cache (today's
+server), off = the fast forward without it (``--state-cache-mb 0``), on = ``--state-cache-mb`` MB, ahead = on +
+``--prefill-ahead``: the user's prefill after each write, when the engine is idle) and concurrency level, a
+fresh redis-server and ``recsvc serve`` subprocess: Recommend latency p50 / p99, throughput (requests of both
+kinds per second, Recommend per second), the state cache's hit rate (full and partial hits per Recommend, from
+the server's /metrics) and the server's resident memory at the end. JSON output (``--json``).
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--r", type=int, default=3, help="Recommend calls before each test interaction")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--concurrency", default="1,16", help="client threads, comma-separated levels")
-    p.add_argument("--cache", default="off,on,ahead",
-                   help="configurations, comma-separated: off (no user-state cache), on, ahead (on + --prefill-ahead)")
+    p.add_argument("--cache", default="lean,off,on,ahead",
+                   help="configurations, comma-separated: lean (the previous forward, no user-state cache: today's "
+                        "server), off (the fast forward, no cache), on, ahead (on + --prefill-ahead)")
     p.add_argument("--state-cache-mb", type=int, default=256, help="its budget when on")
     p.add_argument("--max-seconds", type=float, default=None, help="stop a run's trace after this long")
     p.add_argument("--split", choices=["valid", "test"], default="test")
@@ -150,7 +151,7 @@ def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, work
     from recsvc.service.client import RecClient
     from recsvc.service.stores.redis_spawn import RedisProcess
 
-    cache_mb = 0 if config == "off" else args.state_cache_mb
+    cache_mb = 0 if config in ("off", "lean") else args.state_cache_mb
     name = f"{config}-{concurrency}"
     (workdir / f"redis-{name}").mkdir(parents=True, exist_ok=True)
     redis = RedisProcess(data_dir=workdir / f"redis-{name}")
@@ -159,6 +160,8 @@ def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, work
                   "--spec", "off", "--dtype", args.dtype, "--log-level", "INFO", *args.serve_arg]
     if config == "ahead":
         serve_args.append("--prefill-ahead")
+    if config == "lean":
+        serve_args += ["--forward", "lean"]
     if args.threads is not None:
         serve_args += ["--threads", str(args.threads)]
     server = ServeProcess(args.bundle, 1, serve_args, workdir / f"serve-{name}.log")
@@ -192,9 +195,9 @@ def run(args: argparse.Namespace) -> dict:
     if not levels or min(levels) < 1:
         raise UserError(f"--concurrency takes positive integers, got {args.concurrency!r}")
     configs = [c.strip() for c in str(args.cache).split(",") if c.strip()]
-    if not configs or set(configs) - {"off", "on", "ahead"}:
-        raise UserError(f"--cache takes off, on, ahead (comma-separated), got {args.cache!r}")
-    if args.state_cache_mb < 1 and set(configs) - {"off"}:
+    if not configs or set(configs) - {"lean", "off", "on", "ahead"}:
+        raise UserError(f"--cache takes lean, off, on, ahead (comma-separated), got {args.cache!r}")
+    if args.state_cache_mb < 1 and set(configs) - {"off", "lean"}:
         raise UserError("--state-cache-mb must be >= 1 with the cache on")
     trace = build_trace(args.bundle, args.users, args.r, args.split, args.seed)
     rows = []

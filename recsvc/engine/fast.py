@@ -19,7 +19,7 @@ Tolerance: RMSNorm, rotary and the MLP are op for op transformers'; the packed m
 attention sum in another order than ``generate``, so hidden states differ by float rounding (~1e-6 relative in
 fp32). Tests hold the fast path to: the same items in the same order as ``generate`` (no near-ties in the
 test models) and beam scores within 1e-4; strict speculation == plain beam search (same items, scores within
-1e-5). ``EngineModel(forward="lean")`` keeps the bit-identical path.
+1e-4). ``EngineModel(forward="lean")`` keeps the bit-identical path.
 
 Shapes: B requests, q new tokens, S cache width (slots), H hidden, h heads, h_kv kv heads, d head dim.
 """
