@@ -23,7 +23,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # The choice a previous `--spec auto` start stored for this host, models and settings (BUNDLE/calibration.json):
 # speculate at K = 5 with N = 5, gamma = 2; plain decoding for every other K.
 STORED = {1: (0, 0), 5: (5, 2), 10: (0, 0), 20: (0, 0)}
-FLAGS = ["--dtype", "fp32", "--beam-width", "0"]  # beam width 0: each K searches K beams (its own calibration)
+# beam width 0: each K searches K beams (its own calibration); no user-state cache: the forward counts asserted
+# are those of a decode from scratch (a cached prompt or repeated request runs fewer)
+FLAGS = ["--dtype", "fp32", "--beam-width", "0", "--state-cache-mb", "0"]
 
 
 @pytest.fixture(scope="module")
