@@ -2,8 +2,10 @@
 
 Where ``recsvc.engine.lean`` reproduces transformers' numerics bit for bit (it calls the very same kernels, in
 the same grouping: one SDPA call per (request, depth) group of tree tokens), this forward trades bit-identity
-with ``generate`` for a small, fixed number of ops per layer, which is what a decode step of a small target
-costs on a CPU (a forward of 1-20 new tokens spent ~3 ms in per-op overhead, the matmuls < 1 ms):
+with ``generate`` for a small, fixed number of ops per layer (profiled on the `small` target, one CPU thread: a
+1-token decode forward of the lean path took ~3.5 ms of which ~0.9 ms matmuls; here the matmuls, whose
+weights stream from memory once per forward, are ~70% of a forward). Used for fp32 models in the "fp32"
+attention mode (``EngineModel`` picks it; bf16 models keep the lean path and its fp32 attention):
 - every query's key set is ONE boolean mask ``visible [B, q, S]`` built once per forward by the caller
   (``BeamCache`` / ``TreeCache``: prompt slots, ancestors, itself) and shared by all layers; attention is one
   ``scaled_dot_product_attention`` call per layer over the whole cache row with that mask;
