@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
+from training.studies import check_budget as _check_budget
+from training.studies import run_trials as _run
+from training.studies import study as _study
 
 PRIOR_METRICS = ("ndcg@10", "recall@10")
 
@@ -75,31 +78,6 @@ def register(subparsers) -> None:
 
     register_fresh(sub)
     register_mix(sub)
-
-
-def _check_budget(trials: int, minutes: float) -> None:
-    if trials < 1:
-        raise UserError(f"--trials must be >= 1, got {trials}")
-    if minutes <= 0:
-        raise UserError(f"--budget-minutes must be > 0, got {minutes}")
-
-
-def _study(path: Path, name: str, seed: int):
-    import optuna
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.create_study(study_name=name, storage=f"sqlite:///{path.resolve()}", direction="maximize",
-                               load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed))
-
-
-def _run(study, objective, trials: int, minutes: float) -> int:
-    """Run up to ``trials`` more-than-finished trials within ``minutes``; returns the trials run now."""
-    done = len([t for t in study.trials if t.state.name == "COMPLETE"])
-    todo = max(0, trials - done)
-    if todo:
-        study.optimize(objective, n_trials=todo, timeout=minutes * 60, show_progress_bar=True)
-    return todo
 
 
 # ---------------------------------------------------------------------------------------------- prior

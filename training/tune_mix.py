@@ -59,9 +59,9 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training.baselines.sasrec_train import SASRecSettings
     from training.evaluate import rank_users, serving_model
     from training.prior_cli import prior_sequences, resolve_fit_on
-    from training.tune import _check_budget, _run, _study
+    from training.studies import check_budget, run_trials, study
 
-    _check_budget(args.trials, args.budget_minutes)
+    check_budget(args.trials, args.budget_minutes)
     if args.users < 1 or not 0 < args.max_weight <= 10:
         raise UserError("--users must be >= 1 and --max-weight in (0, 10]")
     if args.threads:
@@ -105,12 +105,12 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
 
-    study = _study(bundle.root / "tune" / "mix.db", "mix", args.seed)
-    if not study.trials:  # the transition prior alone, as tuned
-        study.enqueue_trial({"mix": 0.0, "temperature": 1.0, "weight": min(stored.settings.weight, args.max_weight)})
-    ran = _run(study, objective, args.trials, args.budget_minutes)
-    best = study.best_trial
-    first = study.trials[0]
+    search = study(bundle.root / "tune" / "mix.db", "mix", args.seed)
+    if not search.trials:  # the transition prior alone, as tuned
+        search.enqueue_trial({"mix": 0.0, "temperature": 1.0, "weight": min(stored.settings.weight, args.max_weight)})
+    ran = run_trials(search, objective, args.trials, args.budget_minutes)
+    best = search.best_trial
+    first = search.trials[0]
     chosen = _with_weight(stored.settings, best.params["weight"])
     served = TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen, fitted_on=fit_on)
     mix = MixSettings(mix=best.params["mix"], temperature=best.params["temperature"])
@@ -123,7 +123,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
               "valid_transition_only": {"recall@10": first.user_attrs.get("recall@10"),
                                         "ndcg@10": first.user_attrs.get("ndcg@10")},
-              "sasrec_cache": str(cache), "trials": len(study.trials), "trials_this_run": ran,
+              "sasrec_cache": str(cache), "trials": len(search.trials), "trials_this_run": ran,
               "seconds_this_run": round(time.monotonic() - t0, 1)}
     meta = bundle.read()
     bundle.update(prior={**meta.get("prior", {}), "weight": chosen.weight, "mix": mix.mix,

@@ -1,0 +1,33 @@
+"""Optuna studies shared by the ``recsvc tune`` searches: resumable (SQLite next to the bundle), bounded by a trial
+count and a wall-clock budget, whichever comes first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from recsvc.errors import UserError
+
+
+def check_budget(trials: int, minutes: float) -> None:
+    if trials < 1:
+        raise UserError(f"--trials must be >= 1, got {trials}")
+    if minutes <= 0:
+        raise UserError(f"--budget-minutes must be > 0, got {minutes}")
+
+
+def study(path: Path, name: str, seed: int):
+    import optuna
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(study_name=name, storage=f"sqlite:///{path.resolve()}", direction="maximize",
+                               load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed))
+
+
+def run_trials(study, objective, trials: int, minutes: float) -> int:
+    """Run up to ``trials`` more-than-finished trials within ``minutes``; returns the trials run now."""
+    done = len([t for t in study.trials if t.state.name == "COMPLETE"])
+    todo = max(0, trials - done)
+    if todo:
+        study.optimize(objective, n_trials=todo, timeout=minutes * 60, show_progress_bar=True)
+    return todo
