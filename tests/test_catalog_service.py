@@ -20,8 +20,8 @@ from catalog_fixtures import DIM, NEW, add_entry, free_codes, live_bundle, vecto
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
-from recsvc.engine.recommender import BundleRecommender
 from recsvc.errors import UserError
+from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.service.catalog_watch import watch_catalog
 from recsvc.service.client import RecClient
 

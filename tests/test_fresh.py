@@ -88,9 +88,9 @@ def test_served_lists_end_with_the_fresh_slots(tmp_path: Path) -> None:
     use_fresh=False (serve --no-fresh) decodes exactly as before; requests with rules are left as decoded."""
     from test_drafter_fixtures import tiny_bundle
 
-    from recsvc.engine.api import RecQuery
-    from recsvc.engine.recommender import BundleRecommender
     from recsvc.model.bundle import Bundle
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender
     from recsvc.rules.spec import Rules
 
     root = tiny_bundle(tmp_path)

@@ -13,9 +13,9 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 import recsvc.cli.main as cli
 from recsvc.data.split import load_split_dir
 from recsvc.drafters.head import HeadDrafter
-from recsvc.engine.api import RecQuery
-from recsvc.engine.recommender import BundleRecommender
 from recsvc.model.bundle import Bundle
+from recsvc.recommender.api import RecQuery
+from recsvc.recommender.bundle_recommender import BundleRecommender
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

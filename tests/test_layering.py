@@ -4,11 +4,15 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
 - ``recsvc/`` never imports ``training/``: a service image ships without it. The ``recsvc`` console script's
   command tables name training's commands by module path and skip them when ``training`` is not installed; no
   other string in ``recsvc/`` names a ``training`` module.
-- ``recsvc/engine/`` (decoding) imports nothing above it: not the service, the benches, the CLI, the drafters
-  (they implement ``engine/ports.py``), the list-level rule decoders (only the trie-level rules: the ``Rules``
-  values, item attributes over the trie's leaf ranges, the greedy caps) nor model loading.
+- ``recsvc/engine/`` (decoding) imports nothing above it: not the recommender, the service, the benches, the
+  CLI, the drafters (they implement ``engine/ports.py``), the rules nor model loading.
+- ``recsvc/recommender/`` (the composition root: a bundle as a ``Recommender``) may import the engine, the
+  drafters, the rules and the model, and imports no service, bench or CLI module; the layers below it (engine,
+  drafters, rules, the data layer) never import it.
+- drafters are built by name in ``recommender/drafter_registry.py``: the rest of the recommender, the service,
+  the benches and the CLI import no drafter (they use the ``Drafter`` port's capabilities).
 - the data layer (``recsvc/data``, ``recsvc/model``, ``recsvc/errors.py``, ``tokenizer_rqvae``) imports no
-  engine, service, bench or CLI module; ``recsvc/service`` imports no bench or CLI module.
+  engine, recommender, service, bench or CLI module; ``recsvc/service`` imports no bench or CLI module.
 
 A new import that breaks one of these fails here with the file, line and module.
 """
@@ -24,32 +28,16 @@ GENERATED = ROOT / "recsvc" / "service" / "gen"
 
 # what recsvc/engine/ may not import: the layers above decoding
 ABOVE_ENGINE = (
-    "recsvc.service", "recsvc.bench", "recsvc.cli", "recsvc.drafters",
-    "recsvc.rules.search", "recsvc.rules.lookahead", "recsvc.rules.decode",  # list-level decoding over the engine
-    "recsvc.rules.source", "recsvc.rules.build", "recsvc.rules.derive",  # attribute files: read, built, derived
+    "recsvc.recommender", "recsvc.service", "recsvc.bench", "recsvc.cli", "recsvc.drafters", "recsvc.rules",
     "recsvc.model.bundle", "recsvc.model.loading",  # model loading
     "training",
 )
-# Known exceptions, (file, imported module), each imported today and to be removed, never added to: the
-# composition root moves out of engine/ (recsvc/recommender/). recommender.py builds a bundle's recommender (its
-# drafters, rule decoding, attribute source, the bundle on disk); live_catalog.py rebuilds it over added items.
-KNOWN_ENGINE_EXCEPTIONS = {
-    ("recsvc/engine/recommender.py", "recsvc.drafters.llama"),
-    ("recsvc/engine/recommender.py", "recsvc.drafters.head"),
-    ("recsvc/engine/recommender.py", "recsvc.drafters.head_model"),
-    ("recsvc/engine/recommender.py", "recsvc.drafters.transition"),
-    ("recsvc/engine/recommender.py", "recsvc.rules.decode"),
-    ("recsvc/engine/recommender.py", "recsvc.rules.search"),
-    ("recsvc/engine/recommender.py", "recsvc.rules.source"),
-    ("recsvc/engine/recommender.py", "recsvc.model.bundle"),
-    ("recsvc/engine/live_catalog.py", "recsvc.drafters.head"),
-    ("recsvc/engine/live_catalog.py", "recsvc.drafters.llama"),
-    ("recsvc/engine/live_catalog.py", "recsvc.drafters.transition"),
-    ("recsvc/engine/live_catalog.py", "recsvc.rules.source"),
-}
+ABOVE_RECOMMENDER = ("recsvc.service", "recsvc.bench", "recsvc.cli", "training")
+BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules")  # and the data layer
+DRAFTER_REGISTRY = "recsvc/recommender/drafter_registry.py"  # the one place above the drafters that builds them
 DATA_LAYER = ("recsvc/data", "recsvc/model", "recsvc/errors.py", "tokenizer_rqvae")
-ABOVE_DATA = ("recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.service", "recsvc.bench", "recsvc.cli",
-              "training")
+ABOVE_DATA = ("recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.recommender", "recsvc.service",
+              "recsvc.bench", "recsvc.cli", "training")
 ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "training")
 # the console script's command tables: module paths of commands, imported only when the package is installed
 COMMAND_TABLES = {"recsvc/cli/main.py", "recsvc/bench/cli.py"}
@@ -137,13 +125,21 @@ def test_recsvc_names_training_modules_only_in_the_command_tables() -> None:
 
 
 def test_engine_imports_nothing_above_it() -> None:
-    found = violations(("recsvc/engine",), ABOVE_ENGINE)
-    pairs = {(path, _module_file(module)) for path, _, module in found}
-    new = sorted((path, line, module) for path, line, module in found
-                 if (path, _module_file(module)) not in KNOWN_ENGINE_EXCEPTIONS)
-    assert new == [], "recsvc/engine/ imports a layer above it (see ABOVE_ENGINE)"
-    gone = KNOWN_ENGINE_EXCEPTIONS - pairs
-    assert gone == set(), "a known exception is gone: remove it from KNOWN_ENGINE_EXCEPTIONS"
+    assert violations(("recsvc/engine",), ABOVE_ENGINE) == []
+
+
+def test_recommender_imports_no_service_bench_or_cli() -> None:
+    assert violations(("recsvc/recommender",), ABOVE_RECOMMENDER) == []
+
+
+def test_nothing_below_the_recommender_imports_it() -> None:
+    assert violations(BELOW_RECOMMENDER, ("recsvc.recommender", *ABOVE_RECOMMENDER)) == []
+
+
+def test_drafters_are_built_only_by_the_registry() -> None:
+    found = violations(("recsvc/recommender", "recsvc/service", "recsvc/bench", "recsvc/cli"), ("recsvc.drafters",))
+    assert [f for f in found if f[0] != DRAFTER_REGISTRY] == []
+    assert found, "the registry builds the drafters"
 
 
 def test_data_layer_imports_no_engine_service_or_cli() -> None:
@@ -153,12 +149,3 @@ def test_data_layer_imports_no_engine_service_or_cli() -> None:
 def test_service_imports_no_bench_or_cli() -> None:
     assert violations(("recsvc/service",), ABOVE_SERVICE) == []
 
-
-def _module_file(module: str) -> str:
-    """``recsvc.drafters.llama.LlamaDrafter`` -> ``recsvc.drafters.llama`` (the module part of an imported name)."""
-    parts = module.split(".")
-    for n in range(len(parts), 0, -1):
-        candidate = ROOT.joinpath(*parts[:n])
-        if candidate.with_suffix(".py").is_file() or (candidate / "__init__.py").is_file():
-            return ".".join(parts[:n])
-    return module

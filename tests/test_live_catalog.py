@@ -13,12 +13,12 @@ import pytest
 from catalog_fixtures import DIM, NEW, add_entry, free_codes, live_bundle, vector_of
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
-from recsvc.engine.api import RecQuery
-from recsvc.engine.live_catalog import LiveRecommender, with_catalog
-from recsvc.engine.recommender import BundleRecommender
 from recsvc.errors import UserError
 from recsvc.model.live_catalog import LiveCatalog, parse_catalog, read_catalog
 from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.recommender.api import RecQuery
+from recsvc.recommender.bundle_recommender import BundleRecommender
+from recsvc.recommender.live_catalog import LiveRecommender, with_catalog
 from recsvc.rules.spec import Cap, Rules, ValueFilter
 from tokenizer_rqvae.ids import SemanticIds
 

@@ -15,9 +15,9 @@ from test_drafter_fixtures import tiny_bundle
 
 from recsvc.cli.main import main
 from recsvc.drafters.head_model import DraftHead, HeadConfig, save_head
-from recsvc.engine.api import RecQuery
-from recsvc.engine.recommender import BundleRecommender
 from recsvc.model.bundle import Bundle
+from recsvc.recommender.api import RecQuery
+from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.rules.decode import RuleSettings
 from recsvc.rules.spec import STRATEGIES, Boost, Cap, Rules, ValueFilter
 from recsvc.service import client_cli

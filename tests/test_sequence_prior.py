@@ -60,7 +60,7 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     assert isinstance(prior, MixedPrior) and prior.mix.mix == pytest.approx(record["settings"]["mix"])
     assert prior.settings.weight == pytest.approx(record["settings"]["weight"])
     assert (b.prior_dir / "sequence-train" / "model.safetensors").is_file()
-    from recsvc.engine.recommender import BundleRecommender
+    from recsvc.recommender.bundle_recommender import BundleRecommender
 
     rec = BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False)
     assert isinstance(rec.prior, MixedPrior)

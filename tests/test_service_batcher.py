@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from recsvc.engine.api import RecQuery
+from recsvc.recommender.api import RecQuery
 from recsvc.service.batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
 
 

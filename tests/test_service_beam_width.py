@@ -9,10 +9,10 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
 from recsvc.data.split import load_split_dir
-from recsvc.engine.api import RecQuery
 from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.recommender import BundleRecommender
 from recsvc.model.bundle import Bundle
+from recsvc.recommender.api import RecQuery
+from recsvc.recommender.bundle_recommender import BundleRecommender
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WIDTH = 8

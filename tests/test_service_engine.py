@@ -9,7 +9,7 @@ import grpc
 import pytest
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 
-from recsvc.engine.recommender import BundleRecommender
+from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.service.client import RecClient
 
 
@@ -79,7 +79,7 @@ def test_concurrent_clients_are_batched(make_server, recommender) -> None:
 
 
 def test_autotune_picks_a_setting_per_k_and_keeps_results_exact(recommender) -> None:
-    from recsvc.engine.api import RecQuery
+    from recsvc.recommender.api import RecQuery
 
     histories = [[1, 2, 3], [4, 5]]
     before = [r.item_ids for r in recommender.recommend([RecQuery(h, k=5, mode="plain") for h in histories])]
@@ -90,7 +90,7 @@ def test_autotune_picks_a_setting_per_k_and_keeps_results_exact(recommender) -> 
 
 
 def test_relaxed_without_a_drafter_samples_from_the_target(tiny_bundle) -> None:
-    from recsvc.engine.api import RecQuery
+    from recsvc.recommender.api import RecQuery
 
     rec = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32", use_drafter=False)
     q = lambda seed: RecQuery([1, 2, 3], k=5, mode="relaxed", seed=seed, temperature=1.0)  # noqa: E731
@@ -118,8 +118,8 @@ def test_auto_speculation_calibrates_on_the_bundles_validation_users(tiny_bundle
 def test_a_named_drafter_can_be_served(tiny_bundle, tmp_path) -> None:
     import shutil
 
-    from recsvc.engine.api import RecQuery
     from recsvc.errors import UserError
+    from recsvc.recommender.api import RecQuery
 
     named = tiny_bundle / "drafters" / "aligned"
     if not named.is_dir():

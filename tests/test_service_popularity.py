@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from recsvc.engine.api import RecQuery
 from recsvc.errors import UserError
+from recsvc.recommender.api import RecQuery
 from recsvc.service.popularity import PopularityRecommender
 
 

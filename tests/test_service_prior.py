@@ -13,12 +13,12 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
 from recsvc.data.split import load_split_dir
-from recsvc.engine.api import RecQuery
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.recommender import BundleRecommender
 from recsvc.model.bundle import Bundle
 from recsvc.model.transition import TransitionPrior
+from recsvc.recommender.api import RecQuery
+from recsvc.recommender.bundle_recommender import BundleRecommender
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WEIGHT = 4.0

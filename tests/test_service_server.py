@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import grpc
 import pytest
 
-from recsvc.engine.api import RecQuery, RecResult
+from recsvc.recommender.api import RecQuery, RecResult
 from recsvc.service.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.servicer import NO_DECODING_REASON, NO_HISTORY_REASON

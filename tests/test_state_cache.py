@@ -116,7 +116,7 @@ def test_strict_and_sampling_use_it(setup) -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from recsvc.engine.recommender import BundleRecommender
+    from recsvc.recommender.bundle_recommender import BundleRecommender
 
     rec = BundleRecommender.from_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), n_users=40),
                                         dtype="fp32")
@@ -143,7 +143,7 @@ def test_grpc_second_identical_request_is_a_hit_with_identical_items(make_server
 def test_prefill_ahead_after_a_write_makes_the_next_request_a_hit(make_server, served) -> None:
     import time
 
-    from recsvc.engine.api import RecQuery
+    from recsvc.recommender.api import RecQuery
 
     served.ahead = True
     try:

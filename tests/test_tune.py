@@ -9,9 +9,9 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401 (one_thread: a fixture)
 
 import recsvc.cli.main as cli
-from recsvc.engine.recommender import BundleRecommender
 from recsvc.model.bundle import Bundle
 from recsvc.model.transition import TransitionPrior
+from recsvc.recommender.bundle_recommender import BundleRecommender
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

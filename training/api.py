@@ -103,18 +103,14 @@ def load_setup(bundle: str | Path | Bundle, dtype: str = "auto", data_dir: str |
 
 
 def load_drafter(setup: Setup, name: str | Path | None):
-    """A Drafter by name: None / "drafter" = BUNDLE/drafter; "retrieval" = the training-free REST-style one;
-    a name under BUNDLE/drafters/; or a model directory."""
-    from recsvc.drafters.llama import LlamaDrafter
-    from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.model.loading import load_causal_lm
+    """A Drafter by name (``recsvc.recommender.drafter_registry``): None / "drafter" = BUNDLE/drafter;
+    "retrieval" = the training-free REST-style one (over the training sequences); a name under BUNDLE/drafters/;
+    or a model directory."""
+    from recsvc.recommender.drafter_registry import DraftSource, build_drafter
 
-    if name == "retrieval":
-        return RetrievalDrafter(RetrievalDatastore(setup.data.train.values()), setup.trie)
-    path = setup.bundle.drafter_path(name)
-    model = EngineModel.build(load_causal_lm(path, dtype=setup.dtype), setup.target.attention)
-    return LlamaDrafter(model, setup.trie, setup.builder.code_offset)
+    source = DraftSource(setup.bundle, setup.target, setup.trie, setup.builder.code_offset, setup.dtype,
+                         sequences=lambda: setup.data.train.values())
+    return build_drafter(str(name or "drafter"), source)
 
 
 def pick_users(setup: Setup, split: str, users: int | Sequence[int] | None, seed: int = 0) -> list:

@@ -79,11 +79,9 @@ def _fixed_cost(model, search, prompts, k_values=SWEEP_K) -> tuple[float, float]
 
 def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
     """ms per step of the draft head (``DraftHead.step`` on ``rows`` beams), None without a head."""
-    from recsvc.drafters.head import HeadDrafter
-
-    if not isinstance(rec.drafter, HeadDrafter):
+    head = rec.drafter.draft_head if rec.drafter is not None else None
+    if head is None:
         return None
-    head = rec.drafter.head
     h = torch.zeros(rows, rec.target.hidden_size)
     with torch.inference_mode():
         state = head.start(h)
@@ -98,11 +96,11 @@ def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
 
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
-    from recsvc.engine.api import RecQuery
     from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.recommender import BundleRecommender
     from recsvc.engine.state_cache import UserStateCache
     from recsvc.model.hardware import resolve_dtype
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender
 
     set_threads(args.threads)
     rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention="fp32",
@@ -151,7 +149,7 @@ def run(args: argparse.Namespace) -> dict:
         target.set_forward(name)
         fixed[name] = _fixed_cost(target, BeamSearch(target, rec.trie, rec.prompts.code_offset).search, sweep)
     drafter_fixed = None
-    drafter_model = getattr(rec.drafter, "model", None)
+    drafter_model = rec.drafter.model if rec.drafter is not None else None
     if drafter_model is not None:
         drafter_fixed = {}
         for name in ("lean", "fast"):

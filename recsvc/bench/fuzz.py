@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> dict:
         raise UserError(f"--hostile-share must be between 0 and 1, got {hostile_share}")
     server = None
     if args.bundle:
-        from recsvc.engine.recommender import BundleRecommender
+        from recsvc.recommender.bundle_recommender import BundleRecommender
         from recsvc.service.server import ServerConfig, serve
 
         rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype)  # fp32 attention: the serving default

@@ -87,8 +87,8 @@ class PeakMemory:
 def batched(bundle: Path, device: str, users, k: int, batch: int) -> dict:
     """Plain and strict (the LLaMA drafter, N = K, gamma 3) over batches of users: ms per request, target calls,
     identical-output rate."""
-    from recsvc.engine.api import RecQuery
-    from recsvc.engine.recommender import BundleRecommender, SpecSettings
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender, SpecSettings
 
     rec = BundleRecommender.from_bundle(bundle, device=device, attention="exact",
                                         drafter_name=str(bundle / "drafter"))

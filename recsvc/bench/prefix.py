@@ -31,10 +31,10 @@ def run(args: argparse.Namespace) -> dict:
 
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.engine.api import RecQuery
-    from recsvc.engine.recommender import BundleRecommender
     from recsvc.model.bundle import Bundle
     from recsvc.model.hardware import resolve_dtype
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")

@@ -105,10 +105,10 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.data.metrics import evaluate_rankings, ndcg_at_k, recall_at_k, standard_error
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.engine.api import RecQuery
-    from recsvc.engine.recommender import BundleRecommender
     from recsvc.model.bundle import Bundle
     from recsvc.model.hardware import resolve_dtype
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender
     from recsvc.rules.decode import RuleSettings
 
     set_threads(args.threads)

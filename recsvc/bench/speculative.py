@@ -62,43 +62,18 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | None = None,
                  head_opener: str = "auto", device: str = "cpu"):
-    from recsvc.drafters.llama import LlamaDrafter
-    from recsvc.drafters.oracle import OracleDrafter
-    from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.errors import UserError
+    """The drafter ``kind`` (``recsvc.recommender.drafter_registry``; llama: BUNDLE/drafter) over the bench's
+    trie; the transition drafter and the head's opener use BUNDLE/prior."""
     from recsvc.model.bundle import Bundle
+    from recsvc.model.transition import TransitionPrior
+    from recsvc.recommender.drafter_registry import DraftSource, build_drafter
 
-    if kind == "oracle":
-        return OracleDrafter(engine, k)
-    if kind == "retrieval":
-        return RetrievalDrafter(RetrievalDatastore(ctx.data.train.values()), ctx.trie)
     bundle = Bundle.open(ctx.bundle_dir)
-    if kind == "head":
-        from recsvc.drafters.head import HeadDrafter
-        from recsvc.drafters.head_model import load_head
-        from recsvc.drafters.transition import TransitionDrafter
-        from recsvc.model.transition import TransitionPrior
-
-        if head_opener == "transition" and not bundle.has_prior():
-            raise UserError(f"--head-opener transition needs a transition prior in {ctx.bundle_dir}")
-        opener = (TransitionDrafter(TransitionPrior.load(bundle.prior_dir), ctx.trie)
-                  if head_opener != "none" and bundle.has_prior() else None)
-        return HeadDrafter(load_head(bundle.head_path(head_name), device=device), ctx.trie, opener)
-    if kind == "transition":
-        from recsvc.drafters.transition import TransitionDrafter
-        from recsvc.model.transition import TransitionPrior
-
-        if not bundle.has_prior():
-            raise UserError(f"bundle {ctx.bundle_dir} has no transition prior: run `recsvc prior fit` (or `recsvc "
-                            "tune prior`) first")
-        return TransitionDrafter(TransitionPrior.load(bundle.prior_dir), ctx.trie)
-    if not (bundle.drafter_dir / "config.json").is_file():
-        raise UserError(f"bundle {ctx.bundle_dir} has no drafter: run `recsvc train drafter` or use --drafter "
-                        "oracle|retrieval")
-    draft_model = EngineModel.build(bundle.load_drafter(dtype=dtype, device=device),
-                                    engine.model.attention)  # the target's mode
-    return LlamaDrafter(draft_model, ctx.trie, ctx.builder.code_offset)
+    prior = TransitionPrior.load(bundle.prior_dir) if kind in ("head", "transition") and bundle.has_prior() else None
+    name = f"head:{head_name}" if kind == "head" and head_name else kind
+    return build_drafter(name, DraftSource(bundle, engine.model, ctx.trie, ctx.builder.code_offset, dtype, device,
+                                           prior=prior, sequences=lambda: ctx.data.train.values(), oracle_k=k,
+                                           head_opener=head_opener))
 
 
 def parse_grid(text: str) -> list[tuple[str, int]] | None:

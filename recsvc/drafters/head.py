@@ -158,15 +158,19 @@ class HeadDrafter:
 
     name = "head"
     samples = True
+    model = None  # no transformer of its own: the head reads the target's hidden states
 
     def __init__(self, head: DraftHead, trie: CatalogTrie, opener: Drafter | None = None) -> None:
-        self.head, self.trie, self.opener = head, trie, opener
+        self.draft_head, self.trie, self.opener = head, trie, opener
+
+    def over(self, trie: CatalogTrie) -> HeadDrafter:
+        return HeadDrafter(self.draft_head, trie, self.opener.over(trie) if self.opener is not None else None)
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> HeadDraftSession:
         opener = self.opener.session(prompts, histories, dead, prior) if self.opener is not None else None
-        return HeadDraftSession(self.head, self.trie, dead, prior, opener)
+        return HeadDraftSession(self.draft_head, self.trie, dead, prior, opener)
 
     def sampling_session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                          dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> HeadDraftSession:
-        return HeadDraftSession(self.head, self.trie, dead, prior)
+        return HeadDraftSession(self.draft_head, self.trie, dead, prior)

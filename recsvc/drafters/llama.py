@@ -92,10 +92,14 @@ class LlamaDraftSession:
 class LlamaDrafter:
     name = "llama"
     samples = True
+    draft_head = None
 
     def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int) -> None:
         """``model``: ``EngineModel.build(drafter_model, attention)``."""
         self.model, self.trie, self.code_offset = model, trie, code_offset
+
+    def over(self, trie: CatalogTrie) -> LlamaDrafter:
+        return LlamaDrafter(self.model, trie, self.code_offset)
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> LlamaDraftSession:

@@ -13,6 +13,7 @@ import torch
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.ports import StrictOnly, TargetState
 from recsvc.engine.prompts import PromptBatch
+from tokenizer_rqvae.trie import CatalogTrie
 
 
 class OracleDraftSession:
@@ -44,9 +45,14 @@ class OracleDraftSession:
 
 class OracleDrafter(StrictOnly):
     name = "oracle"
+    model = None  # it runs the target (its cost is not counted)
+    draft_head = None
 
     def __init__(self, engine: BeamSearch, k: int) -> None:
         self.engine, self.k = engine, k
+
+    def over(self, trie: CatalogTrie) -> OracleDrafter:
+        return OracleDrafter(BeamSearch(self.engine.model, trie, self.engine.code_offset), self.k)
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> OracleDraftSession:

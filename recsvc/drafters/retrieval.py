@@ -90,9 +90,14 @@ class RetrievalDraftSession:
 
 class RetrievalDrafter(StrictOnly):
     name = "retrieval"
+    model = None
+    draft_head = None
 
     def __init__(self, store: RetrievalDatastore, trie: CatalogTrie, max_candidates: int = 64) -> None:
         self.store, self.trie, self.max_candidates = store, trie, max_candidates
+
+    def over(self, trie: CatalogTrie) -> RetrievalDrafter:
+        return RetrievalDrafter(self.store, trie, self.max_candidates)
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> RetrievalDraftSession:

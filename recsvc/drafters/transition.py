@@ -80,6 +80,8 @@ class TransitionDraftSession:
 
 class TransitionDrafter(StrictOnly):
     name = "transition"
+    model = None
+    draft_head = None
 
     def __init__(self, prior: TransitionPrior, trie: CatalogTrie) -> None:
         if not np.array_equal(np.asarray(prior.item_ids), np.asarray(trie.ids.item_ids)):
@@ -87,9 +89,11 @@ class TransitionDrafter(StrictOnly):
         self.prior, self.trie = prior, trie
         self._nodes_at: dict[str, list[torch.Tensor]] = {}  # device -> per depth d: [M_d] the nodes of depth d
 
+    def over(self, trie: CatalogTrie) -> TransitionDrafter:
+        return TransitionDrafter(self.prior.with_items(trie.ids.item_ids), trie)
+
     def nodes_at(self, trie: CatalogTrie) -> list[torch.Tensor]:
-        """The trie's nodes per depth, on its device (computed once per device; the recommender may swap in
-        its own trie on the model's device after construction)."""
+        """The trie's nodes per depth, on its device (computed once per device)."""
         key = str(trie.device)
         if key not in self._nodes_at:
             self._nodes_at[key] = [torch.nonzero(trie.depth == d).reshape(-1) for d in range(trie.levels + 1)]

@@ -10,6 +10,11 @@ is a code prefix, so a drafted beam and its prefix tree are the same thing.
 and next-code log-probs at trie nodes): what a drafter conditioned on the target (a ReDrafter-style head)
 reads. Drafters that do not need it ignore it.
 
+What the layers above need of a drafter besides its sessions is a capability of the port, never a test of its
+class: ``samples`` (relaxed verification), ``model`` (its own transformer, run with the target's forward),
+``draft_head`` (a recurrent head on the target's hidden states, which rule decoding's look-ahead runs) and
+``over`` (the same drafter over a live catalog's trie).
+
 Shapes: R unfinished requests of the round (the rows of ``roots``), Kc current beams, m queried nodes, N draft
 width, n drafter beams, C codebook size, H the target's hidden size.
 """
@@ -27,6 +32,7 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache
 from recsvc.errors import UserError
+from tokenizer_rqvae.trie import CatalogTrie
 
 
 class TargetState:
@@ -116,6 +122,9 @@ class SamplingSession(Session, Protocol):
 class Drafter(Protocol):
     name: str
     samples: bool  # True: ``sampling_session`` works (relaxed verification); False: it raises UserError
+    model: EngineModel | None  # its own transformer (the LLaMA drafter's), None when it runs none
+    draft_head: torch.nn.Module | None  # a recurrent draft head on the target's hidden states (the head
+    #                                     drafter's ``DraftHead``), None without one; rules' cdsl look-ahead runs it
 
     def session(
         self,
@@ -132,6 +141,11 @@ class Drafter(Protocol):
         dead: torch.Tensor | None,
         prior: torch.Tensor | None = None,
     ) -> SamplingSession: ...
+
+    def over(self, trie: CatalogTrie) -> Drafter:
+        """This drafter, sharing its network, over another catalog's trie (a live catalog: the bundle's items and
+        the added ones); a prior it holds is extended to ``trie.ids``."""
+        ...
 
 
 class StrictOnly:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from recsvc.engine.api import RecQuery, RecResult
+from recsvc.recommender.api import RecQuery, RecResult
 
 from .logs import log_event
 from .metrics import ServiceMetrics

@@ -65,7 +65,7 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
 
     step = step or log_step
     if spec == "auto":
-        if getattr(rec, "drafter", None) is None:
+        if rec.drafter is None:
             step("calibration_skipped", reason="no drafter: plain decoding")
             return {}
         key = None
@@ -79,8 +79,8 @@ def configure_speculation(rec, spec: str, bundle: str | None = None, *, budget_s
                 step("calibration_reused", file=os.path.join(bundle, "calibration.json"),
                      choice={str(k): "plain" if v[0] == 0 else f"N={v[0]} gamma={v[1]}" for k, v in stored.items()})
                 return stored
-        from recsvc.engine.api import RecQuery
         from recsvc.engine.autotune import autotune
+        from recsvc.recommender.api import RecQuery
 
         histories, source = calibration_histories(rec, bundle)
         deadline = time.monotonic() + budget_s

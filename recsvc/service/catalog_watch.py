@@ -26,9 +26,9 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from recsvc.engine.live_catalog import LiveRecommender
 from recsvc.errors import UserError
 from recsvc.model.live_catalog import read_catalog
+from recsvc.recommender.live_catalog import LiveRecommender
 
 from .logs import log_event
 

@@ -1,6 +1,6 @@
 """``recsvc serve``: runs the gRPC service until SIGTERM/SIGINT, then drains (finish in-flight, grace period).
 
-The engine comes from ``--bundle`` (``recsvc.engine.recommender.BundleRecommender``) or, for a model-free
+The engine comes from ``--bundle`` (``recsvc.recommender.bundle_recommender.BundleRecommender``) or, for a model-free
 cold-start service, from ``--popularity counts.json`` (``{"<item_id>": count}``).
 
 Start-up: the port listens first with health NOT_SERVING; each step is logged (loading the bundle, loading the

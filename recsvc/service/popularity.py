@@ -1,6 +1,6 @@
 """Popularity recommender: the cold-start answer (users without history) and a model-free service mode.
 
-It implements the engine's :class:`recsvc.engine.api.Recommender` protocol from an item -> count table:
+It implements the engine's :class:`recsvc.recommender.api.Recommender` protocol from an item -> count table:
 every query gets the most popular items that are not excluded (the history itself is ignored), with
 ``score = log(count / total)`` and zero engine forward calls.
 """
@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from recsvc.engine.api import RecQuery, RecResult, RecStats
 from recsvc.errors import UserError
+from recsvc.recommender.api import RecQuery, RecResult, RecStats
 from recsvc.rules.spec import Rules
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from recsvc.engine.api import Mode, Recommender
 from recsvc.errors import InvalidRequest
+from recsvc.recommender.api import Mode, Recommender
 from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.spec import Boost, Cap, Rules, ValueFilter, normalize_value
 

@@ -1,6 +1,6 @@
 """The gRPC server: recommender + history store + batcher + health + reflection + metrics, with a clean drain.
 
-Start one from Python with :func:`serve` (any object implementing :class:`recsvc.engine.api.Recommender`)::
+Start one from Python with :func:`serve` (any object implementing :class:`recsvc.recommender.api.Recommender`)::
 
     server = serve(recommender, store=None, config=ServerConfig(port=0))  # started; server.port is bound
     ...
@@ -27,8 +27,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from recsvc.engine.api import MODES, Mode, Recommender, RecQuery
 from recsvc.errors import UserError
+from recsvc.recommender.api import MODES, Mode, Recommender, RecQuery
 
 from .batcher import Batcher
 from .logs import log_event

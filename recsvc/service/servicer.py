@@ -25,8 +25,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-from recsvc.engine.api import Decoding, Mode, Recommender, RecQuery, RecResult
 from recsvc.errors import UserError
+from recsvc.recommender.api import Decoding, Mode, Recommender, RecQuery, RecResult
 
 from .batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
 from .gen import recommender_pb2 as pb

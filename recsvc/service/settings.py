@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from recsvc.engine.api import MODES, Mode
 from recsvc.errors import UserError
+from recsvc.recommender.api import MODES, Mode
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
 from .arg_types import positive_float
@@ -53,7 +53,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(needs the state cache; the write is acknowledged first)")
     p.add_argument("--drafter", dest="drafter_name", default=None,
                    help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
-                        "--out-name NAME`), a model directory, `transition` (training-free, from BUNDLE/prior) or "
+                        "--out-name NAME`), a model directory, `llama` (BUNDLE/drafter), `transition` "
+                        "(training-free, from BUNDLE/prior) or "
                         "`head` / `head:NAME` (the recurrent draft head BUNDLE/head or BUNDLE/heads/NAME, "
                         "`recsvc train head`); default: BUNDLE/head, else BUNDLE/drafter)")
     p.add_argument("--exclude-history", action="store_true",
@@ -199,9 +200,9 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
 
     step = step or log_step
     try:
-        from recsvc.engine.recommender import BundleRecommender
+        from recsvc.recommender.bundle_recommender import BundleRecommender
     except ImportError as exc:
-        raise UserError(f"the model engine is not available (recsvc.engine.recommender): {exc}") from exc
+        raise UserError(f"the model engine is not available (recsvc.recommender.bundle_recommender): {exc}") from exc
     started = time.monotonic()
     step("loading_models", bundle=settings.bundle, dtype=settings.dtype, attention=settings.attention,
          drafter=settings.drafter or "default", prior=settings.prior)

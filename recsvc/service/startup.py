@@ -13,8 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from recsvc.engine.api import Recommender
 from recsvc.errors import UserError
+from recsvc.recommender.api import Recommender
 
 from .calibration import torch_threads
 from .logs import Step, log_step

@@ -10,8 +10,8 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from recsvc.engine.api import MODES, Mode, Recommender
 from recsvc.errors import InvalidRequest
+from recsvc.recommender.api import MODES, Mode, Recommender
 from recsvc.rules.spec import Rules
 
 from .gen import recommender_pb2 as pb

@@ -1,6 +1,7 @@
-"""The engine's public contract: what the service, the benchmarks and the evaluation call.
+"""The recommender's public contract: what the service and the benchmarks call.
 
-``Recommender`` (``recsvc/engine/recommender.py``) loads a bundle and answers batches of ``RecQuery``.
+A ``Recommender`` (``bundle_recommender.BundleRecommender``: a bundle decoded by the engine) answers batches of
+``RecQuery``.
 Everything here is plain data; timers and counters live in ``RecStats``, outside the algorithms' results.
 """
 

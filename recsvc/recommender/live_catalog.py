@@ -5,7 +5,7 @@ added ones; it shares the loaded models (target, drafter network, draft head), t
 beam width, rules), and rebuilds what depends on the catalog:
 
 - the ids, the prompt builder (a history may hold new items) and the trie, on the target's device, with the
-  beam search over it; every drafter that holds a trie (and the transition drafter's prior) follows;
+  beam search over it; the drafter follows (``Drafter.over``: the transition drafter's prior too);
 - the fused transition prior, extended with zero counts for the new items (they get only its popularity
   back-off mass: the model has never seen them as targets);
 - the popularity fallback order (new items last: nobody has interacted with them);
@@ -32,37 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from recsvc.engine.api import RecQuery, RecResult
 from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.recommender import BundleRecommender
 from recsvc.model.fresh import FreshItems
 from recsvc.model.live_catalog import LiveCatalog
 from recsvc.model.prompt import PromptBuilder
+from recsvc.recommender.api import RecQuery, RecResult
+from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.source import AttributeSource
 from recsvc.rules.spec import Rules
 from tokenizer_rqvae.trie import CatalogTrie
-
-
-def drafter_over(drafter: Any, trie: CatalogTrie, item_ids: np.ndarray) -> Any:
-    """``drafter`` (sharing its network) over another catalog's trie; a transition prior it holds covers
-    ``item_ids`` [n]. None stays None."""
-    from recsvc.drafters.head import HeadDrafter
-    from recsvc.drafters.llama import LlamaDrafter
-    from recsvc.drafters.transition import TransitionDrafter
-
-    if drafter is None:
-        return None
-    if isinstance(drafter, TransitionDrafter):
-        return TransitionDrafter(drafter.prior.with_items(item_ids), trie)
-    if isinstance(drafter, HeadDrafter):
-        return HeadDrafter(drafter.head, trie, drafter_over(drafter.opener, trie, item_ids))
-    if isinstance(drafter, LlamaDrafter):
-        return LlamaDrafter(drafter.model, trie, drafter.code_offset)
-    other = copy.copy(drafter)  # any other drafter with a trie (benches' oracle and retrieval drafters)
-    if hasattr(other, "trie"):
-        other.trie = trie
-    return other
 
 
 def fresh_with(fresh: FreshItems, item_ids: np.ndarray, vectors: np.ndarray) -> FreshItems:
@@ -97,9 +76,8 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
     source = attributes or base.attributes
     if source is not None:
         rec.attributes = source.over(rec.trie)
-    rec.drafter = drafter_over(base.drafter, rec.trie, ids.item_ids)
-    rec.sampler = rec.drafter if base.sampler is not None else None
-    states = getattr(base, "states", None)
+    rec.drafter = base.drafter.over(rec.trie) if base.drafter is not None else None
+    states = base.states
     if states is not None:  # it keeps decode steps by trie node ids, which the new trie numbers anew: a cache
         rec.enable_state_cache(states.budget, f"{states.version}+catalog-{catalog.version}")  # of its own
     return rec
@@ -120,7 +98,7 @@ class CatalogState:
 
 
 class LiveRecommender:
-    """A ``Recommender`` (``recsvc.engine.api``) over a bundle's recommender whose catalog :meth:`apply`
+    """A ``Recommender`` (``recsvc.recommender.api``) over a bundle's recommender whose catalog :meth:`apply`
     replaces while it serves. Configure the bundle's recommender (speculation, rules, caches) before wrapping
     it: other attributes are read from the current state's recommender."""
 
@@ -151,8 +129,8 @@ class LiveRecommender:
                 rec = with_catalog(self.base, catalog, previous.attributes)
             state = CatalogState(rec, catalog, tuple(int(i) for i in catalog.retired))
             self._state = state  # one reference: atomic for every reader
-            old = getattr(previous, "states", None)
-            if old is not None and old is not getattr(rec, "states", None):
+            old = previous.states
+            if old is not None and old is not rec.states:
                 old.clear()  # the swapped-out state's cache: its memory back (a batch still on it just misses)
             return state
 

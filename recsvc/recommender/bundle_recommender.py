@@ -1,4 +1,5 @@
-"""A bundle turned into a ``Recommender``: prompts, exclusions, plain / strict / relaxed decoding, item ids.
+"""A bundle turned into a ``Recommender`` (the composition root): prompts, exclusions, plain / strict / relaxed
+decoding over the engine, item ids.
 
 Queries of one batch are grouped by (mode, k) and each group runs as one batched engine call; results come
 back in the queries' order. Timers and counters are the caller's (``RecStats`` holds only counts).
@@ -22,8 +23,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.api import Decoding, RecQuery, RecResult, RecStats
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ledger import NO_LEDGER, Ledger
@@ -39,6 +38,8 @@ from recsvc.model.fresh import FreshItems
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, load_prior
 from recsvc.model.transition import TransitionPrior
+from recsvc.recommender.api import Decoding, RecQuery, RecResult, RecStats
+from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
 from recsvc.rules.catalog import BatchRules, RuleCatalog
 from recsvc.rules.decode import RuleSettings, decode_rules
 from recsvc.rules.greedy import greedy_pick
@@ -127,7 +128,6 @@ class BundleRecommender:
         self.trie = CatalogTrie(ids).to(target.device)  # once: every search reads it on the model's device
         self.engine = BeamSearch(target, self.trie, prompts.code_offset)
         self.drafter = drafter
-        self.sampler = drafter if drafter is not None and drafter.samples else None  # relaxed mode's drafter
         self.spec = spec or SpecSettings()
         self.max_k = max_k
         self.max_history = prompts.max_history
@@ -145,6 +145,11 @@ class BundleRecommender:
         """The item attributes laid over the trie, as the attributes file is now (None: no attributes)."""
         return self.attributes.current() if self.attributes is not None else None
 
+    @property
+    def sampler(self) -> Drafter | None:
+        """Relaxed mode's drafter: the drafter when it samples (``Drafter.samples``), else None."""
+        return self.drafter if self.drafter is not None and self.drafter.samples else None
+
     @classmethod
     def from_bundle(cls, path: str | Path, dtype: str = "auto", device: str = "cpu",
                     use_drafter: bool = True, attention: str = "fp32",
@@ -153,11 +158,12 @@ class BundleRecommender:
                     attributes: str | Path | None = None, rules: RuleSettings | None = None,
                     use_fresh: bool = True) -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
-        speculation reproduces plain beam search bit for bit in both. ``drafter_name``: serve
-        BUNDLE/drafters/NAME (or a model directory) instead of BUNDLE/drafter; UserError when it is missing.
-        ``drafter_name="transition"``: the training-free transition drafter over BUNDLE/prior; ``"head"``
-        (``"head:NAME"``): the recurrent draft head BUNDLE/head (BUNDLE/heads/NAME) on the target. Default
-        (None): BUNDLE/head when the bundle has one, else BUNDLE/drafter when it has one.
+        speculation reproduces plain beam search bit for bit in both. ``drafter_name``: a name of
+        ``recsvc.recommender.drafter_registry``: BUNDLE/drafters/NAME (or a model directory) instead of
+        BUNDLE/drafter; ``"transition"``: the training-free transition drafter over the fused prior's file;
+        ``"head"`` (``"head:NAME"``): the recurrent draft head BUNDLE/head (BUNDLE/heads/NAME) on the target;
+        UserError when it is missing. Default (None): BUNDLE/head when the bundle has one, else BUNDLE/drafter
+        when it has one (``default_drafter``).
         ``beam_width``: see ``__init__`` (None: bundle.json "beam_width", else 0 = k).
         ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
         recommend a query's history items (and fuse BUNDLE/prior-excl, the prior tuned for that, when present).
@@ -171,40 +177,21 @@ class BundleRecommender:
         tokenizer = bundle.load_tokenizer()
         prompts = bundle.prompt_builder(tokenizer, ids)
         target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention)
-        drafter = None
         stored_prior = (load_prior(bundle.prior_dir_for(exclude_history))  # read once (mixed with SASRec if tuned)
                         if bundle.has_prior(exclude_history) else None)
-        if use_drafter and drafter_name == "transition":  # training-free: drafts from the bundle's prior
-            from recsvc.drafters.transition import TransitionDrafter
-
-            if stored_prior is None:
-                raise UserError(f"--drafter transition needs a transition prior in {bundle.root}: run `recsvc "
-                                "prior fit` or `recsvc tune prior` first")
-            drafter = TransitionDrafter(stored_prior, CatalogTrie(ids))
-        elif use_drafter and (drafter_name is not None and (drafter_name == "head" or drafter_name.startswith("head:"))
-                              or drafter_name is None and (bundle.head_path() / "config.json").is_file()):
-            from recsvc.drafters.head import HeadDrafter
-            from recsvc.drafters.head_model import load_head
-            from recsvc.drafters.transition import TransitionDrafter
-
-            name = (drafter_name or "").partition(":")[2] or None  # "head": BUNDLE/head; "head:NAME": BUNDLE/heads/NAME
-            opener = TransitionDrafter(stored_prior, CatalogTrie(ids)) if stored_prior is not None else None
-            drafter = HeadDrafter(load_head(bundle.head_path(name), device=device), CatalogTrie(ids), opener)
-        elif use_drafter and (drafter_name is not None or (bundle.drafter_dir / "config.json").is_file()):
-            draft_model = EngineModel.build(bundle.load_drafter(dtype=dtype, device=device, name=drafter_name),
-                                            attention)  # the lean forward too, with its own prefix cache
-            drafter = LlamaDrafter(draft_model, CatalogTrie(ids), prompts.code_offset)
         popularity = load_popularity(Path(path), bundle.data_dir())
         prior = stored_prior if use_prior else None
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
         fresh = FreshItems.load(bundle.fresh_dir) if use_fresh and bundle.has_fresh() else None
-        rec = cls(target, prompts, ids, drafter, popularity, prior=prior, exclude_history=exclude_history,
+        rec = cls(target, prompts, ids, None, popularity, prior=prior, exclude_history=exclude_history,
                   beam_width=width, rules=rules, fresh=fresh)
         if attributes is not None or attr_path.is_file():
             rec.attributes = AttributeSource(attr_path, rec.trie)
-        if drafter is not None:
-            drafter.trie = rec.trie  # one trie for both
+        name = (drafter_name or default_drafter(bundle)) if use_drafter else None
+        if name is not None:  # over the recommender's trie (on the target's device): one trie for both
+            rec.drafter = build_drafter(name, DraftSource(bundle, target, rec.trie, prompts.code_offset, dtype,
+                                                          device, prior=stored_prior))
         return rec
 
     def autotune(self, histories: Sequence[Sequence[int]], ks: Sequence[int] = (1, 5, 10, 20)) -> dict:
@@ -255,7 +242,7 @@ class BundleRecommender:
         """"fast" / "lean" / "auto" for the target and a LLaMA drafter (benches compare them in one run); the
         user-state cache is emptied (its entries were computed by the other forward)."""
         self.target.set_forward(forward)
-        if isinstance(self.drafter, LlamaDrafter):
+        if self.drafter is not None and self.drafter.model is not None:
             self.drafter.model.set_forward(forward)
         if self.states is not None:
             self.states.clear()
@@ -463,9 +450,7 @@ class BundleRecommender:
             out = self.engine.search(batch, w, dead, prior, ledger)
             return out.leaves, out.scores, [out.target_calls] * len(queries)
 
-        from recsvc.drafters.head import HeadDrafter
-
-        head = self.drafter.head if isinstance(self.drafter, HeadDrafter) else None
+        head = self.drafter.draft_head if self.drafter is not None else None  # cdsl's look-ahead
         out = decode_rules(self.rule_settings, self.target, catalog, self.prompts.code_offset, batch, k, width,
                            compiled, prior, head, wide, ledger)
         results = []
