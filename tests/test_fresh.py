@@ -117,3 +117,21 @@ def test_served_lists_end_with_the_fresh_slots(tmp_path: Path) -> None:
     assert c.fresh == 0 and c.item_ids == c_off.item_ids
     (d,) = on.recommend([RecQuery(history=history, k=5, rules=Rules())])
     assert d.fresh == 0
+
+
+def test_fresh_candidates_follow_the_catalog_of_the_period(tmp_path: Path) -> None:
+    """Valid: items first seen in valid (an item first seen in test is not in the catalog yet); test: every
+    item without a train / valid interaction."""
+    from recsvc.data.split import load_split_dir
+    from training.fresh_eval import cold_items, fresh_candidates
+
+    (tmp_path / "sequential_train.txt").write_text("1 1 2\n2 2 3\n")
+    (tmp_path / "sequential_valid.txt").write_text("1 4\n2 3\n")
+    (tmp_path / "sequential_test.txt").write_text("1 5\n2 4\n")
+    (tmp_path / "items.json").write_text('{"1": {}, "2": {}, "3": {}, "4": {}, "5": {}}')
+    data = load_split_dir(tmp_path)
+    catalog = [1, 2, 3, 4, 5]
+    assert fresh_candidates(data, "valid", "train", catalog) == {4}
+    assert cold_items(data, "train", catalog) == {4, 5}  # the slice: targets without a train interaction
+    assert fresh_candidates(data, "test", "train+valid", catalog) == {5}
+    assert fresh_candidates(data, "test", "train", catalog) == {4, 5}  # paper protocol: fitted on train

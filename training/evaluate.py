@@ -32,7 +32,7 @@ from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
 from recsvc.model.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
-from training.fresh_eval import cold_items, fresh_lists, paired_effect
+from training.fresh_eval import cold_items, fresh_candidates, fresh_lists, paired_effect
 
 DEFAULT_EVAL_KS = (1, 5, 10, 20)
 
@@ -195,7 +195,8 @@ def evaluate_bundle(
     cold = cold_items(data, fit_on, ids.item_ids.tolist())
     fresh = None
     if use_fresh and bundle.has_fresh():  # fresh items recounted on this evaluation's fitting period
-        fresh = FreshItems.load(bundle.fresh_dir).with_fresh(sorted(cold), fit_on)
+        fresh = FreshItems.load(bundle.fresh_dir).with_fresh(
+            sorted(fresh_candidates(data, split, fit_on, ids.item_ids.tolist())), fit_on)
     lists_at = fresh_lists(fresh, rankings, users, exclude_history)  # k -> the lists read at k
     model_metrics = score_lists(lists_at, users, ks, cold)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;

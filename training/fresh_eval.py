@@ -16,8 +16,31 @@ from recsvc.model.fresh import FreshItems
 
 def cold_items(data: SplitData, fit_on: str, catalog: Sequence[int]) -> set[int]:
     """Catalog items nobody interacted with in the fitting period ("train" or "train+valid"): the cold slice."""
-    seen = {i for seq in data.sequences(fit_on).values() for i in seq}
+    seen = interacted(data, fit_on)
     return {int(i) for i in catalog if int(i) not in seen}
+
+
+def fresh_candidates(data: SplitData, split: str, fit_on: str, catalog: Sequence[int]) -> set[int]:
+    """The fresh items when ``split`` is served by a model fitted on ``fit_on``: the items the catalog holds by
+    then that nobody interacted with in the fitting period.
+
+    The split has no release dates, so the catalog of a period is taken to be the items interacted with by its
+    end (for the test period: the whole catalog, which is how the split was built). On valid this keeps items
+    first seen in the test period out of the candidates, as they would be out of a catalog of that time; on test
+    it is every item without a train / valid interaction. The same rule on both is what lets validation choose
+    the slots for test."""
+    if split == "test":
+        present = {int(i) for i in catalog}
+    else:
+        present = {i for seq in data.sequences("train").values() for i in seq}
+        present |= {i for seq in data.valid.values() for i in seq}
+        present &= {int(i) for i in catalog}
+    return present - interacted(data, fit_on)
+
+
+def interacted(data: SplitData, fit_on: str) -> set[int]:
+    """Items interacted with in the fitting period ("train" or "train+valid")."""
+    return {i for seq in data.sequences(fit_on).values() for i in seq}
 
 
 def fresh_lists(fresh: FreshItems | None, rankings: dict[int, list[int]], users: Sequence[EvalUser],

@@ -63,7 +63,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from recsvc.model.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.evaluate import rank_users, serving_model
-    from training.fresh_eval import cold_items, fresh_lists
+    from training.fresh_eval import cold_items, fresh_candidates, fresh_lists
     from training.prior_cli import resolve_fit_on
 
     if args.users is not None and args.users < 1:
@@ -96,10 +96,12 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
     rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior)
     vectors = item_vectors(data_dir, args.embed_cache)
-    cold = cold_items(data, "train", ids.item_ids.tolist())
-    print(f"tune fresh: {len(users)} validation users, {len(cold)} fresh items (none in train), model "
+    cold = cold_items(data, "train", ids.item_ids.tolist())  # the slice: targets without a train interaction
+    fresh_now = fresh_candidates(data, "valid", "train", ids.item_ids.tolist())  # the catalog's fresh items then
+    print(f"tune fresh: {len(users)} validation users, {len(fresh_now)} fresh items (in the catalog by the end of "
+          f"valid, none in train), model "
           f"{model_dir.name}{' + prior' if prior is not None else ''}, metric {args.metric}")
-    base = FreshItems(vectors, sorted(cold), FreshSettings(), counted_on="train")
+    base = FreshItems(vectors, sorted(fresh_now), FreshSettings(), counted_on="train")
 
     def measure(settings: FreshSettings) -> dict:
         fresh = base.with_settings(settings)
@@ -128,7 +130,8 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     served = cold_items(data, fit_on, ids.item_ids.tolist())
     FreshItems(vectors, sorted(served), chosen, counted_on=fit_on).save(bundle.fresh_dir)
     record = {"settings": best.params, "metric": args.metric, "valid_users": len(users),
-              "valid_fresh_items": len(cold), "served_fresh_items": len(served), "counted_on": fit_on,
+              "valid_fresh_items": len(fresh_now),
+              "valid_cold_items": len(cold), "served_fresh_items": len(served), "counted_on": fit_on,
               "valid": {k: v for k, v in best.user_attrs.items()},
               "valid_without_fresh": {"recall@10": off["recall@10"], "ndcg@10": off["ndcg@10"],
                                       "cold_recall@10": off["cold"]["recall@10"],
