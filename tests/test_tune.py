@@ -103,9 +103,13 @@ def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, mo
                      "--embed-cache", str(tmp_path / "emb")]) == 0
     b = Bundle.open(root)
     record = b.read()["tuning"]["fresh"]
-    assert record["valid_fresh_items"] == 3 and record["trials"] == 4 * 6 * 7
-    # slots 0 is in the grid: the choice is at least as good on validation as the model alone
+    assert record["valid_fresh_items"] == 3 and record["trials"] == 6 * 6 * 12
+    # slots 0 is in the grid: the choice is at least as good on validation as the model alone, and the warm
+    # slice pays no more than one standard error for it
     assert record["valid"][record["metric"]] >= record["valid_without_fresh"][record["metric"]]
+    assert 1 <= record["feasible_trials"] <= record["trials"]
+    for key in ("recall@10", "ndcg@10"):
+        assert record["valid"][f"warm_{key}_diff"] >= -record["valid"][f"warm_{key}_diff_se"]
     from recsvc.model.fresh import FreshItems
 
     fresh = FreshItems.load(b.fresh_dir)

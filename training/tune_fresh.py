@@ -8,7 +8,9 @@ Protocol (no test data is read):
 - the fresh items of validation are the catalog items nobody interacted with in the train period; their text
   embeddings (the packaged MiniLM sentence encoder, the one the semantic ids were made from) rank them per user;
 - an Optuna grid over slots x window x min_similarity scores each merged list on the metric (slots 0 = the
-  model alone is in the grid, so the search can only keep or improve it);
+  model alone is in the grid, so the search can only keep or improve it); a setting whose per-user change of the
+  warm slice's Recall@10 or NDCG@10 falls below -1 standard error is not chosen (new items must not cost the
+  items the model already ranks well beyond noise);
 - BUNDLE/fresh gets the chosen settings, every catalog item's embedding, and the fresh set of the served
   model's fitting period (deploy: train + valid). bundle.json records the search under "tuning"."fresh".
 """
@@ -22,9 +24,9 @@ from pathlib import Path
 
 from recsvc.errors import UserError
 
-SLOTS = (0, 1, 2, 3)
+SLOTS = (0, 1, 2, 3, 4, 5)
 WINDOWS = (1, 2, 3, 5, 10, 20)
-MIN_SIMILARITIES = (-1.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+MIN_SIMILARITIES = (-1.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
 
 
 def register_fresh(sub) -> None:
@@ -63,7 +65,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from recsvc.model.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.evaluate import rank_users, serving_model
-    from training.fresh_eval import cold_items, fresh_candidates, fresh_lists
+    from training.fresh_eval import cold_items, fresh_candidates, fresh_lists, paired_effect
     from training.prior_cli import resolve_fit_on
 
     if args.users is not None and args.users < 1:
@@ -105,7 +107,10 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
 
     def measure(settings: FreshSettings) -> dict:
         fresh = base.with_settings(settings)
-        return score_lists(fresh_lists(fresh, rankings, users, excl), users, (10,), cold)
+        lists = fresh_lists(fresh, rankings, users, excl)
+        out = score_lists(lists, users, (10,), cold)
+        out["warm_effect"] = paired_effect(lists(10), rankings, users, 10, cold, False)
+        return out
 
     def objective(trial) -> float:
         st = FreshSettings(slots=trial.suggest_categorical("slots", SLOTS),
@@ -116,14 +121,20 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
             trial.set_user_attr(key, m[key])
             trial.set_user_attr(f"cold_{key}", m["cold"][key])
             trial.set_user_attr(f"warm_{key}", m["warm"][key])
+            effect = m["warm_effect"]
+            trial.set_user_attr(f"warm_{key}_diff", effect[f"{key}_diff"])
+            trial.set_user_attr(f"warm_{key}_diff_se", effect[f"{key}_diff_se"])
         return m[args.metric]
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     grid = {"slots": list(SLOTS), "window": list(WINDOWS), "min_similarity": list(MIN_SIMILARITIES)}
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.GridSampler(grid, seed=args.seed))
     study.optimize(objective, n_trials=len(SLOTS) * len(WINDOWS) * len(MIN_SIMILARITIES))
-    # ties (e.g. every window at 0 slots): the first trial in grid order with the best value
-    best = max(study.trials, key=lambda t: (t.value, -t.number))
+    # the warm slice must not pay beyond noise: a setting is kept only when its per-user change of warm Recall@10
+    # and NDCG@10 is above -1 standard error (slots 0, a change of 0, always is); ties: the first in grid order
+    feasible = [t for t in study.trials if all(
+        t.user_attrs[f"warm_{key}_diff"] >= -t.user_attrs[f"warm_{key}_diff_se"] for key in ("recall@10", "ndcg@10"))]
+    best = max(feasible, key=lambda t: (t.value, -t.number))
     chosen = FreshSettings(**best.params)
     off = measure(FreshSettings())
     fit_on = resolve_fit_on("auto", protocol)
@@ -137,7 +148,8 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
                                       "cold_recall@10": off["cold"]["recall@10"],
                                       "warm_recall@10": off["warm"]["recall@10"],
                                       "warm_ndcg@10": off["warm"]["ndcg@10"]},
-              "trials": len(study.trials), "seconds": round(time.monotonic() - t0, 1)}
+              "trials": len(study.trials), "feasible_trials": len(feasible),
+              "seconds": round(time.monotonic() - t0, 1)}
     meta = bundle.read()
     bundle.update(fresh={**best.params, "counted_on": fit_on}, tuning={**meta.get("tuning", {}), "fresh": record})
     print(json.dumps(record, indent=1))
