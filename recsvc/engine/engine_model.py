@@ -141,7 +141,7 @@ class EngineModel:
 
     def _forward(self, cache, input_ids: torch.Tensor, position_ids: torch.Tensor, tree: TreeGroups) -> torch.Tensor:
         if isinstance(cache, FastCache):
-            slots, visible = tree_mask(cache.width, input_ids.shape, tree)
+            slots, visible = tree_mask(cache.width, input_ids.shape, tree, input_ids.device)
             return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
         if isinstance(cache, LeanCache):
             return cache.lean.forward(cache, input_ids, position_ids, tree)
@@ -187,18 +187,19 @@ class EngineModel:
         return torch.log_softmax(logits, dim=-1).gather(1, cols)
 
 
-def tree_mask(width: int, shape: torch.Size, tree: TreeGroups) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_mask(width: int, shape: torch.Size, tree: TreeGroups,
+              device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """The fast forward's (slots [B, q], visible [B, q, width + q]) for tokens appended after ``width`` cached
     slots with the key sets ``tree`` describes (first-call prompts causal over their own slots; tree tokens:
     their prompt's slots and the listed ancestor / key slots); every token sees itself."""
     b, q = shape
-    own = torch.arange(q)
+    own = torch.arange(q, device=device)
     slots = (width + own)[None].expand(b, q)
-    vis = torch.zeros(b, q, width + q, dtype=torch.bool)
+    vis = torch.zeros(b, q, width + q, dtype=torch.bool, device=device)
     vis[:, own, width + own] = True
     if tree.prompt_lengths:  # the first call: prompts at slots 0..T_b - 1, causal
-        lengths = torch.tensor(tree.prompt_lengths)
-        keys = torch.arange(width + q)
+        lengths = torch.tensor(tree.prompt_lengths, device=device)
+        keys = torch.arange(width + q, device=device)
         vis |= (keys[None, None] <= own[None, :, None] + width) & (keys[None, None] < lengths[:, None, None])
     for row, qidx, anc, n_prompt in tree.split or ():
         vis[row, qidx, :n_prompt] = True

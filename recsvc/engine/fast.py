@@ -133,7 +133,7 @@ class _Linear:
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 20)
                 gen = torch.Generator().manual_seed(0)
-                x = torch.randn(130, weight.shape[1], generator=gen)
+                x = torch.randn(130, weight.shape[1], generator=gen, device=weight.device)
                 whole = self._packed(x, packed)
                 if all(torch.equal(self._packed(x[:m], packed), whole[:m]) for m in (1, 2, 3, 10, 20, 37, 64)):
                     self.packed = packed

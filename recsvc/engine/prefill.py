@@ -46,21 +46,22 @@ class Prefill:
             if entry is not None:
                 self.cache.load_rows(row, [(k[:, :n], v[:, :n]) for k, v in entry.kv])
         lengths = p.lengths
-        start = torch.tensor(self.cached, dtype=torch.long)  # [B]
+        dev = lengths.device
+        start = torch.tensor(self.cached, dtype=torch.long, device=dev)  # [B]
         q = int((lengths - start).max())
-        last = torch.zeros(b, self.model.hidden_size, dtype=self.model.dtype)
+        last = torch.zeros(b, self.model.hidden_size, dtype=self.model.dtype, device=self.model.device)
         if q > 0:
-            pos = start[:, None] + torch.arange(q)[None]  # [B, q] prompt positions computed
+            pos = start[:, None] + torch.arange(q, device=dev)[None]  # [B, q] prompt positions computed
             real = pos < lengths[:, None]
             ids = p.ids.gather(1, pos.clamp(max=t - 1))
             slots = torch.where(real, pos, t)
-            keys = torch.arange(t + 1)[None, None]  # [1, 1, T + 1]
+            keys = torch.arange(t + 1, device=dev)[None, None]  # [1, 1, T + 1]
             visible = ((keys <= pos[..., None]) & (keys < lengths[:, None, None]) & real[..., None]) | (
                 keys == slots[..., None])  # [B, q, T + 1]
             hidden = self.model.forward_masked(self.cache, ids, torch.where(real, pos, 0), slots, visible)
             self.calls = 1
             idx = (lengths - 1 - start).clamp(min=0)
-            last = hidden[torch.arange(b), idx]
+            last = hidden[torch.arange(b, device=hidden.device), idx]
         for row, entry in enumerate(self.entries):
             if self.full[row]:
                 assert entry is not None
@@ -71,7 +72,7 @@ class Prefill:
         """[B, H] -> [B, C] the first code's log-probs: cached for full hits, computed for the others."""
         if all(f and e is not None and e.logp0 is not None for f, e in zip(self.full, self.entries, strict=True)):
             return torch.stack([e.logp0 for e in self.entries if e is not None and e.logp0 is not None])
-        level = torch.zeros(hidden.shape[0], dtype=torch.long)
+        level = torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device)
         return self.model.code_logprobs(hidden, level, code_offset, codebook_size)
 
     def remember(self, hidden: torch.Tensor, logp0: torch.Tensor | None) -> None:
