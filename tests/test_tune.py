@@ -105,11 +105,12 @@ def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, mo
     record = b.read()["tuning"]["fresh"]
     assert record["valid_fresh_items"] == 3 and record["trials"] == 6 * 6 * 12
     # slots 0 is in the grid: the choice is at least as good on validation as the model alone, and the warm
-    # slice pays no more than one standard error for it
+    # slice loses less than one standard error of its figure
     assert record["valid"][record["metric"]] >= record["valid_without_fresh"][record["metric"]]
     assert 1 <= record["feasible_trials"] <= record["trials"]
     for key in ("recall@10", "ndcg@10"):
-        assert record["valid"][f"warm_{key}_diff"] >= -record["valid"][f"warm_{key}_diff_se"]
+        assert record["valid"][f"warm_{key}_diff"] > -record["valid"][f"warm_{key}_se"] or (
+            record["valid"][f"warm_{key}_diff"] == 0.0)
     from recsvc.model.fresh import FreshItems
 
     fresh = FreshItems.load(b.fresh_dir)

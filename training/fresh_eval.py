@@ -58,13 +58,15 @@ def fresh_lists(fresh: FreshItems | None, rankings: dict[int, list[int]], users:
 def paired_effect(with_slots: dict[int, list[int]], without: dict[int, list[int]], users: Sequence[EvalUser],
                   k: int, items: set[int], inside: bool) -> dict[str, float]:
     """What the slots change on one slice (``inside``: the cold targets, else the warm ones), user by user:
-    mean and standard error of the per-user difference of Recall@k and NDCG@k (with - without), so that "within
-    noise" is a stated number rather than an impression."""
+    mean and standard error of the per-user difference of Recall@k and NDCG@k (with - without), and the standard
+    error of the slice's figure without the slots (``*_se``: the noise of the figure a reader compares), so that
+    "within noise" is a stated number rather than an impression."""
     part = slice_users(users, items, inside)
     out: dict[str, float] = {"users": float(len(part))}
     for name, fn in (("recall", recall_at_k), ("ndcg", ndcg_at_k)):
-        diff = [fn(with_slots.get(u.user_id, []), u.targets, k) - fn(without.get(u.user_id, []), u.targets, k)
-                for u in part]
+        base = [fn(without.get(u.user_id, []), u.targets, k) for u in part]
+        diff = [fn(with_slots.get(u.user_id, []), u.targets, k) - b for u, b in zip(part, base, strict=True)]
         out[f"{name}@{k}_diff"] = sum(diff) / len(diff) if diff else 0.0
         out[f"{name}@{k}_diff_se"] = standard_error(diff)
+        out[f"{name}@{k}_se"] = standard_error(base)  # the noise of the slice's figure itself
     return out
