@@ -31,3 +31,15 @@ def run_trials(study, objective, trials: int, minutes: float) -> int:
     if todo:
         study.optimize(objective, n_trials=todo, timeout=minutes * 60, show_progress_bar=True)
     return todo
+
+
+def validation_model(bundle, what: str) -> tuple[str, Path]:
+    """(protocol, the model directory a validation search must rank with): BUNDLE/target-train for a deploy
+    bundle (its served target saw the valid period), BUNDLE/target otherwise; ``what`` names the search for the
+    error when a deploy bundle has no train-only target."""
+    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
+    protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
+    if protocol == "deploy" and not has_train_only:
+        raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): its target saw the valid "
+                        f"period, so validation cannot choose {what}")
+    return protocol, (bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir)

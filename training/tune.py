@@ -37,6 +37,7 @@ from recsvc.errors import UserError
 from training.studies import check_budget as _check_budget
 from training.studies import run_trials as _run
 from training.studies import study as _study
+from training.studies import validation_model
 
 PRIOR_METRICS = ("ndcg@10", "recall@10")
 
@@ -101,13 +102,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     bundle = Bundle.open(args.bundle)
     data = load_split_dir(bundle.resolve_data_dir(args.data))
-    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
-    protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
-    if protocol == "deploy" and not has_train_only:
-        raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): its target saw the valid "
-                        "period, so validation cannot choose the prior; tune on the bundle that selected its epochs "
-                        "and copy the settings with `recsvc prior fit`")
-    model_dir = bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir
+    protocol, model_dir = validation_model(bundle, "the prior")
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))  # one lean forward for every trial
     ids = bundle.load_ids()
     builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)

@@ -67,6 +67,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from training.evaluate import rank_users, serving_model
     from training.fresh_eval import cold_items, fresh_candidates, fresh_lists, paired_effect
     from training.prior_cli import resolve_fit_on
+    from training.studies import validation_model
 
     if args.users is not None and args.users < 1:
         raise UserError("--users must be >= 1")
@@ -75,12 +76,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     bundle = Bundle.open(args.bundle)
     data_dir = bundle.resolve_data_dir(args.data)
     data = load_split_dir(data_dir)
-    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
-    protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
-    if protocol == "deploy" and not has_train_only:
-        raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): validation cannot choose "
-                        "the fresh slots with a target that saw the valid period")
-    model_dir = bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir
+    protocol, model_dir = validation_model(bundle, "the fresh slots")
     ids = bundle.load_ids()
     builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)

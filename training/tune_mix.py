@@ -59,7 +59,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training.baselines.sasrec_train import SASRecSettings
     from training.evaluate import rank_users, serving_model
     from training.prior_cli import prior_sequences, resolve_fit_on
-    from training.studies import check_budget, run_trials, study
+    from training.studies import check_budget, run_trials, study, validation_model
 
     check_budget(args.trials, args.budget_minutes)
     if args.users < 1 or not 0 < args.max_weight <= 10:
@@ -70,11 +70,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     if not bundle.has_prior(False):
         raise UserError(f"{bundle.root} has no transition prior: run `recsvc tune prior` first")
     data = load_split_dir(bundle.resolve_data_dir(args.data))
-    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
-    protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
-    if protocol == "deploy" and not has_train_only:
-        raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): validation cannot choose "
-                        "the mix with a target that saw the valid period")
+    protocol, model_dir = validation_model(bundle, "the mix")
     fit_on = resolve_fit_on("auto", protocol)
     stored = TransitionPrior.load(bundle.prior_dir)
     ids = bundle.load_ids()
@@ -87,7 +83,6 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     seq_train = SequenceModel.load(train_dir)
     train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored.settings,
                                       fitted_on="train")
-    model_dir = bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
     builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
