@@ -13,8 +13,8 @@ beam width, rules), and rebuilds what depends on the catalog:
   for the users whose recent items they resemble;
 - the item attributes for rules (the same file over the new trie; new items have no attributes until it lists
   them);
-- the user-state cache: a new one of the same budget (its decode steps are keyed by trie node ids); the prompt
-  entries of the old one would still hold, but a catalog changes rarely and the old cache is emptied on the swap.
+- the user-state cache: a new one of the same budget, the old one emptied on the swap (conservative: its prompt
+  states and decode steps are keyed by tokens and code paths, so they would still hold; a catalog changes rarely).
 
 Retired items stay in the ids (they may still be in users' histories) and are excluded from every response:
 :class:`LiveRecommender` adds them to every query's exclusions (dead trie nodes, fresh candidates skipped) and
@@ -78,8 +78,8 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
         rec.attributes = source.over(rec.trie)
     rec.drafter = base.drafter.over(rec.trie) if base.drafter is not None else None
     states = base.states
-    if states is not None:  # it keeps decode steps by trie node ids, which the new trie numbers anew: a cache
-        rec.enable_state_cache(states.budget, f"{states.version}+catalog-{catalog.version}")  # of its own
+    if states is not None:  # a cache of its own (conservative: the old entries, keyed by code paths, would hold)
+        rec.enable_state_cache(states.budget, f"{states.version}+catalog-{catalog.version}")
     return rec
 
 
