@@ -168,3 +168,24 @@ def test_prefill_ahead_after_a_write_makes_the_next_request_a_hit(make_server, s
         assert [i.score for i in got.items] == pytest.approx(ref.scores, abs=1e-6)
     finally:
         served.ahead = False
+
+
+def test_recommender_runs_cached_prompts_apart_from_the_batch(served) -> None:
+    """A batch of plain requests where some users' prompts are cached: those run one by one (an identical repeat
+    costs no forward), the others share one batch; the items and scores are those of a cache-free decode."""
+    from recsvc.recommender.api import RecQuery
+
+    rec = served
+    rec.states.clear()
+    histories = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]
+    queries = [RecQuery(history=h, k=5, mode="plain") for h in histories]
+    ref = [rec.recommend([q])[0] for q in queries]  # each alone: the first two are now cached (and so all four)
+    rec.states.clear()
+    rec.recommend(queries[:2])  # users 0 and 1 cached
+    assert rec._split_cached("plain", False, [0, 1, 2, 3], queries) == [[0], [1], [2, 3]]
+    mixed = rec.recommend(queries)
+    for got, want in zip(mixed, ref, strict=True):
+        assert got.item_ids == want.item_ids
+        assert got.scores == pytest.approx(want.scores, abs=PARTIAL_TOL)
+    assert [m.stats.target_calls for m in mixed[:2]] == [0, 0]  # identical repeats: every step cached
+    assert rec._split_cached("strict", False, [0, 1, 2, 3], queries) == [[0, 1, 2, 3]]  # only plain splits

@@ -286,12 +286,13 @@ class BundleRecommender:
                 self.rule_settings.strategy == "postfilter" and self._filters_remove_items(q.rules)))
             groups.setdefault((mode, width, listed), []).append(i)
         for (mode, width, listed), idx in groups.items():
-            batch = [queries[i] for i in idx]
-            out = (self._decode_rules(batch, mode, width, ledger) if listed
-                   else self._decode(batch, mode, width, ledger))
-            group_k = max(q.k for q in batch)
-            for i, res in zip(idx, out, strict=True):
-                results[i] = replace(res, decoding=self._decoding(queries[i], mode, width, listed, group_k))
+            group_k = max(queries[i].k for i in idx)
+            for part in self._split_cached(mode, listed, idx, queries):
+                batch = [queries[i] for i in part]
+                out = (self._decode_rules(batch, mode, width, ledger) if listed
+                       else self._decode(batch, mode, width, ledger))
+                for i, res in zip(part, out, strict=True):
+                    results[i] = replace(res, decoding=self._decoding(queries[i], mode, width, listed, group_k))
         done = [r for r in results if r is not None]
         return self._with_fresh(queries, done) if self.fresh is not None and self.fresh.settings.slots else done
 
@@ -314,6 +315,21 @@ class BundleRecommender:
             scores = [model_scores[item] if item in model_scores else sims[item] for item in items]
             out[i] = replace(res, item_ids=items, scores=scores, fresh=n_fresh)
         return out
+
+    def _split_cached(self, mode: str, listed: bool, idx: list[int], queries: Sequence[RecQuery]) -> list[list[int]]:
+        """Plain requests whose prompt state is cached run one by one, the others share one batch: a batch that
+        mixes them runs every row's decode steps, while alone a cached prompt costs only its decode steps and an
+        identical repeat no forward at all. The outputs are the same either way (the fast forward's rows do not
+        depend on what shares their forward)."""
+        if self.states is None or mode != "plain" or listed or len(idx) == 1:
+            return [idx]
+        hit: list[int] = []
+        rest: list[int] = []
+        for i in idx:
+            tokens = self.prompts.prompt_ids(queries[i].history)
+            entry, n = self.states.lookup(tokens, count=False)
+            (hit if entry is not None and n == len(tokens) else rest).append(i)
+        return [[i] for i in hit] + ([rest] if rest else [])
 
     def no_speculation(self, width: int) -> str:
         """Why strict speculation does not run at this beam width ("" when it does)."""
