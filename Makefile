@@ -46,7 +46,7 @@ REFIT ?= scratch
 # SASRec's time bound (early stopping ends it first on an idle 2-core machine); tune mix and eval share its fits
 SASREC_MINUTES ?= 30
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle quality-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
+.PHONY: beauty-bundle quality-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
 beauty-bundle: install
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids --known-through valid
@@ -84,6 +84,17 @@ spec-beauty: install
 	$(SPEC) --users 200 --k 10 --drafter transition --grid K:3,2K:3 --json $(BENCH)/spec_transition.json
 	$(SPEC) --users 200 --k 10 --mode relaxed --drafter head --grid K:3,2K:3 --json $(BENCH)/spec_head_relaxed.json
 	$(SPEC) --users 200 --k 10 --drafter llama --grid K:3,2K:3,K:1 --json $(BENCH)/spec_llama.json
+
+# BENCHMARKS.md "The fast forward and the user-state cache", the replay and bench serve rows (fp32, one thread;
+# ~12 min on an otherwise idle 2-core machine)
+engine-beauty: install redis
+	mkdir -p $(BENCH)
+	$(VENV)/bin/recsvc bench cache --bundle $(BUNDLE) --users 200 --k 10 --beam-width 20 --dtype fp32 --threads 1 \
+	  --json $(BENCH)/cache.json
+	$(VENV)/bin/recsvc bench replay --bundle $(BUNDLE) --users 150 --r 3 --k 10 --concurrency 1,16 \
+	  --cache lean,off,on,ahead --max-seconds 45 --dtype fp32 --threads 1 --json $(BENCH)/replay.json
+	OMP_NUM_THREADS=1 $(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 1,16 --duration 30 --k 10 \
+	  --batching both --dtype fp32 --json $(BENCH)/serve.json
 
 bench-beauty: install redis
 	mkdir -p $(BENCH)
