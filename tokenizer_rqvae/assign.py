@@ -20,7 +20,7 @@ import numpy as np
 
 from recsvc.errors import UserError
 from tokenizer_rqvae.build import IDS_FILE, REPORT_FILE, check_device
-from tokenizer_rqvae.collisions import IdSpace, check_capacity, last_level_distance, place
+from tokenizer_rqvae.collisions import IdSpace, check_capacity, place_closest_first
 from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.rqvae import RQVAE, load_rqvae
@@ -50,10 +50,8 @@ def assign_codes(model: RQVAE, taken: np.ndarray, item_ids: np.ndarray, x: np.nd
     space = IdSpace(cfg.levels, cfg.codebook_size)
     for row in np.asarray(taken).tolist():
         space.add(tuple(row))
-    dist = last_level_distance(enc.codes, enc.residuals, codebooks)  # [m]
-    order = sorted(range(len(item_ids)), key=lambda r: (dist[r], int(item_ids[r])))
-    codes, moved_rows, _ = place(space, enc.codes, enc.residuals, codebooks, order)
-    return np.asarray(codes, dtype=np.int64), len(moved_rows)
+    codes, moved = place_closest_first(space, enc.codes, enc.residuals, codebooks, item_ids)
+    return np.asarray(codes, dtype=np.int64), moved
 
 
 @torch_threads()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from recsvc.errors import UserError
-from tokenizer_rqvae.collisions import IdSpace, check_capacity, last_level_distance, place, resolve_collisions
+from tokenizer_rqvae.collisions import IdSpace, check_capacity, place_closest_first, resolve_collisions
 from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads
 from tokenizer_rqvae.ids import LEVEL_NAMES, SemanticIds
 from tokenizer_rqvae.rqvae import RQVAEConfig, save_rqvae, train_rqvae
@@ -33,7 +33,7 @@ def known_items(data_dir: Path, through: str) -> set[int]:
     (the deploy refit). Reads ``sequential_{split}.txt`` directly (``user item item ...`` per line).
 
     The cold-start protocol fits the RQ-VAE on these items only; every other catalog item gets its id from the
-    fitted encoder afterwards, as a new item would in production (see ``place_later``).
+    fitted encoder afterwards, as a new item would in production (``place_closest_first``).
     """
     if through not in KNOWN_THROUGH:
         raise UserError(f"--known-through must be one of {', '.join(KNOWN_THROUGH)}, got {through!r}")
@@ -50,17 +50,6 @@ def known_items(data_dir: Path, through: str) -> set[int]:
             except ValueError as exc:
                 raise UserError(f"{path}: not an integer item id in line {line[:80]!r}") from exc
     return known
-
-
-def place_later(space: IdSpace, codes: np.ndarray, residuals: np.ndarray, codebooks: np.ndarray,
-                item_ids: np.ndarray) -> tuple[np.ndarray, int]:
-    """Ids for items the encoder was not fitted on, unique against ``space`` (the fitted items' ids), placed
-    closest-first like ``recsvc tokenizer assign``. codes [m, L], residuals [m, L, D], codebooks [L, K, D],
-    item_ids [m] -> (codes [m, L], moved count)."""
-    dist = last_level_distance(codes, residuals, codebooks)  # [m]
-    order = sorted(range(len(item_ids)), key=lambda r: (dist[r], int(item_ids[r])))
-    out, moved, _ = place(space, codes, residuals, codebooks, order)
-    return out, len(moved)
 
 
 def check_device(device: str) -> str:
@@ -107,7 +96,7 @@ def build_semantic_ids(
 
     ``known_through`` ("train" / "valid"): the cold-start protocol. The RQ-VAE and the collision resolution
     see only the items interacted with up to that split; the others are encoded afterwards and placed on free
-    ids (``place_later``); their item ids go to ``out_dir/assigned_later.json``."""
+    ids (``place_closest_first``); their item ids go to ``out_dir/assigned_later.json``."""
     import torch
 
     t0 = time.perf_counter()
@@ -154,7 +143,8 @@ def build_semantic_ids(
         space = IdSpace(config.levels, config.codebook_size)
         for row in res.codes.tolist():
             space.add(tuple(row))
-        codes[~fit], moved_later = place_later(space, enc.codes[~fit], enc.residuals[~fit], codebooks, later_ids)
+        codes[~fit], moved_later = place_closest_first(space, enc.codes[~fit], enc.residuals[~fit], codebooks,
+                                                       later_ids)
     after = SemanticIds(item_ids, codes, config.codebook_size)
     if after.collisions() != 0:  # resolve_collisions guarantees this; never write colliding ids
         raise AssertionError(f"{after.collisions()} collisions left after resolution")

@@ -163,6 +163,17 @@ def place(
     return out, moved, changed
 
 
+def place_closest_first(space: IdSpace, codes: np.ndarray, residuals: np.ndarray, codebooks: np.ndarray,
+                        item_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Ids for items placed after ``space`` was filled (new or not fitted on), unique against it, closest first
+    (last-level residual distance, then item id) by :func:`place`'s rule. codes [m, L], residuals [m, L, D],
+    codebooks [L, K, D], item_ids [m] -> (codes [m, L], how many did not get their own raw id)."""
+    dist = last_level_distance(codes, residuals, codebooks)  # [m]
+    order = sorted(range(len(item_ids)), key=lambda r: (dist[r], int(item_ids[r])))
+    out, moved, _ = place(space, codes, residuals, codebooks, order)
+    return out, len(moved)
+
+
 def check_capacity(n: int, levels: int, codebook_size: int) -> None:
     if n > codebook_size**levels:
         raise UserError(f"{n} items cannot get distinct ids from {levels} levels x {codebook_size} codes")

@@ -197,8 +197,9 @@ def evaluate_bundle(
     if use_fresh and bundle.has_fresh():  # fresh items recounted on this evaluation's fitting period
         fresh = FreshItems.load(bundle.fresh_dir).with_fresh(
             sorted(fresh_candidates(data, split, fit_on, ids.item_ids.tolist())), fit_on)
-    lists_at = fresh_lists(fresh, rankings, users, exclude_history)  # k -> the lists read at k
-    model_metrics = score_lists(lists_at, users, ks, cold)
+    at_k = fresh_lists(fresh, rankings, users, exclude_history)
+    lists = {k: at_k(k) for k in ks}  # the lists read at each cutoff (merged once)
+    model_metrics = score_lists(lists.__getitem__, users, ks, cold)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
     from training.baselines import evaluate_baselines
@@ -211,7 +212,7 @@ def evaluate_bundle(
         "exclude_history": exclude_history,
         "model": model_metrics, "popularity": evaluate_rankings(pop, users, ks),
         "model_without_fresh": score_lists(lambda k: rankings, users, ks, cold) if fresh is not None else None,
-        "fresh_effect": ({f"{part}@{k}": paired_effect(lists_at(k), rankings, users, k, cold, part == "cold")
+        "fresh_effect": ({f"{part}@{k}": paired_effect(lists[k], rankings, users, k, cold, part == "cold")
                           for k in ks for part in ("cold", "warm")} if fresh is not None else None),
         "cold_items": len(cold), "fit_on": fit_on,
         "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),

@@ -44,15 +44,23 @@ def interacted(data: SplitData, fit_on: str) -> set[int]:
 
 
 def fresh_lists(fresh: FreshItems | None, rankings: dict[int, list[int]], users: Sequence[EvalUser],
-                exclude_history: bool = False) -> Callable[[int], dict[int, list[int]]]:
+                exclude_history: bool = False, candidates: dict[int, list[tuple[int, float]]] | None = None
+                ) -> Callable[[int], dict[int, list[int]]]:
     """k -> each user's list read at k: the ranking itself, or with its tail given to fresh items
-    (``FreshItems.merge``; candidates computed once per user)."""
+    (``FreshItems.merge``). ``candidates``: user id -> fresh candidates computed beforehand (at least ``slots``
+    of them, best first, with the same window; a search reuses them across settings), else computed here once."""
     if fresh is None or fresh.settings.slots <= 0:
         return lambda k: rankings
-    cands = fresh.candidates([u.history for u in users], fresh.settings.slots,
-                             [u.history for u in users] if exclude_history else None)
-    by_user = {u.user_id: c for u, c in zip(users, cands, strict=True)}
+    by_user = candidates if candidates is not None else fresh_candidates_by_user(
+        fresh, users, fresh.settings.slots, exclude_history)
     return lambda k: {u: fresh.merge(r, by_user.get(u, []), k) for u, r in rankings.items()}
+
+
+def fresh_candidates_by_user(fresh: FreshItems, users: Sequence[EvalUser], n: int,
+                             exclude_history: bool = False) -> dict[int, list[tuple[int, float]]]:
+    """user id -> the n fresh items most similar to the user's history (``FreshItems.candidates``)."""
+    cands = fresh.candidates([u.history for u in users], n, [u.history for u in users] if exclude_history else None)
+    return {u.user_id: c for u, c in zip(users, cands, strict=True)}
 
 
 def paired_effect(with_slots: dict[int, list[int]], without: dict[int, list[int]], users: Sequence[EvalUser],

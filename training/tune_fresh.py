@@ -65,7 +65,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from recsvc.model.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.evaluate import rank_users, serving_model
-    from training.fresh_eval import cold_items, fresh_candidates, fresh_lists, paired_effect
+    from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
     from training.prior_cli import resolve_fit_on
     from training.studies import validation_model
 
@@ -101,11 +101,15 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
           f"{model_dir.name}{' + prior' if prior is not None else ''}, metric {args.metric}")
     base = FreshItems(vectors, sorted(fresh_now), FreshSettings(), counted_on="train")
 
+    by_window: dict[int, dict] = {}  # window -> each user's max(SLOTS) best fresh candidates (settings reuse them)
+
     def measure(settings: FreshSettings) -> dict:
         fresh = base.with_settings(settings)
-        lists = fresh_lists(fresh, rankings, users, excl)
-        out = score_lists(lists, users, (10,), cold)
-        out["warm_effect"] = paired_effect(lists(10), rankings, users, 10, cold, False)
+        if settings.window not in by_window:
+            by_window[settings.window] = fresh_candidates_by_user(fresh, users, max(SLOTS), excl)
+        at10 = fresh_lists(fresh, rankings, users, excl, by_window[settings.window])(10)
+        out = score_lists(lambda k: at10, users, (10,), cold)
+        out["warm_effect"] = paired_effect(at10, rankings, users, 10, cold, False)
         return out
 
     def objective(trial) -> float:

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
+from recsvc.engine.lean import _Linear as PackedLinear
 from recsvc.engine.lean import _rms_norm
 
 GROW = 64  # minimum extra slots when a cache grows
@@ -120,13 +121,14 @@ class _KV:
         return buf
 
 
-class _Linear:
-    """``F.linear(x, weight)``; fp32 on CPU: oneDNN with a pre-packed weight when its rows are row-independent."""
+class _Linear(PackedLinear):
+    """``F.linear(x, weight)``; fp32 on CPU: oneDNN with a pre-packed weight when its rows are row-independent
+    (the call is lean's; only the probe differs: lean's bf16 one asks for F.linear's very bits)."""
 
     pack = True  # class-wide switch (benchmarks compare)
 
     def __init__(self, weight: torch.Tensor) -> None:
-        self.weight = weight.detach().contiguous()
+        self.weight: torch.Tensor | None = weight.detach().contiguous()
         self.packed: torch.Tensor | None = None
         if (self.pack and weight.device.type == "cpu" and weight.dtype == torch.float32
                 and torch.backends.mkldnn.is_available()):
@@ -139,16 +141,6 @@ class _Linear:
                     self.packed = packed
             except (RuntimeError, AttributeError):  # a build without these ops: plain F.linear
                 self.packed = None
-
-    @staticmethod
-    def _packed(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        if self.packed is None:
-            return F.linear(x, self.weight)
-        shape = x.shape
-        return self._packed(x.reshape(-1, shape[-1]), self.packed).view(*shape[:-1], -1)
 
 
 class FastLlama:

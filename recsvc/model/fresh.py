@@ -154,8 +154,9 @@ class FreshItems:
         """``ranked`` with its tail given to the candidates that pass ``min_similarity`` (at most ``slots``,
         never more than k - 1 so the model keeps its head); duplicates dropped, length min(k, available)."""
         chosen = [i for i, s in candidates if s >= self.settings.min_similarity][: min(self.settings.slots, k - 1)]
-        head = [i for i in ranked if i not in set(chosen)][: k - len(chosen)]
-        return head + [i for i in chosen if i not in set(head)]
+        taken = set(chosen)
+        head = [i for i in ranked if i not in taken][: k - len(chosen)]
+        return head + chosen
 
     def apply(self, rankings: Sequence[Sequence[int]], histories: Sequence[Sequence[int]], k: int,
               excluded: Sequence[Iterable[int]] | None = None) -> list[list[int]]:

@@ -99,7 +99,7 @@ class MixedPrior:
         cols = np.minimum(cols, len(transition.item_ids) - 1)
         ok = transition.item_ids[cols] == sequence.item_ids
         self._model_rows = torch.from_numpy(np.nonzero(ok)[0])  # model rows that are catalog items
-        self._catalog_cols = torch.from_numpy(cols[ok])  # their catalog columns
+        self._catalog_cols = cols[ok]  # their catalog columns (numpy: the mixture is built in numpy)
 
     @property
     def item_ids(self) -> np.ndarray:
@@ -123,7 +123,7 @@ class MixedPrior:
             return p
         logq, known = self.sequence.log_probs(histories, self.mix.temperature)  # [B, m]
         q = np.zeros_like(p)
-        q[:, self._catalog_cols.numpy()] = logq[:, self._model_rows].exp().numpy()
+        q[:, self._catalog_cols] = logq[:, self._model_rows].exp().numpy()
         q /= np.maximum(q.sum(axis=1, keepdims=True), 1e-30)
         mix = np.where(known.numpy()[:, None], self.mix.mix, 0.0).astype(np.float32)  # [B, 1]
         return ((1.0 - mix) * p + mix * q).astype(np.float32)

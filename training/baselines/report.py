@@ -16,7 +16,7 @@ from recsvc.data.metrics import score_lists
 from recsvc.data.split import EvalUser, SplitData
 from training.baselines.base import check_protocol, fit_period
 from training.baselines.registry import fit_baseline
-from training.fresh_eval import fresh_lists
+from training.fresh_eval import fresh_candidates_by_user, fresh_lists
 
 
 def evaluate_baselines(
@@ -33,6 +33,9 @@ def evaluate_baselines(
     check_protocol(protocol)
     fit_on = fit_period(protocol, split)
     users = list(users) if users is not None else data.eval_users(split)
+    with_fresh = fresh is not None and fresh.settings.slots > 0
+    # the fresh candidates depend on the users only: once for every baseline
+    cands = fresh_candidates_by_user(fresh, users, fresh.settings.slots, exclude_history) if with_fresh else None
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         baseline = fit_baseline(name, data, fit_on, sasrec_settings=sasrec_settings, cache_dir=cache_dir,
@@ -45,9 +48,9 @@ def evaluate_baselines(
             "fit_on": baseline.fit_on, "rank_seconds": round(rank_s, 2),
             **({"info": {k: v for k, v in baseline.info.items() if k != "history"}} if baseline.info else {}),
         }
-        if fresh is not None and fresh.settings.slots > 0:
-            out[f"{name}+fresh"] = {**score_lists(fresh_lists(fresh, rankings, users, exclude_history), users, ks,
-                                                  cold), "fit_seconds": out[name]["fit_seconds"],
+        if with_fresh:
+            out[f"{name}+fresh"] = {**score_lists(fresh_lists(fresh, rankings, users, exclude_history, cands), users,
+                                                  ks, cold), "fit_seconds": out[name]["fit_seconds"],
                                     "fit_on": baseline.fit_on, "rank_seconds": round(rank_s, 2)}
     return {"protocol": protocol, "baselines": out}
 
