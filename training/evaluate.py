@@ -195,7 +195,7 @@ def evaluate_bundle(
     cold = cold_items(data, fit_on, ids.item_ids.tolist())
     fresh = None
     if use_fresh and bundle.has_fresh():  # fresh items recounted on this evaluation's fitting period
-        fresh = FreshItems.load(bundle.fresh_dir).with_fresh(
+        fresh = FreshItems.load(bundle.fresh_dir, period=fit_on).with_fresh(
             sorted(fresh_candidates(data, split, fit_on, ids.item_ids.tolist())), fit_on)
     at_k = fresh_lists(fresh, rankings, users, exclude_history)
     lists = {k: at_k(k) for k in ks}  # the lists read at each cutoff (merged once)

@@ -6,13 +6,17 @@ Protocol (no test data is read):
 - the model that has not seen the valid period ranks every sampled validation user once (top 10, the bundle's
   tuned prior fused, refitted on the train period), as ``recsvc tune prior`` does;
 - the fresh items of validation are the catalog items nobody interacted with in the train period; their text
-  embeddings (the packaged MiniLM sentence encoder, the one the semantic ids were made from) rank them per user;
-- an Optuna grid over slots x window x min_similarity scores each merged list on the metric (slots 0 = the
+  embeddings (the packaged MiniLM sentence encoder, the one the semantic ids were made from) rank them per user,
+  by similarity to the mean embedding of the history's last items or to a learned content query
+  (``training/content_query.py``, fitted on the train period's interactions: no valid data);
+- an Optuna grid over query x slots x window x min_similarity scores each merged list on the metric (slots 0 = the
   model alone is in the grid, so the search can only keep or improve it); a setting that lowers the warm slice's
   Recall@10 or NDCG@10 by one standard error of that figure or more is not chosen (new items must not cost the
   items the model already ranks well beyond the noise of the figure);
-- BUNDLE/fresh gets the chosen settings, every catalog item's embedding, and the fresh set of the served
-  model's fitting period (deploy: train + valid). bundle.json records the search under "tuning"."fresh".
+- BUNDLE/fresh gets the chosen settings, every catalog item's embedding, the fresh set of the served
+  model's fitting period (deploy: train + valid) and, when the learned query is chosen, that query refitted on
+  the served period (the train-period one stays beside it for evaluations on valid). bundle.json records the
+  search under "tuning"."fresh".
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from pathlib import Path
 
 from recsvc.errors import UserError
 
-SLOTS = (0, 1, 2, 3, 4, 5)
+SLOTS = (0, 1, 2, 3, 4, 5, 6, 7)
 WINDOWS = (1, 2, 3, 5, 10, 20)
-MIN_SIMILARITIES = (-1.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+MIN_SIMILARITIES = (-1.0, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
 
 
 def register_fresh(sub) -> None:
@@ -39,6 +43,9 @@ def register_fresh(sub) -> None:
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--embed-cache", default=None, help="embedding cache directory")
+    p.add_argument("--queries", default="mean,learned",
+                   help="content queries in the grid: mean, learned or both (default)")
+    p.add_argument("--query-epochs", type=int, default=1, help="epochs of the learned query's fit")
     p.set_defaults(func=cmd_tune_fresh)
 
 
@@ -59,11 +66,12 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
-    from recsvc.model.fresh import FreshItems, FreshSettings
+    from recsvc.model.fresh import QUERIES, FreshItems, FreshSettings, query_file
     from recsvc.model.loading import load_causal_lm
     from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
     from recsvc.model.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
+    from training.content_query import QueryFit, fit_or_reuse
     from training.evaluate import rank_users, serving_model
     from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
     from training.prior_cli import resolve_fit_on
@@ -71,6 +79,9 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
 
     if args.users is not None and args.users < 1:
         raise UserError("--users must be >= 1")
+    queries = [q.strip() for q in args.queries.split(",") if q.strip()]
+    if not queries or any(q not in QUERIES for q in queries):
+        raise UserError(f"--queries: expected a comma-separated subset of {', '.join(QUERIES)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = Bundle.open(args.bundle)
@@ -99,21 +110,26 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     print(f"tune fresh: {len(users)} validation users, {len(fresh_now)} fresh items (in the catalog by the end of "
           f"valid, none in train), model "
           f"{model_dir.name}{' + prior' if prior is not None else ''}, metric {args.metric}")
-    base = FreshItems(vectors, sorted(fresh_now), FreshSettings(), counted_on="train")
+    query_fit = QueryFit(epochs=args.query_epochs, seed=args.seed)
+    train_query = (fit_or_reuse(query_file(bundle.fresh_dir, "train"), data.sequences("train"), vectors, query_fit,
+                                "train") if "learned" in queries else None)
+    base = FreshItems(vectors, sorted(fresh_now), FreshSettings(), counted_on="train", query=train_query)
 
-    by_window: dict[int, dict] = {}  # window -> each user's max(SLOTS) best fresh candidates (settings reuse them)
+    by_window: dict[tuple[str, int], dict] = {}  # (query, window) -> each user's max(SLOTS) best candidates
 
     def measure(settings: FreshSettings) -> dict:
         fresh = base.with_settings(settings)
-        if settings.window not in by_window:
-            by_window[settings.window] = fresh_candidates_by_user(fresh, users, max(SLOTS), excl)
-        at10 = fresh_lists(fresh, rankings, users, excl, by_window[settings.window])(10)
+        key = (settings.query, settings.window)
+        if key not in by_window:
+            by_window[key] = fresh_candidates_by_user(fresh, users, max(SLOTS), excl)
+        at10 = fresh_lists(fresh, rankings, users, excl, by_window[key])(10)
         out = score_lists(lambda k: at10, users, (10,), cold)
         out["warm_effect"] = paired_effect(at10, rankings, users, 10, cold, False)
         return out
 
     def objective(trial) -> float:
-        st = FreshSettings(slots=trial.suggest_categorical("slots", SLOTS),
+        st = FreshSettings(query=trial.suggest_categorical("query", queries),
+                           slots=trial.suggest_categorical("slots", SLOTS),
                            window=trial.suggest_categorical("window", WINDOWS),
                            min_similarity=trial.suggest_categorical("min_similarity", MIN_SIMILARITIES))
         m = measure(st)
@@ -128,9 +144,9 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
         return m[args.metric]
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    grid = {"slots": list(SLOTS), "window": list(WINDOWS), "min_similarity": list(MIN_SIMILARITIES)}
+    grid = {"query": queries, "slots": list(SLOTS), "window": list(WINDOWS), "min_similarity": list(MIN_SIMILARITIES)}
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.GridSampler(grid, seed=args.seed))
-    study.optimize(objective, n_trials=len(SLOTS) * len(WINDOWS) * len(MIN_SIMILARITIES))
+    study.optimize(objective, n_trials=len(queries) * len(SLOTS) * len(WINDOWS) * len(MIN_SIMILARITIES))
     # the warm slice must not drop beyond noise: a setting is kept only when the warm slice's Recall@10 and NDCG@10
     # lose less than one standard error of that figure (the noise of the number a reader compares; slots 0, a
     # change of 0, always passes); ties: the first in grid order
@@ -141,7 +157,11 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     off = measure(FreshSettings())
     fit_on = resolve_fit_on("auto", protocol)
     served = cold_items(data, fit_on, ids.item_ids.tolist())
-    FreshItems(vectors, sorted(served), chosen, counted_on=fit_on).save(bundle.fresh_dir)
+    served_query = None
+    if chosen.query == "learned":  # refitted on the served model's period (deploy: train + valid)
+        served_query = (train_query if fit_on == "train" else fit_or_reuse(
+            query_file(bundle.fresh_dir, fit_on), data.sequences(fit_on), vectors, query_fit, fit_on))
+    FreshItems(vectors, sorted(served), chosen, counted_on=fit_on, query=served_query).save(bundle.fresh_dir)
     record = {"settings": best.params, "metric": args.metric, "valid_users": len(users),
               "valid_fresh_items": len(fresh_now),
               "valid_cold_items": len(cold), "served_fresh_items": len(served), "counted_on": fit_on,
@@ -151,6 +171,10 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
                                       "warm_recall@10": off["warm"]["recall@10"],
                                       "warm_ndcg@10": off["warm"]["ndcg@10"]},
               "trials": len(study.trials), "feasible_trials": len(feasible),
+              "query_fit": {"train": train_query.fit if train_query is not None else None,
+                            "served": served_query.fit if served_query is not None else None},
+              "best_by_query": {q: max(([t.value for t in feasible if t.params["query"] == q] or [None]),
+                                       key=lambda v: -1.0 if v is None else v) for q in queries},
               "seconds": round(time.monotonic() - t0, 1)}
     meta = bundle.read()
     bundle.update(fresh={**best.params, "counted_on": fit_on}, tuning={**meta.get("tuning", {}), "fresh": record})

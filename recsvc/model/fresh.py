@@ -4,17 +4,19 @@ A sequence model (the target, SASRec, the transition counts) learns items from i
 to the catalog after the model was fitted (a "fresh" or "cold" item) is never ranked: the transition prior
 gives it no mass, and the target never saw its id as a next item. Its text is known, though: every item has a
 sentence embedding (the same one its semantic id was made from). ``FreshItems`` ranks the fresh items for a
-user by the cosine similarity of their embedding to the mean embedding of the user's last ``window`` history
-items, and ``merge`` gives the best of them at most ``slots`` places at the tail of the top-k, each only when its
-similarity reaches ``min_similarity``. The three settings are chosen on validation (``recsvc tune fresh``); 0
-slots turns the component off.
+user by the cosine similarity of their embedding to a query made from the user's last ``window`` history
+items: their mean embedding (``query="mean"``), or a query learned from the fitting period's interactions
+(``query="learned"``, ``recsvc.model.content_query``), and ``merge`` gives the best of them at most ``slots``
+places at the tail of the top-k, each only when its similarity reaches ``min_similarity``. The settings are
+chosen on validation (``recsvc tune fresh``); 0 slots turns the component off.
 
 Worked example (k = 4, slots = 2, min_similarity = 0.5): model list [7, 3, 9, 5]; fresh candidates by
 similarity [(40, 0.8), (41, 0.45)] -> 41 is below the threshold -> [7, 3, 9, 40].
 
 Storage (``BUNDLE/fresh``): ``fresh.json`` (settings, the fresh item ids, the period they were counted on) and
 ``embeddings.safetensors`` (``item_ids`` [n] int64, ``vectors`` [n, d] float16, unit-norm rows) for every
-catalog item, so that a history of warm items can be embedded too.
+catalog item, so that a history of warm items can be embedded too; ``query-<period>.safetensors`` (the learned
+query fitted on that period, when there is one).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any
 import numpy as np
 
 from recsvc.errors import UserError
+from recsvc.model.content_query import ContentQuery
 
+QUERIES = ("mean", "learned")
 FRESH_FILE = "fresh.json"
 EMBEDDINGS_FILE = "embeddings.safetensors"
 
@@ -38,9 +42,11 @@ class FreshSettings:
     slots: int = 0  # at most this many fresh items at the tail of a top-k list (0: off)
     window: int = 20  # the user's last `window` history items form the content query
     min_similarity: float = -1.0  # a fresh item takes a slot only with cosine similarity >= this
+    query: str = "mean"  # "mean": the window's mean embedding; "learned": a ContentQuery of the fitting period
 
     def __post_init__(self) -> None:
-        if self.slots < 0 or self.window < 1 or not -1.0 <= self.min_similarity <= 1.0:
+        if (self.slots < 0 or self.window < 1 or not -1.0 <= self.min_similarity <= 1.0
+                or self.query not in QUERIES):
             raise UserError(f"fresh settings out of range: {self}")
 
 
@@ -86,12 +92,13 @@ class ItemVectors:
 
     @classmethod
     def load(cls, path: Path) -> ItemVectors:
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
         try:
             t = load_file(str(path))
             return cls.from_arrays(t["item_ids"], t["vectors"].astype(np.float32))
-        except (OSError, KeyError, ValueError) as exc:
+        except (OSError, KeyError, ValueError, SafetensorError) as exc:
             raise UserError(f"{path}: not an item-embeddings file ({exc})") from exc
 
 
@@ -99,31 +106,43 @@ class FreshItems:
     """The fresh items of a catalog and the content query that ranks them for a user."""
 
     def __init__(self, vectors: ItemVectors, fresh: Iterable[int], settings: FreshSettings,
-                 counted_on: str = "") -> None:
+                 counted_on: str = "", query: ContentQuery | None = None) -> None:
+        if settings.query == "learned" and query is None:
+            raise UserError(f"fresh settings ask for the learned query, and none was fitted on {counted_on!r}")
+        if query is not None and query.dim != vectors.vectors.shape[1]:
+            raise UserError(f"content query of dimension {query.dim} for item vectors of {vectors.vectors.shape[1]}")
         self.vectors = vectors
         self.settings = settings
         self.counted_on = counted_on
+        self.query = query  # the learned query (kept even while settings.query == "mean", for with_settings)
         fresh_ids = np.unique(np.asarray(list(fresh), dtype=np.int64))
         rows = vectors.rows(fresh_ids)
         if (rows < 0).any():
             missing = fresh_ids[rows < 0][:5].tolist()
             raise UserError(f"fresh items without an embedding: {missing}")
         self.fresh_ids = fresh_ids  # [f]
-        self._fresh_vectors = vectors.vectors[rows]  # [f, d]
+        self._fresh_vectors = vectors.vectors[rows]  # [f, d] unit rows
+        if settings.query == "learned":
+            assert query is not None
+            self._fresh_vectors = query.items(self._fresh_vectors)  # [f, d] unit rows in the query's space
 
     def __len__(self) -> int:
         return len(self.fresh_ids)
 
     def with_settings(self, settings: FreshSettings) -> FreshItems:
-        return FreshItems(self.vectors, self.fresh_ids, settings, self.counted_on)
+        return FreshItems(self.vectors, self.fresh_ids, settings, self.counted_on, self.query)
 
-    def with_fresh(self, fresh: Iterable[int], counted_on: str) -> FreshItems:
-        """The same vectors and settings over another fresh set (e.g. recounted on an earlier period)."""
-        return FreshItems(self.vectors, fresh, self.settings, counted_on)
+    def with_fresh(self, fresh: Iterable[int], counted_on: str, query: ContentQuery | None = None) -> FreshItems:
+        """The same vectors and settings over another fresh set (e.g. recounted on an earlier period), with the
+        learned query fitted on that period (``query``; default: this one's)."""
+        return FreshItems(self.vectors, fresh, self.settings, counted_on, query or self.query)
+
+    def with_query(self, query: ContentQuery | None) -> FreshItems:
+        return FreshItems(self.vectors, self.fresh_ids, self.settings, self.counted_on, query)
 
     def candidates(self, histories: Sequence[Sequence[int]], n: int,
                    excluded: Sequence[Iterable[int]] | None = None) -> list[list[tuple[int, float]]]:
-        """Per history, the n fresh items most similar to its last ``window`` items, best first:
+        """Per history, the n fresh items most similar to the query of its last ``window`` items, best first:
         [(item_id, cosine similarity)]. A history without embedded items gets none. Items of the history and
         of ``excluded`` are skipped."""
         out: list[list[tuple[int, float]]] = []
@@ -136,8 +155,7 @@ class FreshItems:
             if not len(rows):
                 out.append([])
                 continue
-            query = self.vectors.vectors[rows].mean(axis=0)  # [d]
-            sims = self._fresh_vectors @ query / max(float(np.linalg.norm(query)), 1e-12)  # [f]
+            sims = self._fresh_vectors @ self._query(self.vectors.vectors[rows])  # [f]
             skip = set(hist) | (set(excluded[b]) if excluded is not None else set())
             picked: list[tuple[int, float]] = []
             for r in np.argsort(-sims, kind="stable"):
@@ -149,6 +167,14 @@ class FreshItems:
                     break
             out.append(picked)
         return out
+
+    def _query(self, history_vectors: np.ndarray) -> np.ndarray:
+        """history_vectors [n, d] -> unit query [d] (the settings' kind)."""
+        if self.settings.query == "learned":
+            assert self.query is not None
+            return self.query.query(history_vectors)
+        q = history_vectors.mean(axis=0)
+        return q / max(float(np.linalg.norm(q)), 1e-12)
 
     def merge(self, ranked: Sequence[int], candidates: Sequence[tuple[int, float]], k: int) -> list[int]:
         """``ranked`` with its tail given to the candidates that pass ``min_similarity`` (at most ``slots``,
@@ -172,16 +198,28 @@ class FreshItems:
         (out_dir / FRESH_FILE).write_text(json.dumps({
             "settings": asdict(self.settings), "counted_on": self.counted_on,
             "fresh_items": self.fresh_ids.tolist()}))
+        if self.query is not None:
+            self.query.save(query_file(out_dir, self.counted_on))
 
     @classmethod
-    def load(cls, out_dir: Path) -> FreshItems:
+    def load(cls, out_dir: Path, period: str | None = None) -> FreshItems:
+        """The stored component; ``period``: the fitting period whose learned query to use (default: the one the
+        fresh set was counted on)."""
         try:
             meta: dict[str, Any] = json.loads((out_dir / FRESH_FILE).read_text())
             settings = FreshSettings(**meta["settings"])
             fresh = [int(i) for i in meta["fresh_items"]]
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
             raise UserError(f"{out_dir / FRESH_FILE}: not a fresh-items record ({exc})") from exc
-        return cls(ItemVectors.load(out_dir / EMBEDDINGS_FILE), fresh, settings, str(meta.get("counted_on", "")))
+        counted_on = str(meta.get("counted_on", ""))
+        qfile = query_file(out_dir, period or counted_on)
+        query = ContentQuery.load(qfile) if qfile.is_file() else None
+        return cls(ItemVectors.load(out_dir / EMBEDDINGS_FILE), fresh, settings, counted_on, query)
+
+
+def query_file(out_dir: Path, period: str) -> Path:
+    """Where the learned query fitted on ``period`` ("train" or "train+valid") is stored."""
+    return out_dir / f"query-{period}.safetensors"
 
 
 def fresh_items_of(catalog: Iterable[int], interacted: Iterable[int]) -> list[int]:

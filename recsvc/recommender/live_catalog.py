@@ -49,7 +49,7 @@ def fresh_with(fresh: FreshItems, item_ids: np.ndarray, vectors: np.ndarray) -> 
     if not len(item_ids):
         return fresh
     return FreshItems(fresh.vectors.with_items(item_ids, vectors),
-                      np.concatenate([fresh.fresh_ids, item_ids]), fresh.settings, fresh.counted_on)
+                      np.concatenate([fresh.fresh_ids, item_ids]), fresh.settings, fresh.counted_on, fresh.query)
 
 
 def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
