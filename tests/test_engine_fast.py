@@ -19,7 +19,9 @@ from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.fast import FastCache
+from recsvc.engine.prefill import Prefill
 from recsvc.engine.speculative import speculative_search
+from recsvc.engine.state_cache import UserStateCache
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16
@@ -73,3 +75,40 @@ def test_strict_equals_plain_on_the_fast_forward(setup) -> None:
                                   drafter.session(batch(prompts), [], None), n, gamma, None, engine.select)
         assert torch.equal(spec.leaves, plain.leaves)
         torch.testing.assert_close(spec.scores, plain.scores, atol=TOL, rtol=0)
+
+
+def _prefill(model: EngineModel, prompts: list[list[int]], prune: bool, states=None):
+    pre = Prefill(model, model.new_cache(), batch(prompts), states)
+    pre.prune = prune
+    last = pre.run()  # [B, H]
+    return pre, last, pre.first_logprobs(last, TEXT_VOCAB, C)
+
+
+def test_pruned_prefill_equals_the_full_last_layer(setup) -> None:
+    """The prefill's last layer runs q / attention / MLP on each prompt's last token only: the same last hidden
+    state, first-code log-probs and prompt keys / values as the full forward, also when a cached prompt is
+    extended (only its new tokens computed) in a batch with a miss and a full hit."""
+    _, model = setup
+    target = EngineModel.build(model, "fp32")
+    prompts = random_prompts(4, 26, min_len=3, max_len=30)
+    full, h_full, lp_full = _prefill(target, prompts, prune=False)
+    pruned, h_pruned, lp_pruned = _prefill(target, prompts, prune=True)
+    assert full.calls == pruned.calls == 1
+    torch.testing.assert_close(h_pruned, h_full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lp_pruned, lp_full, atol=1e-5, rtol=0)
+    for row, prompt in enumerate(prompts):  # the keys / values later tokens attend to
+        for (k1, v1), (k2, v2) in zip(full.cache.rows_of(row, len(prompt)), pruned.cache.rows_of(row, len(prompt)),
+                                      strict=True):
+            torch.testing.assert_close(k2, k1, atol=1e-6, rtol=0)
+            torch.testing.assert_close(v2, v1, atol=1e-6, rtol=0)
+    states = UserStateCache(1 << 30)
+    pre, h_two, lp_two = _prefill(target, prompts[:2], prune=True, states=states)
+    pre.remember(h_two, lp_two)  # prompts 0 and 1 cached
+    mixed = [prompts[0] + [5, 6, 7, 8, 9], prompts[1], random_prompts(1, 27, min_len=8, max_len=20)[0]]
+    ext_full, h_ext_full, lp_ext_full = _prefill(target, mixed, prune=False, states=states)
+    ext, h_ext, lp_ext = _prefill(target, mixed, prune=True, states=states)
+    assert ext.cached == ext_full.cached == [len(prompts[0]), len(prompts[1]), 0]  # extension, full hit, miss
+    torch.testing.assert_close(h_ext, h_ext_full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lp_ext, lp_ext_full, atol=1e-5, rtol=0)
+    _, h_ref, _ = _prefill(target, mixed, prune=True)  # the extension vs the whole prompt computed
+    torch.testing.assert_close(h_ext, h_ref, atol=1e-5, rtol=0)

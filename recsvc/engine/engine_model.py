@@ -159,12 +159,13 @@ class EngineModel:
         position_ids: torch.Tensor,  # [B, q]
         slots: torch.Tensor,  # [B, q] cache slots the tokens are written to
         visible: torch.Tensor,  # [B, q, S] bool: the slots each token attends (itself included)
-    ) -> torch.Tensor:  # [B, q, H]
+        keep: torch.Tensor | None = None,  # [B, r] the tokens whose hidden states are wanted (None: all)
+    ) -> torch.Tensor:  # [B, q, H]; [B, r, H] with ``keep``
         """The fast forward's primitive (``is_fast``): explicit slots and one visibility mask for all layers."""
         if self.forward_ledger is not None:
             with self.forward_ledger.forward(input_ids.numel()):
-                return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
-        return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
+                return cache.fast.forward(cache, input_ids, position_ids, slots, visible, keep)
+        return cache.fast.forward(cache, input_ids, position_ids, slots, visible, keep)
 
     def code_logprobs(
         self,

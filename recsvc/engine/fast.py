@@ -14,6 +14,8 @@ attention mode (``EngineModel`` picks it; bf16 models keep the lean path and its
   the caller's, per row, so a batch may mix requests whose prompts are partly in the cache already (the user
   state cache, ``recsvc.engine.state_cache``);
 - q and k rotated in one go (one rotary expression over the fused q/k columns);
+- a prompt prefill asks for the hidden state of each prompt's last token only (``keep``): the last layer then
+  computes keys / values for every token and q, attention, o-projection and MLP for the kept tokens only;
 - fp32 linear layers on CPU run oneDNN with the weight pre-packed once, when a probe shows its result for a
   row does not depend on the other rows of the call (so a node's hidden state does not depend on what shares
   its forward); otherwise ``F.linear``.
@@ -166,6 +168,12 @@ class FastLlama:
                     _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
                     _Linear(m.down_proj.weight),
                 ))
+            # the last layer's projections apart, for a prompt prefill that needs only some rows' outputs
+            # (``keep``): k / v of every row, q of the kept rows (the columns of the fused [q | k | v] call;
+            # tests compare the kept rows with the full forward's)
+            a = decoder.layers[-1].self_attn if decoder.layers else None
+            self.last_q = _Linear(a.q_proj.weight) if a is not None else None
+            self.last_kv = _Linear(torch.cat([a.k_proj.weight, a.v_proj.weight])) if a is not None else None
         self.scaling = decoder.layers[0].self_attn.scaling if decoder.layers else 1.0
         self.lm_head = _Linear(model.get_output_embeddings().weight)
 
@@ -180,7 +188,12 @@ class FastLlama:
         position_ids: torch.Tensor,  # [B, q]
         slots: torch.Tensor,  # [B, q] where each token's key / value go (padding tokens: any unused slot)
         visible: torch.Tensor,  # [B, q, S] bool: the slots each token attends (S = the cache width after the call)
-    ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm)
+        keep: torch.Tensor | None = None,  # [B, r] the tokens (indices into q) whose hidden states are wanted
+    ) -> torch.Tensor:  # [B, q, H] final hidden states (after the last norm); [B, r, H] with ``keep``
+        """With ``keep`` (a prompt prefill: only each prompt's last token feeds a head), the last layer runs
+        k / v for every token (later tokens attend to them) and q, attention, o and the MLP for the kept ones
+        only; every other layer is unchanged. The kept rows' values equal the full forward's up to the
+        attention call's rounding (one query row instead of q)."""
         b, q = input_ids.shape
         h, hkv, d = self.heads, self.kv_heads, self.head_dim
         nqk, nv, half = (h + hkv) * d, hkv * d, d // 2
@@ -191,16 +204,38 @@ class FastLlama:
         rows = torch.arange(b, device=input_ids.device)[:, None].expand(b, q)
         mask = visible[:, None]  # [B, 1, q, S]
         gqa = h != hkv
-        for (n1, e1, qkv, o, n2, e2, gate_up, down), kv in zip(self.layers, cache.layers, strict=True):
+        last = len(self.layers) - 1
+        for i, ((n1, e1, qkv, o, n2, e2, gate_up, down), kv) in enumerate(zip(self.layers, cache.layers,
+                                                                              strict=True)):
             x = _rms_norm(hidden, n1, e1)
-            out = qkv(x)  # [B, q, (h + 2 h_kv) d]
-            qk = out[..., :nqk].view(b, q, h + hkv, d)
-            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin  # transformers' rotary
-            kv.k.transpose(1, 2)[rows, slots] = qk[:, :, h:]  # [B, q, h_kv, d] into their slots
-            kv.v.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
-            attn = F.scaled_dot_product_attention(qk[:, :, :h].transpose(1, 2), kv.keys, kv.values, attn_mask=mask,
+            if i == last and keep is not None:  # k / v of every token; the rest for the kept ones
+                assert self.last_q is not None and self.last_kv is not None
+                out = self.last_kv(x)  # [B, q, 2 h_kv d]
+                kv.k.transpose(1, 2)[rows, slots] = _rotary(out[..., :nv].view(b, q, hkv, d), cos, sin, half)
+                kv.v.transpose(1, 2)[rows, slots] = out[..., nv:].view(b, q, hkv, d)
+                r = keep.shape[1]
+                pick = keep[..., None]  # [B, r, 1]
+                hidden = hidden.gather(1, pick.expand(b, r, hidden.shape[2]))  # [B, r, H]
+                q_rows = self.last_q(x.gather(1, pick.expand(b, r, x.shape[2]))).view(b, r, h, d)
+                q_rows = _rotary(q_rows, cos.gather(1, pick[..., None].expand(b, r, 1, d)),
+                                 sin.gather(1, pick[..., None].expand(b, r, 1, d)), half)
+                mask = visible.gather(1, pick.expand(b, r, visible.shape[2]))[:, None]  # [B, 1, r, S]
+                query, q = q_rows.transpose(1, 2), r  # [B, h, r, d]
+            else:
+                out = qkv(x)  # [B, q, (h + 2 h_kv) d]
+                qk = _rotary(out[..., :nqk].view(b, q, h + hkv, d), cos, sin, half)  # q and k in one go
+                kv.k.transpose(1, 2)[rows, slots] = qk[:, :, h:]  # [B, q, h_kv, d] into their slots
+                kv.v.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
+                query = qk[:, :, :h].transpose(1, 2)  # [B, h, q, d]
+            attn = F.scaled_dot_product_attention(query, kv.keys, kv.values, attn_mask=mask,
                                                   scale=self.scaling, enable_gqa=gqa)  # [B, h, q, d]
             hidden = hidden + o(attn.transpose(1, 2).reshape(b, q, h * d))
             gu = gate_up(_rms_norm(hidden, n2, e2))  # [B, q, 2 I]
             hidden = hidden + down(F.silu(gu[..., :self.intermediate]) * gu[..., self.intermediate:])
         return _rms_norm(hidden, self.norm, self.norm_eps)
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
+    """transformers' rotary embedding (elementwise: rotating q and k together or apart gives the same bits);
+    x [B, q, heads, d], cos / sin [B, q, 1, d]."""
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin

@@ -3,7 +3,9 @@
 Layout of a request's cache row: its prompt at slots 0..T_b - 1, padding up to the batch's prompt width T, one
 scratch slot T (where padding tokens write; never visible), then the generated tokens. Rows whose prompt (or a
 prefix of it) is cached get those slots copied in; one forward runs every row's remaining prompt tokens (none:
-no forward), each attending its row's slots 0..itself.
+no forward), each attending its row's slots 0..itself. Only each prompt's last token feeds a head, so the
+forward's last layer computes keys / values for every token and the rest (q, attention, o, MLP, final norm)
+for that token only (``FastLlama.forward``'s ``keep``).
 
 Shapes: B requests, T prompt width, q tokens computed per row, H hidden, C codebook size.
 """
@@ -20,6 +22,8 @@ from recsvc.engine.state_cache import UserState, UserStateCache
 
 class Prefill:
     """One batch's prompt prefill: ``run`` fills the cache, ``remember`` stores what it computed."""
+
+    prune = True  # the last layer's q / attention / MLP on each prompt's last token only (tests compare)
 
     def __init__(self, model: EngineModel, cache: FastCache, prompts: PromptBatch,
                  states: UserStateCache | None, count: bool = True) -> None:
@@ -58,10 +62,11 @@ class Prefill:
             keys = torch.arange(t + 1, device=dev)[None, None]  # [1, 1, T + 1]
             visible = ((keys <= pos[..., None]) & (keys < lengths[:, None, None]) & real[..., None]) | (
                 keys == slots[..., None])  # [B, q, T + 1]
-            hidden = self.model.forward_masked(self.cache, ids, torch.where(real, pos, 0), slots, visible)
+            idx = (lengths - 1 - start).clamp(min=0)  # [B] each row's last prompt token among the q computed
+            keep = idx[:, None] if self.prune else None  # the last layer runs q / attention / MLP on it only
+            hidden = self.model.forward_masked(self.cache, ids, torch.where(real, pos, 0), slots, visible, keep)
             self.calls = 1
-            idx = (lengths - 1 - start).clamp(min=0)
-            last = hidden[torch.arange(b, device=hidden.device), idx]
+            last = hidden[:, 0].clone() if self.prune else hidden[torch.arange(b, device=hidden.device), idx]
         for row, entry in enumerate(self.entries):
             if self.full[row]:
                 assert entry is not None
