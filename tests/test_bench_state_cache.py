@@ -16,7 +16,7 @@ def bundle(tmp_path_factory):
     return make_tiny_bundle(tmp_path_factory.mktemp("bundle"), n_users=30)
 
 
-def test_bench_cache_compares_the_three_paths_in_one_run(bundle, tmp_path) -> None:
+def test_bench_cache_compares_the_paths_in_one_run_and_measures_the_linear_floor(bundle, tmp_path) -> None:
     out = tmp_path / "cache.json"
     assert main(["bench", "cache", "--bundle", str(bundle), "--users", "6", "--k", "3", "--beam-width", "5",
                  "--threads", "1", "--warmup", "1", "--sweep-users", "2", "--json", str(out)]) == 0
@@ -29,6 +29,12 @@ def test_bench_cache_compares_the_three_paths_in_one_run(bundle, tmp_path) -> No
     assert report["identical_cached_vs_fast"] == report["identical_repeat_vs_fast"] == 1.0
     assert report["drafter_fixed_ms_per_forward"] is not None  # the tiny bundle has a LLaMA drafter
     assert all(r["fixed_ms_per_forward"] == r["fixed_ms_per_forward"] for r in rows.values())  # fitted (not nan)
+    # the linear floor: the target's packed linears alone at a request's row counts
+    floors = ("floor_ms_per_forward", "weight_bytes", "weight_GBps", "floor_uncached_ms", "floor_cached_ms",
+              "floor_uncached_vs_lean", "floor_cached_vs_lean")
+    assert all(report[f] > 0 for f in floors) and report["floor_measured"]
+    assert report["floor_decode_forwards"] == 3 and report["floor_beams"] == 5
+    assert report["floor_uncached_ms"] > report["floor_cached_ms"]  # the prompt forward on top
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")

@@ -14,6 +14,10 @@ plain searches of K = 1..40 beams, so 1..40 tokens per decode forward), for the 
 has them, the LLaMA drafter and the draft head (its step: a few matmuls, no transformer forward).
 Outputs: ``fast`` vs ``lean`` (same items in the same order; float rounding may reorder near-ties) and
 ``cached`` / ``repeat`` vs ``fast`` (identical items and scores).
+The linear-layer floor (``recsvc.bench.floor``): the target's packed linears alone, back to back, at 1 row
+(weight streaming per forward), at an uncached request's row counts (a prompt of the users' median length + the
+decode forwards at B beams) and at a prompt-cached one's (the decode forwards), each over the lean p50: the
+best ratio any path can reach with these weights in this dtype on this machine.
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
 
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
+    from recsvc.bench import floor
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.state_cache import UserStateCache
     from recsvc.model.hardware import resolve_dtype
@@ -156,6 +161,9 @@ def run(args: argparse.Namespace) -> dict:
             drafter_model.set_forward(name)
             drafter_fixed[name] = _fixed_cost(drafter_model, BeamSearch(drafter_model, rec.trie,
                                                                         rec.prompts.code_offset).search, sweep)
+    target.set_forward("fast")
+    prompt_tokens = round(statistics.median(len(rec.prompts.prompt_ids(h)) for h in histories))
+    floors = floor.measure(target, prompt_tokens, args.beam_width, rec.trie.levels - 1)
     target.set_forward("auto")
     rows = []
     base = statistics.median(ms["lean"])
@@ -173,7 +181,10 @@ def run(args: argparse.Namespace) -> dict:
                "identical_repeat_vs_fast": same_repeat / n,
                "drafter_fixed_ms_per_forward": ({k: v[0] for k, v in drafter_fixed.items()}
                                                 if drafter_fixed else None),
-               "head_step_ms": _head_step_ms(rec)}
+               "head_step_ms": _head_step_ms(rec), "floor_measured": floor.MEASURED, **(floors or {})}
+    if floors:
+        payload["floor_uncached_vs_lean"] = floors["floor_uncached_ms"] / base
+        payload["floor_cached_vs_lean"] = floors["floor_cached_ms"] / base
     print(markdown_table(rows, [("path", "path"), ("p50_ms", "p50 ms/req"), ("mean_ms", "mean ms/req"),
                                 ("vs_lean", "p50 vs lean"), ("forwards_per_request", "forwards/req"),
                                 ("fixed_ms_per_forward", "fixed ms/forward"), ("ms_per_token", "ms/token")]))
@@ -182,6 +193,17 @@ def run(args: argparse.Namespace) -> dict:
     if drafter_fixed:
         lean_d, fast_d = drafter_fixed["lean"][0], drafter_fixed["fast"][0]
         print(f"LLaMA drafter fixed ms/forward: lean {lean_d:.3f}, fast {fast_d:.3f}")
+    if floors:
+        print(f"linear floor ({floor.MEASURED}, {floors['floor_reps']} passes):")
+        print(f"  1 row: {floors['floor_ms_per_forward']:.3f} ms/forward ({floors['weight_bytes'] / 1e6:.1f} MB of "
+              f"weights: {floors['weight_GBps']:.1f} GB/s)")
+        print(f"  uncached request (prompt of {prompt_tokens} tokens + {floors['floor_decode_forwards']} decode "
+              f"forwards of {args.beam_width} beams): {floors['floor_uncached_ms']:.2f} ms = "
+              f"{payload['floor_uncached_vs_lean']:.2f} x lean p50")
+        print(f"  prompt-cached request (the decode forwards): {floors['floor_cached_ms']:.2f} ms = "
+              f"{payload['floor_cached_vs_lean']:.2f} x lean p50")
+    else:
+        print("linear floor: not measured (the fast forward does not serve this dtype)")
     if payload["head_step_ms"] is not None:
         print(f"draft head: {payload['head_step_ms']:.3f} ms per step (20 beams)")
     write_json(args.json_path, payload)
