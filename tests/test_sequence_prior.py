@@ -71,3 +71,28 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     # re-tuning the transition prior drops the stale mix
     assert cli.main(["tune", "prior", *base, "--trials", "3"]) == 0
     assert isinstance(load_prior(b.prior_dir), TransitionPrior)
+
+
+def test_tune_mix_exclude_history_writes_the_excluding_services_prior(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
+    root = tiny_bundle(tmp_path, n_users=60)
+    base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
+    mix_excl = ["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2", "--exclude-history"]
+    assert cli.main(["tune", "prior", *base, "--trials", "2"]) == 0
+    assert cli.main(mix_excl) == 2  # no BUNDLE/prior-excl yet: a clear error, nothing written
+    assert cli.main(["tune", "prior", *base, "--trials", "2", "--exclude-history"]) == 0
+    assert cli.main(mix_excl) == 0
+    b = Bundle.open(root)
+    meta = b.read()
+    record = meta["tuning"]["mix_excl"]
+    assert record["exclude_history"] and "mix" not in meta["tuning"]
+    assert record["valid"]["ndcg@10"] >= record["valid_transition_only"]["ndcg@10"]
+    excl = load_prior(b.prior_dir_for(True))
+    assert b.prior_dir_for(True) != b.prior_dir and isinstance(excl, MixedPrior)
+    assert meta["prior_excl"]["mix"] == pytest.approx(excl.mix.mix) == pytest.approx(record["settings"]["mix"])
+    assert isinstance(load_prior(b.prior_dir), TransitionPrior)  # the keeping service's prior is untouched
+    out = tmp_path / "eval.json"
+    assert cli.main(["eval", "--bundle", str(root), "--split", "valid", "--k", "10", "--dtype", "fp32",
+                     "--baselines", "none", "--exclude-history", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["prior"]["dir"] == "prior-excl" and res["prior"]["mix"] == pytest.approx(excl.mix.mix)

@@ -10,6 +10,9 @@ ranked by the train-only target with the train-period priors; the first trial is
 (mix 0, its tuned weight), so the search can only keep or improve it. The choice goes to BUNDLE/prior
 (``recsvc.model.sequence_prior``: ``sequence/`` the served SASRec and mix.json, ``sequence-train/`` the
 train-period SASRec the paper protocol's evaluation uses) and bundle.json ("prior" weight, "tuning"."mix").
+``--exclude-history`` does the same for a service that never recommends history items: validation lists exclude
+them, and the choice goes to BUNDLE/prior-excl (after ``recsvc tune prior --exclude-history``), bundle.json
+"prior_excl" and "tuning"."mix_excl".
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def register_mix(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--exclude-history", action="store_true",
+                   help="tune BUNDLE/prior-excl, the prior of a service that excludes history items")
     p.set_defaults(func=cmd_tune_mix)
 
 
@@ -67,12 +72,16 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = Bundle.open(args.bundle)
-    if not bundle.has_prior(False):
-        raise UserError(f"{bundle.root} has no transition prior: run `recsvc tune prior` first")
+    excl = bool(args.exclude_history)
+    if not bundle.has_prior(False) or (excl and bundle.prior_dir_for(True) == bundle.prior_dir):
+        flag = " --exclude-history" if excl else ""
+        raise UserError(f"{bundle.root} has no transition prior{' for exclusion' if excl else ''}: run "
+                        f"`recsvc tune prior{flag}` first")
+    prior_dir = bundle.prior_dir_for(excl)
     data = load_split_dir(bundle.resolve_data_dir(args.data))
     protocol, model_dir = validation_model(bundle, "the mix")
     fit_on = resolve_fit_on("auto", protocol)
-    stored = TransitionPrior.load(bundle.prior_dir)
+    stored = TransitionPrior.load(prior_dir)
     ids = bundle.load_ids()
     cache = args.cache_dir or bundle.root / "baselines"
     settings = SASRecSettings(max_minutes=args.sasrec_max_minutes).check()
@@ -87,20 +96,20 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
     print(f"tune mix: {len(users)} validation users, model {model_dir.name}, transition {stored.settings}, "
-          f"metric {args.metric}")
+          f"metric {args.metric}{', history excluded' if excl else ''}")
 
     def objective(trial) -> float:
         mix = MixSettings(mix=trial.suggest_float("mix", 0.0, 1.0),
                           temperature=trial.suggest_float("temperature", 0.25, 4.0, log=True))
         weight = trial.suggest_float("weight", 0.0, args.max_weight)
         prior = MixedPrior(train_prior.with_settings(_with_weight(stored.settings, weight)), seq_train, mix)
-        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, progress=False, prior=prior),
-                              users, (10,))
+        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl,
+                                         progress=False, prior=prior), users, (10,))
         trial.set_user_attr("recall@10", m["recall@10"])
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
 
-    search = study(bundle.root / "tune" / "mix.db", "mix", args.seed)
+    search = study(bundle.root / "tune" / ("mix-excl.db" if excl else "mix.db"), "mix", args.seed)
     if not search.trials:  # the transition prior alone, as tuned
         search.enqueue_trial({"mix": 0.0, "temperature": 1.0, "weight": min(stored.settings.weight, args.max_weight)})
     ran = run_trials(search, objective, args.trials, args.budget_minutes)
@@ -109,7 +118,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     chosen = _with_weight(stored.settings, best.params["weight"])
     served = TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen, fitted_on=fit_on)
     mix = MixSettings(mix=best.params["mix"], temperature=best.params["temperature"])
-    out = bundle.prior_dir
+    out = prior_dir
     MixedPrior(served, SequenceModel.load(served_dir), mix).save(out, served_dir)
     shutil.rmtree(out / TRAIN_SEQUENCE_DIR, ignore_errors=True)
     shutil.copytree(train_dir, out / TRAIN_SEQUENCE_DIR)
@@ -119,11 +128,12 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
               "valid_transition_only": {"recall@10": first.user_attrs.get("recall@10"),
                                         "ndcg@10": first.user_attrs.get("ndcg@10")},
               "sasrec_cache": str(cache), "trials": len(search.trials), "trials_this_run": ran,
-              "seconds_this_run": round(time.monotonic() - t0, 1)}
+              "seconds_this_run": round(time.monotonic() - t0, 1), "exclude_history": excl}
     meta = bundle.read()
-    bundle.update(prior={**meta.get("prior", {}), "weight": chosen.weight, "mix": mix.mix,
-                         "temperature": mix.temperature},
-                  tuning={**meta.get("tuning", {}), "mix": record})
+    key = "prior_excl" if excl else "prior"
+    bundle.update(**{key: {**meta.get(key, {}), "weight": chosen.weight, "mix": mix.mix,
+                           "temperature": mix.temperature}},
+                  tuning={**meta.get("tuning", {}), ("mix_excl" if excl else "mix"): record})
     print(json.dumps(record, indent=1))
     return 0
 
