@@ -145,7 +145,7 @@ def test_prefill_ahead_after_a_write_makes_the_next_request_a_hit(make_server, s
 
     from recsvc.recommender.api import RecQuery
 
-    served.ahead = True
+    served.ahead, served.beam_width = True, 5  # a served width: the whole plain request is computed ahead
     try:
         server = make_server(served)
         items = served.popular_items(8)
@@ -158,7 +158,7 @@ def test_prefill_ahead_after_a_write_makes_the_next_request_a_hit(make_server, s
             got = client.recommend("u-ahead", k=5, mode="plain")
         after = served.states.stats()
         assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]  # ahead: not counted
-        assert got.stats.target_forward_calls == 3  # the prompt came from the cache
+        assert got.stats.target_forward_calls == 0  # the prompt and every decode step were computed ahead
         states, served.states = served.states, None
         try:
             ref = served.recommend([RecQuery(history=items[4:7], k=5, mode="plain")])[0]
@@ -166,8 +166,10 @@ def test_prefill_ahead_after_a_write_makes_the_next_request_a_hit(make_server, s
             served.states = states
         assert [i.item_id for i in got.items] == ref.item_ids
         assert [i.score for i in got.items] == pytest.approx(ref.scores, abs=1e-6)
+        # a request of another k (up to the served width) is the same beams: also no forward
+        assert served.recommend([RecQuery(history=items[4:7], k=2, mode="plain")])[0].stats.target_calls == 0
     finally:
-        served.ahead = False
+        served.ahead, served.beam_width = False, 0
 
 
 def test_recommender_runs_cached_prompts_apart_from_the_batch(served) -> None:

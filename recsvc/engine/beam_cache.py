@@ -24,12 +24,12 @@ from tokenizer_rqvae.trie import CatalogTrie
 
 class BeamCache:
     def __init__(self, model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
-                 states: UserStateCache | None = None) -> None:
+                 states: UserStateCache | None = None, count: bool = True) -> None:
         trie, prompts = trie.to(model.device), prompts.to(model.device)  # once, at the start of a search
         self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
         self.cache = model.new_cache()
         # the fast forward's prefill (recsvc.engine.prefill), with the user-state cache when one is given
-        self.fast_prefill = Prefill(model, self.cache, prompts, states) if model.is_fast else None
+        self.fast_prefill = Prefill(model, self.cache, prompts, states, count=count) if model.is_fast else None
         self.fp32 = model.fp32
         self.lengths = prompts.lengths.tolist()
         self.path: torch.Tensor | None = None  # [B, K, d] cache slots of each beam's path (depth 1..d)

@@ -109,14 +109,15 @@ class BeamSearch:
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None,
                prior: torch.Tensor | None = None, ledger: Ledger = NO_LEDGER,
-               states: UserStateCache | None = None) -> BeamOutput:
+               states: UserStateCache | None = None, count: bool = True) -> BeamOutput:
         """dead: [B, num_nodes] excluded prefixes; prior: [B, num_nodes] ``prior_log_mass`` to fuse (scores are
         then fused scores), None = the model alone (bit-identical to transformers' generate). ``states``: the
-        user-state cache (fast forward only): cached prompts are not run again, computed ones are stored."""
+        user-state cache (fast forward only): cached prompts are not run again, computed ones are stored.
+        ``count``: whether its lookups count as hits / misses (False: work ahead of a request)."""
         dev = self.model.device  # every tensor of the search lives there (inputs moved once, here)
         prompts = prompts.to(dev)
         dead, prior = to_device(dead, dev), to_device(prior, dev)
-        cache = BeamCache(self.model, self.trie, self.code_offset, prompts, states)
+        cache = BeamCache(self.model, self.trie, self.code_offset, prompts, states, count)
         pre = cache.fast_prefill
         b, c = len(prompts.lengths), self.trie.codebook_size
         nodes = torch.zeros(b, 1, dtype=torch.long, device=dev)  # the root

@@ -224,19 +224,27 @@ class BundleRecommender:
         return self.ahead and self.states is not None
 
     def prefill_ahead(self, history: Sequence[int]) -> None:
-        """Compute and cache the prompt state of ``history`` (its next request then skips the prompt forward);
-        nothing when it is cached already or there is no state cache."""
+        """Compute and cache the state of ``history``'s next plain request: its prompt and, with a served beam
+        width B, every decode step of B beams under this server's exclusions and prior, so that request (any k
+        up to B) runs no forward; without one (the width is each request's k) the prompt only. Nothing when it
+        is cached already or there is no state cache. Lookups here do not count as hits or misses."""
         if self.states is None or not history:
             return
-        from recsvc.engine.prefill import Prefill
-
-        batch = PromptBatch.from_lists([self.prompts.prompt_ids(history)])
+        batch = PromptBatch.from_lists([self.prompts.prompt_ids(history)], self.target.device)
         with torch.inference_mode():
-            pre = Prefill(self.target, self.target.new_cache(), batch, self.states, count=False)
-            if pre.full[0]:
+            if self.beam_width > 0:
+                query = RecQuery(history=list(history), k=self.beam_width, mode="plain")
+                excluded = self._excluded([query])
+                dead = self.trie.dead_nodes(excluded) if any(excluded) else None
+                self.engine.search(batch, self.beam_width, dead, self.prior_for([query.history]),
+                                   states=self.states, count=False)
                 return
-            last = pre.run()
-            pre.remember(last, pre.first_logprobs(last, self.prompts.code_offset, self.trie.codebook_size))
+            from recsvc.engine.prefill import Prefill
+
+            pre = Prefill(self.target, self.target.new_cache(), batch, self.states, count=False)
+            if not pre.full[0]:
+                last = pre.run()
+                pre.remember(last, pre.first_logprobs(last, self.prompts.code_offset, self.trie.codebook_size))
 
     def set_forward(self, forward: str) -> None:
         """"fast" / "lean" / "auto" for the target and a LLaMA drafter (benches compare them in one run); the
