@@ -137,7 +137,7 @@ class BundleRecommender:
         self.attributes = attributes  # item attributes for rules (None: requests with rules are refused)
         self.rule_settings = rules or RuleSettings()
         self.states: UserStateCache | None = None  # the user-state cache (enable_state_cache)
-        self.ahead = False  # prefill a user's prompt after a write, when the server is idle (prefill_ahead)
+        self.ahead = False  # compute a user's next request after a write, when the server is idle (prefill_ahead)
         self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
 
     @property

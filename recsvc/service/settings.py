@@ -49,7 +49,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="user-state cache budget in MiB: a returning user's prompt KV is reused (fast forward "
                         "only; 0 = off; docs/SCALING.md)")
     p.add_argument("--prefill-ahead", action="store_true",
-                   help="after a RecordInteractions, compute the user's new prompt state when the engine is idle "
+                   help="after a RecordInteractions, compute the user's next plain request (prompt and decode "
+                        "steps at the served --beam-width; the prompt only without one) when the engine is idle "
                         "(needs the state cache; the write is acknowledged first)")
     p.add_argument("--drafter", dest="drafter_name", default=None,
                    help="drafter to speculate with: a name under BUNDLE/drafters/ (`recsvc train drafter "
