@@ -112,3 +112,20 @@ def test_pruned_prefill_equals_the_full_last_layer(setup) -> None:
     torch.testing.assert_close(lp_ext, lp_ext_full, atol=1e-5, rtol=0)
     _, h_ref, _ = _prefill(target, mixed, prune=True)  # the extension vs the whole prompt computed
     torch.testing.assert_close(h_ext, h_ref, atol=1e-5, rtol=0)
+
+
+def test_rotary_table_rows_are_the_rotary_modules_bits(setup) -> None:
+    """The fast forward indexes a cos / sin table instead of running the rotary module per forward: its rows
+    are the module's very bits for any batch of positions; past the table the module runs (same bits)."""
+    _, model = setup
+    fast = EngineModel.build(model, attention="fp32").fast()
+    assert fast.rotary_table is not None
+    n = fast.rotary_table[0].shape[0]
+    gen = torch.Generator().manual_seed(3)
+    for pos in (torch.randint(0, n, (5, 9), generator=gen), torch.arange(7)[None] + 11, torch.zeros(2, 0).long()):
+        x = torch.zeros(*pos.shape, model.config.hidden_size)
+        want, got = fast.rotary(x, pos), fast._cos_sin(x, pos)
+        assert all(torch.equal(w, g) for w, g in zip(want, got, strict=True))
+    beyond = torch.arange(3)[None] + n
+    x = torch.zeros(1, 3, model.config.hidden_size)
+    assert all(torch.equal(w, g) for w, g in zip(fast.rotary(x, beyond), fast._cos_sin(x, beyond), strict=True))

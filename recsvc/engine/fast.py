@@ -19,11 +19,12 @@ attention mode (``EngineModel`` picks it; bf16 models keep the lean path and its
 - fp32 linear layers on CPU run oneDNN with the weight pre-packed once, when a probe shows its result for a
   row does not depend on the other rows of the call (so a node's hidden state does not depend on what shares
   its forward); otherwise ``F.linear``.
-Tolerance: RMSNorm, rotary and the MLP are op for op transformers'; the packed matmuls and the masked
-attention sum in another order than ``generate``, so hidden states differ by float rounding (~1e-6 relative in
-fp32). Tests hold the fast path to: the same items in the same order as ``generate`` (no near-ties in the
-test models) and beam scores within 1e-4; strict speculation == plain beam search (same items, scores within
-1e-4). ``EngineModel(forward="lean")`` keeps the bit-identical path.
+Tolerance: rotary and the MLP are op for op transformers' (cos / sin read from a table of the rotary module's
+own rows), RMSNorm is ``F.rms_norm`` (fp32: the same bits as transformers' op-by-op norm); the packed matmuls
+and the masked attention sum in another order than ``generate``, so hidden states differ by float rounding
+(~1e-6 relative in fp32). Tests hold the fast path to: the same items in the same order as ``generate`` (no
+near-ties in the test models) and beam scores within 1e-4; strict speculation == plain beam search (same items,
+scores within 1e-4). ``EngineModel(forward="lean")`` keeps the bit-identical path.
 
 Shapes: B requests, q new tokens, S cache width (slots), H hidden, h heads, h_kv kv heads, d head dim.
 """
@@ -35,7 +36,6 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from recsvc.engine.lean import _Linear as PackedLinear
-from recsvc.engine.lean import _rms_norm
 
 GROW = 64  # minimum extra slots when a cache grows
 
@@ -176,6 +176,16 @@ class FastLlama:
             self.last_kv = _Linear(torch.cat([a.k_proj.weight, a.v_proj.weight])) if a is not None else None
         self.scaling = decoder.layers[0].self_attn.scaling if decoder.layers else 1.0
         self.lm_head = _Linear(model.get_output_embeddings().weight)
+        self.hidden_shape = (int(cfg.hidden_size),)
+        self.rotary_table = _rotary_table(self.rotary, cfg, self.embed)
+
+    def _cos_sin(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin [B, q, d] of the positions: rows of the table when it covers them (the same bits as the
+        rotary module's, see ``_rotary_table``), else the module's."""
+        table = self.rotary_table
+        if table is not None and (position_ids.numel() == 0 or int(position_ids.max()) < table[0].shape[0]):
+            return table[0][position_ids], table[1][position_ids]
+        return self.rotary(hidden, position_ids)
 
     def new_cache(self, batch: int = 0) -> FastCache:
         return FastCache(self, batch)
@@ -199,7 +209,7 @@ class FastLlama:
         nqk, nv, half = (h + hkv) * d, hkv * d, d // 2
         cache.reserve(int(visible.shape[2]), b)
         hidden = F.embedding(input_ids, self.embed)  # [B, q, H]
-        cos, sin = self.rotary(hidden, position_ids)  # [B, q, d]
+        cos, sin = self._cos_sin(hidden, position_ids)  # [B, q, d]
         cos, sin = cos[:, :, None], sin[:, :, None]  # [B, q, 1, d]
         rows = torch.arange(b, device=input_ids.device)[:, None].expand(b, q)
         mask = visible[:, None]  # [B, 1, q, S]
@@ -207,7 +217,7 @@ class FastLlama:
         last = len(self.layers) - 1
         for i, ((n1, e1, qkv, o, n2, e2, gate_up, down), kv) in enumerate(zip(self.layers, cache.layers,
                                                                               strict=True)):
-            x = _rms_norm(hidden, n1, e1)
+            x = F.rms_norm(hidden, self.hidden_shape, n1, e1)
             if i == last and keep is not None:  # k / v of every token; the rest for the kept ones
                 assert self.last_q is not None and self.last_kv is not None
                 out = self.last_kv(x)  # [B, q, 2 h_kv d]
@@ -229,10 +239,24 @@ class FastLlama:
                 query = qk[:, :, :h].transpose(1, 2)  # [B, h, q, d]
             attn = F.scaled_dot_product_attention(query, kv.keys, kv.values, attn_mask=mask,
                                                   scale=self.scaling, enable_gqa=gqa)  # [B, h, q, d]
-            hidden = hidden + o(attn.transpose(1, 2).reshape(b, q, h * d))
-            gu = gate_up(_rms_norm(hidden, n2, e2))  # [B, q, 2 I]
-            hidden = hidden + down(F.silu(gu[..., :self.intermediate]) * gu[..., self.intermediate:])
-        return _rms_norm(hidden, self.norm, self.norm_eps)
+            hidden = hidden + o(attn.transpose(1, 2).reshape(b, q, h * d))  # a new tensor: the input's intact
+            gu = gate_up(F.rms_norm(hidden, self.hidden_shape, n2, e2))  # [B, q, 2 I]
+            hidden += down(F.silu(gu[..., :self.intermediate]).mul_(gu[..., self.intermediate:]))
+        return F.rms_norm(hidden, self.hidden_shape, self.norm, self.norm_eps)
+
+
+def _rotary_table(rotary: torch.nn.Module, cfg, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """cos / sin [P, d] of positions 0..P-1 (P = max_position_embeddings) from the model's own rotary module,
+    for the "default" rope only (a position's values do not depend on the other positions of the call: the
+    module's matmul has an inner size of 1, one rounding per entry; ``FastLlama`` indexes the table instead of
+    running the module per forward); None for other rope types (scaled / dynamic: the module per forward)."""
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    n = int(getattr(cfg, "max_position_embeddings", 0) or 0)
+    if rope.get("rope_type", rope.get("type", "default")) != "default" or n <= 0:
+        return None
+    with torch.inference_mode():
+        cos, sin = rotary(like[:1], torch.arange(n, device=like.device)[None])  # [1, P, d]
+    return cos[0], sin[0]
 
 
 def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
