@@ -11,7 +11,9 @@ tokens. The next request:
   width, exclusions and prior) loads them instead of running the forward, so a repeated request runs none;
 - otherwise (a miss; also once the history is longer than the prompt window, where every new interaction
   shifts the window and so every position: the strategy is recompute) runs the whole prompt.
-Bounded by a byte budget, least recently used entries evicted first. One per served bundle and process
+The recommender also keeps a returning user's fused prior row here (``prior`` / ``keep_prior``: one history
+alone, keyed by the prior, trie, weight and the whole history), so it is not computed again (~1 ms a request
+on Beauty). Bounded by a byte budget, least recently used entries evicted first. One per served bundle and process
 (a reload builds a new recommender and so an empty cache). Only the fast forward (``recsvc.engine.fast``)
 uses it; ``recsvc.engine.prefill`` loads and stores the entries.
 
@@ -43,6 +45,7 @@ class UserState:
 
 
 MAX_STEPS = 12  # decode steps kept per prompt (3 per request of a 4-level id: the last 4 distinct requests)
+MAX_PRIORS = 1024  # fused prior rows kept (``UserStateCache.prior``), also at most a quarter of the budget
 
 
 class UserStateCache:
@@ -56,6 +59,30 @@ class UserStateCache:
         self._lock = threading.Lock()
         self.hits = self.partial_hits = self.misses = self.evictions = 0
         self.bytes = 0
+        # a returning user's fused prior row (it depends on the whole history, not the prompt window): key ->
+        # [num_nodes]; LRU of at most MAX_PRIORS rows and budget / 4 bytes, counted in the budget (prompt
+        # states are evicted to make room; ``bytes`` and ``stats`` count the states only)
+        self._priors: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._prior_bytes = 0
+
+    def prior(self, key: tuple) -> torch.Tensor | None:
+        """The prior row kept under ``key`` (the caller's: the prior, its weight and the history), or None."""
+        with self._lock:
+            row = self._priors.get((self.version, key))
+            if row is not None:
+                self._priors.move_to_end((self.version, key))
+            return row
+
+    def keep_prior(self, key: tuple, row: torch.Tensor) -> None:
+        """Keep ``row`` [num_nodes] (the caller does not change it afterwards) under ``key``."""
+        with self._lock:
+            old = self._priors.pop((self.version, key), None)
+            self._prior_bytes += row.nbytes - (old.nbytes if old is not None else 0)
+            self._priors[(self.version, key)] = row
+            while self._priors and (len(self._priors) > MAX_PRIORS or self._prior_bytes > self.budget // 4):
+                _, victim = self._priors.popitem(last=False)
+                self._prior_bytes -= victim.nbytes
+            self._evict()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -113,7 +140,7 @@ class UserStateCache:
             self._evict()
 
     def _evict(self) -> None:
-        while self.bytes > self.budget and self._entries:
+        while self.bytes + self._prior_bytes > self.budget and self._entries:  # prior rows: within the budget
             _, victim = self._entries.popitem(last=False)
             self._forget(victim)
             self.evictions += 1
@@ -129,6 +156,8 @@ class UserStateCache:
             self._entries.clear()
             self._lengths.clear()
             self.bytes = 0
+            self._priors.clear()
+            self._prior_bytes = 0
 
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "partial_hits": self.partial_hits, "misses": self.misses,

@@ -384,7 +384,18 @@ class BundleRecommender:
         """[B, num_nodes] the fused prior of these histories (``prior_log_mass``), None when there is none."""
         if self.prior is None or self.prior_weight <= 0:
             return None
-        return prior_log_mass(self.trie, self.prior.probs(histories), self.prior_weight)  # on the trie's device
+        states = self.states
+        if states is None or len(histories) != 1:  # batches: computed together, never kept (rounding may differ)
+            return prior_log_mass(self.trie, self.prior.probs(histories), self.prior_weight)  # on the trie's device
+        # one history with a user-state cache on: a returning user's row is kept (the very tensor computed for
+        # it alone, so cached == computed, bit for bit); keyed by the prior and trie objects themselves (a swap
+        # of either, e.g. a live catalog's new trie, misses)
+        key = ("prior", self.prior, self.trie, self.prior_weight, tuple(histories[0]))
+        row = states.prior(key)
+        if row is None:
+            row = prior_log_mass(self.trie, self.prior.probs(histories), self.prior_weight)[0]
+            states.keep_prior(key, row)
+        return row[None]
 
     def _excluded(self, queries: Sequence[RecQuery]) -> list[list[int]]:
         return [list(q.exclude) + (list(q.history) if self.exclude_history else []) for q in queries]
