@@ -129,3 +129,17 @@ def test_rotary_table_rows_are_the_rotary_modules_bits(setup) -> None:
     beyond = torch.arange(3)[None] + n
     x = torch.zeros(1, 3, model.config.hidden_size)
     assert all(torch.equal(w, g) for w, g in zip(fast.rotary(x, beyond), fast._cos_sin(x, beyond), strict=True))
+
+
+def test_fast_forward_rebuilt_once_after_an_in_place_update() -> None:
+    model = tiny_llama(L, C, 21, hidden=64, layers=2)
+    engine = EngineModel.build(model, attention="fp32")
+    first = engine.fast()
+    assert engine.fast() is first  # unchanged parameters: the same fused copies
+    down = model.model.layers[0].mlp.down_proj.weight
+    with torch.no_grad():
+        down.mul_(2.0)  # training's in-place step
+    second = engine.fast()
+    assert second is not first and engine.fast() is second  # rebuilt once, then kept
+    x = torch.randn(3, down.shape[1], generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(second.layers[0][7](x), x @ down.detach().T, atol=1e-5)  # the new weights

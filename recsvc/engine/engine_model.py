@@ -106,9 +106,9 @@ class EngineModel:
 
     def fast(self) -> FastLlama:
         """The fast forward, rebuilt when the parameters changed in place (training between validations)."""
-        lean = self.lean()
+        lean = self.lean()  # rebuilt when stale: its recorded version is the parameters' current one
         assert lean is not None and self._fast_wanted
-        version = lean.version()
+        version = lean._version
         if self._fast is None or self._fast_version != version:
             self._fast, self._fast_version = FastLlama(self.model), version
         return self._fast
