@@ -143,6 +143,8 @@ def test_tune_fresh_with_the_learned_query_fits_it_per_period_and_eval_reads_it(
     _hold_out_items(tmp_path / "data", {3, 4, 5})
     args = ["tune", "fresh", "--bundle", str(root), "--dtype", "fp32", "--embed-cache", str(tmp_path / "emb"),
             "--queries", "mean,learned", "--query-epochs", "1"]
+    assert cli.main([*args[:-1], "0"]) == 2 and cli.main([*args[:-3], "mean,fancy"]) == 2  # clear errors
+    assert "tuning" not in Bundle.open(root).read() or "fresh" not in Bundle.open(root).read()["tuning"]
     assert cli.main(args) == 0
     b = Bundle.open(root)
     record = b.read()["tuning"]["fresh"]

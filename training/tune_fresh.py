@@ -83,6 +83,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     queries = [q.strip() for q in args.queries.split(",") if q.strip()]
     if not queries or any(q not in QUERIES for q in queries):
         raise UserError(f"--queries: expected a comma-separated subset of {', '.join(QUERIES)}")
+    query_fit = QueryFit(epochs=args.query_epochs, seed=args.seed)  # checked before any work
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = Bundle.open(args.bundle)
@@ -111,7 +112,6 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     print(f"tune fresh: {len(users)} validation users, {len(fresh_now)} fresh items (in the catalog by the end of "
           f"valid, none in train), model "
           f"{model_dir.name}{' + prior' if prior is not None else ''}, metric {args.metric}")
-    query_fit = QueryFit(epochs=args.query_epochs, seed=args.seed)
     train_query = (fit_or_reuse(query_file(bundle.fresh_dir, "train"), data.sequences("train"), vectors, query_fit,
                                 "train") if "learned" in queries else None)
     base = FreshItems(vectors, sorted(fresh_now), FreshSettings(), counted_on="train", query=train_query)
