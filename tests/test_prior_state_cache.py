@@ -61,3 +61,19 @@ def test_prior_rows_are_bounded(monkeypatch) -> None:
     cache.keep_prior(("big",), torch.zeros(90))  # 360 bytes: the older rows go first
     assert cache.prior(("big",)) is not None and cache._prior_bytes <= 400
     assert sum(cache.prior(("u", i)) is not None for i in range(5)) <= 1
+
+
+def test_prior_rows_give_way_to_user_states() -> None:
+    """Over the budget, prior rows are dropped before any user's prompt state (a state saves forwards, a prior
+    row about a millisecond)."""
+    kv = [(torch.zeros(2, 10, 4), torch.zeros(2, 10, 4))]
+    one = 2 * 2 * 10 * 4 * 4 + 4 * 4  # one state: the kv of 10 tokens + a hidden state of 4 floats
+    cache = UserStateCache(3 * one, "v")
+    cache.keep_prior(("p", 0), torch.zeros(one // 8))  # half a state's bytes (within budget / 4)
+    cache.store(list(range(10)), kv, torch.zeros(4), None)
+    cache.store(list(range(1, 11)), kv, torch.zeros(4), None)
+    assert cache.prior(("p", 0)) is not None  # room for both
+    cache.store(list(range(2, 12)), kv, torch.zeros(4), None)  # three states fill the budget: the row goes
+    assert cache.prior(("p", 0)) is None and len(cache) == 3 and cache.stats()["evictions"] == 0
+    cache.keep_prior(("p", 1), torch.zeros(4))  # no room left: the new row is not kept, no state is evicted
+    assert cache.prior(("p", 1)) is None and len(cache) == 3

@@ -60,8 +60,8 @@ class UserStateCache:
         self.hits = self.partial_hits = self.misses = self.evictions = 0
         self.bytes = 0
         # a returning user's fused prior row (it depends on the whole history, not the prompt window): key ->
-        # [num_nodes]; LRU of at most MAX_PRIORS rows and budget / 4 bytes, counted in the budget (prompt
-        # states are evicted to make room; ``bytes`` and ``stats`` count the states only)
+        # [num_nodes]; LRU of at most MAX_PRIORS rows and budget / 4 bytes, counted in the budget (they only use
+        # room the states leave: over the budget they go first; ``bytes`` and ``stats`` count the states only)
         self._priors: OrderedDict[tuple, torch.Tensor] = OrderedDict()
         self._prior_bytes = 0
 
@@ -140,7 +140,12 @@ class UserStateCache:
             self._evict()
 
     def _evict(self) -> None:
-        while self.bytes + self._prior_bytes > self.budget and self._entries:  # prior rows: within the budget
+        """Over the budget, prior rows go first (recomputing one costs ~1 ms; a user's prompt state and decode
+        steps save a forward each), then the least recently used states."""
+        while self.bytes + self._prior_bytes > self.budget and self._priors:
+            _, row = self._priors.popitem(last=False)
+            self._prior_bytes -= row.nbytes
+        while self.bytes > self.budget and self._entries:
             _, victim = self._entries.popitem(last=False)
             self._forget(victim)
             self.evictions += 1
