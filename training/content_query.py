@@ -120,7 +120,8 @@ def fit_or_reuse(path: Path, sequences: dict[int, list[int]], vectors: ItemVecto
             old = ContentQuery.load(path)
         except UserError:
             old = None
-        pairs = sum(max(0, len(s) - 1) for s in sequences.values())
+        known = set(vectors.item_ids.tolist())  # training_pairs skips items without a vector: count as it does
+        pairs = sum(max(0, sum(i in known for i in s) - 1) for s in sequences.values())
         same = {"period": period, "length": settings.length, "epochs": settings.epochs, "lr": settings.lr,
                 "batch": settings.batch, "seed": settings.seed, "pairs": pairs}
         if old is not None and old.dim == vectors.vectors.shape[1] and all(old.fit.get(k) == v

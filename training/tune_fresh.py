@@ -174,8 +174,8 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
               "trials": len(study.trials), "feasible_trials": len(feasible),
               "query_fit": {"train": train_query.fit if train_query is not None else None,
                             "served": served_query.fit if served_query is not None else None},
-              "best_by_query": {q: max(([t.value for t in feasible if t.params["query"] == q] or [None]),
-                                       key=lambda v: -1.0 if v is None else v) for q in queries},
+              "best_by_query": {q: max((t.value for t in feasible if t.params["query"] == q), default=None)
+                                for q in queries},
               "seconds": round(time.monotonic() - t0, 1)}
     meta = bundle.read()
     bundle.update(fresh={**best.params, "counted_on": fit_on}, tuning={**meta.get("tuning", {}), "fresh": record})

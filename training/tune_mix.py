@@ -118,10 +118,9 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     chosen = _with_weight(stored.settings, best.params["weight"])
     served = TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen, fitted_on=fit_on)
     mix = MixSettings(mix=best.params["mix"], temperature=best.params["temperature"])
-    out = prior_dir
-    MixedPrior(served, SequenceModel.load(served_dir), mix).save(out, served_dir)
-    shutil.rmtree(out / TRAIN_SEQUENCE_DIR, ignore_errors=True)
-    shutil.copytree(train_dir, out / TRAIN_SEQUENCE_DIR)
+    MixedPrior(served, SequenceModel.load(served_dir), mix).save(prior_dir, served_dir)
+    shutil.rmtree(prior_dir / TRAIN_SEQUENCE_DIR, ignore_errors=True)
+    shutil.copytree(train_dir, prior_dir / TRAIN_SEQUENCE_DIR)
     record = {"settings": best.params, "transition": asdict(stored.settings), "fit_on": fit_on,
               "valid_users": len(users), "metric": args.metric,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},

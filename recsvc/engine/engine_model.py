@@ -108,7 +108,7 @@ class EngineModel:
         """The fast forward, rebuilt when the parameters changed in place (training between validations)."""
         lean = self.lean()  # rebuilt when stale: its recorded version is the parameters' current one
         assert lean is not None and self._fast_wanted
-        version = lean._version
+        version = lean.built_version
         if self._fast is None or self._fast_version != version:
             self._fast, self._fast_version = FastLlama(self.model), version
         return self._fast

@@ -170,7 +170,7 @@ class LeanLlama:
         self.lm_head = _Linear(model.get_output_embeddings().weight)
         self.scaling = self.layers[0].attn.scaling if self.layers else 1.0
         self._params = list(model.parameters())
-        self._version = self.version()
+        self.built_version = self.version()  # the parameters' version the fused copies were made from
         self._prefix: torch.Tensor | None = None  # [P] the longest common prefix of the prompts seen
         # prompt length T -> per layer (q, k, v) of the shared prefix rows, each [h, P, d] (post-rotary)
         self._prefix_rows: OrderedDict[int, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = OrderedDict()
@@ -190,7 +190,7 @@ class LeanLlama:
     @property
     def stale(self) -> bool:
         """A parameter changed in place since the fused copies were made (``EngineModel`` then rebuilds)."""
-        return self._version != self.version()
+        return self.built_version != self.version()
 
     def new_cache(self) -> LeanCache:
         return LeanCache(self)

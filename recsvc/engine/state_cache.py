@@ -13,9 +13,9 @@ tokens. The next request:
   shifts the window and so every position: the strategy is recompute) runs the whole prompt.
 The recommender also keeps a returning user's fused prior row here (``prior`` / ``keep_prior``: one history
 alone, keyed by the prior, trie, weight and the whole history), so it is not computed again (~1 ms a request
-on Beauty). Bounded by a byte budget, least recently used entries evicted first. One per served bundle and process
-(a reload builds a new recommender and so an empty cache). Only the fast forward (``recsvc.engine.fast``)
-uses it; ``recsvc.engine.prefill`` loads and stores the entries.
+on Beauty). Bounded by a byte budget: over it, prior rows go first, then the least recently used entries. One
+per served bundle and process (a reload builds a new recommender and so an empty cache). Only the fast forward
+(``recsvc.engine.fast``) uses it; ``recsvc.engine.prefill`` loads and stores the entries.
 
 Memory per entry: layers x 2 x kv_heads x head_dim x tokens x bytes per value (+ the hidden state and C
 log-probs): docs/SCALING.md.

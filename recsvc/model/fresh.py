@@ -132,13 +132,10 @@ class FreshItems:
     def with_settings(self, settings: FreshSettings) -> FreshItems:
         return FreshItems(self.vectors, self.fresh_ids, settings, self.counted_on, self.query)
 
-    def with_fresh(self, fresh: Iterable[int], counted_on: str, query: ContentQuery | None = None) -> FreshItems:
-        """The same vectors and settings over another fresh set (e.g. recounted on an earlier period), with the
-        learned query fitted on that period (``query``; default: this one's)."""
-        return FreshItems(self.vectors, fresh, self.settings, counted_on, query or self.query)
-
-    def with_query(self, query: ContentQuery | None) -> FreshItems:
-        return FreshItems(self.vectors, self.fresh_ids, self.settings, self.counted_on, query)
+    def with_fresh(self, fresh: Iterable[int], counted_on: str) -> FreshItems:
+        """The same vectors, settings and query over another fresh set (e.g. recounted on an earlier period;
+        ``load(period=...)`` picks that period's learned query)."""
+        return FreshItems(self.vectors, fresh, self.settings, counted_on, self.query)
 
     def candidates(self, histories: Sequence[Sequence[int]], n: int,
                    excluded: Sequence[Iterable[int]] | None = None) -> list[list[tuple[int, float]]]:
