@@ -31,7 +31,8 @@ from tqdm import tqdm
 
 from recsvc.bench.common import machine, markdown_table, set_threads, write_json
 
-PATHS = ("lean", "fast", "cached", "repeat")
+PATHS = ("lean", "fast", "compiled", "cached", "repeat")
+UNCACHED = ("lean", "fast", "compiled")  # forwards without a user-state cache
 SWEEP_K = (1, 2, 5, 10, 20, 40)
 
 
@@ -47,6 +48,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=10, help="training users run through every path first")
     p.add_argument("--sweep-users", type=int, default=10, help="users of the fixed-cost sweep (K = 1..40)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--state-forward", choices=["fast", "compiled"], default="compiled",
+                   help="the forward of the user-state cache's paths (cached, repeat), compared with the same "
+                        "forward uncached")
     p.add_argument("--json", dest="json_path")
 
 
@@ -114,8 +118,10 @@ def run(args: argparse.Namespace) -> dict:
     target = rec.target
     caches = {"cached": UserStateCache(1 << 40, "bench"), "repeat": UserStateCache(1 << 40, "bench")}
 
+    state_forward = args.state_forward
+
     def one(path: str, history: list[int]):
-        target.set_forward("lean" if path == "lean" else "fast")
+        target.set_forward(path if path in UNCACHED else state_forward)
         rec.states = caches.get(path)
         start = time.perf_counter()
         out = rec.recommend([RecQuery(history=history, k=args.k, mode="plain")])[0]
@@ -126,11 +132,11 @@ def run(args: argparse.Namespace) -> dict:
             one(path, h)
     ms: dict[str, list[float]] = {p: [] for p in PATHS}
     calls: dict[str, list[int]] = {p: [] for p in PATHS}
-    same_items = same_cached = same_repeat = 0
-    max_diff = 0.0
+    same = {"fast": 0, "compiled": 0, "cached": 0, "repeat": 0}  # vs lean (items) / vs the uncached state_forward
+    max_diff = {"fast": 0.0, "compiled": 0.0}
     for i, h in enumerate(tqdm(histories, desc="bench cache", leave=False)):
         order = PATHS[i % len(PATHS):] + PATHS[: i % len(PATHS)]  # rotate: no path always runs first
-        target.set_forward("fast")
+        target.set_forward(state_forward)
         rec.states = caches["repeat"]  # the user's earlier request: identical
         rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])
         rec.states, rec.beam_width = caches["cached"], args.beam_width + 5  # ... with other beams
@@ -141,23 +147,25 @@ def run(args: argparse.Namespace) -> dict:
             res[path], t = one(path, h)
             ms[path].append(t)
             calls[path].append(res[path].stats.target_calls)
-        same_items += res["fast"].item_ids == res["lean"].item_ids
-        same_cached += (res["cached"].item_ids == res["fast"].item_ids and res["cached"].scores == res["fast"].scores)
-        same_repeat += (res["repeat"].item_ids == res["fast"].item_ids and res["repeat"].scores == res["fast"].scores)
-        if res["fast"].item_ids == res["lean"].item_ids:
-            max_diff = max([max_diff, *(abs(a - b) for a, b in zip(res["fast"].scores, res["lean"].scores,
-                                                                   strict=True))])
+        for path in ("fast", "compiled"):
+            if res[path].item_ids == res["lean"].item_ids:
+                same[path] += 1
+                max_diff[path] = max([max_diff[path], *(abs(a - b) for a, b in zip(
+                    res[path].scores, res["lean"].scores, strict=True))])
+        for path in ("cached", "repeat"):
+            same[path] += (res[path].item_ids == res[state_forward].item_ids
+                           and res[path].scores == res[state_forward].scores)
     rec.states = None
     sweep = [rec.prompts.prompt_ids(h) for h in histories[: args.sweep_users]]
     fixed = {}
-    for name in ("lean", "fast"):
+    for name in UNCACHED:
         target.set_forward(name)
         fixed[name] = _fixed_cost(target, BeamSearch(target, rec.trie, rec.prompts.code_offset).search, sweep)
     drafter_fixed = None
     drafter_model = rec.drafter.model if rec.drafter is not None else None
     if drafter_model is not None:
         drafter_fixed = {}
-        for name in ("lean", "fast"):
+        for name in UNCACHED:
             drafter_model.set_forward(name)
             drafter_fixed[name] = _fixed_cost(drafter_model, BeamSearch(drafter_model, rec.trie,
                                                                         rec.prompts.code_offset).search, sweep)
@@ -168,7 +176,7 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     base = statistics.median(ms["lean"])
     for path in PATHS:
-        f = fixed["lean" if path == "lean" else "fast"]
+        f = fixed[path if path in UNCACHED else state_forward]
         rows.append({"path": path, "p50_ms": statistics.median(ms[path]), "mean_ms": statistics.mean(ms[path]),
                      "vs_lean": statistics.median(ms[path]) / base,
                      "forwards_per_request": statistics.mean(calls[path]),
@@ -176,9 +184,11 @@ def run(args: argparse.Namespace) -> dict:
     n = len(histories)
     payload = {"bench": "cache", "bundle": str(args.bundle), "dtype": resolve_dtype(args.dtype), "k": args.k,
                "beam_width": args.beam_width, "split": args.split, "users": n, "machine": machine(),
-               "rows": rows, "identical_items_fast_vs_lean": same_items / n,
-               "max_score_diff_fast_vs_lean": max_diff, "identical_cached_vs_fast": same_cached / n,
-               "identical_repeat_vs_fast": same_repeat / n,
+               "rows": rows, "state_forward": state_forward,
+               "identical_items_fast_vs_lean": same["fast"] / n, "max_score_diff_fast_vs_lean": max_diff["fast"],
+               "identical_items_compiled_vs_lean": same["compiled"] / n,
+               "max_score_diff_compiled_vs_lean": max_diff["compiled"],
+               "identical_cached_vs_uncached": same["cached"] / n, "identical_repeat_vs_uncached": same["repeat"] / n,
                "drafter_fixed_ms_per_forward": ({k: v[0] for k, v in drafter_fixed.items()}
                                                 if drafter_fixed else None),
                "head_step_ms": _head_step_ms(rec), "floor_measured": floor.MEASURED, **(floors or {})}
@@ -188,11 +198,11 @@ def run(args: argparse.Namespace) -> dict:
     print(markdown_table(rows, [("path", "path"), ("p50_ms", "p50 ms/req"), ("mean_ms", "mean ms/req"),
                                 ("vs_lean", "p50 vs lean"), ("forwards_per_request", "forwards/req"),
                                 ("fixed_ms_per_forward", "fixed ms/forward"), ("ms_per_token", "ms/token")]))
-    print(f"identical items fast vs lean: {same_items}/{n} (max score diff {max_diff:.2e}); "
-          f"cached == fast (items and scores): {same_cached}/{n}; repeat == fast: {same_repeat}/{n}")
+    print(f"identical items vs lean: fast {same['fast']}/{n} (max score diff {max_diff['fast']:.2e}), compiled "
+          f"{same['compiled']}/{n} (max score diff {max_diff['compiled']:.2e}); with the {state_forward} forward, "
+          f"cached == uncached (items and scores): {same['cached']}/{n}; repeat == uncached: {same['repeat']}/{n}")
     if drafter_fixed:
-        lean_d, fast_d = drafter_fixed["lean"][0], drafter_fixed["fast"][0]
-        print(f"LLaMA drafter fixed ms/forward: lean {lean_d:.3f}, fast {fast_d:.3f}")
+        print("LLaMA drafter fixed ms/forward: " + ", ".join(f"{k} {v[0]:.3f}" for k, v in drafter_fixed.items()))
     if floors:
         print(f"linear floor ({floor.MEASURED}, {floors['floor_reps']} passes):")
         print(f"  1 row: {floors['floor_ms_per_forward']:.3f} ms/forward ({floors['weight_bytes'] / 1e6:.1f} MB of "

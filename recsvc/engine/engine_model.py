@@ -24,11 +24,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from recsvc.engine.attention import ATTENTION_MODES, TreeGroups, use_tree_attention
+from recsvc.engine.compiled import CompiledLayers, compile_module
 from recsvc.engine.fast import FastCache, FastLlama
 from recsvc.engine.lean import LeanCache, LeanLlama
 from recsvc.engine.ledger import ForwardLedger
 
-FORWARDS = ("auto", "fast", "lean")
+FORWARDS = ("auto", "fast", "compiled", "lean")
 
 
 class EngineModel:
@@ -40,18 +41,21 @@ class EngineModel:
         self._lean: LeanLlama | None = None
         # "fast" (recsvc.engine.fast: few ops per layer, float-rounding tolerance) serves fp32 models in the
         # "fp32" attention mode; "exact" keeps the bit-identical lean forward; "lean" forces today's path
-        self._fast: FastLlama | None = None
-        self._fast_version: tuple[int, ...] | None = None
+        # the fast forward, uncompiled (False) and compiled (True), each with the parameters' version it was built at
+        self._fasts: dict[bool, tuple[FastLlama, tuple[int, ...]]] = {}
         self.forward_ledger: ForwardLedger | None = None  # benches: every forward's tokens and time
+        self._compiled = False  # the fast forward's layers compiled (forward "compiled")
         self.set_forward(forward)
 
     def set_forward(self, forward: str) -> None:
-        """"fast", "lean" (today's bit-identical path) or "auto" (fast for fp32 models in "fp32" attention)."""
+        """"fast", "compiled" (the fast forward with its layers compiled by inductor: ``recsvc.engine.compiled``),
+        "lean" (today's bit-identical path) or "auto" (fast for fp32 models in "fp32" attention)."""
         if forward not in FORWARDS:
             raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
         self._fast_wanted = (self._lean_supported and self.model.dtype == torch.float32
                              and self.model.device.type == "cpu"
-                             and (forward == "fast" or forward == "auto" and self.attention == "fp32"))
+                             and (forward in ("fast", "compiled") or forward == "auto" and self.attention == "fp32"))
+        self._compiled = self._fast_wanted and forward == "compiled"
 
     @classmethod
     def build(cls, model: PreTrainedModel, attention: str = "exact", forward: str = "auto") -> EngineModel:
@@ -109,13 +113,17 @@ class EngineModel:
         lean = self.lean()  # rebuilt when stale: its recorded version is the parameters' current one
         assert lean is not None and self._fast_wanted
         version = lean.built_version
-        if self._fast is None or self._fast_version != version:
-            self._fast, self._fast_version = FastLlama(self.model), version
-        return self._fast
+        built = self._fasts.get(self._compiled)
+        if built is None or built[1] != version:
+            layers = compile_module(CompiledLayers(self.model)) if self._compiled else None
+            built = self._fasts[self._compiled] = (FastLlama(self.model, layers), version)
+        return built[0]
 
     @property
     def forward_name(self) -> str:
-        return "fast" if self._fast_wanted else ("lean" if self._lean_supported else "transformers")
+        if self._fast_wanted:
+            return "compiled" if self._compiled else "fast"
+        return "lean" if self._lean_supported else "transformers"
 
     # ---- the primitive ---------------------------------------------------------------------------------------
     def new_cache(self) -> DynamicCache | LeanCache | FastCache:
@@ -178,13 +186,13 @@ class EngineModel:
         the level's code tokens (tokens outside the trie are masked by the caller, without renormalising).
 
         The LM head runs only on the rows that need a next-token distribution, never on the prompt."""
+        cols = code_offset + level[:, None] * codebook_size + torch.arange(codebook_size, device=hidden.device)
         if self._fast_wanted:
             head = self.fast().lm_head
         else:
             lean = self.lean()
             head = lean.lm_head if lean is not None else self.model.get_output_embeddings()
         logits = head(hidden).float()  # [M, V]
-        cols = code_offset + level[:, None] * codebook_size + torch.arange(codebook_size, device=hidden.device)
         return torch.log_softmax(logits, dim=-1).gather(1, cols)
 
 

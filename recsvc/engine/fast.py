@@ -31,6 +31,8 @@ Shapes: B requests, q new tokens, S cache width (slots), H hidden, h heads, h_kv
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
@@ -146,7 +148,11 @@ class _Linear(PackedLinear):
 
 
 class FastLlama:
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: LlamaForCausalLM, layers: Callable[..., torch.Tensor] | None = None) -> None:
+        """``layers``: the decoder layers as one compiled callable (``recsvc.engine.compiled.CompiledLayers``),
+        run instead of the per-op loop below; None: the loop. (The LM head stays eager: compiled, its
+        log-softmax over the vocabulary measured slower than ATen's.)"""
+        self.compiled_layers = layers
         decoder = model.get_decoder()
         cfg = model.config
         self.rotary = decoder.rotary_emb
@@ -211,6 +217,9 @@ class FastLlama:
         hidden = F.embedding(input_ids, self.embed)  # [B, q, H]
         cos, sin = self._cos_sin(hidden, position_ids)  # [B, q, d]
         cos, sin = cos[:, :, None], sin[:, :, None]  # [B, q, 1, d]
+        if self.compiled_layers is not None:
+            return self.compiled_layers(hidden, cos, sin, visible, slots, [kv.k for kv in cache.layers],
+                                        [kv.v for kv in cache.layers], keep)
         rows = torch.arange(b, device=input_ids.device)[:, None].expand(b, q)
         mask = visible[:, None]  # [B, 1, q, S]
         gqa = h != hkv

@@ -16,6 +16,7 @@ exclusions; caps and boosts are decoded by ``RuleSettings.strategy``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -254,6 +255,24 @@ class BundleRecommender:
             self.drafter.model.set_forward(forward)
         if self.states is not None:
             self.states.clear()
+
+    def warm_up(self) -> float:
+        """Run the kinds of forward a server meets (one request and a batch of two; a wide search and K = 1;
+        plain and, with a drafter, strict), so that a compiled forward (``--forward compiled``) compiles its graphs
+        here rather than in a user's request or in the speculation calibration. No user state is kept. Returns
+        the seconds it took."""
+        start = time.monotonic()
+        states, self.states = self.states, None
+        try:
+            history = self.ids.item_ids[:3].tolist()
+            modes = ["plain"] + (["strict"] if self.drafter is not None else [])
+            for mode in modes:
+                for k in (self.beam_width, 1):
+                    for n in (1, 2):
+                        self.recommend([RecQuery(history=history[: 3 - i], k=k, mode=mode) for i in range(n)])
+        finally:
+            self.states = states
+        return time.monotonic() - start
 
     # ---- catalog -------------------------------------------------------------------------------------------
     def known_item(self, item_id: int) -> bool:

@@ -42,9 +42,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
     p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
-    p.add_argument("--forward", choices=["auto", "fast", "lean"], default="auto",
-                   help="engine forward: fast (few ops per layer; fp32 models, fp32 attention), lean (the previous, "
-                        "bit-identical path) or auto (fast where it applies)")
+    p.add_argument("--forward", choices=["auto", "fast", "compiled", "lean"], default="auto",
+                   help="engine forward: fast (few ops per layer; fp32 models, fp32 attention), compiled (the fast "
+                        "forward's layers compiled by torch.compile at start-up: faster per forward, needs a C++ "
+                        "compiler, ~30-60 s more start-up), lean (the previous, bit-identical path) or auto (fast "
+                        "where it applies)")
     p.add_argument("--state-cache-mb", type=int, default=256,
                    help="user-state cache budget in MiB: a returning user's prompt KV is reused (fast forward "
                         "only; 0 = off; docs/SCALING.md)")
@@ -219,6 +221,9 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
         print(f"fusing the transition prior {rec.prior.settings}", flush=True)
     cache = None if settings.recalibrate else settings.calibration_settings(rec.beam_width, torch_threads())
     rec.set_forward(settings.forward)
+    if rec.target.forward_name == "compiled":  # compile before calibration times anything
+        step("compiling_forward")
+        step("forward_compiled", seconds=round(rec.warm_up(), 3))
     configure_speculation(rec, settings.spec, settings.bundle, budget_s=settings.startup_budget_s, step=step,
                           should_stop=should_stop, cache_settings=cache)
     if settings.state_cache_mb < 0:

@@ -1,0 +1,113 @@
+"""The compiled forward (recsvc.engine.compiled): inductor's graph of the fast forward's layers gives the fast
+forward's results up to float rounding, for plain beam search (batched and single prompts, so both the prompt
+prefill with its last-layer pruning and the decode graph run), strict speculation and the user-state cache."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+
+from recsvc.drafters.llama import LlamaDrafter
+from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.speculative import speculative_search
+from recsvc.engine.state_cache import UserStateCache
+from tokenizer_rqvae.trie import CatalogTrie
+
+L, C = 4, 16
+TOL = 1e-4  # the fast forward's documented tolerance
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("gcc") is None,
+                                reason="inductor's CPU backend needs a C++ compiler")
+
+
+@pytest.fixture(scope="module")
+def setup():
+    trie = CatalogTrie(random_catalog(400, L, C, 31))
+    model = tiny_llama(L, C, 31, hidden=64, layers=2)
+    fast = EngineModel.build(model, "fp32")
+    compiled = EngineModel.build(model, "fp32", forward="compiled")
+    return trie, fast, compiled
+
+
+def test_compiled_is_the_fast_forward_with_compiled_layers(setup) -> None:
+    _, fast, compiled = setup
+    assert compiled.is_fast and compiled.forward_name == "compiled"
+    assert compiled.fast().compiled_layers is not None and fast.fast().compiled_layers is None
+    compiled.set_forward("fast")  # switching back and forth keeps both builds (no recompilation)
+    built = compiled.fast()
+    assert built.compiled_layers is None
+    compiled.set_forward("compiled")
+    assert compiled.fast().compiled_layers is not None
+    compiled.set_forward("fast")
+    assert compiled.fast() is built
+    compiled.set_forward("compiled")
+
+
+def test_compiled_plain_matches_fast(setup) -> None:
+    trie, fast, compiled = setup
+    prompts = random_prompts(6, 32, min_len=3, max_len=30)
+    for group in (prompts, prompts[:1], prompts[1:2]):  # batches of several prompts and of one
+        for k in (4, 10):
+            a = BeamSearch(fast, trie, TEXT_VOCAB).search(batch(group), k)
+            b = BeamSearch(compiled, trie, TEXT_VOCAB).search(batch(group), k)
+            assert torch.equal(a.leaves, b.leaves)
+            torch.testing.assert_close(a.scores, b.scores, atol=TOL, rtol=0)
+
+
+def test_strict_equals_plain_on_the_compiled_forward(setup) -> None:
+    trie, _, target = setup
+    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, C, 34, hidden=32, layers=1), "fp32"), trie, TEXT_VOCAB)
+    engine = BeamSearch(target, trie, TEXT_VOCAB)
+    prompts = random_prompts(3, 35, min_len=3, max_len=30)
+    plain = engine.search(batch(prompts), 6)
+    spec = speculative_search(target, trie, TEXT_VOCAB, batch(prompts), 6,
+                              drafter.session(batch(prompts), [], None), 6, 3, None, engine.select)
+    assert torch.equal(spec.leaves, plain.leaves)
+    torch.testing.assert_close(spec.scores, plain.scores, atol=TOL, rtol=0)
+
+
+def test_user_state_cache_on_the_compiled_forward_gives_identical_outputs(setup) -> None:
+    trie, _, compiled = setup
+    engine = BeamSearch(compiled, trie, TEXT_VOCAB)
+    prompts = random_prompts(3, 36, min_len=5, max_len=30)
+    states = UserStateCache(1 << 30, "v1")
+    first = engine.search(batch(prompts), 8, states=states)  # fills the cache
+    extended = [p + p[-2:] for p in prompts]  # a prompt that extends a cached one: only new tokens computed
+    for group in (prompts, extended):
+        cold = engine.search(batch(group), 8)
+        warm = engine.search(batch(group), 8, states=states)
+        assert torch.equal(cold.leaves, warm.leaves)
+        torch.testing.assert_close(cold.scores, warm.scores, atol=TOL, rtol=0)
+    assert torch.equal(first.leaves, engine.search(batch(prompts), 8).leaves)
+    assert states.stats()["hits"] > 0
+
+
+def test_a_server_built_with_the_compiled_forward_compiles_before_serving(tmp_path) -> None:
+    from test_drafter_fixtures import tiny_bundle
+
+    from recsvc.cli.main import build_parser
+    from recsvc.recommender.api import RecQuery
+    from recsvc.service.settings import ServeSettings, build_recommender
+
+    bundle = tiny_bundle(tmp_path / "b", n_users=20)
+    events: list[str] = []
+
+    def settings(forward: str) -> ServeSettings:
+        args = build_parser().parse_args(["serve", "--bundle", str(bundle), "--dtype", "fp32", "--spec", "off",
+                                          "--forward", forward])
+        return ServeSettings.from_args(args)
+
+    rec = build_recommender(settings("compiled"), step=lambda event, **_: events.append(event))
+    assert rec.target.forward_name == "compiled"
+    assert events.index("compiling_forward") < events.index("forward_compiled")
+    ref = build_recommender(settings("fast"), step=lambda *_, **__: None)
+    assert ref.target.forward_name == "fast"
+    history = rec.ids.item_ids[:4].tolist()
+    a = rec.recommend([RecQuery(history=history, k=5, mode="plain")])[0]
+    b = ref.recommend([RecQuery(history=history, k=5, mode="plain")])[0]
+    assert a.item_ids == b.item_ids
+    torch.testing.assert_close(torch.tensor(a.scores), torch.tensor(b.scores), atol=TOL, rtol=0)
