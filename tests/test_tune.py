@@ -162,3 +162,34 @@ def test_tune_fresh_with_the_learned_query_fits_it_per_period_and_eval_reads_it(
                      "--baselines", "popularity", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["fresh"]["query"] == record["settings"]["query"] and res["fit_on"] == "train"
+
+
+def test_tune_fresh_signals_chooses_on_valid_and_reports_test(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune"})
+    root = make_tiny_bundle(tmp_path, n_users=60)
+    _hold_out_items(tmp_path / "data", {3, 4, 5})
+    out = tmp_path / "signals.json"
+    assert cli.main(["tune", "fresh-signals", "--bundle", str(root), "--embed-cache", str(tmp_path / "emb"),
+                     "--top", "2", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    from training.fresh_signals import LAMBDAS, MUS
+
+    for split in ("valid", "test"):
+        grid = record["grid"][split]
+        assert len(grid) == len(MUS) * len(LAMBDAS) and all(0.0 <= g["share"] <= 1.0 for g in grid)
+        assert record["counts"][split]["fresh_items"] >= 1
+    chosen = record["chosen"]
+    best_valid = max(g["share"] for g in record["grid"]["valid"])
+    assert chosen["both (valid's best pair)"]["valid"] == best_valid  # chosen on valid only
+    assert chosen["similarity alone"]["mu"] == chosen["similarity alone"]["lambda"] == 0.0
+    assert "| similarity alone |" in capsys.readouterr().out
+    assert cli.main(["tune", "fresh-signals", "--bundle", str(root), "--top", "0"]) == 2
+
+
+def test_fresh_signals_helpers_examples() -> None:
+    import doctest
+
+    import training.fresh_signals
+
+    result = doctest.testmod(training.fresh_signals)
+    assert result.attempted >= 4 and result.failed == 0

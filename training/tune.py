@@ -74,10 +74,12 @@ def register(subparsers) -> None:
     t.add_argument("--threads", type=int, default=None)
     t.set_defaults(func=cmd_tune_target)
 
+    from training.fresh_signals import register_fresh_signals
     from training.tune_fresh import register_fresh
     from training.tune_mix import register_mix
 
     register_fresh(sub)
+    register_fresh_signals(sub)
     register_mix(sub)
 
 

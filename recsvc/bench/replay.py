@@ -7,7 +7,8 @@ order on one client thread at a time; ``--concurrency`` threads take users from 
 
 Per configuration (``--cache``: lean = the previous engine forward without the user-state cache (today's
 server), off = the fast forward without it (``--state-cache-mb 0``), on = ``--state-cache-mb`` MB, ahead = on +
-``--prefill-ahead``: the user's prefill after each write, when the engine is idle) and concurrency level, a
+``--prefill-ahead``: the user's prefill after each write, when the engine is idle; compiled = ahead with
+``--forward compiled``, its start-up compiling the forward before the trace) and concurrency level, a
 fresh redis-server and ``recsvc serve`` subprocess: Recommend latency p50 / p99, throughput (requests of both
 kinds per second, Recommend per second), the state cache's hit rate (full and partial hits per Recommend, from
 the server's /metrics) and the server's resident memory at the end. JSON output (``--json``).
@@ -34,7 +35,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,16", help="client threads, comma-separated levels")
     p.add_argument("--cache", default="lean,off,on,ahead",
                    help="configurations, comma-separated: lean (the previous forward, no user-state cache: today's "
-                        "server), off (the fast forward, no cache), on, ahead (on + --prefill-ahead)")
+                        "server), off (the fast forward, no cache), on, ahead (on + --prefill-ahead), compiled "
+                        "(ahead + --forward compiled)")
     p.add_argument("--state-cache-mb", type=int, default=256, help="its budget when on")
     p.add_argument("--max-seconds", type=float, default=None, help="stop a run's trace after this long")
     p.add_argument("--split", choices=["valid", "test"], default="test")
@@ -158,8 +160,10 @@ def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, work
     redis.start()
     serve_args = ["--redis-url", redis.url, "--state-cache-mb", str(cache_mb), "--max-batch", str(args.max_batch),
                   "--spec", "off", "--dtype", args.dtype, "--log-level", "INFO", *args.serve_arg]
-    if config == "ahead":
+    if config in ("ahead", "compiled"):
         serve_args.append("--prefill-ahead")
+    if config == "compiled":
+        serve_args += ["--forward", "compiled"]
     if config == "lean":
         serve_args += ["--forward", "lean"]
     if args.threads is not None:
@@ -195,8 +199,8 @@ def run(args: argparse.Namespace) -> dict:
     if not levels or min(levels) < 1:
         raise UserError(f"--concurrency takes positive integers, got {args.concurrency!r}")
     configs = [c.strip() for c in str(args.cache).split(",") if c.strip()]
-    if not configs or set(configs) - {"lean", "off", "on", "ahead"}:
-        raise UserError(f"--cache takes lean, off, on, ahead (comma-separated), got {args.cache!r}")
+    if not configs or set(configs) - {"lean", "off", "on", "ahead", "compiled"}:
+        raise UserError(f"--cache takes lean, off, on, ahead, compiled (comma-separated), got {args.cache!r}")
     if args.state_cache_mb < 1 and set(configs) - {"off", "lean"}:
         raise UserError("--state-cache-mb must be >= 1 with the cache on")
     trace = build_trace(args.bundle, args.users, args.r, args.split, args.seed)

@@ -18,7 +18,9 @@ attention mode (``EngineModel`` picks it; bf16 models keep the lean path and its
   computes keys / values for every token and q, attention, o-projection and MLP for the kept tokens only;
 - fp32 linear layers on CPU run oneDNN with the weight pre-packed once, when a probe shows its result for a
   row does not depend on the other rows of the call (so a node's hidden state does not depend on what shares
-  its forward); otherwise ``F.linear``.
+  its forward); otherwise ``F.linear``;
+- with ``layers`` (``EngineModel(forward="compiled")``, ``recsvc.engine.compiled``) the layer loop below is one
+  inductor-compiled graph instead; the embedding, rotary lookup and cache bookkeeping stay here.
 Tolerance: rotary and the MLP are op for op transformers' (cos / sin read from a table of the rotary module's
 own rows), RMSNorm is ``F.rms_norm`` (fp32: the same bits as transformers' op-by-op norm); the packed matmuls
 and the masked attention sum in another order than ``generate``, so hidden states differ by float rounding
