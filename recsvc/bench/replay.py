@@ -7,7 +7,7 @@ order on one client thread at a time; ``--concurrency`` threads take users from 
 
 Per configuration (``--cache``: lean = the previous engine forward without the user-state cache (today's
 server), off = the fast forward without it (``--state-cache-mb 0``), on = ``--state-cache-mb`` MB, ahead = on +
-``--prefill-ahead``: the user's prefill after each write, when the engine is idle; compiled = ahead with
+``--prefill-ahead``: the user's prefill after each write, when the engine is idle; compiled = on with
 ``--forward compiled``, its start-up compiling the forward before the trace) and concurrency level, a
 fresh redis-server and ``recsvc serve`` subprocess: Recommend latency p50 / p99, throughput (requests of both
 kinds per second, Recommend per second), the state cache's hit rate (full and partial hits per Recommend, from
@@ -36,7 +36,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", default="lean,off,on,ahead",
                    help="configurations, comma-separated: lean (the previous forward, no user-state cache: today's "
                         "server), off (the fast forward, no cache), on, ahead (on + --prefill-ahead), compiled "
-                        "(ahead + --forward compiled)")
+                        "(on + --forward compiled)")
     p.add_argument("--state-cache-mb", type=int, default=256, help="its budget when on")
     p.add_argument("--max-seconds", type=float, default=None, help="stop a run's trace after this long")
     p.add_argument("--split", choices=["valid", "test"], default="test")
@@ -160,7 +160,7 @@ def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, work
     redis.start()
     serve_args = ["--redis-url", redis.url, "--state-cache-mb", str(cache_mb), "--max-batch", str(args.max_batch),
                   "--spec", "off", "--dtype", args.dtype, "--log-level", "INFO", *args.serve_arg]
-    if config in ("ahead", "compiled"):
+    if config == "ahead":
         serve_args.append("--prefill-ahead")
     if config == "compiled":
         serve_args += ["--forward", "compiled"]
