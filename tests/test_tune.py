@@ -178,6 +178,8 @@ def test_tune_fresh_signals_chooses_on_valid_and_reports_test(tmp_path, monkeypa
         grid = record["grid"][split]
         assert len(grid) == len(MUS) * len(LAMBDAS) and all(0.0 <= g["share"] <= 1.0 for g in grid)
         assert record["counts"][split]["fresh_items"] >= 1
+        demand = record["demand"][split]
+        assert 0.0 <= demand["best_candidate_hit_rate"] <= 1.0 and 0.0 < demand["share_with_a_cold_target"] <= 1.0
     chosen = record["chosen"]
     best_valid = max(g["share"] for g in record["grid"]["valid"])
     assert chosen["both (valid's best pair)"]["valid"] == best_valid  # chosen on valid only

@@ -102,9 +102,9 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
     ids = bundle.load_ids()
     builder = bundle.prompt_builder(ids=ids)
     catalog = ids.item_ids.tolist()
-    window = args.window
-    if window is None:
-        window = FreshItems.load(bundle.fresh_dir).settings.window if (bundle.fresh_dir / "fresh.json").is_file() else 2
+    stored = FreshItems.load(bundle.fresh_dir).settings if (bundle.fresh_dir / "fresh.json").is_file() else None
+    window = args.window if args.window is not None else (stored.window if stored is not None else 2)
+    threshold = stored.min_similarity if stored is not None else 0.0
     if window < 1:
         raise UserError("--window must be >= 1")
     vectors = item_vectors(data_dir, args.embed_cache)
@@ -112,6 +112,7 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     periods = {"valid": ("train", valid_model), "test": (resolve_fit_on("auto", protocol), bundle.target_dir)}
     shares: dict[str, dict[tuple[float, float], float]] = {}
+    demand: dict[str, dict[str, float]] = {}
     counts: dict[str, dict[str, int]] = {}
     for split, (fit_on, model_dir) in periods.items():
         fresh = np.array(sorted(fresh_candidates(data, split, fit_on, catalog)), dtype=np.int64)
@@ -135,6 +136,24 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
                 logits = model(input_ids=torch.tensor([builder.prompt_ids(u.history)])).logits[0, -1].float()
             lp = torch.log_softmax(logits, dim=-1).numpy()[first]  # [f]
             per_user.append((sim, lp, set(u.history), {t for t in u.targets if t in cold}))
+        # the period's demand for fresh items, over ALL its users: how often the best fresh candidate (similarity
+        # alone) is a target, and how often it passes the bundle's threshold (a slot is given)
+        all_users = data.eval_users(split)
+        best_hit = passing = 0
+        for u in all_users:
+            hist_rows = vectors.rows(list(u.history)[-window:])
+            hist_rows = hist_rows[hist_rows >= 0]
+            if not len(hist_rows):
+                continue
+            q = vectors.vectors[hist_rows].mean(axis=0)
+            sim = fv @ (q / max(float(np.linalg.norm(q)), 1e-12))
+            outside = [r for r in np.argsort(-sim, kind="stable") if int(fresh[r]) not in set(u.history)]
+            if outside:
+                best_hit += int(fresh[outside[0]]) in set(u.targets)
+                passing += bool(sim[outside[0]] >= threshold)
+        demand[split] = {"users": len(all_users), "share_with_a_cold_target": len(users) / max(len(all_users), 1),
+                         "best_candidate_hit_rate": best_hit / max(len(all_users), 1),
+                         "share_given_a_slot": passing / max(len(all_users), 1), "threshold": threshold}
         shares[split] = {(mu, lam): float(np.mean([share_in_top(s + mu * pop + lam * lp, fresh, h, c, args.top)
                                                    for s, lp, h, c in per_user]))
                          for mu in MUS for lam in LAMBDAS}
@@ -151,7 +170,11 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
     print("| --- | --- | --- | --- | --- |")
     for name, (mu, lam) in pick.items():
         print(f"| {name} | {mu} | {lam} | {shares['valid'][(mu, lam)]:.4f} | {shares['test'][(mu, lam)]:.4f} |")
-    record = {"top": args.top, "window": window, "tau": TAU, "counts": counts,
+    for split, d in demand.items():
+        print(f"{split}: {d['share_with_a_cold_target']:.3f} of {d['users']} users have a cold target; the best "
+              f"fresh candidate is a target for {d['best_candidate_hit_rate']:.4f} of them and passes the "
+              f"threshold {d['threshold']:.2f} for {d['share_given_a_slot']:.3f}")
+    record = {"top": args.top, "window": window, "tau": TAU, "counts": counts, "demand": demand,
               "chosen": {name: {"mu": k[0], "lambda": k[1], "valid": shares["valid"][k], "test": shares["test"][k]}
                          for name, k in pick.items()},
               "grid": {split: [{"mu": k[0], "lambda": k[1], "share": v} for k, v in table.items()]
