@@ -1,19 +1,21 @@
-"""`recsvc bench cache`: today's forward vs the fast forward vs a returning user's cached state, in ONE run.
+"""`recsvc bench cache`: today's forward vs the fast and compiled forwards vs a returning user's state, in ONE run.
 
 The same users, one request at a time, the served recommender (plain decoding, the bundle's prior, the beam
-width B), four paths per user, interleaved (paired A/B: machine noise hits all of them alike):
+width B), five paths per user, interleaved (paired A/B: machine noise hits all of them alike):
 - ``lean``: the previous engine forward (``--forward lean``), no user-state cache;
 - ``fast``: the fast forward (recsvc.engine.fast), no user-state cache (a new user);
-- ``cached``: the fast forward, the user's prompt state cached by an earlier request with the same prompt but
-  other beams (beam width B + 5): the prompt forward skipped, the decode steps run;
-- ``repeat``: the fast forward, the user's earlier request identical (same prompt, k, B, exclusions, prior):
+- ``compiled``: the fast forward with its layers compiled (recsvc.engine.compiled, ``--forward compiled``), no
+  user-state cache (left out with ``--no-compiled``);
+- ``cached``: the ``--state-forward`` (compiled by default), the user's prompt state cached by an earlier request
+  with the same prompt but other beams (beam width B + 5): the prompt forward skipped, the decode steps run;
+- ``repeat``: the same forward, the user's earlier request identical (same prompt, k, B, exclusions, prior):
   the prompt and every decode step replayed from the cache, no forward.
 Per path: p50 / mean ms per request, target forwards per request, and the fixed cost per forward from the
 forward ledger (``recsvc.engine.ledger.ForwardLedger``: the intercept of ms vs new tokens over a sweep of
 plain searches of K = 1..40 beams, so 1..40 tokens per decode forward), for the target and, when the bundle
 has them, the LLaMA drafter and the draft head (its step: a few matmuls, no transformer forward).
-Outputs: ``fast`` vs ``lean`` (same items in the same order; float rounding may reorder near-ties) and
-``cached`` / ``repeat`` vs ``fast`` (identical items and scores).
+Outputs: ``fast`` and ``compiled`` vs ``lean`` (same items in the same order; float rounding may reorder
+near-ties) and ``cached`` / ``repeat`` vs the uncached path of their forward (identical items and scores).
 The linear-layer floor (``recsvc.bench.floor``): the target's packed linears alone, back to back, at 1 row
 (weight streaming per forward), at an uncached request's row counts (a prompt of the users' median length + the
 decode forwards at B beams) and at a prompt-cached one's (the decode forwards), each over the lean p50: the
@@ -51,6 +53,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-forward", choices=["fast", "compiled"], default="compiled",
                    help="the forward of the user-state cache's paths (cached, repeat), compared with the same "
                         "forward uncached")
+    p.add_argument("--no-compiled", action="store_true",
+                   help="leave out the compiled forward (no C++ compiler, or a quick run): no compiled row, and the "
+                        "cached paths run the fast forward")
     p.add_argument("--json", dest="json_path")
 
 
@@ -118,24 +123,26 @@ def run(args: argparse.Namespace) -> dict:
     target = rec.target
     caches = {"cached": UserStateCache(1 << 40, "bench"), "repeat": UserStateCache(1 << 40, "bench")}
 
-    state_forward = args.state_forward
+    paths = tuple(p for p in PATHS if p != "compiled") if args.no_compiled else PATHS
+    uncached = tuple(p for p in UNCACHED if p in paths)
+    state_forward = "fast" if args.no_compiled else args.state_forward
 
     def one(path: str, history: list[int]):
-        target.set_forward(path if path in UNCACHED else state_forward)
+        target.set_forward(path if path in uncached else state_forward)
         rec.states = caches.get(path)
         start = time.perf_counter()
         out = rec.recommend([RecQuery(history=history, k=args.k, mode="plain")])[0]
         return out, 1000.0 * (time.perf_counter() - start)
 
     for h in train[: args.warmup]:
-        for path in PATHS:
+        for path in paths:
             one(path, h)
-    ms: dict[str, list[float]] = {p: [] for p in PATHS}
-    calls: dict[str, list[int]] = {p: [] for p in PATHS}
-    same = {"fast": 0, "compiled": 0, "cached": 0, "repeat": 0}  # vs lean (items) / vs the uncached state_forward
+    ms: dict[str, list[float]] = {p: [] for p in paths}
+    calls: dict[str, list[int]] = {p: [] for p in paths}
+    same = dict.fromkeys(paths, 0)  # vs lean (items) / vs the uncached state_forward
     max_diff = {"fast": 0.0, "compiled": 0.0}
     for i, h in enumerate(tqdm(histories, desc="bench cache", leave=False)):
-        order = PATHS[i % len(PATHS):] + PATHS[: i % len(PATHS)]  # rotate: no path always runs first
+        order = paths[i % len(paths):] + paths[: i % len(paths)]  # rotate: no path always runs first
         target.set_forward(state_forward)
         rec.states = caches["repeat"]  # the user's earlier request: identical
         rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])
@@ -147,7 +154,7 @@ def run(args: argparse.Namespace) -> dict:
             res[path], t = one(path, h)
             ms[path].append(t)
             calls[path].append(res[path].stats.target_calls)
-        for path in ("fast", "compiled"):
+        for path in uncached[1:]:
             if res[path].item_ids == res["lean"].item_ids:
                 same[path] += 1
                 max_diff[path] = max([max_diff[path], *(abs(a - b) for a, b in zip(
@@ -158,14 +165,14 @@ def run(args: argparse.Namespace) -> dict:
     rec.states = None
     sweep = [rec.prompts.prompt_ids(h) for h in histories[: args.sweep_users]]
     fixed = {}
-    for name in UNCACHED:
+    for name in uncached:
         target.set_forward(name)
         fixed[name] = _fixed_cost(target, BeamSearch(target, rec.trie, rec.prompts.code_offset).search, sweep)
     drafter_fixed = None
     drafter_model = rec.drafter.model if rec.drafter is not None else None
     if drafter_model is not None:
         drafter_fixed = {}
-        for name in UNCACHED:
+        for name in uncached:
             drafter_model.set_forward(name)
             drafter_fixed[name] = _fixed_cost(drafter_model, BeamSearch(drafter_model, rec.trie,
                                                                         rec.prompts.code_offset).search, sweep)
@@ -175,8 +182,8 @@ def run(args: argparse.Namespace) -> dict:
     target.set_forward("auto")
     rows = []
     base = statistics.median(ms["lean"])
-    for path in PATHS:
-        f = fixed[path if path in UNCACHED else state_forward]
+    for path in paths:
+        f = fixed[path if path in uncached else state_forward]
         rows.append({"path": path, "p50_ms": statistics.median(ms[path]), "mean_ms": statistics.mean(ms[path]),
                      "vs_lean": statistics.median(ms[path]) / base,
                      "forwards_per_request": statistics.mean(calls[path]),
@@ -186,8 +193,8 @@ def run(args: argparse.Namespace) -> dict:
                "beam_width": args.beam_width, "split": args.split, "users": n, "machine": machine(),
                "rows": rows, "state_forward": state_forward,
                "identical_items_fast_vs_lean": same["fast"] / n, "max_score_diff_fast_vs_lean": max_diff["fast"],
-               "identical_items_compiled_vs_lean": same["compiled"] / n,
-               "max_score_diff_compiled_vs_lean": max_diff["compiled"],
+               "identical_items_compiled_vs_lean": same["compiled"] / n if "compiled" in paths else None,
+               "max_score_diff_compiled_vs_lean": max_diff["compiled"] if "compiled" in paths else None,
                "identical_cached_vs_uncached": same["cached"] / n, "identical_repeat_vs_uncached": same["repeat"] / n,
                "drafter_fixed_ms_per_forward": ({k: v[0] for k, v in drafter_fixed.items()}
                                                 if drafter_fixed else None),
@@ -198,9 +205,9 @@ def run(args: argparse.Namespace) -> dict:
     print(markdown_table(rows, [("path", "path"), ("p50_ms", "p50 ms/req"), ("mean_ms", "mean ms/req"),
                                 ("vs_lean", "p50 vs lean"), ("forwards_per_request", "forwards/req"),
                                 ("fixed_ms_per_forward", "fixed ms/forward"), ("ms_per_token", "ms/token")]))
-    print(f"identical items vs lean: fast {same['fast']}/{n} (max score diff {max_diff['fast']:.2e}), compiled "
-          f"{same['compiled']}/{n} (max score diff {max_diff['compiled']:.2e}); with the {state_forward} forward, "
-          f"cached == uncached (items and scores): {same['cached']}/{n}; repeat == uncached: {same['repeat']}/{n}")
+    vs_lean = ", ".join(f"{p} {same[p]}/{n} (max score diff {max_diff[p]:.2e})" for p in uncached[1:])
+    print(f"identical items vs lean: {vs_lean}; with the {state_forward} forward, cached == uncached (items and "
+          f"scores): {same['cached']}/{n}; repeat == uncached: {same['repeat']}/{n}")
     if drafter_fixed:
         print("LLaMA drafter fixed ms/forward: " + ", ".join(f"{k} {v[0]:.3f}" for k, v in drafter_fixed.items()))
     if floors:
