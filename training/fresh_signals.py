@@ -64,6 +64,17 @@ def popularity(fresh_vectors: np.ndarray, recent_vectors: np.ndarray, tau: float
     return (dens - dens.mean()) / max(float(dens.std()), 1e-12)
 
 
+def similarity(vectors, fresh_vectors: np.ndarray, history, window: int) -> np.ndarray | None:
+    """Cosine similarity [f] of each fresh item to the mean embedding of the history's last ``window`` items (the
+    served ``mean`` query; ``recsvc.model.fresh``), None when none of them has an embedding."""
+    rows = vectors.rows(list(history)[-window:])
+    rows = rows[rows >= 0]
+    if not len(rows):
+        return None
+    q = vectors.vectors[rows].mean(axis=0)
+    return fresh_vectors @ (q / max(float(np.linalg.norm(q)), 1e-12))
+
+
 def share_in_top(scores: np.ndarray, fresh_ids: np.ndarray, history: set[int], cold_targets: set[int],
                  top: int) -> float:
     """Share of ``cold_targets`` among the ``top`` best-scored fresh items outside the history.
@@ -126,12 +137,9 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
         first = np.array([builder.item_token_ids(int(i))[0] for i in fresh])  # [f] first-code token ids
         per_user = []
         for u in users:
-            hist_rows = vectors.rows(list(u.history)[-window:])
-            hist_rows = hist_rows[hist_rows >= 0]
-            if not len(hist_rows):
+            sim = similarity(vectors, fv, u.history, window)  # [f]
+            if sim is None:
                 continue
-            q = vectors.vectors[hist_rows].mean(axis=0)
-            sim = fv @ (q / max(float(np.linalg.norm(q)), 1e-12))  # [f]
             with torch.inference_mode():
                 logits = model(input_ids=torch.tensor([builder.prompt_ids(u.history)])).logits[0, -1].float()
             lp = torch.log_softmax(logits, dim=-1).numpy()[first]  # [f]
@@ -141,12 +149,9 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
         all_users = data.eval_users(split)
         best_hit = passing = 0
         for u in all_users:
-            hist_rows = vectors.rows(list(u.history)[-window:])
-            hist_rows = hist_rows[hist_rows >= 0]
-            if not len(hist_rows):
+            sim = similarity(vectors, fv, u.history, window)
+            if sim is None:
                 continue
-            q = vectors.vectors[hist_rows].mean(axis=0)
-            sim = fv @ (q / max(float(np.linalg.norm(q)), 1e-12))
             outside = [r for r in np.argsort(-sim, kind="stable") if int(fresh[r]) not in set(u.history)]
             if outside:
                 best_hit += int(fresh[outside[0]]) in set(u.targets)
@@ -158,6 +163,7 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
                                                    for s, lp, h, c in per_user]))
                          for mu in MUS for lam in LAMBDAS}
         counts[split] = {"users_with_a_cold_target": len(per_user), "fresh_items": len(fresh)}
+
     def on_valid(keys) -> tuple[float, float]:  # valid's best (ties: the smaller weights, listed first)
         return max(keys, key=lambda key: shares["valid"][key])
 
