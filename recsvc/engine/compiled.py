@@ -10,13 +10,14 @@ weights pre-packed for oneDNN). Shapes are dynamic (prompt lengths, beam counts 
 call), so a handful of graphs cover every request: one for the prompt prefill (``keep`` given) and one for the
 decode / verify forwards, each once per batch size of 1 vs more and 1 token vs more (dynamo specialises those).
 
-Cost: the first call of each kind compiles (about 10-20 s on one CPU core; ``recsvc serve --forward compiled``
-pays it at start-up with a warm-up request) and the compiler needs a C++ toolchain (``gcc``). CPU, fp32 only:
-elsewhere ``EngineModel`` keeps the uncompiled fast forward.
+Cost: the first call of each kind compiles (10-25 s each on one CPU core; ``recsvc serve --forward compiled``
+pays it at start-up in ``BundleRecommender.warm_up``: 46 s for the Beauty target) and the compiler needs a C++
+toolchain (``g++``). CPU, fp32 only: elsewhere ``EngineModel`` keeps the uncompiled fast forward.
 
-Numerics: the same arithmetic as ``FastLlama.forward`` (tested: hidden states within 1e-5, the same items as
-the fast forward with scores within 1e-4); inductor's fused loops and its packed matmuls sum in their own order,
-so bits differ from the uncompiled path by float rounding, the tolerance the fast path already documents.
+Numerics: the same arithmetic as ``FastLlama.forward``; inductor's fused loops and its packed matmuls sum in
+their own order, so bits differ from the uncompiled path by float rounding, the tolerance the fast path already
+documents (tested: the same items as the fast forward with scores within 1e-4, strict speculation == plain beam
+search, and the user-state cache's outputs identical with and without it).
 
 Shapes: B requests, q new tokens, S cache width after the call, C cache capacity, H hidden, h heads,
 h_kv kv heads, d head dim, I intermediate size.
