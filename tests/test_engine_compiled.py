@@ -111,3 +111,14 @@ def test_a_server_built_with_the_compiled_forward_compiles_before_serving(tmp_pa
     b = ref.recommend([RecQuery(history=history, k=5, mode="plain")])[0]
     assert a.item_ids == b.item_ids
     torch.testing.assert_close(torch.tensor(a.scores), torch.tensor(b.scores), atol=TOL, rtol=0)
+
+
+def test_the_compiled_forward_without_a_cpp_compiler_is_a_clear_error(setup, tmp_path, monkeypatch) -> None:
+    from recsvc.errors import UserError
+
+    _, fast, _ = setup
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no compiler on the PATH
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(UserError, match="C\\+\\+ compiler"):
+        fast.set_forward("compiled")
+    assert fast.forward_name == "fast"  # nothing changed

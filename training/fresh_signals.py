@@ -64,17 +64,6 @@ def popularity(fresh_vectors: np.ndarray, recent_vectors: np.ndarray, tau: float
     return (dens - dens.mean()) / max(float(dens.std()), 1e-12)
 
 
-def similarity(vectors, fresh_vectors: np.ndarray, history, window: int) -> np.ndarray | None:
-    """Cosine similarity [f] of each fresh item to the mean embedding of the history's last ``window`` items (the
-    served ``mean`` query; ``recsvc.model.fresh``), None when none of them has an embedding."""
-    rows = vectors.rows(list(history)[-window:])
-    rows = rows[rows >= 0]
-    if not len(rows):
-        return None
-    q = vectors.vectors[rows].mean(axis=0)
-    return fresh_vectors @ (q / max(float(np.linalg.norm(q)), 1e-12))
-
-
 def share_in_top(scores: np.ndarray, fresh_ids: np.ndarray, history: set[int], cold_targets: set[int],
                  top: int) -> float:
     """Share of ``cold_targets`` among the ``top`` best-scored fresh items outside the history.
@@ -96,7 +85,7 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
 
     from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
-    from recsvc.model.fresh import FreshItems
+    from recsvc.model.fresh import FreshItems, FreshSettings
     from recsvc.model.loading import load_causal_lm
     from training.fresh_eval import cold_items, fresh_candidates
     from training.prior_cli import resolve_fit_on
@@ -126,7 +115,8 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
     demand: dict[str, dict[str, float]] = {}
     counts: dict[str, dict[str, int]] = {}
     for split, (fit_on, model_dir) in periods.items():
-        fresh = np.array(sorted(fresh_candidates(data, split, fit_on, catalog)), dtype=np.int64)
+        ranker = FreshItems(vectors, fresh_candidates(data, split, fit_on, catalog), FreshSettings(window=window))
+        fresh = ranker.fresh_ids  # [f] ascending
         cold = cold_items(data, fit_on, catalog)
         users = [u for u in data.eval_users(split) if any(t in cold for t in u.targets)]
         fv = vectors.vectors[vectors.rows(fresh.tolist())]  # [f, d]
@@ -137,7 +127,7 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
         first = np.array([builder.item_token_ids(int(i))[0] for i in fresh])  # [f] first-code token ids
         per_user = []
         for u in users:
-            sim = similarity(vectors, fv, u.history, window)  # [f]
+            sim = ranker.similarities(u.history)  # [f] the served mean query's
             if sim is None:
                 continue
             with torch.inference_mode():
@@ -149,13 +139,10 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
         all_users = data.eval_users(split)
         best_hit = passing = 0
         for u in all_users:
-            sim = similarity(vectors, fv, u.history, window)
-            if sim is None:
-                continue
-            outside = [r for r in np.argsort(-sim, kind="stable") if int(fresh[r]) not in set(u.history)]
-            if outside:
-                best_hit += int(fresh[outside[0]]) in set(u.targets)
-                passing += bool(sim[outside[0]] >= threshold)
+            best = ranker.candidates([u.history], 1)[0]  # the best fresh item outside the history
+            if best:
+                best_hit += best[0][0] in set(u.targets)
+                passing += best[0][1] >= threshold
         demand[split] = {"users": len(all_users), "share_with_a_cold_target": len(users) / max(len(all_users), 1),
                          "best_candidate_hit_rate": best_hit / max(len(all_users), 1),
                          "share_given_a_slot": passing / max(len(all_users), 1), "threshold": threshold}

@@ -25,15 +25,26 @@ h_kv kv heads, d head dim, I intermediate size.
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch._inductor import config as inductor_config
-from transformers import LlamaForCausalLM
 
-from recsvc.engine.fast import _rotary
+from recsvc.engine.fast import FastLlama, _Linear, _rotary
+from recsvc.errors import UserError
+
+
+def require_compiler() -> None:
+    """A clear error, before any work, when no C++ compiler is on the PATH (inductor's CPU backend needs one:
+    ``$CXX``, ``g++`` or ``clang++``)."""
+    found = [c for c in (os.environ.get("CXX"), "g++", "clang++") if c and shutil.which(c)]
+    if not found:
+        raise UserError("the compiled forward (--forward compiled) needs a C++ compiler (g++ or clang++, or $CXX) "
+                        "on the PATH; none was found: install one or use --forward fast")
 
 
 def compile_module(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
@@ -52,34 +63,30 @@ def compile_module(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
 
 
 def _frozen(t: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(t.detach().clone().contiguous(), requires_grad=False)
+    """``t`` as a constant of the module (its storage shared, not copied)."""
+    return torch.nn.Parameter(t.detach(), requires_grad=False)
 
 
 class CompiledLayers(torch.nn.Module):
     """LLaMA decoder layers + the final norm over a caller-owned KV cache (``recsvc.engine.fast.FastCache``'s
-    buffers), as ``FastLlama.forward`` computes them (compiled by ``compile_module``)."""
+    buffers), as ``FastLlama.forward`` computes them, on that forward's fused weights (compiled by
+    ``compile_module``; ``compiled_layers`` builds both)."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, fast: FastLlama) -> None:
         super().__init__()
-        decoder = model.get_decoder()
-        cfg = model.config
-        self.h, self.hkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-        self.d = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-        self.inter = int(cfg.intermediate_size)
-        self.hidden = int(cfg.hidden_size)
-        self.scaling = float(decoder.layers[0].self_attn.scaling) if decoder.layers else 1.0
-        self.eps = [float(layer.input_layernorm.variance_epsilon) for layer in decoder.layers]
-        self.eps2 = [float(layer.post_attention_layernorm.variance_epsilon) for layer in decoder.layers]
-        self.norm_eps = float(decoder.norm.variance_epsilon)
-        self.n1 = torch.nn.ParameterList([_frozen(la.input_layernorm.weight) for la in decoder.layers])
-        self.n2 = torch.nn.ParameterList([_frozen(la.post_attention_layernorm.weight) for la in decoder.layers])
-        self.qkv = torch.nn.ParameterList([_frozen(torch.cat([la.self_attn.q_proj.weight, la.self_attn.k_proj.weight,
-                                                              la.self_attn.v_proj.weight])) for la in decoder.layers])
-        self.o = torch.nn.ParameterList([_frozen(la.self_attn.o_proj.weight) for la in decoder.layers])
-        self.gate_up = torch.nn.ParameterList([_frozen(torch.cat([la.mlp.gate_proj.weight, la.mlp.up_proj.weight]))
-                                               for la in decoder.layers])
-        self.down = torch.nn.ParameterList([_frozen(la.mlp.down_proj.weight) for la in decoder.layers])
-        self.norm = _frozen(decoder.norm.weight)
+        self.h, self.hkv, self.d = int(fast.heads), int(fast.kv_heads), int(fast.head_dim)
+        self.inter, self.hidden = int(fast.intermediate), int(fast.hidden_shape[0])
+        self.scaling = float(fast.scaling)
+        self.eps = [float(layer[1]) for layer in fast.layers]
+        self.eps2 = [float(layer[5]) for layer in fast.layers]
+        self.norm_eps = float(fast.norm_eps)
+
+        def weights(i: int) -> torch.nn.ParameterList:  # the i-th entry of every layer's tuple
+            return torch.nn.ParameterList([_frozen(_weight(layer[i])) for layer in fast.layers])
+
+        self.n1, self.qkv, self.o = weights(0), weights(2), weights(3)
+        self.n2, self.gate_up, self.down = weights(4), weights(6), weights(7)
+        self.norm = _frozen(fast.norm)
         self.eval()
 
     def forward(
@@ -120,3 +127,16 @@ class CompiledLayers(torch.nn.Module):
             gu = F.linear(F.rms_norm(hidden, (self.hidden,), self.n2[i], self.eps2[i]), self.gate_up[i])
             hidden = hidden + F.linear(F.silu(gu[..., :self.inter]) * gu[..., self.inter:], self.down[i])
         return F.rms_norm(hidden, (self.hidden,), self.norm, self.norm_eps)
+
+
+def compiled_layers(fast: FastLlama) -> Callable[..., torch.Tensor]:
+    """``FastLlama``'s ``compile_layers``: its layer stack as one compiled graph."""
+    return compile_module(CompiledLayers(fast))
+
+
+def _weight(t: torch.Tensor | _Linear) -> torch.Tensor:
+    """The weight of a fast-forward linear (``_Linear`` keeps it beside its packed copy), or the tensor itself."""
+    if isinstance(t, _Linear):
+        assert t.weight is not None
+        return t.weight
+    return t

@@ -24,7 +24,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from recsvc.engine.attention import ATTENTION_MODES, TreeGroups, use_tree_attention
-from recsvc.engine.compiled import CompiledLayers, compile_module
+from recsvc.engine.compiled import compiled_layers, require_compiler
 from recsvc.engine.fast import FastCache, FastLlama
 from recsvc.engine.lean import LeanCache, LeanLlama
 from recsvc.engine.ledger import ForwardLedger
@@ -52,10 +52,11 @@ class EngineModel:
         "lean" (today's bit-identical path) or "auto" (fast for fp32 models in "fp32" attention)."""
         if forward not in FORWARDS:
             raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
-        self._fast_wanted = (self._lean_supported and self.model.dtype == torch.float32
-                             and self.model.device.type == "cpu"
-                             and (forward in ("fast", "compiled") or forward == "auto" and self.attention == "fp32"))
-        self._compiled = self._fast_wanted and forward == "compiled"
+        fast = (self._lean_supported and self.model.dtype == torch.float32 and self.model.device.type == "cpu"
+                and (forward in ("fast", "compiled") or forward == "auto" and self.attention == "fp32"))
+        if fast and forward == "compiled":
+            require_compiler()  # before anything changes
+        self._fast_wanted, self._compiled = fast, fast and forward == "compiled"
 
     @classmethod
     def build(cls, model: PreTrainedModel, attention: str = "exact", forward: str = "auto") -> EngineModel:
@@ -115,8 +116,8 @@ class EngineModel:
         version = lean.built_version
         built = self._fasts.get(self._compiled)
         if built is None or built[1] != version:
-            layers = compile_module(CompiledLayers(self.model)) if self._compiled else None
-            built = self._fasts[self._compiled] = (FastLlama(self.model, layers), version)
+            built = self._fasts[self._compiled] = (
+                FastLlama(self.model, compiled_layers if self._compiled else None), version)
         return built[0]
 
     @property

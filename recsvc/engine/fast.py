@@ -150,11 +150,11 @@ class _Linear(PackedLinear):
 
 
 class FastLlama:
-    def __init__(self, model: LlamaForCausalLM, layers: Callable[..., torch.Tensor] | None = None) -> None:
-        """``layers``: the decoder layers as one compiled callable (``recsvc.engine.compiled.CompiledLayers``),
-        run instead of the per-op loop below; None: the loop. (The LM head stays eager: compiled, its
-        log-softmax over the vocabulary measured slower than ATen's.)"""
-        self.compiled_layers = layers
+    def __init__(self, model: LlamaForCausalLM,
+                 compile_layers: Callable[[FastLlama], Callable[..., torch.Tensor]] | None = None) -> None:
+        """``compile_layers``: builds the decoder layers as one compiled callable from this forward's fused
+        weights (``recsvc.engine.compiled``), run instead of the per-op loop below; None: the loop. (The LM head
+        stays eager: compiled, its log-softmax over the vocabulary measured slower than ATen's.)"""
         decoder = model.get_decoder()
         cfg = model.config
         self.rotary = decoder.rotary_emb
@@ -186,6 +186,7 @@ class FastLlama:
         self.lm_head = _Linear(model.get_output_embeddings().weight)
         self.hidden_shape = (int(cfg.hidden_size),)
         self.rotary_table = _rotary_table(self.rotary, cfg, self.embed)
+        self.compiled_layers = compile_layers(self) if compile_layers is not None else None
 
     def _cos_sin(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin [B, q, d] of the positions: rows of the table when it covers them (the same bits as the

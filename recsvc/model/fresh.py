@@ -145,14 +145,11 @@ class FreshItems:
         out: list[list[tuple[int, float]]] = []
         if n <= 0 or not len(self.fresh_ids):
             return [[] for _ in histories]
-        w = self.settings.window
         for b, hist in enumerate(histories):
-            rows = self.vectors.rows(list(hist)[-w:])
-            rows = rows[rows >= 0]
-            if not len(rows):
+            sims = self.similarities(hist)  # [f]
+            if sims is None:
                 out.append([])
                 continue
-            sims = self._fresh_vectors @ self._query(self.vectors.vectors[rows])  # [f]
             skip = set(hist) | (set(excluded[b]) if excluded is not None else set())
             picked: list[tuple[int, float]] = []
             for r in np.argsort(-sims, kind="stable"):
@@ -164,6 +161,15 @@ class FreshItems:
                     break
             out.append(picked)
         return out
+
+    def similarities(self, history: Sequence[int]) -> np.ndarray | None:
+        """Cosine similarity [f] of every fresh item (``fresh_ids`` order) to the query of the history's last
+        ``window`` items; None when none of them has an embedding."""
+        rows = self.vectors.rows(list(history)[-self.settings.window:])
+        rows = rows[rows >= 0]
+        if not len(rows):
+            return None
+        return self._fresh_vectors @ self._query(self.vectors.vectors[rows])
 
     def _query(self, history_vectors: np.ndarray) -> np.ndarray:
         """history_vectors [n, d] -> unit query [d] (the settings' kind)."""
