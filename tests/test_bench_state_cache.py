@@ -24,7 +24,11 @@ def test_bench_cache_compares_the_paths_in_one_run_and_measures_the_linear_floor
     rows = {r["path"]: r for r in report["rows"]}
     # the compiled path is left out here (its compiles take a minute; tests/test_engine_compiled.py covers it)
     assert set(rows) == {"lean", "fast", "cached", "repeat"} and report["state_forward"] == "fast"
-    assert rows["lean"]["forwards_per_request"] == rows["fast"]["forwards_per_request"] == 4
+    assert rows["lean"]["forwards_per_request"] == 4
+    # the fast path's bounded last step: at least the 4 forwards (a 5th when the bound needs a second part), and
+    # never more tokens than the lean path, which feeds every beam
+    assert rows["fast"]["forwards_per_request"] >= 4
+    assert rows["fast"]["tokens_per_request"] <= rows["lean"]["tokens_per_request"]
     assert rows["cached"]["forwards_per_request"] == 3  # the prompt forward skipped
     assert rows["repeat"]["forwards_per_request"] == 0  # an identical request: every step replayed
     assert report["identical_cached_vs_uncached"] == report["identical_repeat_vs_uncached"] == 1.0

@@ -10,7 +10,9 @@ width B), five paths per user, interleaved (paired A/B: machine noise hits all o
   with the same prompt but other beams (beam width B + 5): the prompt forward skipped, the decode steps run;
 - ``repeat``: the same forward, the user's earlier request identical (same prompt, k, B, exclusions, prior):
   the prompt and every decode step replayed from the cache, no forward.
-Per path: p50 / mean ms per request, target forwards per request, and the fixed cost per forward from the
+Per path: p50 / mean ms per request, target forwards and tokens (rows x new tokens, summed over the forwards)
+per request (the fast and compiled paths run the bounded last step, ``recsvc.engine.last_step``: fewer tokens,
+sometimes one forward more), and the fixed cost per forward from the
 forward ledger (``recsvc.engine.ledger.ForwardLedger``: the intercept of ms vs new tokens over a sweep of
 plain searches of K = 1..40 beams, so 1..40 tokens per decode forward), for the target and, when the bundle
 has them, the LLaMA drafter and the draft head (its step: a few matmuls, no transformer forward).
@@ -19,7 +21,8 @@ near-ties) and ``cached`` / ``repeat`` vs the uncached path of their forward (id
 The linear-layer floor (``recsvc.bench.floor``): the target's packed linears alone, back to back, at 1 row
 (weight streaming per forward), at an uncached request's row counts (a prompt of the users' median length + the
 decode forwards at B beams) and at a prompt-cached one's (the decode forwards), each over the lean p50: the
-best ratio any path can reach with these weights in this dtype on this machine.
+best ratio a path that runs every beam can reach with these weights in this dtype on this machine (the bounded
+last step runs fewer rows, so it can go below it).
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
 def run(args: argparse.Namespace) -> dict:
     from recsvc.bench import floor
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.ledger import ForwardLedger
     from recsvc.engine.state_cache import UserStateCache
     from recsvc.model.hardware import resolve_dtype
     from recsvc.recommender.api import RecQuery
@@ -130,13 +134,19 @@ def run(args: argparse.Namespace) -> dict:
     def one(path: str, history: list[int]):
         target.set_forward(path if path in uncached else state_forward)
         rec.states = caches.get(path)
+        target.forward_ledger = ledger = ForwardLedger()  # the tokens each forward ran
         start = time.perf_counter()
         out = rec.recommend([RecQuery(history=history, k=args.k, mode="plain")])[0]
-        return out, 1000.0 * (time.perf_counter() - start)
+        elapsed = 1000.0 * (time.perf_counter() - start)
+        target.forward_ledger = None
+        tokens[path].append(sum(t for t, _ in ledger.calls))
+        return out, elapsed
 
+    tokens: dict[str, list[int]] = {p: [] for p in paths}
     for h in train[: args.warmup]:
         for path in paths:
             one(path, h)
+    tokens = {p: [] for p in paths}
     ms: dict[str, list[float]] = {p: [] for p in paths}
     calls: dict[str, list[int]] = {p: [] for p in paths}
     same = dict.fromkeys(paths, 0)  # vs lean (items) / vs the uncached state_forward
@@ -187,6 +197,7 @@ def run(args: argparse.Namespace) -> dict:
         rows.append({"path": path, "p50_ms": statistics.median(ms[path]), "mean_ms": statistics.mean(ms[path]),
                      "vs_lean": statistics.median(ms[path]) / base,
                      "forwards_per_request": statistics.mean(calls[path]),
+                     "tokens_per_request": statistics.mean(tokens[path]),
                      "fixed_ms_per_forward": f[0], "ms_per_token": f[1]})
     n = len(histories)
     payload = {"bench": "cache", "bundle": str(args.bundle), "dtype": resolve_dtype(args.dtype), "k": args.k,
@@ -204,7 +215,8 @@ def run(args: argparse.Namespace) -> dict:
         payload["floor_cached_vs_lean"] = floors["floor_cached_ms"] / base
     print(markdown_table(rows, [("path", "path"), ("p50_ms", "p50 ms/req"), ("mean_ms", "mean ms/req"),
                                 ("vs_lean", "p50 vs lean"), ("forwards_per_request", "forwards/req"),
-                                ("fixed_ms_per_forward", "fixed ms/forward"), ("ms_per_token", "ms/token")]))
+                                ("tokens_per_request", "tokens/req"), ("fixed_ms_per_forward", "fixed ms/forward"),
+                                ("ms_per_token", "ms/token")]))
     vs_lean = ", ".join(f"{p} {same[p]}/{n} (max score diff {max_diff[p]:.2e})" for p in uncached[1:])
     print(f"identical items vs lean: {vs_lean}; with the {state_forward} forward, cached == uncached (items and "
           f"scores): {same['cached']}/{n}; repeat == uncached: {same['repeat']}/{n}")

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from recsvc.drafters.head_model import DraftHead
-from recsvc.engine.beam_search import expand_beams
+from recsvc.engine.expand import expand_beams
 from recsvc.engine.ports import Drafter, DraftSession, DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import sample_children, temper

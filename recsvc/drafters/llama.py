@@ -18,8 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from recsvc.engine.beam_search import expand_beams, node_logprobs, to_device
+from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.expand import expand_beams
 from recsvc.engine.ports import DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import sample_children, tempered_logp

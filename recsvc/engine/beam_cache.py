@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from recsvc.engine.attention import TreeGroups
-from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.engine_model import EngineModel, tree_mask
 from recsvc.engine.prefill import Prefill
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.state_cache import UserStateCache
@@ -34,7 +34,13 @@ class BeamCache:
         self.lengths = prompts.lengths.tolist()
         self.path: torch.Tensor | None = None  # [B, K, d] cache slots of each beam's path (depth 1..d)
         self.width = 0  # slots in the cache
+        self._last: tuple[torch.Tensor, ...] | None = None  # feed_part's step inputs (ids, positions, slots, mask)
         self.calls = 0
+
+    @property
+    def keeps_steps(self) -> bool:
+        """Decode steps go to (and come from) the user-state cache: they must be fed whole."""
+        return self.fast_prefill is not None and self.fast_prefill.states is not None
 
     def prefill(self) -> torch.Tensor:
         """Run the prompts: [B, H] hidden state of each prompt's last token (the first code's distribution)."""
@@ -53,6 +59,41 @@ class BeamCache:
         """Feed the beams ``nodes`` [B, K] (trie nodes of depth d, -1 = dead) whose parents are beams
         ``parents`` [B, K] of the previous step (ignored at depth 1): their [B, K, H] hidden states."""
         b, k = nodes.shape
+        path, ids, positions = self._step_inputs(nodes, parents)
+        width = self.width + k
+        pre = self.fast_prefill if self.keeps_steps else None
+        keys = ([tuple(row) for row in self.trie.codes_of_nodes(nodes).reshape(b, -1).tolist()]
+                if pre is not None else [])  # per row: the beams' code paths
+        kept = pre.load_step(keys, k, self.width) if pre is not None else None  # an identical request's step
+        if kept is not None:
+            self.path, self.width = path, width
+            return kept
+        hidden = self.model.forward(self.cache, ids, positions, self._groups(path))  # [B, K, H]
+        if pre is not None:
+            pre.store_step(keys, self.width, hidden)
+        self.path, self.width, self.calls = path, width, self.calls + 1
+        return hidden
+
+    def feed_part(self, nodes: torch.Tensor, parents: torch.Tensor, first: int, stop: int) -> torch.Tensor:
+        """The last step fed in parts (``recsvc.engine.last_step``; fast forward): beams first..stop-1 of
+        ``nodes`` [B, K] -> their [B, stop - first, H] hidden states. Each part runs at the whole step's slots
+        and with its key width (the slots of beams not fed are never visible), so a beam's hidden state is the one
+        ``feed`` computes for the whole step, bit for bit. The step's inputs and mask are built on the first
+        part, for the same ``nodes`` / ``parents`` throughout."""
+        if self._last is None:
+            path, ids, positions = self._step_inputs(nodes, parents)
+            slots, visible = tree_mask(self.width, nodes.shape, self._groups(path), nodes.device)
+            self._last = (ids, positions, slots, visible)
+        ids, positions, slots, visible = self._last
+        part = slice(first, stop)
+        self.calls += 1
+        return self.model.forward_masked(self.cache, ids[:, part], positions[:, part], slots[:, part],
+                                         visible[:, part])
+
+    def _step_inputs(self, nodes: torch.Tensor, parents: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(path [B, K, d] cache slots of each beam's path, token ids [B, K], positions [B, K]) of a step."""
+        b, k = nodes.shape
         own = (self.width + torch.arange(k, device=nodes.device))[None, :, None].expand(b, k, 1)  # [B, K, 1]
         if self.path is None:
             path = own
@@ -64,19 +105,7 @@ class BeamCache:
         c = self.trie.codebook_size
         ids = torch.where(alive, self.code_offset + (d - 1) * c + self.trie.node_code[n], self.code_offset)
         positions = self.prompts.lengths[:, None] + (d - 1)  # [B, 1]: the prompt length + depth - 1
-        width = self.width + k
-        pre = self.fast_prefill if self.fast_prefill is not None and self.fast_prefill.states is not None else None
-        keys = ([tuple(row) for row in self.trie.codes_of_nodes(nodes).reshape(b, -1).tolist()]
-                if pre is not None else [])  # per row: the beams' code paths
-        kept = pre.load_step(keys, k, self.width) if pre is not None else None  # an identical request's step
-        if kept is not None:
-            self.path, self.width = path, width
-            return kept
-        hidden = self.model.forward(self.cache, ids, positions.expand(b, k), self._groups(path))  # [B, K, H]
-        if pre is not None:
-            pre.store_step(keys, self.width, hidden)
-        self.path, self.width, self.calls = path, width, self.calls + 1
-        return hidden
+        return path, ids, positions.expand(b, k)
 
     def _groups(self, path: torch.Tensor) -> TreeGroups:
         """Every beam of row r attends [r's prompt slots 0..T_r-1, its path]; rows with equal T_r share a call."""

@@ -16,8 +16,9 @@ import torch
 
 from recsvc.engine.beam_cache import BeamCache
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.expand import expand_beams
+from recsvc.engine.last_step import bounded_last_step
 from recsvc.engine.ledger import NO_LEDGER, Ledger
-from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.engine.topk import GenerateSelector, IndexSelector, Selector
@@ -31,48 +32,6 @@ class BeamOutput:
     scores: torch.Tensor  # [B, K] float32 sums of log-probs (-inf where leaves == -1)
     target_calls: int  # forward calls of the model for the whole batch
     beams: list[torch.Tensor]  # L tensors [B, K]: the beams (nodes) after each step (the oracle drafts these)
-
-
-def expand_beams(
-    trie: CatalogTrie,
-    nodes: torch.Tensor,  # [B, k_in] current beams (trie nodes; -1 dead)
-    scores: torch.Tensor,  # [B, k_in]
-    logp: torch.Tensor,  # [B, k_in, C] next-code log-probs of each beam
-    k: int,
-    dead: torch.Tensor | None,  # [B, num_nodes] excluded prefixes
-    select: Selector | None = None,  # tie-break (default: lower index)
-    prior: torch.Tensor | None = None,  # [B, num_nodes] w * log prior mass (recsvc.engine.prior) or None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One beam-search step: (nodes [B, k], scores [B, k], parent beam index [B, k]).
-
-    With ``prior`` each candidate also gains prior[row, child] - prior[row, node], so scores are fused scores
-    (sum of code log-probs + w * log m(prefix)); without it the step is exactly the unfused one."""
-    b, k_in, c = logp.shape
-    cand, child = candidate_scores(trie, nodes, scores, logp, dead, prior)
-    level = trie.depth[nodes.max(dim=1).values.clamp(min=0)]  # [B] a row's beams share one depth
-    new_scores, flat = (select or IndexSelector())(cand, k, level)
-    new_nodes = child.view(b, k_in * c).gather(1, flat)
-    new_nodes = torch.where(torch.isfinite(new_scores), new_nodes, torch.full_like(new_nodes, -1))
-    return new_nodes, new_scores, flat // c
-
-
-def candidate_scores(
-    trie: CatalogTrie,
-    nodes: torch.Tensor,  # [B, m] trie nodes (-1 dead)
-    scores: torch.Tensor,  # [B, m]
-    logp: torch.Tensor,  # [B, m, C] next-code log-probs of each node
-    dead: torch.Tensor | None,  # [B, num_nodes]
-    prior: torch.Tensor | None,  # [B, num_nodes] or None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every child's beam score (-inf where the trie or ``dead`` forbids it; + the prior's step term) and node:
-    ([B, m, C], [B, m, C] child nodes, -1 where absent). The scoring half of ``expand_beams``."""
-    b, m, c = logp.shape
-    rows = torch.arange(b, device=nodes.device)[:, None].expand(b, m).reshape(-1)
-    mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
-    step = scores[..., None] + logp
-    if prior is not None:
-        step = step + step_bias(prior, nodes, child.view(b, m, c))
-    return torch.where(mask.view(b, m, c), step, float("-inf")), child.view(b, m, c)
 
 
 def node_logprobs(model: EngineModel, cache: TreeCache, nodes: torch.Tensor) -> torch.Tensor:
@@ -109,11 +68,14 @@ class BeamSearch:
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None,
                prior: torch.Tensor | None = None, ledger: Ledger = NO_LEDGER,
-               states: UserStateCache | None = None, count: bool = True) -> BeamOutput:
+               states: UserStateCache | None = None, count: bool = True, top: int | None = None) -> BeamOutput:
         """dead: [B, num_nodes] excluded prefixes; prior: [B, num_nodes] ``prior_log_mass`` to fuse (scores are
         then fused scores), None = the model alone (bit-identical to transformers' generate). ``states``: the
         user-state cache (fast forward only): cached prompts are not run again, computed ones are stored.
-        ``count``: whether its lookups count as hits / misses (False: work ahead of a request)."""
+        ``count``: whether its lookups count as hits / misses (False: work ahead of a request). ``top``: the
+        caller reads only the best ``top`` beams (< k): the last step then feeds only the beams that can reach
+        them (``recsvc.engine.last_step``; fast forward on a CPU, steps not kept in ``states``) and ``leaves`` /
+        ``scores`` are [B, top], the first ``top`` of the full search's."""
         dev = self.model.device  # every tensor of the search lives there (inputs moved once, here)
         prompts = prompts.to(dev)
         dead, prior = to_device(dead, dev), to_device(prior, dev)
@@ -124,7 +86,17 @@ class BeamSearch:
         scores = torch.zeros(b, 1, device=dev)
         parents = torch.zeros(b, 1, dtype=torch.long, device=dev)
         beams = []
-        for step in range(self.trie.levels):
+        levels = self.trie.levels
+        bounded = (top is not None and 0 < top < k and levels > 1 and self.model.is_fast and dev.type == "cpu"
+                   and not cache.keeps_steps)
+        for step in range(levels):
+            if bounded and step == levels - 1:
+                with ledger.phase("last"):
+                    nodes, scores, parents, _ = bounded_last_step(
+                        self.trie, nodes, scores, self._last_feed(cache, nodes, parents, step), int(top), dead,
+                        self.select, prior)
+                beams.append(nodes)
+                break
             # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
@@ -140,4 +112,18 @@ class BeamSearch:
                 nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
                                                       self.select, prior)
             beams.append(nodes)
+        if top is not None and top < nodes.shape[1]:  # the bounded last step returns top already
+            nodes, scores, beams[-1] = nodes[:, :top], scores[:, :top], nodes[:, :top]
         return BeamOutput(nodes, scores, cache.calls, beams)
+
+    def _last_feed(self, cache: BeamCache, nodes: torch.Tensor, parents: torch.Tensor, step: int):
+        """The bounded last step's ``feed(first, stop)``: beams first..stop-1 forward -> [B, n, C] log-probs."""
+        c = self.trie.codebook_size
+
+        def feed(first: int, stop: int) -> torch.Tensor:
+            hidden = cache.feed_part(nodes, parents, first, stop)  # [B, n, H]
+            level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long, device=hidden.device)
+            logp = self.model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
+            return logp.view(hidden.shape[0], hidden.shape[1], c)
+
+        return feed

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from recsvc.engine.beam_search import expand_beams, node_logprobs, to_device
+from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.expand import expand_beams
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.ports import DraftSession, TargetState
 from recsvc.engine.prompts import PromptBatch

@@ -439,7 +439,8 @@ class BundleRecommender:
             dead = self.trie.dead_nodes(excluded) if any(excluded) else None
         prior = self.prior_for([q.history for q in queries])
         if mode == "plain":
-            out = self.engine.search(batch, k, dead, prior, ledger, states=self.states)
+            out = self.engine.search(batch, k, dead, prior, ledger, states=self.states,
+                                     top=max(q.k for q in queries))  # the first k of the width-k beams are read
             calls = [out.target_calls] * len(queries)
             accepted = [0] * len(queries)
             leaves, scores, draft_calls = out.leaves, out.scores, 0

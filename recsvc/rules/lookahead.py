@@ -25,8 +25,9 @@ from typing import Protocol
 import torch
 
 from recsvc.drafters.head_model import DraftHead
-from recsvc.engine.beam_search import candidate_scores, node_logprobs
+from recsvc.engine.beam_search import node_logprobs
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.expand import candidate_scores
 from recsvc.engine.tree_cache import TreeCache
 from recsvc.rules.catalog import BatchRules, RuleCatalog
 from recsvc.rules.greedy import fills, greedy_pick

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from recsvc.engine.beam_search import candidate_scores, node_logprobs, to_device
+from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.expand import candidate_scores
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache

@@ -1,0 +1,56 @@
+"""One step of trie-constrained beam search over given next-code log-probs: score every allowed child (the trie,
+the request's exclusions, the fused prior's step term) and keep the best K. Shared by plain beam search, its
+bounded last step, speculative verification, the drafters and the rules' list-level search.
+
+Shapes: B requests, k_in / m beams in, C codebook size, k beams out.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from recsvc.engine.prior import step_bias
+from recsvc.engine.topk import IndexSelector, Selector
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+def expand_beams(
+    trie: CatalogTrie,
+    nodes: torch.Tensor,  # [B, k_in] current beams (trie nodes; -1 dead)
+    scores: torch.Tensor,  # [B, k_in]
+    logp: torch.Tensor,  # [B, k_in, C] next-code log-probs of each beam
+    k: int,
+    dead: torch.Tensor | None,  # [B, num_nodes] excluded prefixes
+    select: Selector | None = None,  # tie-break (default: lower index)
+    prior: torch.Tensor | None = None,  # [B, num_nodes] w * log prior mass (recsvc.engine.prior) or None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One beam-search step: (nodes [B, k], scores [B, k], parent beam index [B, k]).
+
+    With ``prior`` each candidate also gains prior[row, child] - prior[row, node], so scores are fused scores
+    (sum of code log-probs + w * log m(prefix)); without it the step is exactly the unfused one."""
+    b, k_in, c = logp.shape
+    cand, child = candidate_scores(trie, nodes, scores, logp, dead, prior)
+    level = trie.depth[nodes.max(dim=1).values.clamp(min=0)]  # [B] a row's beams share one depth
+    new_scores, flat = (select or IndexSelector())(cand, k, level)
+    new_nodes = child.view(b, k_in * c).gather(1, flat)
+    new_nodes = torch.where(torch.isfinite(new_scores), new_nodes, torch.full_like(new_nodes, -1))
+    return new_nodes, new_scores, flat // c
+
+
+def candidate_scores(
+    trie: CatalogTrie,
+    nodes: torch.Tensor,  # [B, m] trie nodes (-1 dead)
+    scores: torch.Tensor,  # [B, m]
+    logp: torch.Tensor,  # [B, m, C] next-code log-probs of each node
+    dead: torch.Tensor | None,  # [B, num_nodes]
+    prior: torch.Tensor | None,  # [B, num_nodes] or None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every child's beam score (-inf where the trie or ``dead`` forbids it; + the prior's step term) and node:
+    ([B, m, C], [B, m, C] child nodes, -1 where absent). The scoring half of ``expand_beams``."""
+    b, m, c = logp.shape
+    rows = torch.arange(b, device=nodes.device)[:, None].expand(b, m).reshape(-1)
+    mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
+    step = scores[..., None] + logp
+    if prior is not None:
+        step = step + step_bias(prior, nodes, child.view(b, m, c))
+    return torch.where(mask.view(b, m, c), step, float("-inf")), child.view(b, m, c)
