@@ -11,7 +11,7 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.expand import expand_beams
-from recsvc.engine.last_step import MIN_PART, bounded_last_step
+from recsvc.engine.last_step import FIRST_EXTRA, MIN_PART, bounded_last_step
 from recsvc.engine.ledger import ForwardLedger
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.topk import GenerateSelector, IndexSelector
@@ -60,7 +60,8 @@ def test_bounded_step_equals_the_full_step(trie: CatalogTrie, select, top: int) 
                                                                    None, select, prior)
         assert torch.equal(out_nodes, ref_nodes[:, :top]) and torch.equal(parents, ref_parents[:, :top])
         assert torch.equal(out_scores, ref_scores[:, :top])
-        assert fed[0] == (0, max(top, MIN_PART)) and all(a[1] == b[0] for a, b in zip(fed, fed[1:], strict=False))
+        assert fed[0] == (0, min(max(top + FIRST_EXTRA, MIN_PART), K))
+        assert all(a[1] == b[0] for a, b in zip(fed, fed[1:], strict=False))  # parts follow each other
         assert n_fed == fed[-1][1]
         saved += K - n_fed
     assert saved > 0  # the bound does skip beams
