@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> dict:
     for h in train[: args.warmup]:
         for path in paths:
             one(path, h)
-    tokens = {p: [] for p in paths}
+    tokens = {p: [] for p in paths}  # the warm-up's are not counted
     ms: dict[str, list[float]] = {p: [] for p in paths}
     calls: dict[str, list[int]] = {p: [] for p in paths}
     same = dict.fromkeys(paths, 0)  # vs lean (items) / vs the uncached state_forward

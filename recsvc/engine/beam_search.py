@@ -74,8 +74,8 @@ class BeamSearch:
         user-state cache (fast forward only): cached prompts are not run again, computed ones are stored.
         ``count``: whether its lookups count as hits / misses (False: work ahead of a request). ``top``: the
         caller reads only the best ``top`` beams (< k): the last step then feeds only the beams that can reach
-        them (``recsvc.engine.last_step``; fast forward on a CPU, steps not kept in ``states``) and ``leaves`` /
-        ``scores`` are [B, top], the first ``top`` of the full search's."""
+        them (``recsvc.engine.last_step``; the fast forward, which runs on a CPU; steps not kept in ``states``)
+        and ``leaves`` / ``scores`` are [B, top], the first ``top`` of the full search's."""
         dev = self.model.device  # every tensor of the search lives there (inputs moved once, here)
         prompts = prompts.to(dev)
         dead, prior = to_device(dead, dev), to_device(prior, dev)
@@ -87,8 +87,7 @@ class BeamSearch:
         parents = torch.zeros(b, 1, dtype=torch.long, device=dev)
         beams = []
         levels = self.trie.levels
-        bounded = (top is not None and 0 < top < k and levels > 1 and self.model.is_fast and dev.type == "cpu"
-                   and not cache.keeps_steps)
+        bounded = top is not None and 0 < top < k and levels > 1 and self.model.is_fast and not cache.keeps_steps
         for step in range(levels):
             if bounded and step == levels - 1:
                 with ledger.phase("last"):
@@ -105,9 +104,7 @@ class BeamSearch:
                     logp = pre.first_logprobs(hidden[:, 0], self.code_offset, c)
                     pre.remember(hidden[:, 0], logp)
                 else:
-                    level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long, device=dev)
-                    logp = self.model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset,
-                                                    c)
+                    logp = self._step_logprobs(hidden, step)
             with ledger.phase("select"):
                 nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
                                                       self.select, prior)
@@ -118,12 +115,15 @@ class BeamSearch:
 
     def _last_feed(self, cache: BeamCache, nodes: torch.Tensor, parents: torch.Tensor, step: int):
         """The bounded last step's ``feed(first, stop)``: beams first..stop-1 forward -> [B, n, C] log-probs."""
-        c = self.trie.codebook_size
 
         def feed(first: int, stop: int) -> torch.Tensor:
-            hidden = cache.feed_part(nodes, parents, first, stop)  # [B, n, H]
-            level = torch.full((hidden.shape[0] * hidden.shape[1],), step, dtype=torch.long, device=hidden.device)
-            logp = self.model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), level, self.code_offset, c)
-            return logp.view(hidden.shape[0], hidden.shape[1], c)
+            return self._step_logprobs(cache.feed_part(nodes, parents, first, stop), step)
 
         return feed
+
+    def _step_logprobs(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
+        """[B, n, H] hidden states of beams at depth ``step`` -> [B, n, C] log-probs of the next code."""
+        b, n, h = hidden.shape
+        level = torch.full((b * n,), step, dtype=torch.long, device=hidden.device)
+        logp = self.model.code_logprobs(hidden.reshape(-1, h), level, self.code_offset, self.trie.codebook_size)
+        return logp.view(b, n, -1)
