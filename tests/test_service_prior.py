@@ -19,6 +19,7 @@ from recsvc.model.bundle import Bundle
 from recsvc.model.transition import TransitionPrior
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
+from training.baselines import format_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WEIGHT = 4.0
@@ -152,6 +153,10 @@ def test_evaluation_fuses_and_reports_the_prior(bundle) -> None:
     assert with_prior["prior"] == {"window": 1, "decay": 0.5, "beta": 1.0, "weight": WEIGHT, "fitted_on": "train",
                                    "dir": "prior"}
     assert without["prior"] is None
+    # the fused prior read alone, on the same users and metric code: what the generative model adds
+    alone = with_prior["prior_alone"]
+    assert set(alone) >= {"recall@5", "ndcg@5", "cold", "warm"} and without["prior_alone"] is None
+    assert "served prior alone" in format_table(with_prior)
     json.dumps(with_prior)  # the CLI writes it as JSON
     b = Bundle.open(bundle)
     data = load_split_dir(b.resolve_data_dir())

@@ -203,6 +203,9 @@ def evaluate_bundle(
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
     from training.baselines import evaluate_baselines
+    from training.prior_alone import prior_rankings
+
+    alone = prior_rankings(prior, users, max(ks), exclude_history) if prior is not None else None
 
     beside = evaluate_baselines(data, split, ks, baselines, protocol, users, exclude_history,
                                 cold=cold, fresh=fresh, **(baseline_options or {}))
@@ -214,6 +217,11 @@ def evaluate_bundle(
         "model_without_fresh": score_lists(lambda k: rankings, users, ks, cold) if fresh is not None else None,
         "fresh_effect": ({f"{part}@{k}": paired_effect(lists[k], rankings, users, k, cold, part == "cold")
                           for k in ks for part in ("cold", "warm")} if fresh is not None else None),
+        # the fused distribution alone (what the generative model adds: "model" against these), with and
+        # without the same fresh slots
+        "prior_alone": score_lists(lambda k: alone, users, ks, cold) if alone is not None else None,
+        "prior_alone_fresh": (score_lists(fresh_lists(fresh, alone, users, exclude_history), users, ks, cold)
+                              if alone is not None and fresh is not None else None),
         "cold_items": len(cold), "fit_on": fit_on,
         "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),

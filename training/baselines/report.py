@@ -68,14 +68,14 @@ def format_table(result: dict[str, Any]) -> str:
     head = (["", "fit on"] + [f"{m}@{k}" for k in ks for m in ("Recall", "NDCG")]
             + [f"cold Recall@{sk}", f"warm Recall@{sk}", "fit s"])
     rows: list[list[str]] = []
-    if "model" in result:
-        rows.append(["model", str(result.get("model_fit_on", "bundle"))]
-                    + [f"{result['model'][f'{m}@{k}']:.4f}" for k in ks for m in ("recall", "ndcg")]
-                    + _slice_cells(result["model"], sk) + ["-"])
-    if result.get("model_without_fresh"):
-        rows.append(["model, no fresh slots", str(result.get("model_fit_on", "bundle"))]
-                    + [f"{result['model_without_fresh'][f'{m}@{k}']:.4f}" for k in ks for m in ("recall", "ndcg")]
-                    + _slice_cells(result["model_without_fresh"], sk) + ["-"])
+    # the model as served, without its fresh slots, and the prior fused into its search read alone
+    for key, label in (("model", "model"), ("model_without_fresh", "model, no fresh slots"),
+                       ("prior_alone_fresh", "served prior alone + fresh slots"),
+                       ("prior_alone", "served prior alone")):
+        if result.get(key):
+            rows.append([label, str(result.get("model_fit_on", "bundle"))]
+                        + [f"{result[key][f'{m}@{k}']:.4f}" for k in ks for m in ("recall", "ndcg")]
+                        + _slice_cells(result[key], sk) + ["-"])
     for name, r in result.get("baselines", {}).items():
         info = r.get("info", {})
         cached = " (cached)" if info.get("cached") else " (selection cached)" if info.get("selection_cached") else ""
