@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 from recsvc.errors import UserError
@@ -100,19 +99,11 @@ def _sharded(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) ->
     state = PartialState(cpu=not torch.cuda.is_available())
     try:
         if args.baselines_only:  # no model to shard: rank 0 alone
-            rc = _baselines_only(args, names, ks) if state.is_main_process else 0
-        else:
-            rc = _eval(args, names, ks)
-    finally:
+            return _baselines_only(args, names, ks) if state.is_main_process else 0
+        return _eval(args, names, ks)
+    finally:  # the worker then leaves through recsvc.cli.worker_exit
         if dist.is_initialized():
             dist.destroy_process_group()
-    # A worker that finished ends here, without the interpreter's teardown: in about one torchrun run in ten
-    # (two ranks on two loaded cores), a rank that had destroyed its process group still aborted in that
-    # teardown ("terminate called without an active exception", no Python frame left), failing a finished job.
-    # Everything the run writes is written and flushed by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
 
 
 def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> int:

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from recsvc.cli.worker_exit import finish_worker
 from recsvc.errors import UserError
 
 # subcommand name -> module with register(subparsers); modules are added as the product grows.
@@ -46,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command -> its exit code; a torchrun worker leaves here (``recsvc.cli.worker_exit``)."""
+    code = _run(argv)
+    finish_worker(code)
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
