@@ -36,6 +36,9 @@ clean:
 # `make beauty-bundle BEAUTY=/path/to/split`.
 BEAUTY ?= data/beauty
 BUNDLE ?= artifacts/beauty/bundle
+# the item ids beside the bundle (another catalog: `make beauty-bundle BEAUTY=/path/to/split
+# BUNDLE=artifacts/other/bundle BENCH=artifacts/other/bench` keeps Beauty's ids, bundle and figures apart)
+IDS ?= $(dir $(BUNDLE))ids
 # the target's selection budget: the warmup/cosine schedule is sized to the epochs that fit it (--fit-budget).
 # 25 min fits Beauty the 5 epochs that a catalog with 2.5x its interactions gets from a 55-minute budget.
 TARGET_MINUTES ?= 25
@@ -49,8 +52,8 @@ BENCH ?= artifacts/beauty/bench
 .PHONY: beauty-bundle quality-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
 beauty-bundle: install
-	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out artifacts/beauty/ids --known-through valid
-	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids artifacts/beauty/ids/semantic_ids.json \
+	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out $(IDS) --known-through valid
+	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids $(IDS)/semantic_ids.json \
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit $(REFIT) --refit-epochs auto \
 	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --patience 2
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
