@@ -32,7 +32,7 @@ from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
 from recsvc.model.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
-from training.fresh_eval import cold_items, fresh_candidates, fresh_lists, paired_effect
+from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
 
 DEFAULT_EVAL_KS = (1, 5, 10, 20)
 
@@ -197,7 +197,10 @@ def evaluate_bundle(
     if use_fresh and bundle.has_fresh():  # fresh items recounted on this evaluation's fitting period
         fresh = FreshItems.load(bundle.fresh_dir, period=fit_on).with_fresh(
             sorted(fresh_candidates(data, split, fit_on, ids.item_ids.tolist())), fit_on)
-    at_k = fresh_lists(fresh, rankings, users, exclude_history)
+    # each user's fresh candidates, once: the model's lists and the prior-alone lists take the same slots
+    cands = (fresh_candidates_by_user(fresh, users, fresh.settings.slots, exclude_history)
+             if fresh is not None and fresh.settings.slots > 0 else None)
+    at_k = fresh_lists(fresh, rankings, users, exclude_history, cands)
     lists = {k: at_k(k) for k in ks}  # the lists read at each cutoff (merged once)
     model_metrics = score_lists(lists.__getitem__, users, ks, cold)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
@@ -220,8 +223,9 @@ def evaluate_bundle(
         # the fused distribution alone (what the generative model adds: "model" against these), with and
         # without the same fresh slots
         "prior_alone": score_lists(lambda k: alone, users, ks, cold) if alone is not None else None,
-        "prior_alone_fresh": (score_lists(fresh_lists(fresh, alone, users, exclude_history), users, ks, cold)
-                              if alone is not None and fresh is not None else None),
+        "prior_alone_fresh": (
+            score_lists(fresh_lists(fresh, alone, users, exclude_history, cands), users, ks, cold)
+            if alone is not None and fresh is not None else None),
         "cold_items": len(cold), "fit_on": fit_on,
         "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),

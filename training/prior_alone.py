@@ -14,9 +14,9 @@ import numpy as np
 
 from recsvc.data.split import EvalUser
 from recsvc.model.sequence_prior import MixedPrior
-from recsvc.model.transition import TransitionPrior
+from recsvc.model.transition import TransitionPrior, top_items
 
-RANK_BATCH = 512  # users per dense [B, n] probability block
+RANK_BATCH = 512  # users per dense [B, n] probability block (B * 12k floats on Beauty = 25 MB)
 
 
 def prior_rankings(prior: TransitionPrior | MixedPrior, users: Sequence[EvalUser], k: int,
@@ -29,10 +29,8 @@ def prior_rankings(prior: TransitionPrior | MixedPrior, users: Sequence[EvalUser
     users = list(users)
     for lo in range(0, len(users), RANK_BATCH):
         chunk = users[lo: lo + RANK_BATCH]
-        p = np.array(prior.probs([u.history for u in chunk]), dtype=np.float32)  # [B, n] (a copy)
-        for b, user in enumerate(chunk):
-            if exclude_history:
-                p[b, [row_of[int(i)] for i in user.history if int(i) in row_of]] = -1.0
-            order = np.lexsort((item_ids, -p[b]))[:k]
-            out[user.user_id] = [int(item_ids[r]) for r in order if p[b, r] >= 0]
+        histories = [u.history for u in chunk]
+        p = np.array(prior.probs(histories), dtype=np.float32)  # [B, n] (a copy: exclusions overwrite it)
+        ranked = top_items(p, item_ids, row_of, k, histories if exclude_history else None)
+        out.update({u.user_id: r for u, r in zip(chunk, ranked, strict=True)})
     return out

@@ -154,15 +154,7 @@ class TransitionPrior:
     def rank(self, histories: Sequence[Sequence[int]], k: int, exclude: Sequence[Sequence[int]] | None = None
              ) -> list[list[int]]:
         """Top-k item ids per history (ties: lower item id), optionally without the given items."""
-        p = self.probs(histories)
-        out = []
-        for b in range(len(histories)):
-            if exclude is not None:
-                rows = [self._row[int(i)] for i in exclude[b] if int(i) in self._row]
-                p[b, rows] = -1.0
-            order = np.lexsort((self.item_ids, -p[b]))[:k]
-            out.append([int(self.item_ids[r]) for r in order if p[b, r] >= 0])
-        return out
+        return top_items(self.probs(histories), self.item_ids, self._row, k, exclude)
 
     # ---- persistence (safetensors + json) -------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
@@ -190,3 +182,17 @@ class TransitionPrior:
         fields = {k: meta[k] for k in ("window", "decay", "beta", "weight") if k in meta}
         return cls(t["item_ids"].numpy(), t["indptr"].numpy(), t["indices"].numpy(), t["counts"].numpy(),
                    t["item_counts"].numpy(), PriorSettings(**fields), str(meta.get("fitted_on", "")))
+
+
+def top_items(p: np.ndarray, item_ids: np.ndarray, row_of: dict[int, int], k: int,
+              exclude: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+    """[B, n] item probabilities (columns: ``item_ids``; ``row_of``: item id -> column) -> the top-k item ids of
+    each row, ties to the lower item id, optionally without the items of ``exclude[b]`` (``p`` is overwritten
+    there)."""
+    out = []
+    for b in range(p.shape[0]):
+        if exclude is not None:
+            p[b, [row_of[int(i)] for i in exclude[b] if int(i) in row_of]] = -1.0
+        order = np.lexsort((item_ids, -p[b]))[:k]
+        out.append([int(item_ids[r]) for r in order if p[b, r] >= 0])
+    return out

@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from recsvc.data.split import EvalUser, SplitData
 from recsvc.model.transition import PriorSettings, TransitionPrior
 from training.baselines.base import Baseline, check_fit_on, fit_sequences
+from training.prior_alone import prior_rankings
 
 TRANSITION_SETTINGS: dict[str, PriorSettings] = {
     "transition": PriorSettings(window=1, beta=1.0),
     "transition-window": PriorSettings(window=3, decay=0.3, beta=0.3),
 }
-RANK_BATCH = 512  # users per dense [B, n] probability block (B * 12k floats on Beauty = 25 MB)
 
 
 class TransitionBaseline(Baseline):
@@ -47,11 +47,4 @@ class TransitionBaseline(Baseline):
         return cls(name, prior, fit_on)
 
     def rank(self, users: Sequence[EvalUser], k: int, exclude_history: bool = False) -> dict[int, list[int]]:
-        out: dict[int, list[int]] = {}
-        users = list(users)
-        for lo in range(0, len(users), RANK_BATCH):
-            chunk = users[lo : lo + RANK_BATCH]
-            histories = [u.history for u in chunk]
-            ranked = self.prior.rank(histories, k, histories if exclude_history else None)
-            out.update({u.user_id: r for u, r in zip(chunk, ranked, strict=True)})
-        return out
+        return prior_rankings(self.prior, users, k, exclude_history)
