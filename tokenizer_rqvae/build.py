@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from recsvc.errors import UserError
+from tokenizer_rqvae.collaborative import load_cf_embeddings
 from tokenizer_rqvae.collisions import IdSpace, check_capacity, place_closest_first, resolve_collisions
 from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads
 from tokenizer_rqvae.ids import LEVEL_NAMES, SemanticIds
@@ -90,13 +91,17 @@ def build_semantic_ids(
     progress: bool = True,
     embedder: Embedder | None = None,
     known_through: str | None = None,
+    cf_embeddings: str | Path | None = None,
 ) -> dict[str, Any]:
     """Build the semantic ids of ``data_dir/items.json`` into ``out_dir``; returns the report (also written
     to ``out_dir/report.json``). ``embedder`` overrides ``model_path`` / ``cache_dir`` (tests inject one).
 
     ``known_through`` ("train" / "valid"): the cold-start protocol. The RQ-VAE and the collision resolution
     see only the items interacted with up to that split; the others are encoded afterwards and placed on free
-    ids (``place_closest_first``); their item ids go to ``out_dir/assigned_later.json``."""
+    ids (``place_closest_first``); their item ids go to ``out_dir/assigned_later.json``.
+
+    ``cf_embeddings``: a fitted SASRec (recsvc's format) whose item table regularises the RQ-VAE towards
+    collaborative structure (``tokenizer_rqvae.collaborative``, weight ``config.cf_weight``)."""
     import torch
 
     t0 = time.perf_counter()
@@ -126,8 +131,14 @@ def build_semantic_ids(
         fit = np.array([int(i) in known for i in item_ids], dtype=bool)
         if not fit.any():
             raise UserError(f"--known-through {known_through}: no catalog item was interacted with")
+    cf = None
+    if cf_embeddings is not None:
+        if config.cf_weight <= 0:
+            raise UserError("--cf-embeddings needs --cf-weight > 0")
+        cf_all, cf_has = load_cf_embeddings(cf_embeddings, item_ids, config.latent_dim)
+        cf = (cf_all[fit], cf_has[fit])
     trained = train_rqvae(x[fit], config, out / CHECKPOINT_DIR, resume=resume, device=device,
-                          progress=progress)
+                          progress=progress, cf=cf)
     model = trained.model
     enc = model.encode(x, device=device)
     codebooks = model.codebooks.detach().cpu().numpy()  # [L, K, D]
@@ -186,6 +197,7 @@ def build_semantic_ids(
         "device": device,
         "torch_threads": torch.get_num_threads(),
         "sinkhorn_collisions": sinkhorn_collisions,
+        "cf_embeddings": None if cf is None else {"file": str(cf_embeddings), "items": int(cf[1].sum())},
         "config": model.config.to_json(),
     }
     ref_path = data / REFERENCE_FILE

@@ -2,7 +2,7 @@
 
     recsvc tokenizer build --data DIR --out DIR [--epochs E] [--seed S] [--model PATH] [--cache-dir D]
                            [--resume] [--device cpu|cuda] [--sinkhorn] [--known-through train|valid]
-                           [--quiet]
+                           [--cf-embeddings SASREC.safetensors --cf-weight W] [--quiet]
     recsvc tokenizer assign --ids DIR --items NEW_ITEMS.json --out FILE [--model PATH] [--cache-dir D]
 """
 
@@ -23,6 +23,16 @@ def _non_negative(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from exc
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from exc
+    if not (v >= 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0, got {value}")
     return v
 
 
@@ -54,6 +64,11 @@ def register(subparsers: Any) -> None:
     b.add_argument("--known-through", choices=["train", "valid"], default=None,
                    help="cold-start protocol: fit the RQ-VAE on the items interacted with up to this split; the "
                         "others get ids from the fitted encoder (listed in OUT/assigned_later.json)")
+    b.add_argument("--cf-embeddings", default=None,
+                   help="a fitted SASRec (recsvc's safetensors format): LETTER-style collaborative regularisation "
+                        "of the ids (fit it on the --known-through period or earlier)")
+    b.add_argument("--cf-weight", type=_non_negative_float, default=None,
+                   help="weight of the collaborative term (default 0: text only; needs --cf-embeddings)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
 
@@ -79,11 +94,14 @@ def _build(args: argparse.Namespace) -> int:
 
     if args.model is not None and not Path(args.model).expanduser().is_dir():
         raise UserError(f"--model: directory not found: {args.model}")
-    config = with_overrides(RQVAEConfig(), epochs=args.epochs, seed=args.seed, batch_size=args.batch_size)
+    if args.cf_weight is not None and args.cf_embeddings is None:
+        raise UserError("--cf-weight needs --cf-embeddings (the SASRec whose item table the ids are aligned with)")
+    config = with_overrides(RQVAEConfig(), epochs=args.epochs, seed=args.seed, batch_size=args.batch_size,
+                            cf_weight=args.cf_weight)
     report = build_semantic_ids(
         args.data, args.out, config, model_path=args.model, cache_dir=args.cache_dir, resume=args.resume,
         device=args.device, sinkhorn_collisions=args.sinkhorn, progress=not args.quiet,
-        known_through=args.known_through,
+        known_through=args.known_through, cf_embeddings=args.cf_embeddings,
     )
     print(summary_line(report))
     print(f"wrote {Path(args.out) / 'semantic_ids.json'} and report.json")

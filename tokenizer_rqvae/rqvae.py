@@ -1,7 +1,9 @@
 """RQ-VAE (LC-Rec style): MLP encoder -> residual quantizer (levels x codebook_size) -> mirrored MLP decoder.
 
 Loss = MSE(x_hat, x) + sum_l [ ||sg(r_l) - e_l||^2 + beta * ||r_l - sg(e_l)||^2 ], straight-through estimator;
-r_0 = z = enc(x), r_{l+1} = r_l - sg(e_l) where e_l is the code of level l nearest to r_l. Worked example
+r_0 = z = enc(x), r_{l+1} = r_l - sg(e_l) where e_l is the code of level l nearest to r_l. With CF embeddings
+(``cf_weight`` > 0), a LETTER-style contrastive term aligns each item's codeword sum with its collaborative
+embedding (``tokenizer_rqvae.collaborative``). Worked example
 (2 levels, 1-d latent, codebooks [[0, 4], [-1, 1]]): z = 3.2 -> level 0 picks code 1 (4), r_1 = -0.8 ->
 level 1 picks code 0 (-1): codes (1, 0), z_q = 3.0, final residual 0.2.
 
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 
 from recsvc.errors import UserError
+from tokenizer_rqvae.collaborative import cf_alignment_loss
 from tokenizer_rqvae.embed import torch_threads
 from tokenizer_rqvae.kmeans import kmeans
 
@@ -85,6 +88,11 @@ class RQVAEConfig:
     # that get descheduled wait for each other (measured: 1.38 s vs 0.054 s per step with another 2-thread
     # job running). A fixed count also keeps results bit-identical from run to run.
     train_threads: int = 1
+    # LETTER-style collaborative regularisation (tokenizer_rqvae.collaborative): weight of the contrastive term
+    # between an item's codeword sum and its CF embedding (0: text only), and its temperature. Used only when
+    # the build is given CF embeddings.
+    cf_weight: float = 0.0
+    cf_temperature: float = 0.1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hidden_dims", tuple(int(h) for h in self.hidden_dims))
@@ -103,6 +111,8 @@ class RQVAEConfig:
             (self.checkpoint_every >= 1, "checkpoint_every must be >= 1"),
             (self.precision in (None, "bf16", "fp32"), "precision must be 'bf16', 'fp32' or None (auto)"),
             (self.train_threads >= 1, "train_threads must be >= 1"),
+            (self.cf_weight >= 0 and math.isfinite(self.cf_weight), "cf_weight must be finite and >= 0"),
+            (self.cf_temperature > 0, "cf_temperature must be > 0"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -184,6 +194,7 @@ def sinkhorn(dists: torch.Tensor, epsilon: float, iters: int) -> torch.Tensor:
 @dataclass
 class Quantized:
     z_q: torch.Tensor  # [B, D] straight-through quantized latent
+    codewords: torch.Tensor  # [B, D] the codeword sum (value of z_q) with gradient to the codebooks and z
     codes: torch.Tensor  # [B, L] int64
     residuals: torch.Tensor  # [B, L, D] residual entering each level (detached)
     quant_loss: torch.Tensor  # scalar
@@ -230,7 +241,8 @@ class RQVAE(nn.Module):
             z_q = z_q + q
             r = r - q.detach()
         z_st = z + (z_q - z).detach()  # straight-through: forward z_q, gradient to z
-        return Quantized(z_st, torch.stack(codes, 1), torch.stack(residuals, 1), loss)
+        both = z_st + (z_q - z_q.detach())  # the same value; gradient to z and to the chosen codewords
+        return Quantized(z_st, both, torch.stack(codes, 1), torch.stack(residuals, 1), loss)
 
     def _autocast(self, x: torch.Tensor) -> torch.autocast:
         return torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.config.precision == "bf16")
@@ -456,30 +468,39 @@ def train_rqvae(
     resume: bool = False,
     device: str = "cpu",
     progress: bool = True,
+    cf: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TrainResult:
     """Train on embeddings x [n, in_dim]; checkpoints every ``checkpoint_every`` epochs (and at the end) into
-    ``ckpt_dir``; ``resume`` continues from its checkpoint (same settings and data, possibly more epochs)."""
+    ``ckpt_dir``; ``resume`` continues from its checkpoint (same settings and data, possibly more epochs).
+    ``cf``: (CF embeddings [n, latent_dim] unit rows, has [n] bool) for the collaborative term
+    (``tokenizer_rqvae.collaborative``; weighted by ``config.cf_weight``)."""
     cfg = config
     if x.ndim != 2 or x.shape[1] != cfg.in_dim:
         raise UserError(f"embeddings have shape {x.shape}, the RQ-VAE expects [n, {cfg.in_dim}]")
     if x.shape[0] == 0:
         raise UserError("no items to train on")
+    if cf is not None and (cf[0].shape != (x.shape[0], cfg.latent_dim) or cf[1].shape != (x.shape[0],)):
+        raise UserError(f"CF embeddings {cf[0].shape} / {cf[1].shape} do not match [{x.shape[0]}, "
+                        f"{cfg.latent_dim}] / [{x.shape[0]}]")
     t0 = time.perf_counter()
     if cfg.input_scale is None:
         cfg = replace(cfg, input_scale=auto_input_scale(x))
     if cfg.precision is None:
         cfg = replace(cfg, precision=auto_precision(device))
     with torch_threads(cfg.train_threads):
-        return _train(x, cfg, ckpt_dir, resume, device, progress, t0)
+        return _train(x, cfg, ckpt_dir, resume, device, progress, t0, cf)
 
 
 def _train(x: np.ndarray, cfg: RQVAEConfig, ckpt_dir: str | Path | None, resume: bool, device: str,
-           progress: bool, t0: float) -> TrainResult:
+           progress: bool, t0: float, cf: tuple[np.ndarray, np.ndarray] | None) -> TrainResult:
     from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    digest = _data_digest(x)
+    digest = _data_digest(x) if cf is None else _data_digest(np.concatenate([x, cf[0], cf[1][:, None]], 1))
+    use_cf = cf is not None and cfg.cf_weight > 0
+    cf_emb = torch.from_numpy(cf[0]).to(device) if use_cf and cf is not None else None  # [n, D]
+    cf_has = torch.from_numpy(cf[1]).to(device) if use_cf and cf is not None else None  # [n]
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device) * cfg.input_scale  # [n, in]
     model = RQVAE(cfg).to(device)
     opt = _optimizer(model, cfg)
@@ -496,13 +517,18 @@ def _train(x: np.ndarray, cfg: RQVAEConfig, ckpt_dir: str | Path | None, resume:
     for epoch in bar:
         model.train()
         usage = torch.zeros(cfg.levels, cfg.codebook_size, dtype=torch.long, device=device)  # [L, K]
-        tot = {"loss": 0.0, "recon": 0.0, "quant": 0.0}
+        tot = {"loss": 0.0, "recon": 0.0, "quant": 0.0, **({"cf": 0.0} if use_cf else {})}
         perm = torch.randperm(n, generator=gen).to(device)
         for b in range(0, n, cfg.batch_size):
-            xb = xt[perm[b : b + cfg.batch_size]]  # [B, in]
+            rows = perm[b : b + cfg.batch_size]
+            xb = xt[rows]  # [B, in]
             x_hat, q = model(xb, sinkhorn_last=cfg.sinkhorn_last)
             recon = ((x_hat - xb) ** 2).mean()
             loss = recon + q.quant_loss
+            if cf_emb is not None and cf_has is not None:
+                cf_loss = cf_alignment_loss(q.codewords, cf_emb[rows], cf_has[rows], cfg.cf_temperature)
+                loss = loss + cfg.cf_weight * cf_loss
+                tot["cf"] += float(cf_loss.detach()) * xb.shape[0] / n
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

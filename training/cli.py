@@ -4,12 +4,14 @@
     recsvc train teacher --bundle artifacts/beauty --k 20
     recsvc train drafter --bundle artifacts/beauty --method atspeed-s --alpha 0.5 --out-name atspeed-s
     recsvc train target --data D --bundle B --base-model ~/llama --lora --lora-r 8 --lora-targets q_proj,v_proj
+    recsvc train sasrec --data D --fit-on train --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from recsvc.errors import UserError
@@ -145,6 +147,18 @@ def register(subparsers) -> None:
     h.add_argument("--resume", action="store_true", help="continue from BUNDLE/checkpoints/head")
     h.add_argument("--force", action="store_true", help="discard the head's checkpoints and start over")
     h.set_defaults(func=cmd_head)
+
+    s = sub.add_parser("sasrec", help="fit a SASRec on a period (its item table feeds `tokenizer build "
+                                      "--cf-embeddings`)")
+    s.add_argument("--data", type=Path, required=True, help="split data directory")
+    s.add_argument("--fit-on", choices=("train", "train+valid"), default="train",
+                   help="the period it learns from (train: epochs chosen on valid)")
+    s.add_argument("--out", type=Path, required=True, help="directory for model.safetensors and fit.json")
+    s.add_argument("--cache-dir", type=Path, default=Path("artifacts/baselines"),
+                   help="the baselines' cache of fitted SASRecs (`recsvc eval` shares it)")
+    s.add_argument("--max-minutes", type=float, default=None, help="training budget (default: SASRec's, 30 min)")
+    s.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    s.set_defaults(func=cmd_sasrec)
     train.set_defaults(func=lambda _args: train.print_help() or 2)
 
 
@@ -260,6 +274,31 @@ def cmd_head(args: argparse.Namespace) -> int:
                       epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
                       out_name=args.out_name, force=args.force, resume=args.resume)
     print(json.dumps({k: v for k, v in info.items() if k != "history"}, indent=1, default=str))
+    return 0
+
+
+def cmd_sasrec(args: argparse.Namespace) -> int:
+    import torch
+
+    from recsvc.data.split import load_split_dir
+    from training.baselines.sasrec import fit_sasrec
+    from training.baselines.sasrec_train import SASRecSettings
+
+    if not args.data.is_dir():
+        raise UserError(f"data directory not found: {args.data}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError("--threads must be >= 1")
+        torch.set_num_threads(args.threads)
+    settings = SASRecSettings()
+    if args.max_minutes is not None:
+        if not args.max_minutes > 0:
+            raise UserError("--max-minutes must be > 0")
+        settings = replace(settings, max_minutes=args.max_minutes)
+    fitted = fit_sasrec(load_split_dir(args.data), args.fit_on, settings, cache_dir=args.cache_dir)
+    out = fitted.save(args.out)
+    print(json.dumps({"out": str(out / "model.safetensors"), "fit_on": args.fit_on, "cached": fitted.info["cached"],
+                      "fit_seconds": fitted.info.get("fit_seconds")}))
     return 0
 
 
