@@ -22,6 +22,7 @@ from recsvc.engine.fast import FastCache
 from recsvc.engine.prefill import Prefill
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.state_cache import UserStateCache
+from recsvc.model.hardware import native_bf16
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16
@@ -143,3 +144,55 @@ def test_fast_forward_rebuilt_once_after_an_in_place_update() -> None:
     assert second is not first and engine.fast() is second  # rebuilt once, then kept
     x = torch.randn(3, down.shape[1], generator=torch.Generator().manual_seed(0))
     assert torch.allclose(second.layers[0][7](x), x @ down.detach().T, atol=1e-5)  # the new weights
+
+
+def _common_item_gap(a, b) -> tuple[float, int]:
+    """The largest score difference over the items both searches return (per row), and how many there are."""
+    worst, n = 0.0, 0
+    for r in range(a.leaves.shape[0]):
+        mine = {int(leaf): float(s) for leaf, s in zip(a.leaves[r], a.scores[r], strict=True) if int(leaf) >= 0}
+        for leaf, s in zip(b.leaves[r], b.scores[r], strict=True):
+            if int(leaf) in mine:
+                worst, n = max(worst, abs(mine[int(leaf)] - float(s))), n + 1
+    return worst, n
+
+
+BF16_TOL = 0.25  # documented in recsvc/engine/fast.py: bf16 activations round at ~3 significant digits
+
+
+def test_bf16_fast_forward_is_as_close_to_fp32_as_the_lean_bf16_path(setup) -> None:
+    """A bf16 model runs the fast forward too (packed bf16 weights, fp32 attention). bf16 rounding reorders
+    near-ties, so the contract is statistical: on the items both return, its scores are the lean bf16 path's
+    within bf16 rounding, and it agrees with the fp32 model as often as the lean bf16 path does."""
+    import copy
+
+    trie, model = setup
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    fast, lean = EngineModel.build(half, "fp32"), EngineModel.build(half, "fp32", forward="lean")
+    assert fast.is_fast and fast.forward_name == "fast" and isinstance(fast.new_cache(), FastCache)
+    if native_bf16():  # oneDNN packs bf16 weights where the CPU computes in bf16 (row-independent: probed)
+        assert fast.fast().layers[0][2].packed is not None
+    reference = EngineModel.build(model, "fp32")
+    prompts = batch(random_prompts(8, 23, min_len=3, max_len=30))
+    a, b, ref = (BeamSearch(m, trie, TEXT_VOCAB).search(prompts, 8) for m in (fast, lean, reference))
+    gap, shared = _common_item_gap(a, b)
+    assert shared >= 0.8 * a.leaves.numel() and gap <= BF16_TOL
+    agree_fast = float((a.leaves == ref.leaves).float().mean())
+    agree_lean = float((b.leaves == ref.leaves).float().mean())
+    assert agree_fast >= agree_lean - 0.1
+
+
+def test_bf16_user_state_cache_returns_what_it_returns_without(setup) -> None:
+    """Packed bf16 linears are row-independent (probed), so a cached prompt gives the very results."""
+    import copy
+
+    trie, model = setup
+    fast = EngineModel.build(copy.deepcopy(model).to(torch.bfloat16), "fp32")
+    engine = BeamSearch(fast, trie, TEXT_VOCAB)
+    states = UserStateCache(1 << 30)
+    for prompt in random_prompts(3, 24, min_len=3, max_len=30):
+        ref = engine.search(batch([prompt]), 5)
+        first, again = (engine.search(batch([prompt]), 5, states=states) for _ in range(2))
+        assert torch.equal(first.leaves, ref.leaves) and torch.equal(first.scores, ref.scores)
+        assert torch.equal(again.leaves, ref.leaves) and torch.equal(again.scores, ref.scores)
+        assert again.target_calls == 0

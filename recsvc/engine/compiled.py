@@ -12,7 +12,7 @@ decode / verify forwards, each once per batch size of 1 vs more and 1 token vs m
 
 Cost: the first call of each kind compiles (10-25 s each on one CPU core; ``recsvc serve --forward compiled``
 pays it at start-up in ``BundleRecommender.warm_up``: 46 s for the Beauty target) and the compiler needs a C++
-toolchain (``g++``). CPU, fp32 only: elsewhere ``EngineModel`` keeps the uncompiled fast forward.
+toolchain (``g++``). CPU only (fp32 and bf16 models), like the fast forward it compiles.
 
 Numerics: the same arithmetic as ``FastLlama.forward``; inductor's fused loops and its packed matmuls sum in
 their own order, so bits differ from the uncompiled path by float rounding, the tolerance the fast path already
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch._inductor import config as inductor_config
 
-from recsvc.engine.fast import FastLlama, _Linear, _rotary
+from recsvc.engine.fast import FastLlama, _Linear, _rotary, attention
 from recsvc.errors import UserError
 
 
@@ -120,9 +120,8 @@ class CompiledLayers(torch.nn.Module):
                 query = query.gather(1, keep[..., None, None].expand(b, r, h, d))
                 mask = visible.gather(1, keep[..., None].expand(b, r, width))[:, None]  # [B, 1, r, S]
                 q = r
-            attn = F.scaled_dot_product_attention(query.transpose(1, 2), keys[i][:, :, :width],
-                                                  values[i][:, :, :width], attn_mask=mask, scale=self.scaling,
-                                                  enable_gqa=h != hkv)  # [B, h, q, d]
+            attn = attention(query.transpose(1, 2), keys[i][:, :, :width], values[i][:, :, :width], mask,
+                             self.scaling, h != hkv)  # [B, h, q, d] (float32 arithmetic for a bf16 model)
             hidden = hidden + F.linear(attn.transpose(1, 2).reshape(b, q, nq), self.o[i])
             gu = F.linear(F.rms_norm(hidden, (self.hidden,), self.n2[i], self.eps2[i]), self.gate_up[i])
             hidden = hidden + F.linear(F.silu(gu[..., :self.inter]) * gu[..., self.inter:], self.down[i])

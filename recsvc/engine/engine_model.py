@@ -39,8 +39,8 @@ class EngineModel:
         self.attention = attention
         self._lean_supported = LeanLlama.supported(model)
         self._lean: LeanLlama | None = None
-        # "fast" (recsvc.engine.fast: few ops per layer, float-rounding tolerance) serves fp32 models in the
-        # "fp32" attention mode; "exact" keeps the bit-identical lean forward; "lean" forces today's path
+        # "fast" (recsvc.engine.fast: few ops per layer, float-rounding tolerance) serves fp32 / bf16 CPU models
+        # in the "fp32" attention mode; "exact" keeps the bit-identical lean forward; "lean" forces today's path
         # the fast forward, uncompiled (False) and compiled (True), each with the parameters' version it was built at
         self._fasts: dict[bool, tuple[FastLlama, tuple[int, ...]]] = {}
         self.forward_ledger: ForwardLedger | None = None  # benches: every forward's tokens and time
@@ -49,10 +49,11 @@ class EngineModel:
 
     def set_forward(self, forward: str) -> None:
         """"fast", "compiled" (the fast forward with its layers compiled by inductor: ``recsvc.engine.compiled``),
-        "lean" (today's bit-identical path) or "auto" (fast for fp32 models in "fp32" attention)."""
+        "lean" (today's bit-identical path) or "auto" (fast for fp32 / bf16 models on a CPU in "fp32" attention)."""
         if forward not in FORWARDS:
             raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
-        fast = (self._lean_supported and self.model.dtype == torch.float32 and self.model.device.type == "cpu"
+        fast = (self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
+                and self.model.device.type == "cpu"
                 and (forward in ("fast", "compiled") or forward == "auto" and self.attention == "fp32"))
         if fast and forward == "compiled":
             require_compiler()  # before anything changes

@@ -4,8 +4,8 @@ Where ``recsvc.engine.lean`` reproduces transformers' numerics bit for bit (it c
 the same grouping: one SDPA call per (request, depth) group of tree tokens), this forward trades bit-identity
 with ``generate`` for a small, fixed number of ops per layer (profiled on the `small` target, one CPU thread: a
 1-token decode forward of the lean path took ~3.5 ms of which ~0.9 ms matmuls; here the matmuls, whose
-weights stream from memory once per forward, are ~70% of a forward). Used for fp32 models in the "fp32"
-attention mode (``EngineModel`` picks it; bf16 models keep the lean path and its fp32 attention):
+weights stream from memory once per forward, are ~70% of a forward). Used for fp32 and bf16 models on a CPU
+in the "fp32" attention mode (``EngineModel`` picks it; the "exact" mode keeps the lean path):
 - every query's key set is ONE boolean mask ``visible [B, q, S]`` built once per forward by the caller
   (``BeamCache`` / ``TreeCache``: prompt slots, ancestors, itself) and shared by all layers; attention is one
   ``scaled_dot_product_attention`` call per layer over the whole cache row with that mask;
@@ -16,9 +16,12 @@ attention mode (``EngineModel`` picks it; bf16 models keep the lean path and its
 - q and k rotated in one go (one rotary expression over the fused q/k columns);
 - a prompt prefill asks for the hidden state of each prompt's last token only (``keep``): the last layer then
   computes keys / values for every token and q, attention, o-projection and MLP for the kept tokens only;
-- fp32 linear layers on CPU run oneDNN with the weight pre-packed once, when a probe shows its result for a
-  row does not depend on the other rows of the call (so a node's hidden state does not depend on what shares
-  its forward); otherwise ``F.linear``;
+- linear layers on CPU (fp32 and bf16) run oneDNN with the weight pre-packed once, when a probe shows its
+  result for a row does not depend on the other rows of the call (so a node's hidden state does not depend on
+  what shares its forward, and a cached prompt gives the very bits of a recomputed one); otherwise
+  ``F.linear``;
+- attention runs in float32 for a bf16 model too (``attention``: q, k, v upcast, the output rounded once), as
+  the lean path's "fp32" attention mode does;
 - with ``layers`` (``EngineModel(forward="compiled")``, ``recsvc.engine.compiled``) the layer loop below is one
   inductor-compiled graph instead; the embedding, rotary lookup and cache bookkeeping stay here.
 Tolerance: rotary and the MLP are op for op transformers' (cos / sin read from a table of the rotary module's
@@ -27,6 +30,11 @@ and the masked attention sum in another order than ``generate``, so hidden state
 (~1e-6 relative in fp32). Tests hold the fast path to: the same items in the same order as ``generate`` (no
 near-ties in the test models) and beam scores within 1e-4; strict speculation == plain beam search (same items,
 scores within 1e-4). ``EngineModel(forward="lean")`` keeps the bit-identical path.
+bf16: activations round at ~3 significant digits, so near-ties between items reorder whichever path runs (on
+the Beauty target, the lean bf16 path and the fp32 model return the same top-10 in the same order for 73 of
+100 users, the same set for 96, the same first item for all). The fast bf16 forward is held to that: on the
+items both return, its scores are the lean bf16 path's within 0.25 (test models), and it agrees with the fp32
+model as often as the lean bf16 path does (Beauty: 72 / 96 / 100 of 100).
 
 Shapes: B requests, q new tokens, S cache width (slots), H hidden, h heads, h_kv kv heads, d head dim.
 """
@@ -128,25 +136,37 @@ class _KV:
 
 
 class _Linear(PackedLinear):
-    """``F.linear(x, weight)``; fp32 on CPU: oneDNN with a pre-packed weight when its rows are row-independent
-    (the call is lean's; only the probe differs: lean's bf16 one asks for F.linear's very bits)."""
+    """``F.linear(x, weight)``; fp32 on CPU: oneDNN with a pre-packed weight when its rows are row-independent;
+    bf16 on CPU: lean's packing (its probe asks for F.linear's very bits). The weight is kept beside the packed
+    copy (the compiled layers freeze it into their graph)."""
 
     pack = True  # class-wide switch (benchmarks compare)
 
     def __init__(self, weight: torch.Tensor) -> None:
+        if self.pack and weight.dtype == torch.bfloat16:
+            super().__init__(weight)  # packed when it gives F.linear's bits
+            self.weight = weight.detach().contiguous()
+            if self.packed is not None and not self._row_independent(self.packed):
+                self.packed = None
+            return
         self.weight: torch.Tensor | None = weight.detach().contiguous()
         self.packed: torch.Tensor | None = None
         if (self.pack and weight.device.type == "cpu" and weight.dtype == torch.float32
                 and torch.backends.mkldnn.is_available()):
             try:
                 packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, 20)
-                gen = torch.Generator().manual_seed(0)
-                x = torch.randn(130, weight.shape[1], generator=gen, device=weight.device)
-                whole = self._packed(x, packed)
-                if all(torch.equal(self._packed(x[:m], packed), whole[:m]) for m in (1, 2, 3, 10, 20, 37, 64)):
+                if self._row_independent(packed):
                     self.packed = packed
             except (RuntimeError, AttributeError):  # a build without these ops: plain F.linear
                 self.packed = None
+
+    def _row_independent(self, packed: torch.Tensor) -> bool:
+        """Whether the packed kernel's result for a row is the same in calls of 1 to 130 rows."""
+        assert self.weight is not None
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(130, self.weight.shape[1], generator=gen).to(self.weight)
+        whole = self._packed(x, packed)
+        return all(torch.equal(self._packed(x[:m], packed), whole[:m]) for m in (1, 2, 3, 10, 20, 37, 64))
 
 
 class FastLlama:
@@ -249,12 +269,23 @@ class FastLlama:
                 kv.k.transpose(1, 2)[rows, slots] = qk[:, :, h:]  # [B, q, h_kv, d] into their slots
                 kv.v.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
                 query = qk[:, :, :h].transpose(1, 2)  # [B, h, q, d]
-            attn = F.scaled_dot_product_attention(query, kv.keys, kv.values, attn_mask=mask,
-                                                  scale=self.scaling, enable_gqa=gqa)  # [B, h, q, d]
+            attn = attention(query, kv.keys, kv.values, mask, self.scaling, gqa)  # [B, h, q, d]
             hidden = hidden + o(attn.transpose(1, 2).reshape(b, q, h * d))  # a new tensor: the input's intact
             gu = gate_up(F.rms_norm(hidden, self.hidden_shape, n2, e2))  # [B, q, 2 I]
             hidden += down(F.silu(gu[..., :self.intermediate]).mul_(gu[..., self.intermediate:]))
         return F.rms_norm(hidden, self.hidden_shape, self.norm, self.norm_eps)
+
+
+def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
+              gqa: bool) -> torch.Tensor:
+    """Masked attention in float32 whatever the model's dtype (a bf16 model's softmax and weighted sums then
+    round once, as the lean path's "fp32" attention mode does); query [B, h, q, d], keys / values
+    [B, h_kv, S, d], mask [B, 1, q, S] -> [B, h, q, d] in the query's dtype."""
+    if query.dtype == torch.float32:
+        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    out = F.scaled_dot_product_attention(query.float(), keys.float(), values.float(), attn_mask=mask, scale=scale,
+                                         enable_gqa=gqa)
+    return out.to(query.dtype)
 
 
 def _rotary_table(rotary: torch.nn.Module, cfg, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
