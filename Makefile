@@ -39,6 +39,9 @@ BUNDLE ?= artifacts/beauty/bundle
 # the item ids beside the bundle (another catalog: `make beauty-bundle BEAUTY=/path/to/split
 # BUNDLE=artifacts/other/bundle BENCH=artifacts/other/bench` keeps Beauty's ids, bundle and figures apart)
 IDS ?= $(dir $(BUNDLE))ids
+# the weight of the ids' collaborative term (LETTER-style: a train-period SASRec's item table; 0: text only),
+# chosen on validation (docs/QUALITY.md)
+CF_WEIGHT ?= 0.1
 # the target's selection budget: the warmup/cosine schedule is sized to the epochs that fit it (--fit-budget).
 # 25 min fits Beauty the 5 epochs that a catalog with 2.5x its interactions gets from a 55-minute budget.
 TARGET_MINUTES ?= 25
@@ -52,7 +55,10 @@ BENCH ?= artifacts/beauty/bench
 .PHONY: beauty-bundle quality-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
 beauty-bundle: install
-	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out $(IDS) --known-through valid
+	$(VENV)/bin/recsvc train sasrec --data $(BEAUTY) --fit-on train --out $(IDS)-sasrec --threads 1 \
+	  --cache-dir artifacts/baselines --max-minutes $(SASREC_MINUTES)
+	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out $(IDS) --known-through valid \
+	  --cf-embeddings $(IDS)-sasrec/model.safetensors --cf-weight $(CF_WEIGHT)
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids $(IDS)/semantic_ids.json \
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit $(REFIT) --refit-epochs auto \
 	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --patience 2

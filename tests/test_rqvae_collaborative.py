@@ -18,19 +18,25 @@ from tokenizer_rqvae.collaborative import cf_alignment_loss, load_cf_embeddings
 from tokenizer_rqvae.rqvae import RQVAEConfig, train_rqvae
 
 
-def _sasrec_file(path: Path, item_ids: list[int], table: np.ndarray) -> Path:
-    """A file in recsvc's SASRec format: item_ids [m], model.item_emb.weight [m + 1, d] (row 0 padding)."""
+def _sasrec_file(path: Path, item_ids: list[int], table: np.ndarray, counts: list[int] | None = None) -> Path:
+    """A file in recsvc's SASRec format: item_ids [m], model.item_emb.weight [m + 1, d] (row 0 padding),
+    item_counts [m] (interactions in its period)."""
     full = np.concatenate([np.zeros((1, table.shape[1]), np.float32), table.astype(np.float32)])
-    save_file({"item_ids": np.asarray(item_ids, np.int64), "model.item_emb.weight": full}, str(path))
+    tensors = {"item_ids": np.asarray(item_ids, np.int64), "model.item_emb.weight": full}
+    if counts is not None:
+        tensors["item_counts"] = np.asarray(counts, np.float32)
+    save_file(tensors, str(path))
     return path
 
 
 def test_load_aligns_rows_reduces_and_marks_unknown_items(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     table = rng.normal(size=(5, 6)).astype(np.float32)  # SASRec rows of items 10, 11, 12, 13, 14
-    path = _sasrec_file(tmp_path / "s.safetensors", [10, 11, 12, 13, 14], table)
-    emb, has = load_cf_embeddings(path, np.array([14, 99, 10, 12]), dim=3)  # 99: no interactions
-    assert emb.shape == (4, 3) and has.tolist() == [True, False, True, True]
+    path = _sasrec_file(tmp_path / "s.safetensors", [10, 11, 12, 13, 14, 15], np.concatenate([table, table[:1]]),
+                        counts=[3, 1, 2, 1, 5, 0])  # 15: a row, but no interaction in the SASRec's period
+    emb, has = load_cf_embeddings(path, np.array([14, 99, 10, 12, 15]), dim=3)  # 99: not in the SASRec at all
+    assert emb.shape == (5, 3) and has.tolist() == [True, False, True, True, False] and not emb[4].any()
+    emb, has = emb[:4], has[:4]
     assert np.allclose(np.linalg.norm(emb[has], axis=1), 1.0, atol=1e-5) and not emb[1].any()
     # PCA keeps the geometry of the known items: their cosine order agrees with the centred table's projections
     known = table[[4, 0, 2]] - table[[4, 0, 2]].mean(0)

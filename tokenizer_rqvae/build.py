@@ -132,9 +132,7 @@ def build_semantic_ids(
         if not fit.any():
             raise UserError(f"--known-through {known_through}: no catalog item was interacted with")
     cf = None
-    if cf_embeddings is not None:
-        if config.cf_weight <= 0:
-            raise UserError("--cf-embeddings needs --cf-weight > 0")
+    if cf_embeddings is not None and config.cf_weight > 0:  # weight 0: text only
         cf_all, cf_has = load_cf_embeddings(cf_embeddings, item_ids, config.latent_dim)
         cf = (cf_all[fit], cf_has[fit])
     trained = train_rqvae(x[fit], config, out / CHECKPOINT_DIR, resume=resume, device=device,

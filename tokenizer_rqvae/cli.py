@@ -15,6 +15,8 @@ from typing import Any
 
 from recsvc.errors import UserError
 
+CF_WEIGHT = 0.1  # the collaborative term's weight with --cf-embeddings (chosen on Beauty's validation period)
+
 
 def _non_negative(value: str) -> int:
     try:
@@ -68,7 +70,7 @@ def register(subparsers: Any) -> None:
                    help="a fitted SASRec (recsvc's safetensors format): LETTER-style collaborative regularisation "
                         "of the ids (fit it on the --known-through period or earlier)")
     b.add_argument("--cf-weight", type=_non_negative_float, default=None,
-                   help="weight of the collaborative term (default 0: text only; needs --cf-embeddings)")
+                   help=f"weight of the collaborative term (default {CF_WEIGHT} with --cf-embeddings; 0: text only)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
 
@@ -96,8 +98,9 @@ def _build(args: argparse.Namespace) -> int:
         raise UserError(f"--model: directory not found: {args.model}")
     if args.cf_weight is not None and args.cf_embeddings is None:
         raise UserError("--cf-weight needs --cf-embeddings (the SASRec whose item table the ids are aligned with)")
+    cf_weight = args.cf_weight if args.cf_weight is not None or args.cf_embeddings is None else CF_WEIGHT
     config = with_overrides(RQVAEConfig(), epochs=args.epochs, seed=args.seed, batch_size=args.batch_size,
-                            cf_weight=args.cf_weight)
+                            cf_weight=cf_weight)
     report = build_semantic_ids(
         args.data, args.out, config, model_path=args.model, cache_dir=args.cache_dir, resume=args.resume,
         device=args.device, sinkhorn_collisions=args.sinkhorn, progress=not args.quiet,

@@ -14,11 +14,14 @@ through the straight-through estimator, the encoder receive its gradient. Items 
 CF embedding and contribute only to the text terms; they (and later catalog additions) get their ids from
 their text, through the encoder that the CF term shaped.
 
-The CF embeddings come from a fitted SASRec in recsvc's format (``item_ids`` [m] and its item table
-``model.item_emb.weight`` [m + 1, d], row 0 padding: what ``recsvc eval``'s SASRec cache and BUNDLE/prior/sequence
-hold). They are reduced to the RQ-VAE's latent size by PCA (fixed, no trainable projection: checkpoints stay the
-RQ-VAE's own tensors), so the contrastive term compares like with like. Fit the SASRec on the same period as
-the ids' ``--known-through`` or earlier: its embeddings must not know a period the target is selected on.
+The CF embeddings come from a fitted SASRec in recsvc's format (``item_ids`` [m], its item table
+``model.item_emb.weight`` [m + 1, d] with row 0 padding, and ``item_counts`` [m], the interactions of its
+period: what ``recsvc train sasrec``, ``recsvc eval``'s SASRec cache and BUNDLE/prior/sequence hold). A SASRec
+has a row for every catalog item, but only the items of its period learnt theirs; the others count as
+without a CF embedding. The rows are reduced to the RQ-VAE's latent size by PCA (fixed, no trainable
+projection: checkpoints stay the RQ-VAE's own tensors), so the contrastive term compares like with like. Fit
+the SASRec on the same period as the ids' ``--known-through`` or earlier: its embeddings must not know a
+period the target is selected on.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from recsvc.errors import UserError
 
 def load_cf_embeddings(path: str | Path, item_ids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """A SASRec file -> (embeddings [n, dim] float32 in ``item_ids``' order, unit rows; has [n] bool: the items
-    the SASRec knows). Rows of unknown items are zero. PCA to ``dim`` components (centred on the known items)."""
+    the SASRec saw in its period). Rows of the others are zero. PCA to ``dim`` components (centred on the
+    known items)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
@@ -51,7 +55,13 @@ def load_cf_embeddings(path: str | Path, item_ids: np.ndarray, dim: int) -> tupl
     ids, table = t["item_ids"].astype(np.int64), t["model.item_emb.weight"].astype(np.float32)
     if table.ndim != 2 or table.shape[0] != len(ids) + 1:
         raise UserError(f"--cf-embeddings: {p}: item table {table.shape} does not match {len(ids)} item ids")
-    row = {int(i): r + 1 for r, i in enumerate(ids.tolist())}
+    # a SASRec has a row for every catalog item, but only items it saw in its period learnt theirs (the others
+    # were only pushed down as negatives of the full softmax): they count as unknown
+    counts = t.get("item_counts")
+    seen = np.ones(len(ids), dtype=bool) if counts is None else np.asarray(counts).reshape(-1) > 0
+    if seen.shape != (len(ids),):
+        raise UserError(f"--cf-embeddings: {p}: item_counts does not match {len(ids)} item ids")
+    row = {int(i): r + 1 for r, (i, ok) in enumerate(zip(ids.tolist(), seen.tolist(), strict=True)) if ok}
     has = np.array([int(i) in row for i in item_ids], dtype=bool)  # [n]
     if has.sum() < 2:
         raise UserError(f"--cf-embeddings: {p} knows {int(has.sum())} of the catalog's items; need at least 2")
