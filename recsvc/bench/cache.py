@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"  prompt-cached request (the decode forwards): {floors['floor_cached_ms']:.2f} ms = "
               f"{payload['floor_cached_vs_lean']:.2f} x lean p50")
     else:
-        print("linear floor: not measured (the fast forward does not serve this dtype)")
+        print("linear floor: not measured (the fast forward does not serve this model)")
     if payload["head_step_ms"] is not None:
         print(f"draft head: {payload['head_step_ms']:.3f} ms per step (20 beams)")
     write_json(args.json_path, payload)
