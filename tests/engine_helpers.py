@@ -55,3 +55,15 @@ def engine_codes(trie: CatalogTrie, leaves: torch.Tensor) -> list[list[tuple[int
 
 def batch(prompts: list[list[int]]) -> PromptBatch:
     return PromptBatch.from_lists(prompts)
+
+
+def common_item_gap(a, b) -> tuple[float, int]:
+    """Two searches' outputs (``leaves`` / ``scores`` [B, K]) -> the largest score difference over the items both
+    return (per row), and how many such items there are."""
+    worst, shared = 0.0, 0
+    for r in range(a.leaves.shape[0]):
+        mine = {int(leaf): float(s) for leaf, s in zip(a.leaves[r], a.scores[r], strict=True) if int(leaf) >= 0}
+        for leaf, s in zip(b.leaves[r], b.scores[r], strict=True):
+            if int(leaf) in mine:
+                worst, shared = max(worst, abs(mine[int(leaf)] - float(s))), shared + 1
+    return worst, shared

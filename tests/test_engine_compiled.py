@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from engine_helpers import TEXT_VOCAB, batch, common_item_gap, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.beam_search import BeamSearch
@@ -124,17 +124,6 @@ def test_the_compiled_forward_without_a_cpp_compiler_is_a_clear_error(setup, tmp
     assert fast.forward_name == "fast"  # nothing changed
 
 
-def _common_item_gap(a, b) -> tuple[float, int]:
-    """The largest score difference over the items both searches return (per row), and how many there are."""
-    worst, shared = 0.0, 0
-    for r in range(a.leaves.shape[0]):
-        mine = {int(leaf): float(s) for leaf, s in zip(a.leaves[r], a.scores[r], strict=True) if int(leaf) >= 0}
-        for leaf, s in zip(b.leaves[r], b.scores[r], strict=True):
-            if int(leaf) in mine:
-                worst, shared = max(worst, abs(mine[int(leaf)] - float(s))), shared + 1
-    return worst, shared
-
-
 def test_compiled_bf16_is_as_close_to_fp32_as_the_bf16_fast_forward(setup) -> None:
     """A bf16 model compiles too. Inductor keeps float32 between the ops it fuses (eager rounds to bf16 after
     each), so the graph is compared with the fp32 model: on the items both return, its scores are no further
@@ -147,5 +136,5 @@ def test_compiled_bf16_is_as_close_to_fp32_as_the_bf16_fast_forward(setup) -> No
     assert compiled.is_fast and compiled.forward_name == "compiled"
     prompts = batch(random_prompts(6, 37, min_len=3, max_len=30))
     ref, a, b = (BeamSearch(m, trie, TEXT_VOCAB).search(prompts, 8) for m in (fast, eager, compiled))
-    (gap_eager, shared_eager), (gap_compiled, shared_compiled) = _common_item_gap(ref, a), _common_item_gap(ref, b)
+    (gap_eager, shared_eager), (gap_compiled, shared_compiled) = common_item_gap(ref, a), common_item_gap(ref, b)
     assert gap_compiled <= 1.1 * gap_eager + 0.05 and shared_compiled >= shared_eager - 2

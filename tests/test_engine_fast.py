@@ -8,6 +8,7 @@ import torch
 from engine_helpers import (
     TEXT_VOCAB,
     batch,
+    common_item_gap,
     engine_codes,
     generate_reference,
     random_catalog,
@@ -146,17 +147,6 @@ def test_fast_forward_rebuilt_once_after_an_in_place_update() -> None:
     assert torch.allclose(second.layers[0][7](x), x @ down.detach().T, atol=1e-5)  # the new weights
 
 
-def _common_item_gap(a, b) -> tuple[float, int]:
-    """The largest score difference over the items both searches return (per row), and how many there are."""
-    worst, n = 0.0, 0
-    for r in range(a.leaves.shape[0]):
-        mine = {int(leaf): float(s) for leaf, s in zip(a.leaves[r], a.scores[r], strict=True) if int(leaf) >= 0}
-        for leaf, s in zip(b.leaves[r], b.scores[r], strict=True):
-            if int(leaf) in mine:
-                worst, n = max(worst, abs(mine[int(leaf)] - float(s))), n + 1
-    return worst, n
-
-
 BF16_TOL = 0.25  # documented in recsvc/engine/fast.py: bf16 activations round at ~3 significant digits
 
 
@@ -175,7 +165,7 @@ def test_bf16_fast_forward_is_as_close_to_fp32_as_the_lean_bf16_path(setup) -> N
     reference = EngineModel.build(model, "fp32")
     prompts = batch(random_prompts(8, 23, min_len=3, max_len=30))
     a, b, ref = (BeamSearch(m, trie, TEXT_VOCAB).search(prompts, 8) for m in (fast, lean, reference))
-    gap, shared = _common_item_gap(a, b)
+    gap, shared = common_item_gap(a, b)
     assert shared >= 0.8 * a.leaves.numel() and gap <= BF16_TOL
     agree_fast = float((a.leaves == ref.leaves).float().mean())
     agree_lean = float((b.leaves == ref.leaves).float().mean())

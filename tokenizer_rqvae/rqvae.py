@@ -498,9 +498,9 @@ def _train(x: np.ndarray, cfg: RQVAEConfig, ckpt_dir: str | Path | None, resume:
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     digest = _data_digest(x) if cf is None else _data_digest(np.concatenate([x, cf[0], cf[1][:, None]], 1))
-    use_cf = cf is not None and cfg.cf_weight > 0
-    cf_emb = torch.from_numpy(cf[0]).to(device) if use_cf and cf is not None else None  # [n, D]
-    cf_has = torch.from_numpy(cf[1]).to(device) if use_cf and cf is not None else None  # [n]
+    cf_emb = cf_has = None  # [n, D] unit CF embeddings, [n] which items have one (the term is on)
+    if cf is not None and cfg.cf_weight > 0:
+        cf_emb, cf_has = torch.from_numpy(cf[0]).to(device), torch.from_numpy(cf[1]).to(device)
     xt = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device) * cfg.input_scale  # [n, in]
     model = RQVAE(cfg).to(device)
     opt = _optimizer(model, cfg)
@@ -517,7 +517,7 @@ def _train(x: np.ndarray, cfg: RQVAEConfig, ckpt_dir: str | Path | None, resume:
     for epoch in bar:
         model.train()
         usage = torch.zeros(cfg.levels, cfg.codebook_size, dtype=torch.long, device=device)  # [L, K]
-        tot = {"loss": 0.0, "recon": 0.0, "quant": 0.0, **({"cf": 0.0} if use_cf else {})}
+        tot = {"loss": 0.0, "recon": 0.0, "quant": 0.0, **({"cf": 0.0} if cf_emb is not None else {})}
         perm = torch.randperm(n, generator=gen).to(device)
         for b in range(0, n, cfg.batch_size):
             rows = perm[b : b + cfg.batch_size]
