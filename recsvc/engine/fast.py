@@ -31,8 +31,9 @@ and the masked attention sum in another order than ``generate``, so hidden state
 near-ties in the test models) and beam scores within 1e-4; strict speculation == plain beam search (same items,
 scores within 1e-4). ``EngineModel(forward="lean")`` keeps the bit-identical path.
 bf16: activations round at ~3 significant digits, so near-ties between items reorder whichever path runs (on
-the Beauty target, the lean bf16 path and the fp32 model return the same top-10 in the same order for 73 of
-100 users, the same set for 96, the same first item for all). The fast bf16 forward is held to that: on the
+the Beauty target, in a one-off check, the lean bf16 path and the fp32 model return the same top-10 in the
+same order for 73 of 100 users, the same set for 96, the same first item for all). The fast bf16 forward is
+held to that: on the
 items both return, its scores are the lean bf16 path's within 0.25 (test models), and it agrees with the fp32
 model as often as the lean bf16 path does (Beauty: 72 / 96 / 100 of 100).
 
