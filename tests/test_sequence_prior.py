@@ -44,9 +44,12 @@ def test_mixed_probs_are_the_weighted_sum_over_catalog_columns() -> None:
     assert mixed.settings == trans.settings and mixed.item_ids.tolist() == [1, 2, 3, 4]
     with pytest.raises(UserError, match="out of range"):
         MixSettings(mix=1.5)
+    assert PriorSettings(weight=30.0).check().weight == 30.0  # tune mix searches up to 30 by default
+    with pytest.raises(UserError, match="prior weight"):
+        PriorSettings(weight=1001.0).check()
 
 
-def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monkeypatch) -> None:
+def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
     root = tiny_bundle(tmp_path, n_users=60)
     base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
@@ -57,8 +60,19 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     record = b.read()["tuning"]["mix"]
     assert record["trials"] == 3 and record["valid"]["ndcg@10"] >= record["valid_transition_only"]["ndcg@10"]
     prior = load_prior(b.prior_dir)
-    assert isinstance(prior, MixedPrior) and prior.mix.mix == pytest.approx(record["settings"]["mix"])
+    # validation decides whether the fused target or the prior's own best ranking is served (rank_by)
+    alone = record["valid_prior_alone"]
+    gated = alone["ndcg@10"] > record["valid"]["ndcg@10"]
+    assert record["rank_by"] == ("prior" if gated else "fused") and 0.0 <= alone["recall@10"] <= 1.0
+    assert ("the bundle now serves the prior's ranking" in capsys.readouterr().out) == gated
+    picked = alone["settings"] if gated else record["settings"]
+    assert isinstance(prior, MixedPrior) and prior.mix.mix == pytest.approx(picked["mix"]) and prior.mix.alone == gated
+    assert b.read()["prior"]["rank_by"] == record["rank_by"]
     assert prior.settings.weight == pytest.approx(record["settings"]["weight"])
+    # the weight is searched as the prior's share s of the fused score: w = s / (1 - s), s <= 30 / 31
+    share = record["settings"]["share"]
+    assert 0 <= share <= 30 / 31 and record["settings"]["weight"] == pytest.approx(share / (1 - share))
+    assert cli.main(["tune", "mix", *base, "--trials", "3", "--max-weight", "1001"]) == 2
     assert (b.prior_dir / "sequence-train" / "model.safetensors").is_file()
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
@@ -96,3 +110,68 @@ def test_tune_mix_exclude_history_writes_the_excluding_services_prior(tmp_path, 
                      "--baselines", "none", "--exclude-history", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["prior"]["dir"] == "prior-excl" and res["prior"]["mix"] == pytest.approx(excl.mix.mix)
+
+
+def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_ranking(tmp_path, monkeypatch) -> None:
+    """``tune mix --rank-by prior`` (what ``auto`` picks when the prior's own ranking wins on validation): the
+    recommender answers every mode with the prior's top-k (exclusions, the service's history exclusion, filters
+    and caps honoured; no target forward), and ``recsvc eval`` scores that same ranking."""
+    from recsvc.data.split import load_split_dir
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender
+    from recsvc.recommender.prior_ranked import PRIOR_RANKED
+    from recsvc.rules.spec import Cap, Rules, ValueFilter
+    from training.prior_alone import prior_rankings
+
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli",
+                                             "bundle": "recsvc.cli.bundle"})
+    root = tiny_bundle(tmp_path, n_users=60)
+    base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
+    assert cli.main(["tune", "prior", *base, "--trials", "2"]) == 0
+    mix = ["tune", "mix", *base, "--trials", "2", "--sasrec-max-minutes", "0.2"]
+    assert cli.main([*mix, "--rank-by", "prior"]) == 0
+    b = Bundle.open(root)
+    assert b.read()["tuning"]["mix"]["rank_by"] == "prior" and b.read()["prior"]["rank_by"] == "prior"
+    prior = load_prior(b.prior_dir)
+    assert isinstance(prior, MixedPrior) and prior.mix.alone
+    rec = BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False, use_fresh=False)
+    assert rec.prior_ranks and not rec.prefill_ahead_enabled
+    data_users = load_split_dir(b.resolve_data_dir(None)).eval_users("valid")[:5]
+    expected = prior_rankings(prior, data_users, 5)
+    for mode in ("plain", "strict", "relaxed"):
+        got = rec.recommend([RecQuery(history=u.history, k=5, mode=mode) for u in data_users])
+        assert [r.item_ids for r in got] == [expected[u.user_id] for u in data_users]
+        assert all(r.stats.target_calls == 0 and r.decoding is not None and r.decoding.fallback == PRIOR_RANKED
+                   for r in got)
+        p = prior.probs([data_users[0].history])[0]
+        rows = [int(np.searchsorted(prior.item_ids, i)) for i in got[0].item_ids]
+        assert got[0].scores == pytest.approx(np.log(p[rows]).tolist())
+    # exclusions: the query's own, and the history when the service excludes it
+    user = data_users[0]
+    top = expected[user.user_id]
+    out = rec.recommend([RecQuery(history=user.history, k=5, mode="plain", exclude=top[:2])])[0]
+    assert out.item_ids == prior_rankings(prior, [user], 7)[user.user_id][2:7] and not set(top[:2]) & set(out.item_ids)
+    excl = BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False, use_fresh=False,
+                                         exclude_history=True)
+    kept = excl.recommend([RecQuery(history=user.history, k=5, mode="plain")])[0].item_ids
+    assert kept == prior_rankings(prior, [user], 5, exclude_history=True)[user.user_id]
+    # rules: a deny filter and a cap, over the items' attributes
+    assert cli.main(["bundle", "attributes", "--bundle", str(root), "--from-title"]) == 0
+    rec = BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False, use_fresh=False)
+    brand = rec.rule_catalog.attrs.values["brand"]
+    first = brand[top[0]][0]
+    ruled = rec.recommend([RecQuery(history=user.history, k=5, mode="plain", rules=Rules(
+        deny=(ValueFilter("brand", frozenset({first})),), caps=(Cap("brand", 1),)))])[0].item_ids
+    assert ruled and all(brand[i][0] != first for i in ruled)
+    assert len({brand[i][0] for i in ruled}) == len(ruled)  # at most one item per brand
+    # recsvc eval scores the served ranking: the model row is the prior-alone row
+    out_json = tmp_path / "eval.json"
+    assert cli.main(["eval", "--bundle", str(root), "--split", "valid", "--k", "10", "--dtype", "fp32",
+                     "--baselines", "none", "--no-fresh", "--json", str(out_json)]) == 0
+    res = json.loads(out_json.read_text())
+    assert res["recall@10"] == res["prior_alone"]["recall@10"]
+    assert res["ndcg@10"] == res["prior_alone"]["ndcg@10"]
+    # forcing the fused search back
+    assert cli.main([*mix, "--rank-by", "fused"]) == 0
+    assert not load_prior(b.prior_dir).mix.alone
+    assert not BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False).prior_ranks

@@ -31,6 +31,7 @@ from recsvc.model.hardware import resolve_dtype
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
 from recsvc.model.transition import TransitionPrior
+from recsvc.recommender.prior_ranked import ranks_alone
 from tokenizer_rqvae.trie import CatalogTrie
 from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
 
@@ -178,9 +179,15 @@ def evaluate_bundle(
         else:
             prior = counted
     rank, world = dist_rank_world()
-    rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
-                          exclude_history, progress=rank == 0, prior=prior,
-                          shard=(rank, world) if world > 1 else None)
+    from training.prior_alone import prior_rankings
+
+    if ranks_alone(prior):  # the bundle serves its prior's ranking (recsvc tune mix chose it on validation)
+        assert prior is not None
+        rankings = prior_rankings(prior, users, max(ks), exclude_history) if rank == 0 else {}
+    else:
+        rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
+                              exclude_history, progress=rank == 0, prior=prior,
+                              shard=(rank, world) if world > 1 else None)
     rankings = gather_rankings(rankings)
     seconds = time.perf_counter() - start
     if rank != 0:
@@ -206,7 +213,6 @@ def evaluate_bundle(
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
     from training.baselines import evaluate_baselines
-    from training.prior_alone import prior_rankings
 
     alone = prior_rankings(prior, users, max(ks), exclude_history) if prior is not None else None
 

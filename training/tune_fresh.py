@@ -71,10 +71,12 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from recsvc.model.loading import load_causal_lm
     from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
     from recsvc.model.transition import TransitionPrior
+    from recsvc.recommender.prior_ranked import ranks_alone
     from tokenizer_rqvae.trie import CatalogTrie
     from training.content_query import QueryFit, fit_or_reuse
     from training.evaluate import rank_users, serving_model
     from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
+    from training.prior_alone import prior_rankings
     from training.prior_cli import resolve_fit_on
     from training.studies import validation_model
 
@@ -105,7 +107,11 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
                 prior = MixedPrior(prior, SequenceModel.load(seq_train), stored.mix)
     t0 = time.monotonic()
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
-    rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior)
+    if ranks_alone(prior):  # the bundle serves its prior's ranking: the slots are tuned on that
+        assert prior is not None
+        rankings = prior_rankings(prior, users, 10, excl)
+    else:
+        rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior)
     vectors = item_vectors(data_dir, args.embed_cache)
     cold = cold_items(data, "train", ids.item_ids.tolist())  # the slice: targets without a train interaction
     fresh_now = fresh_candidates(data, "valid", "train", ids.item_ids.tolist())  # the catalog's fresh items then

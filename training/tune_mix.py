@@ -7,7 +7,21 @@ search) and on the served target's periods (deploy: train + valid, the epoch cou
 through the baselines' cache, so ``recsvc eval --baselines sasrec`` with the same ``--cache-dir`` reuses them.
 Optuna (TPE) searches the mix share, the SASRec softmax temperature and the fusion weight on validation users
 ranked by the train-only target with the train-period priors; the first trial is the transition prior alone
-(mix 0, its tuned weight), so the search can only keep or improve it. The choice goes to BUNDLE/prior
+(mix 0, its tuned weight), so the search can only keep or improve it.
+
+The weight is searched as the prior's share s of the fused score, (1 - s) * log p_target + s * log P, which ranks
+like log p_target + w * log P with w = s / (1 - s). s uniform on [0, W / (1 + W)] (W = ``--max-weight``, 30 by
+default) puts three quarters of the trials at w <= 3 and leaves room for a prior that should dominate: a target
+trained too briefly for its catalog. On Beauty, a target trained for one epoch chose w = 2.84 under the
+earlier cap w <= 3 and w = 9.9 under a cap of 10 (docs/QUALITY.md).
+
+Then the prior competes on its own: a second search (its own study) looks for the mixture that ranks best by
+itself on the same users (its first trial is SASRec alone, mix 1). With ``--rank-by auto`` (the default), when
+that ranking beats every fused trial, the prior is stored with ``alone`` set and the bundle serves its ranking
+instead of the fused target's (``recsvc.recommender.prior_ranked``; ``recsvc eval`` and ``recsvc tune fresh``
+rank the same way), and the command says that the target needs more training. So what a bundle serves is, on
+validation, at least as good as its best fused search, its prior's best ranking and SASRec alone. The record keeps both
+figures (``valid``, ``valid_prior_alone``) and the decision (``rank_by``). The choice goes to BUNDLE/prior
 (``recsvc.model.sequence_prior``: ``sequence/`` the served SASRec and mix.json, ``sequence-train/`` the
 train-period SASRec the paper protocol's evaluation uses) and bundle.json ("prior" weight, "tuning"."mix").
 ``--exclude-history`` does the same for a service that never recommends history items: validation lists exclude
@@ -27,6 +41,7 @@ from pathlib import Path
 from recsvc.errors import UserError
 
 TRAIN_SEQUENCE_DIR = "sequence-train"
+MAX_WEIGHT = 30.0
 
 
 def register_mix(sub) -> None:
@@ -37,13 +52,17 @@ def register_mix(sub) -> None:
     p.add_argument("--budget-minutes", type=float, default=15.0)
     p.add_argument("--users", type=int, default=1000, help="validation users (a fixed random sample)")
     p.add_argument("--metric", choices=("ndcg@10", "recall@10"), default="ndcg@10")
-    p.add_argument("--max-weight", type=float, default=3.0, help="upper end of the fusion weight range")
+    p.add_argument("--max-weight", type=float, default=MAX_WEIGHT,
+                   help="upper end of the fusion weight range (searched as the prior's share w / (1 + w))")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="fitted SASRec cache, shared with `recsvc eval` (default: BUNDLE/baselines)")
     p.add_argument("--sasrec-max-minutes", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--rank-by", choices=("auto", "fused", "prior"), default="auto",
+                   help="auto: the prior ranks on its own when that beats every fused trial on validation; fused / "
+                        "prior: force one (the record keeps both validation figures)")
     p.add_argument("--exclude-history", action="store_true",
                    help="tune BUNDLE/prior-excl, the prior of a service that excludes history items")
     p.set_defaults(func=cmd_tune_mix)
@@ -58,6 +77,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from recsvc.model.bundle import Bundle
     from recsvc.model.loading import load_causal_lm
     from recsvc.model.sequence_prior import MixedPrior, MixSettings, SequenceModel
+    from recsvc.model.transition import MAX_WEIGHT as WEIGHT_LIMIT
     from recsvc.model.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
@@ -67,8 +87,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training.studies import check_budget, run_trials, study, validation_model
 
     check_budget(args.trials, args.budget_minutes)
-    if args.users < 1 or not 0 < args.max_weight <= 10:
-        raise UserError("--users must be >= 1 and --max-weight in (0, 10]")
+    if args.users < 1 or not 0 < args.max_weight <= WEIGHT_LIMIT:
+        raise UserError(f"--users must be >= 1 and --max-weight in (0, {WEIGHT_LIMIT:g}]")
     if args.threads:
         torch.set_num_threads(args.threads)
     bundle = Bundle.open(args.bundle)
@@ -101,7 +121,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     def objective(trial) -> float:
         mix = MixSettings(mix=trial.suggest_float("mix", 0.0, 1.0),
                           temperature=trial.suggest_float("temperature", 0.25, 4.0, log=True))
-        weight = trial.suggest_float("weight", 0.0, args.max_weight)
+        weight = weight_of({"share": trial.suggest_float("share", 0.0, share_of(args.max_weight))})
         prior = MixedPrior(train_prior.with_settings(_with_weight(stored.settings, weight)), seq_train, mix)
         m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl,
                                          progress=False, prior=prior), users, (10,))
@@ -111,30 +131,91 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
 
     search = study(bundle.root / "tune" / ("mix-excl.db" if excl else "mix.db"), "mix", args.seed)
     if not search.trials:  # the transition prior alone, as tuned
-        search.enqueue_trial({"mix": 0.0, "temperature": 1.0, "weight": min(stored.settings.weight, args.max_weight)})
+        search.enqueue_trial({"mix": 0.0, "temperature": 1.0,
+                              "share": share_of(min(stored.settings.weight, args.max_weight))})
     ran = run_trials(search, objective, args.trials, args.budget_minutes)
     best = search.best_trial
     first = search.trials[0]
-    chosen = _with_weight(stored.settings, best.params["weight"])
+    chosen = _with_weight(stored.settings, weight_of(best.params))
+    own, ran_own = _search_alone(args, bundle, excl, train_prior.with_settings(chosen), seq_train, users, best.params)
+    alone_wins = own.value > best.value if args.rank_by == "auto" else args.rank_by == "prior"
+    pick = own if alone_wins else best
+    mix = MixSettings(mix=pick.params["mix"], temperature=pick.params["temperature"], alone=alone_wins)
     served = TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen, fitted_on=fit_on)
-    mix = MixSettings(mix=best.params["mix"], temperature=best.params["temperature"])
     MixedPrior(served, SequenceModel.load(served_dir), mix).save(prior_dir, served_dir)
     shutil.rmtree(prior_dir / TRAIN_SEQUENCE_DIR, ignore_errors=True)
     shutil.copytree(train_dir, prior_dir / TRAIN_SEQUENCE_DIR)
-    record = {"settings": best.params, "transition": asdict(stored.settings), "fit_on": fit_on,
+    record = {"settings": {**best.params, "weight": chosen.weight}, "transition": asdict(stored.settings),
+              "fit_on": fit_on,
               "valid_users": len(users), "metric": args.metric,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
               "valid_transition_only": {"recall@10": first.user_attrs.get("recall@10"),
                                         "ndcg@10": first.user_attrs.get("ndcg@10")},
+              "valid_prior_alone": {"settings": own.params, "recall@10": own.user_attrs["recall@10"],
+                                    "ndcg@10": own.user_attrs["ndcg@10"]},
+              "rank_by": "prior" if alone_wins else "fused", "rank_by_rule": args.rank_by,
               "sasrec_cache": str(cache), "trials": len(search.trials), "trials_this_run": ran,
+              "prior_alone_trials_this_run": ran_own,
               "seconds_this_run": round(time.monotonic() - t0, 1), "exclude_history": excl}
     meta = bundle.read()
     key = "prior_excl" if excl else "prior"
     bundle.update(**{key: {**meta.get(key, {}), "weight": chosen.weight, "mix": mix.mix,
-                           "temperature": mix.temperature}},
+                           "temperature": mix.temperature, "rank_by": record["rank_by"]}},
                   tuning={**meta.get("tuning", {}), ("mix_excl" if excl else "mix"): record})
     print(json.dumps(record, indent=1))
+    if alone_wins:
+        why = (f"on validation the prior's own ranking beats the fused target ({args.metric} {own.value:.4f} vs "
+               f"{best.value:.4f})" if args.rank_by == "auto" else "--rank-by prior")
+        print(f"note: {why}: the bundle now serves the prior's ranking, and the target adds nothing to it yet. "
+              "Train the target longer or larger (recsvc build --max-minutes / --preset), then re-run the tuning.")
     return 0
+
+
+def _search_alone(args: argparse.Namespace, bundle, excl: bool, transition, sequence, users, fused: dict):
+    """The prior's best mixture as a ranker on its own, on the same validation users (Optuna, its own study
+    BUNDLE/tune/mix-alone[-excl].db; the first trials: SASRec alone, then the fused choice's mixture).
+    Returns (best trial, trials run now)."""
+    from recsvc.data.metrics import evaluate_rankings
+    from recsvc.model.sequence_prior import MixedPrior, MixSettings
+    from training.prior_alone import prior_rankings
+    from training.studies import run_trials, study
+
+    def objective(trial) -> float:
+        mix = MixSettings(mix=trial.suggest_float("mix", 0.0, 1.0),
+                          temperature=trial.suggest_float("temperature", 0.25, 4.0, log=True))
+        ranked = prior_rankings(MixedPrior(transition, sequence, mix), users, 10, excl)
+        m = evaluate_rankings(ranked, users, (10,))
+        trial.set_user_attr("recall@10", m["recall@10"])
+        trial.set_user_attr("ndcg@10", m["ndcg@10"])
+        return m[args.metric]
+
+    search = study(bundle.root / "tune" / ("mix-alone-excl.db" if excl else "mix-alone.db"), "mix-alone", args.seed)
+    if not search.trials:
+        search.enqueue_trial({"mix": 1.0, "temperature": 1.0})  # SASRec alone
+        search.enqueue_trial({"mix": fused["mix"], "temperature": fused["temperature"]})
+    ran = run_trials(search, objective, args.trials, args.budget_minutes)
+    return search.best_trial, ran
+
+
+def share_of(weight: float) -> float:
+    """The prior's share s of the fused score that ranks like weight w: s = w / (1 + w).
+
+    >>> share_of(3.0)
+    0.75
+    """
+    return float(weight) / (1.0 + float(weight))
+
+
+def weight_of(params: dict) -> float:
+    """The fusion weight of a trial's parameters: w = s / (1 - s) from the share s ("share"), or the weight itself
+    (trials of studies from before the share, which searched "weight").
+
+    >>> weight_of({"share": 0.75})
+    3.0
+    """
+    if "share" in params:
+        return float(params["share"]) / (1.0 - float(params["share"]))
+    return float(params["weight"])
 
 
 def _with_weight(settings, weight: float):

@@ -43,6 +43,9 @@ ARCH_KEYS = ("hidden", "blocks", "heads", "dropout", "max_len")
 class MixSettings:
     mix: float = 0.0  # share of the sequence model in the item distribution (0: transition prior alone)
     temperature: float = 1.0  # of the sequence model's softmax
+    # the prior ranks on its own instead of being fused into the target's search (``recsvc tune mix`` chose it on
+    # validation over every fused trial; recsvc.recommender.prior_ranked)
+    alone: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.mix <= 1.0 or self.temperature <= 0:

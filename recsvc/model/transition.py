@@ -35,6 +35,10 @@ TENSORS_FILE = "transition.safetensors"
 SETTINGS_FILE = "prior.json"
 
 
+# the largest fusion weight a prior may carry (``recsvc tune mix`` searches up to 30 by default: a weak target's
+# fused search may want the prior to dominate)
+MAX_WEIGHT = 1000.0
+
 @dataclass(frozen=True)
 class PriorSettings:
     window: int = 1  # last items of the history that vote
@@ -49,8 +53,8 @@ class PriorSettings:
             raise UserError(f"prior decay must be in (0, 1], got {self.decay}")
         if self.beta < 0.0:
             raise UserError(f"prior beta must be >= 0, got {self.beta}")
-        if not 0.0 <= self.weight <= 10.0:
-            raise UserError(f"prior weight must be in [0, 10], got {self.weight}")
+        if not 0.0 <= self.weight <= MAX_WEIGHT:
+            raise UserError(f"prior weight must be in [0, {MAX_WEIGHT:g}], got {self.weight}")
         return self
 
 

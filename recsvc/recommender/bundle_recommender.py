@@ -41,6 +41,7 @@ from recsvc.model.sequence_prior import MixedPrior, load_prior
 from recsvc.model.transition import TransitionPrior
 from recsvc.recommender.api import Decoding, RecQuery, RecResult, RecStats
 from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
+from recsvc.recommender.prior_ranked import prior_ranked, ranks_alone
 from recsvc.rules.catalog import BatchRules, RuleCatalog
 from recsvc.rules.decode import RuleSettings, decode_rules
 from recsvc.rules.greedy import greedy_pick
@@ -125,6 +126,8 @@ class BundleRecommender:
             raise UserError(f"the transition prior covers {len(prior.item_ids)} items that are not the catalog's "
                             f"{len(ids.item_ids)}: refit it (`recsvc prior fit`)")
         self.prior = prior  # fused when prior.settings.weight > 0
+        # the prior answers every request on its own (recsvc tune mix found the fused target worse on validation)
+        self.prior_ranks = ranks_alone(prior)
         self.exclude_history = exclude_history
         self.trie = CatalogTrie(ids).to(target.device)  # once: every search reads it on the model's device
         self.engine = BeamSearch(target, self.trie, prompts.code_offset)
@@ -221,8 +224,9 @@ class BundleRecommender:
 
     @property
     def prefill_ahead_enabled(self) -> bool:
-        """Whether the server should run ``prefill_ahead`` after writes (``ahead`` set and a state cache on)."""
-        return self.ahead and self.states is not None
+        """Whether the server should run ``prefill_ahead`` after writes (``ahead`` set and a state cache on; never
+        when the prior ranks alone: no target state is read)."""
+        return self.ahead and self.states is not None and not self.prior_ranks
 
     def prefill_ahead(self, history: Sequence[int]) -> None:
         """Compute and cache the state of ``history``'s next plain request: its prompt and, with a served beam
@@ -302,6 +306,10 @@ class BundleRecommender:
     # ---- decoding -------------------------------------------------------------------------------------------
     def recommend(self, queries: Sequence[RecQuery], ledger: Ledger = NO_LEDGER) -> list[RecResult]:
         """``ledger``: phase timers of plain and rule-aware decoding (``recsvc.engine.ledger``; benches only)."""
+        if self.prior_ranks:  # no target decoding: every mode gets the prior's ranking (prior_ranked)
+            assert self.prior is not None
+            ranked = prior_ranked(self.prior, queries, self._excluded(queries), self._catalog)
+            return self._with_fresh(queries, ranked) if self.fresh is not None and self.fresh.settings.slots else ranked
         results: list[RecResult | None] = [None] * len(queries)
         groups: dict[tuple[str, int, bool], list[int]] = {}
         for i, q in enumerate(queries):
