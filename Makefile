@@ -52,7 +52,7 @@ REFIT ?= scratch
 # SASRec's time bound (early stopping ends it first on an idle 2-core machine); tune mix and eval share its fits
 SASREC_MINUTES ?= 30
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle quality-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
+.PHONY: beauty-bundle quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
 beauty-bundle: install
 	$(VENV)/bin/recsvc train sasrec --data $(BEAUTY) --fit-on train --out $(IDS)-sasrec --threads 1 \
@@ -82,6 +82,20 @@ quality-beauty: install
 	$(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 5,10,20 \
 	  --baselines $(QUALITY_BASELINES) --protocol paper --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) \
 	  --json $(BENCH)/quality_paper.json
+
+# docs/QUALITY.md "A target too weak for its catalog": the recipe's tuning and evaluation around a target trained
+# for one epoch (the ids of the Beauty recipe; ~10 min on 2 threads): does validation see that the fused target
+# falls below its own prior?
+WEAK ?= artifacts/beauty-weak
+weak-target-beauty: install
+	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(WEAK)/bundle --ids $(IDS)/semantic_ids.json --preset small \
+	  --prompt compact --window-stride 5 --protocol deploy --refit scratch --refit-epochs auto --threads 2 \
+	  --epochs 1 --patience 0
+	$(VENV)/bin/recsvc tune prior --bundle $(WEAK)/bundle --trials 20 --budget-minutes 8 --users 1000 --threads 2
+	$(VENV)/bin/recsvc tune mix --bundle $(WEAK)/bundle --trials 25 --budget-minutes 10 --users 1000 --threads 2 \
+	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES)
+	$(VENV)/bin/recsvc eval --bundle $(WEAK)/bundle --split test --k 10,20 --baselines sasrec --protocol deploy \
+	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --json $(WEAK)/quality_deploy.json
 
 # BENCHMARKS.md "Speculation with the fused target": the oracle ceiling, the draft head, the transition and
 # LLaMA drafters on the served bundle (one thread, fp32; ~25 min; run on an otherwise idle machine)
