@@ -112,7 +112,8 @@ def test_tune_mix_exclude_history_writes_the_excluding_services_prior(tmp_path, 
     assert res["prior"]["dir"] == "prior-excl" and res["prior"]["mix"] == pytest.approx(excl.mix.mix)
 
 
-def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_ranking(tmp_path, monkeypatch) -> None:
+def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_ranking(tmp_path, monkeypatch,
+                                                                                  make_server) -> None:
     """``tune mix --rank-by prior`` (what ``auto`` picks when the prior's own ranking wins on validation): the
     recommender answers every mode with the prior's top-k (exclusions, the service's history exclusion, filters
     and caps honoured; no target forward), and ``recsvc eval`` scores that same ranking."""
@@ -146,6 +147,14 @@ def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_rankin
         p = prior.probs([data_users[0].history])[0]
         rows = [int(np.searchsorted(prior.item_ids, i)) for i in got[0].item_ids]
         assert got[0].scores == pytest.approx(np.log(p[rows]).tolist())
+    # through a real gRPC server: the prior's items, reported as plain decoding that the prior ranked
+    from recsvc.service.client import RecClient
+
+    server = make_server(rec)
+    with RecClient(f"127.0.0.1:{server.port}") as client:
+        response = client.recommend("u", history=data_users[0].history, k=5, mode="strict")
+    assert [i.item_id for i in response.items] == expected[data_users[0].user_id]
+    assert response.stats.mode_fallback_reason == PRIOR_RANKED and response.stats.target_forward_calls == 0
     # exclusions: the query's own, and the history when the service excludes it
     user = data_users[0]
     top = expected[user.user_id]
