@@ -49,6 +49,23 @@ def test_mixed_probs_are_the_weighted_sum_over_catalog_columns() -> None:
         PriorSettings(weight=1001.0).check()
 
 
+def test_a_live_catalogs_new_items_extend_the_mixed_prior() -> None:
+    """A live catalog's additions (``with_items``): the transition part over the larger catalog, SASRec's part
+    on the items it knows, a new item only the transition part; the mix (and ``alone``) kept."""
+    _, seq, mixed = _priors(0.3, 2.0)
+    mixed = mixed.with_settings(PriorSettings(beta=0.5, weight=1.0), MixSettings(0.3, 2.0, alone=True))
+    trans = mixed.transition  # with a popularity back-off: a new item gets some mass
+    grown = mixed.with_items([7, 2])
+    assert isinstance(grown, MixedPrior) and grown.mix == mixed.mix and grown.mix.alone
+    assert grown.item_ids.tolist() == [1, 2, 3, 4, 7] and mixed.with_items([1, 4]) is mixed
+    hist = [[1], [2, 3]]
+    expected = MixedPrior(trans.with_items([7]), seq, mixed.mix).probs(hist)
+    got = grown.probs(hist)
+    assert np.allclose(got, expected) and np.allclose(got.sum(1), 1.0, atol=1e-5)
+    p_trans = trans.with_items([7]).probs(hist)
+    assert got[0, 4] == pytest.approx(0.7 * p_trans[0, 4]) and got[0, 4] > 0  # the new item: transition part only
+
+
 def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
     root = tiny_bundle(tmp_path, n_users=60)

@@ -116,6 +116,13 @@ class MixedPrior:
     def fitted_on(self) -> str:
         return self.transition.fitted_on
 
+    def with_items(self, item_ids) -> MixedPrior:
+        """This prior over the catalog plus ``item_ids`` (a live catalog's additions): the transition part extended
+        (``TransitionPrior.with_items``: zero counts, the popularity back-off), the sequence model unchanged, so a
+        new item gets only the transition part, like every item SASRec was not fitted on."""
+        grown = self.transition.with_items(item_ids)
+        return self if grown is self.transition else MixedPrior(grown, self.sequence, self.mix)
+
     def with_settings(self, settings: PriorSettings, mix: MixSettings | None = None) -> MixedPrior:
         return MixedPrior(self.transition.with_settings(settings), self.sequence, mix or self.mix)
 
