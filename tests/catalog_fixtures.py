@@ -20,14 +20,30 @@ DIM = 8  # the fresh component's vector length
 NEW = 1001  # the id of the first added item (above the synthetic catalog's 1..60)
 
 
-def live_bundle(root: Path, n_users: int = 40) -> Path:
+def live_bundle(root: Path, n_users: int = 40, mixed: bool = False) -> Path:
     """tiny_bundle + BUNDLE/prior (weight 0.5) + BUNDLE/attributes.json (brand) + BUNDLE/fresh (random
-    unit vectors per item, no fresh items yet, 1 tail slot at cosine >= 0.9 to the last history item)."""
+    unit vectors per item, no fresh items yet, 1 tail slot at cosine >= 0.9 to the last history item).
+    ``mixed``: the prior mixed with a (random, tiny) SASRec, as the recipe's bundles are (``recsvc tune mix``)."""
     path = tiny_bundle(root, n_users=n_users)
     bundle = Bundle.open(path)
     data = load_split_dir(bundle.resolve_data_dir())
     items = bundle.load_ids().item_ids.tolist()
-    TransitionPrior.fit(data.train.values(), items, PriorSettings(weight=0.5)).save(bundle.prior_dir)
+    transition = TransitionPrior.fit(data.train.values(), items, PriorSettings(weight=0.5))
+    if mixed:
+        import torch
+
+        from recsvc.model.sasrec import SASRec
+        from recsvc.model.sequence_prior import MixedPrior, MixSettings, SequenceModel
+        from training.baselines.sasrec import SASRecBaseline
+        from training.baselines.sasrec_train import SASRecSettings
+
+        torch.manual_seed(0)
+        arch = SASRecSettings(hidden=8, blocks=1, heads=1, max_len=10)
+        seq_dir = SASRecBaseline(SASRec(len(items), hidden=8, blocks=1, heads=1, max_len=10),
+                                 torch.tensor(items), torch.ones(len(items)), arch).save(root / "sasrec")
+        MixedPrior(transition, SequenceModel.load(seq_dir), MixSettings(0.5, 1.0)).save(bundle.prior_dir, seq_dir)
+    else:
+        transition.save(bundle.prior_dir)
     ItemAttributes.from_items({i: {"brand": "acme" if i % 2 else "kirra"} for i in items}).save(
         path / "attributes.json")
     vecs = ItemVectors.from_arrays(items, np.random.default_rng(0).normal(size=(len(items), DIM)))

@@ -32,7 +32,7 @@ WATCH_LOG = "recsvc.service.catalog_watch"
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
-    return live_bundle(tmp_path_factory.mktemp("live-served"))
+    return live_bundle(tmp_path_factory.mktemp("live-served"), mixed=True)  # the recipe's prior: mixed with SASRec
 
 
 @pytest.fixture(scope="module")
