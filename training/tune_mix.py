@@ -35,10 +35,20 @@ import argparse
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from recsvc.errors import UserError
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from recsvc.data.split import EvalUser
+    from recsvc.model.bundle import Bundle
+    from recsvc.model.sequence_prior import SequenceModel
+    from recsvc.model.transition import TransitionPrior
 
 TRAIN_SEQUENCE_DIR = "sequence-train"
 MAX_WEIGHT = 30.0
@@ -171,7 +181,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     return 0
 
 
-def _search_alone(args: argparse.Namespace, bundle, excl: bool, transition, sequence, users, fused: dict):
+def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transition: TransitionPrior,
+                  sequence: SequenceModel, users: Sequence[EvalUser], fused: dict) -> tuple[FrozenTrial, int]:
     """The prior's best mixture as a ranker on its own, on the same validation users (Optuna, its own study
     BUNDLE/tune/mix-alone[-excl].db; the first trials: SASRec alone, then the fused choice's mixture).
     Returns (best trial, trials run now)."""
