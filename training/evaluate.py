@@ -214,7 +214,8 @@ def evaluate_bundle(
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
     from training.baselines import evaluate_baselines
 
-    alone = prior_rankings(prior, users, max(ks), exclude_history) if prior is not None else None
+    alone = (rankings if ranks_alone(prior)  # the served ranking is the prior's own: not ranked again
+             else prior_rankings(prior, users, max(ks), exclude_history) if prior is not None else None)
 
     beside = evaluate_baselines(data, split, ks, baselines, protocol, users, exclude_history,
                                 cold=cold, fresh=fresh, **(baseline_options or {}))

@@ -106,11 +106,11 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
             if isinstance(stored, MixedPrior) and seq_train.is_dir():  # the mixed prior, train-period SASRec
                 prior = MixedPrior(prior, SequenceModel.load(seq_train), stored.mix)
     t0 = time.monotonic()
-    model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
-    if ranks_alone(prior):  # the bundle serves its prior's ranking: the slots are tuned on that
+    if ranks_alone(prior):  # the bundle serves its prior's ranking: the slots are tuned on that (no target)
         assert prior is not None
         rankings = prior_rankings(prior, users, 10, excl)
     else:
+        model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
         rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior)
     vectors = item_vectors(data_dir, args.embed_cache)
     cold = cold_items(data, "train", ids.item_ids.tolist())  # the slice: targets without a train interaction

@@ -39,6 +39,7 @@ SETTINGS_FILE = "prior.json"
 # fused search may want the prior to dominate)
 MAX_WEIGHT = 1000.0
 
+
 @dataclass(frozen=True)
 class PriorSettings:
     window: int = 1  # last items of the history that vote

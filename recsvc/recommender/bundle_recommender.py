@@ -308,8 +308,7 @@ class BundleRecommender:
         """``ledger``: phase timers of plain and rule-aware decoding (``recsvc.engine.ledger``; benches only)."""
         if self.prior_ranks:  # no target decoding: every mode gets the prior's ranking (prior_ranked)
             assert self.prior is not None
-            ranked = prior_ranked(self.prior, queries, self._excluded(queries), self._catalog)
-            return self._with_fresh(queries, ranked) if self.fresh is not None and self.fresh.settings.slots else ranked
+            return self._with_fresh(queries, prior_ranked(self.prior, queries, self._excluded(queries), self._catalog))
         results: list[RecResult | None] = [None] * len(queries)
         groups: dict[tuple[str, int, bool], list[int]] = {}
         for i, q in enumerate(queries):
@@ -328,14 +327,14 @@ class BundleRecommender:
                        else self._decode(batch, mode, width, ledger))
                 for i, res in zip(part, out, strict=True):
                     results[i] = replace(res, decoding=self._decoding(queries[i], mode, width, listed, group_k))
-        done = [r for r in results if r is not None]
-        return self._with_fresh(queries, done) if self.fresh is not None and self.fresh.settings.slots else done
+        return self._with_fresh(queries, [r for r in results if r is not None])
 
     def _with_fresh(self, queries: Sequence[RecQuery], results: list[RecResult]) -> list[RecResult]:
         """The tails of the lists given to fresh items (``FreshItems.merge``); requests with rules are left as
-        decoded (fresh items carry no attributes to check them against)."""
+        decoded (fresh items carry no attributes to check them against); as decoded without fresh slots."""
         fresh = self.fresh
-        assert fresh is not None
+        if fresh is None or not fresh.settings.slots:
+            return results
         idx = [i for i, q in enumerate(queries) if q.rules is None and q.k > 1]
         if not idx:
             return results
