@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -139,10 +140,11 @@ def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_rankin
     from recsvc.recommender.bundle_recommender import BundleRecommender
     from recsvc.recommender.prior_ranked import PRIOR_RANKED
     from recsvc.rules.spec import Cap, Rules, ValueFilter
+    from recsvc.service.settings import ServeSettings, build_recommender
     from training.prior_alone import prior_rankings
 
     monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli",
-                                             "bundle": "recsvc.cli.bundle"})
+                                             "bundle": "recsvc.cli.bundle", "serve": "recsvc.service.cli"})
     root = tiny_bundle(tmp_path, n_users=60)
     base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
     assert cli.main(["tune", "prior", *base, "--trials", "2"]) == 0
@@ -154,6 +156,15 @@ def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_rankin
     assert isinstance(prior, MixedPrior) and prior.mix.alone
     rec = BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False, use_fresh=False)
     assert rec.prior_ranks and not rec.prefill_ahead_enabled
+    # a server of that bundle neither compiles the target's forward nor calibrates speculation at start-up
+    events: list[str] = []
+    forward = "compiled" if shutil.which("g++") or shutil.which("clang++") else "fast"
+    served = build_recommender(ServeSettings.from_args(cli.build_parser().parse_args(
+        ["serve", "--bundle", str(root), "--dtype", "fp32", "--spec", "auto", "--forward", forward])),
+        step=lambda event, **_: events.append(event))
+    assert served.prior_ranks and served.drafter is not None and "target_unused" in events
+    assert not {"compiling_forward", "forward_compiled"} & set(events)
+    assert not [e for e in events if e.startswith(("calibration", "speculation"))]
     data_users = load_split_dir(b.resolve_data_dir(None)).eval_users("valid")[:5]
     expected = prior_rankings(prior, data_users, 5)
     for mode in ("plain", "strict", "relaxed"):

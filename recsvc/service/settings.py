@@ -218,14 +218,19 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
     step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=rec.drafter is not None,
          prior_weight=rec.prior_weight, precision=precision(rec))
     if rec.prior_weight > 0:
-        print(f"fusing the transition prior {rec.prior.settings}", flush=True)
+        print(f"{'ranking by' if rec.prior_ranks else 'fusing'} the transition prior {rec.prior.settings}", flush=True)
     cache = None if settings.recalibrate else settings.calibration_settings(rec.beam_width, torch_threads())
     rec.set_forward(settings.forward)
-    if rec.target.forward_name == "compiled":  # compile before calibration times anything
-        step("compiling_forward")
-        step("forward_compiled", seconds=round(rec.warm_up(), 3))
-    configure_speculation(rec, settings.spec, settings.bundle, budget_s=settings.startup_budget_s, step=step,
-                          should_stop=should_stop, cache_settings=cache)
+    if rec.prior_ranks:  # every request is the prior's ranking: nothing to compile, no speculation to time
+        from recsvc.recommender.prior_ranked import PRIOR_RANKED
+
+        step("target_unused", reason=PRIOR_RANKED, forward_compiled=False, speculation_calibrated=False)
+    else:
+        if rec.target.forward_name == "compiled":  # compile before calibration times anything
+            step("compiling_forward")
+            step("forward_compiled", seconds=round(rec.warm_up(), 3))
+        configure_speculation(rec, settings.spec, settings.bundle, budget_s=settings.startup_budget_s, step=step,
+                              should_stop=should_stop, cache_settings=cache)
     if settings.state_cache_mb < 0:
         raise UserError(f"--state-cache-mb must be >= 0, got {settings.state_cache_mb}")
     # after calibration (its users are not the served ones); a reload builds a new recommender: an empty cache
