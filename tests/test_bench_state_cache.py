@@ -43,6 +43,21 @@ def test_bench_cache_compares_the_paths_in_one_run_and_measures_the_linear_floor
     assert report["floor_uncached_ms"] > report["floor_cached_ms"]  # the prompt forward on top
 
 
+def test_bench_cache_measures_the_llama_drafter_it_is_told_to(bundle, tmp_path, capsys) -> None:
+    base = ["bench", "cache", "--bundle", str(bundle), "--users", "2", "--k", "3", "--beam-width", "5", "--threads",
+            "1", "--warmup", "1", "--sweep-users", "1", "--no-compiled"]
+    out = tmp_path / "none.json"
+    assert main([*base, "--llama-drafter", "none", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["drafter_fixed_ms_per_forward"] is None
+    out = tmp_path / "named.json"
+    assert main([*base, "--llama-drafter", "drafter", "--json", str(out)]) == 0  # BUNDLE/drafter by name
+    fixed = json.loads(out.read_text())["drafter_fixed_ms_per_forward"]
+    assert set(fixed) == {"lean", "fast"} and all(v == v for v in fixed.values())  # fitted (not nan)
+    capsys.readouterr()
+    assert main([*base, "--llama-drafter", "no-such-drafter"]) == 2  # a clear error, no traceback
+    assert "no drafter 'no-such-drafter'" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 def test_bench_replay_against_a_served_bundle_and_redis(bundle, tmp_path) -> None:
     out = tmp_path / "replay.json"

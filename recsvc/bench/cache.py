@@ -59,6 +59,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-compiled", action="store_true",
                    help="leave out the compiled forward (no C++ compiler, or a quick run): no compiled row, and the "
                         "cached paths run the fast forward")
+    p.add_argument("--llama-drafter", default="auto",
+                   help="the LLaMA drafter whose fixed cost per forward is measured beside the target's: a name "
+                        "under BUNDLE/drafters/, 'drafter' (BUNDLE/drafter), 'auto' (the served drafter when it is a "
+                        "LLaMA drafter, else BUNDLE/drafter when the bundle has one) or 'none'")
     p.add_argument("--json", dest="json_path")
 
 
@@ -110,6 +114,27 @@ def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
     return 1000.0 * (time.perf_counter() - start) / reps
 
 
+def _llama_drafter(rec, args: argparse.Namespace):
+    """The ``EngineModel`` of the LLaMA drafter ``--llama-drafter`` names (None: 'none', or 'auto' and the bundle has
+    none); built in the target's attention mode, as the serving registry builds it."""
+    from recsvc.engine.engine_model import EngineModel
+    from recsvc.model.bundle import Bundle
+
+    name = args.llama_drafter
+    if name == "none":
+        return None
+    if name == "auto":
+        served = rec.drafter.model if rec.drafter is not None else None
+        if served is not None:
+            return served
+        bundle = Bundle.open(args.bundle)
+        if not (bundle.drafter_dir / "config.json").is_file():
+            return None
+        name = "drafter"
+    model = Bundle.open(args.bundle).load_drafter(dtype=args.dtype, name=name)  # UserError when it is missing
+    return EngineModel.build(model, rec.target.attention)
+
+
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
     from recsvc.bench import floor
@@ -123,6 +148,7 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
     rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention="fp32",
                                         beam_width=args.beam_width)
+    drafter_model = _llama_drafter(rec, args)  # before any timing: a missing drafter is a clear error
     histories, train = _users(args.bundle, args.users, args.split, args.data, args.seed)
     target = rec.target
     caches = {"cached": UserStateCache(1 << 40, "bench"), "repeat": UserStateCache(1 << 40, "bench")}
@@ -179,7 +205,6 @@ def run(args: argparse.Namespace) -> dict:
         target.set_forward(name)
         fixed[name] = _fixed_cost(target, BeamSearch(target, rec.trie, rec.prompts.code_offset).search, sweep)
     drafter_fixed = None
-    drafter_model = rec.drafter.model if rec.drafter is not None else None
     if drafter_model is not None:
         drafter_fixed = {}
         for name in uncached:
