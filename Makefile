@@ -118,6 +118,11 @@ engine-beauty: install redis
 	  --json $(BENCH)/cache.json
 	$(VENV)/bin/recsvc bench cache --bundle $(BUNDLE) --users 200 --k 10 --beam-width 20 --dtype bf16 --threads 1 \
 	  --json $(BENCH)/cache_bf16.json
+	@# the LLaMA drafter's fixed cost per forward (an SFT drafter, ~3.5 min, unless make drafters-beauty made one)
+	test -f $(BUNDLE)/drafters/sft/config.json || $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
+	  --preset drafter-small --method sft --epochs 2 --threads 1 --out-name sft
+	$(VENV)/bin/recsvc bench cache --bundle $(BUNDLE) --users 200 --k 10 --beam-width 20 --dtype fp32 --threads 1 \
+	  --llama-drafter sft --json $(BENCH)/cache_drafter.json
 	$(VENV)/bin/recsvc bench replay --bundle $(BUNDLE) --users 150 --r 3 --k 10 --concurrency 1,16 \
 	  --cache lean,off,on,ahead,compiled --max-seconds 45 --dtype fp32 --threads 1 --json $(BENCH)/replay.json
 	OMP_NUM_THREADS=1 $(VENV)/bin/recsvc bench serve --bundle $(BUNDLE) --concurrency 1,16 --duration 30 --k 10 \
