@@ -100,6 +100,12 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     assert cli.main(["eval", "--bundle", str(root), "--split", "valid", "--k", "10", "--dtype", "fp32",
                      "--baselines", "none", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["prior"]["mix"] == pytest.approx(prior.mix.mix)
+    # resumed only on the same objective: again -> nothing to run; a wider weight range -> a new study
+    assert cli.main(["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2"]) == 0
+    assert Bundle.open(root).read()["tuning"]["mix"]["trials_this_run"] == 0
+    assert cli.main(["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2", "--max-weight", "5"]) == 0
+    again = Bundle.open(root).read()["tuning"]["mix"]
+    assert again["trials_this_run"] == 3 and again["trials"] == 3
     # re-tuning the transition prior drops the stale mix
     assert cli.main(["tune", "prior", *base, "--trials", "3"]) == 0
     assert isinstance(load_prior(b.prior_dir), TransitionPrior)

@@ -43,6 +43,28 @@ def test_tune_prior_writes_the_best_trial_and_resumes(tmp_path, capsys) -> None:
     assert "--trials" in capsys.readouterr().err
 
 
+def test_a_search_whose_objective_changed_starts_afresh_instead_of_resuming(tmp_path) -> None:
+    """The study resumes only what was scored on the same objective: other validation users, or a retrained
+    target (new weights in the model directory the search ranks with), start a new study in the same file; the
+    old trials, scored on another objective, are never compared with the new ones."""
+    import os
+
+    root = make_tiny_bundle(tmp_path, n_users=60)
+    argv = ["tune", "prior", "--bundle", str(root), "--trials", "2", "--budget-minutes", "5", "--dtype", "fp32"]
+
+    def tuned(*extra: str) -> dict:
+        assert cli.main([*argv, *extra]) == 0
+        return Bundle.open(root).read()["tuning"]["prior"]
+
+    assert tuned("--users", "20")["trials_this_run"] == 2
+    assert tuned("--users", "20")["trials_this_run"] == 0  # the same objective: resumed, nothing left to run
+    other = tuned("--users", "15")  # other users: a new study, its own 2 trials
+    assert other["trials_this_run"] == 2 and other["trials"] == 2 and other["valid_users"] == 15
+    weights = next((root / "target").glob("*.safetensors"))  # a retrained target: its weights rewritten
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert tuned("--users", "20")["trials_this_run"] == 2
+
+
 def test_tune_prior_with_history_excluded_writes_the_excluding_services_prior(tmp_path) -> None:
     root = make_tiny_bundle(tmp_path, n_users=60)
     base = ["tune", "prior", "--bundle", str(root), "--budget-minutes", "5", "--users", "20", "--dtype", "fp32"]

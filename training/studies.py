@@ -3,7 +3,10 @@ count and a wall-clock budget, whichever comes first."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 from recsvc.errors import UserError
 
@@ -15,13 +18,31 @@ def check_budget(trials: int, minutes: float) -> None:
         raise UserError(f"--budget-minutes must be > 0, got {minutes}")
 
 
-def study(path: Path, name: str, seed: int):
+def study(path: Path, name: str, seed: int, objective_key: dict[str, Any] | None = None):
+    """The study ``name`` in the SQLite file ``path``, resumed when it exists. ``objective_key``: everything the
+    trials' scores depend on besides the searched parameters (the model's weights, the validation users, the
+    metric, the settings a search builds on); the study is named after its digest, so a run whose objective
+    changed (a retrained target, a re-tuned transition prior, other users) starts a new study instead of
+    resuming trials that were scored on another objective. The key is stored as a study attribute."""
     import optuna
 
     path.parent.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.create_study(study_name=name, storage=f"sqlite:///{path.resolve()}", direction="maximize",
-                               load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed))
+    if objective_key is not None:
+        text = json.dumps(objective_key, sort_keys=True, default=str)
+        name = f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    created = optuna.create_study(study_name=name, storage=f"sqlite:///{path.resolve()}", direction="maximize",
+                                  load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed))
+    if objective_key is not None and "objective" not in created.user_attrs:
+        created.set_user_attr("objective", json.loads(json.dumps(objective_key, sort_keys=True, default=str)))
+    return created
+
+
+def weights_fingerprint(model_dir: Path) -> dict[str, list[int]]:
+    """The weight files of a saved model by name -> [size, modification time in ns]: a retrained or replaced
+    model changes it (a copy does too, which only starts a fresh search), without reading the weights."""
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns]
+            for f in sorted(Path(model_dir).glob("*.safetensors"))}
 
 
 def run_trials(study, objective, trials: int, minutes: float) -> int:

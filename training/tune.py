@@ -37,7 +37,7 @@ from recsvc.errors import UserError
 from training.studies import check_budget as _check_budget
 from training.studies import run_trials as _run
 from training.studies import study as _study
-from training.studies import validation_model
+from training.studies import validation_model, weights_fingerprint
 
 PRIOR_METRICS = ("ndcg@10", "recall@10")
 
@@ -130,7 +130,10 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
 
-    study = _study(bundle.root / "tune" / ("prior-excl.db" if excl else "prior.db"), "prior", args.seed)
+    key = {"model": weights_fingerprint(model_dir), "data": str(bundle.resolve_data_dir(args.data)),
+           "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
+           "dtype": str(model.dtype), "max_weight": args.max_weight}
+    study = _study(bundle.root / "tune" / ("prior-excl.db" if excl else "prior.db"), "prior", args.seed, key)
     if not study.trials:  # the unfused model as the first trial: the search can only improve on it
         study.enqueue_trial({"weight": 0.0, "window": 1, "decay": 0.5, "beta": 1.0})
     t0 = time.monotonic()

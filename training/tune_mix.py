@@ -94,7 +94,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training.baselines.sasrec_train import SASRecSettings
     from training.evaluate import rank_users, serving_model
     from training.prior_cli import prior_sequences, resolve_fit_on
-    from training.studies import check_budget, run_trials, study, validation_model
+    from training.studies import check_budget, run_trials, study, validation_model, weights_fingerprint
 
     check_budget(args.trials, args.budget_minutes)
     if args.users < 1 or not 0 < args.max_weight <= WEIGHT_LIMIT:
@@ -139,7 +139,16 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
 
-    search = study(bundle.root / "tune" / ("mix-excl.db" if excl else "mix.db"), "mix", args.seed)
+    # what every trial's score depends on: a retrained target, a re-tuned transition prior, other SASRec fits or
+    # other users start a new study instead of resuming one scored on another objective
+    key = {"model": weights_fingerprint(model_dir), "sasrec": weights_fingerprint(train_dir),
+           # the transition prior's own settings; its weight is searched here (and the stored one is a previous
+           # run's choice once this command has written the mix)
+           "transition": {k: v for k, v in asdict(stored.settings).items() if k != "weight"},
+           "data": str(bundle.resolve_data_dir(args.data)),
+           "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
+           "dtype": str(model.dtype), "max_weight": args.max_weight}
+    search = study(bundle.root / "tune" / ("mix-excl.db" if excl else "mix.db"), "mix", args.seed, key)
     if not search.trials:  # the transition prior alone, as tuned
         search.enqueue_trial({"mix": 0.0, "temperature": 1.0,
                               "share": share_of(min(stored.settings.weight, args.max_weight))})
@@ -147,7 +156,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     best = search.best_trial
     first = search.trials[0]
     chosen = _with_weight(stored.settings, weight_of(best.params))
-    own, ran_own = _search_alone(args, bundle, excl, train_prior.with_settings(chosen), seq_train, users, best.params)
+    own, ran_own = _search_alone(args, bundle, excl, train_prior.with_settings(chosen), seq_train, users, best.params,
+                                 {**key, "model": None, "fused": best.params})
     alone_wins = own.value > best.value if args.rank_by == "auto" else args.rank_by == "prior"
     pick = own if alone_wins else best
     mix = MixSettings(mix=pick.params["mix"], temperature=pick.params["temperature"], alone=alone_wins)
@@ -182,7 +192,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
 
 
 def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transition: TransitionPrior,
-                  sequence: SequenceModel, users: Sequence[EvalUser], fused: dict) -> tuple[FrozenTrial, int]:
+                  sequence: SequenceModel, users: Sequence[EvalUser], fused: dict,
+                  objective_key: dict) -> tuple[FrozenTrial, int]:
     """The prior's best mixture as a ranker on its own, on the same validation users (Optuna, its own study
     BUNDLE/tune/mix-alone[-excl].db; the first trials: SASRec alone, then the fused choice's mixture).
     Returns (best trial, trials run now)."""
@@ -200,7 +211,8 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
 
-    search = study(bundle.root / "tune" / ("mix-alone-excl.db" if excl else "mix-alone.db"), "mix-alone", args.seed)
+    search = study(bundle.root / "tune" / ("mix-alone-excl.db" if excl else "mix-alone.db"), "mix-alone", args.seed,
+                   objective_key)
     if not search.trials:
         search.enqueue_trial({"mix": 1.0, "temperature": 1.0})  # SASRec alone
         search.enqueue_trial({"mix": fused["mix"], "temperature": fused["temperature"]})
