@@ -61,6 +61,33 @@ def test_rank_users_shards_are_the_single_process_batches(bundle):
     assert merged == whole
 
 
+def test_evaluations_read_their_top_k_from_the_served_beam_width(bundle, tmp_path):
+    """``rank_users`` at a beam width returns the first k of that wider search (what a server at that width
+    returns); ``recsvc eval`` searches the bundle's served width (default 20), so a lone cutoff gives the same
+    lists as the same cutoff read beside wider ones."""
+    from recsvc.cli.main import main
+
+    b = Bundle.open(bundle)
+    data = load_split_dir(b.resolve_data_dir(None))
+    ids = b.load_ids()
+    builder = b.prompt_builder(ids=ids)
+    model, trie = serving_model(b.load_target(dtype="fp32")), CatalogTrie(ids)
+    users = data.eval_users("test")
+    wide = rank_users(model, builder, trie, users, 20, batch_size=4, progress=False)
+    read = rank_users(model, builder, trie, users, 3, batch_size=4, progress=False, beam_width=20)
+    assert read == {u: items[:3] for u, items in wide.items()}
+    assert b.served_beam_width() == 20  # no "beam_width" in bundle.json: the service's default
+    runs = {}
+    for ks in ("3", "3,20"):
+        out = tmp_path / f"eval-{ks}.json"
+        assert main(["eval", "--bundle", str(bundle), "--split", "test", "--k", ks, "--dtype", "fp32",
+                     "--baselines", "none", "--no-fresh", "--json", str(out)]) == 0
+        runs[ks] = json.loads(out.read_text())
+    assert runs["3"]["beam_width"] == runs["3,20"]["beam_width"] == 20
+    assert runs["3"]["model"]["recall@3"] == runs["3,20"]["model"]["recall@3"]
+    assert runs["3"]["model"]["ndcg@3"] == runs["3,20"]["model"]["ndcg@3"]
+
+
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
                     reason="torchrun is not installed beside the interpreter")
 def test_torchrun_two_processes_equal_one(bundle, tmp_path, capsys):

@@ -36,7 +36,10 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="offline Recall@K / NDCG@K of a bundle's target vs baselines")
     p.add_argument("--bundle", help="bundle directory (optional with --baselines-only)")
     p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--k", default="1,5,10,20", help="cutoffs, comma-separated (beam size = the largest)")
+    p.add_argument("--k", default="1,5,10,20",
+                   help="cutoffs, comma-separated (beams searched: the bundle's served width, bundle.json "
+                        "'beam_width' else 20, or the largest cutoff when larger; every cutoff is read from that "
+                        "one search, as the service reads its top-k)")
     p.add_argument("--data", help="data directory (default: the one recorded in the bundle)")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--batch-size", type=int, default=32)

@@ -43,10 +43,12 @@ def rank_users(
     model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], k: int,
     batch_size: int = 32, exclude_history: bool = False, progress: bool = True,
     prior: TransitionPrior | MixedPrior | None = None, shard: tuple[int, int] | None = None,
+    beam_width: int = 0,
 ) -> dict[int, list[int]]:
     """user_id -> the engine's top-k item ids (plain constrained beam search; with ``prior`` of weight > 0 the
     prior is fused, each user's from its history). ``model``: ``EngineModel.build(model, "fp32")`` is what the
-    service runs (``serving_model``).
+    service runs (``serving_model``). ``beam_width``: beams searched (the served width, ``Bundle.served_beam_width``;
+    max(k, beam_width) are searched and the first k read, as the service reads its top-k; 0: k beams).
 
     ``shard=(rank, world)``: rank only the batches ``i`` with ``i % world == rank``, the batches built exactly as
     without sharding (same order, same composition, so the same padding), so the union over ranks equals the
@@ -68,7 +70,8 @@ def rank_users(
         dead = trie.dead_nodes(excluded) if excluded else None
         fused = (prior_log_mass(trie, torch.from_numpy(prior.probs([u.history for u in chunk])),
                                 prior.settings.weight) if fuse else None)
-        res = engine.search(prompts, k, dead, fused)
+        width = max(k, beam_width)
+        res = engine.search(prompts, width, dead, fused, top=k if width > k else None)  # leaves [B, k]
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
             out[u.user_id] = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())
@@ -187,7 +190,7 @@ def evaluate_bundle(
     else:
         rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
                               exclude_history, progress=rank == 0, prior=prior,
-                              shard=(rank, world) if world > 1 else None)
+                              shard=(rank, world) if world > 1 else None, beam_width=bundle.served_beam_width())
     rankings = gather_rankings(rankings)
     seconds = time.perf_counter() - start
     if rank != 0:
@@ -221,6 +224,7 @@ def evaluate_bundle(
                                 cold=cold, fresh=fresh, **(baseline_options or {}))
     return {
         "split": split, "users": len(users), "ks": list(ks), "dtype": resolve_dtype(dtype),
+        "beam_width": None if ranks_alone(prior) else max(max(ks), bundle.served_beam_width()),
         "target": "target-train" if train_only else "target",
         "exclude_history": exclude_history,
         "model": model_metrics, "popularity": evaluate_rankings(pop, users, ks),

@@ -114,8 +114,9 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     print(f"tune prior: {len(users)} validation users, model {model_dir.name} (never saw the valid period), "
           f"metric {args.metric}{', history excluded' if excl else ''}")
 
-    base = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, progress=False),
-                             users, (10,))
+    width = bundle.served_beam_width()  # the top-10 read from the served search, as a server reads it
+    base = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, progress=False,
+                                        beam_width=width), users, (10,))
     print(f"without the prior: recall@10 {base['recall@10']:.4f} ndcg@10 {base['ndcg@10']:.4f}")
 
     def objective(trial) -> float:
@@ -125,14 +126,14 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
                            beta=trial.suggest_float("beta", 0.01, 30.0, log=True))
         prior = train_prior.with_settings(st)
         m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl,
-                                         progress=False, prior=prior), users, (10,))
+                                         progress=False, prior=prior, beam_width=width), users, (10,))
         trial.set_user_attr("recall@10", m["recall@10"])
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
 
     key = {"model": weights_fingerprint(model_dir), "data": str(bundle.resolve_data_dir(args.data)),
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
-           "dtype": str(model.dtype), "max_weight": args.max_weight}
+           "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width}
     study = _study(bundle.root / "tune" / ("prior-excl.db" if excl else "prior.db"), "prior", args.seed, key)
     if not study.trials:  # the unfused model as the first trial: the search can only improve on it
         study.enqueue_trial({"weight": 0.0, "window": 1, "decay": 0.5, "beta": 1.0})
@@ -147,6 +148,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     for stale in ("sequence", "sequence-train"):  # a mix tuned for the previous settings (`recsvc tune mix`)
         shutil.rmtree(out_dir / stale, ignore_errors=True)
     record = {"settings": best.params, "fit_on": fit_on, "valid_users": len(users), "metric": args.metric,
+              "beam_width": width,
               "exclude_history": excl,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
               "valid_without_prior": {"recall@10": base["recall@10"], "ndcg@10": base["ndcg@10"]},

@@ -3,8 +3,9 @@
     recsvc tune fresh --bundle B [--users N] [--metric ndcg@10]
 
 Protocol (no test data is read):
-- the model that has not seen the valid period ranks every sampled validation user once (top 10, the bundle's
-  tuned prior fused, refitted on the train period), as ``recsvc tune prior`` does;
+- the model that has not seen the valid period ranks every sampled validation user once (the top 10 of a search
+  at the served beam width, the bundle's tuned prior fused, refitted on the train period), as ``recsvc tune
+  prior`` does;
 - the fresh items of validation are the catalog items nobody interacted with in the train period; their text
   embeddings (the packaged MiniLM sentence encoder, the one the semantic ids were made from) rank them per user,
   by similarity to the mean embedding of the history's last items or to a learned content query
@@ -111,7 +112,8 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
         rankings = prior_rankings(prior, users, 10, excl)
     else:
         model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
-        rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior)
+        rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior,
+                              beam_width=bundle.served_beam_width())  # the top-10 of the served search
     vectors = item_vectors(data_dir, args.embed_cache)
     cold = cold_items(data, "train", ids.item_ids.tolist())  # the slice: targets without a train interaction
     fresh_now = fresh_candidates(data, "valid", "train", ids.item_ids.tolist())  # the catalog's fresh items then

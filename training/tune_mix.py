@@ -123,6 +123,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored.settings,
                                       fitted_on="train")
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
+    width = bundle.served_beam_width()  # the top-10 read from the served search, as a server reads it
     builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
     print(f"tune mix: {len(users)} validation users, model {model_dir.name}, transition {stored.settings}, "
@@ -133,7 +134,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
                           temperature=trial.suggest_float("temperature", 0.25, 4.0, log=True))
         weight = weight_of({"share": trial.suggest_float("share", 0.0, share_of(args.max_weight))})
         prior = MixedPrior(train_prior.with_settings(_with_weight(stored.settings, weight)), seq_train, mix)
-        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl,
+        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, beam_width=width,
                                          progress=False, prior=prior), users, (10,))
         trial.set_user_attr("recall@10", m["recall@10"])
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
@@ -147,7 +148,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
            "transition": {k: v for k, v in asdict(stored.settings).items() if k != "weight"},
            "data": str(bundle.resolve_data_dir(args.data)),
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
-           "dtype": str(model.dtype), "max_weight": args.max_weight}
+           "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width}
     search = study(bundle.root / "tune" / ("mix-excl.db" if excl else "mix.db"), "mix", args.seed, key)
     if not search.trials:  # the transition prior alone, as tuned
         search.enqueue_trial({"mix": 0.0, "temperature": 1.0,
@@ -167,7 +168,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     shutil.copytree(train_dir, prior_dir / TRAIN_SEQUENCE_DIR)
     record = {"settings": {**best.params, "weight": chosen.weight}, "transition": asdict(stored.settings),
               "fit_on": fit_on,
-              "valid_users": len(users), "metric": args.metric,
+              "valid_users": len(users), "metric": args.metric, "beam_width": width,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
               "valid_transition_only": {"recall@10": first.user_attrs.get("recall@10"),
                                         "ndcg@10": first.user_attrs.get("ndcg@10")},

@@ -26,6 +26,7 @@ from tokenizer_rqvae.ids import SemanticIds
 
 VERSION = 1
 META_FILE = "bundle.json"
+DEFAULT_BEAM_WIDTH = 20  # LC-Rec's evaluation width: the served top-k are the offline evaluation's top-k
 
 
 class Bundle:
@@ -135,6 +136,12 @@ class Bundle:
         bundle = cls(root)
         bundle.read()
         return bundle
+
+    def served_beam_width(self) -> int:
+        """The beams a server of this bundle searches per request unless told otherwise (bundle.json
+        "beam_width", else ``DEFAULT_BEAM_WIDTH``; 0 = k): evaluations and tunings rank with it, so that what
+        they measure is what is served."""
+        return int(self.read().get("beam_width", DEFAULT_BEAM_WIDTH))
 
     def read(self) -> dict[str, Any]:
         if not self.meta_path.is_file():

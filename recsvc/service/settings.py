@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from recsvc.errors import UserError
+from recsvc.model.bundle import DEFAULT_BEAM_WIDTH  # the service's default width (re-exported)
 from recsvc.recommender.api import MODES, Mode
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
@@ -24,7 +25,6 @@ from .arg_types import positive_float
 from .calibration import configure_speculation, torch_threads
 from .logs import Step, log_step
 
-DEFAULT_BEAM_WIDTH = 20  # LC-Rec's evaluation width: the served top-k are the offline evaluation's top-k
 MAX_BEAM_WIDTH = 100
 
 
@@ -124,7 +124,7 @@ class ServeSettings:
 
         width = args.beam_width
         if width is None:
-            width = int(Bundle.open(args.bundle).read().get("beam_width", DEFAULT_BEAM_WIDTH))
+            width = Bundle.open(args.bundle).served_beam_width()
         return cls(bundle=str(args.bundle), beam_width=check_beam_width(width), default_mode=args.default_mode,
                    spec=args.spec, dtype=args.dtype, attention=args.attention, drafter=args.drafter_name,
                    prior=not args.no_prior, exclude_history=args.exclude_history, attributes=args.attributes,
