@@ -30,11 +30,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from tqdm import tqdm
 
 from recsvc.bench.common import machine, markdown_table, set_threads, write_json
+
+if TYPE_CHECKING:
+    from recsvc.engine.engine_model import EngineModel
+    from recsvc.recommender.bundle_recommender import BundleRecommender
 
 PATHS = ("lean", "fast", "compiled", "cached", "repeat")
 UNCACHED = ("lean", "fast", "compiled")  # forwards without a user-state cache
@@ -114,7 +119,7 @@ def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
     return 1000.0 * (time.perf_counter() - start) / reps
 
 
-def _llama_drafter(rec, args: argparse.Namespace):
+def _llama_drafter(rec: BundleRecommender, args: argparse.Namespace) -> EngineModel | None:
     """The ``EngineModel`` of the LLaMA drafter ``--llama-drafter`` names (None: 'none', or 'auto' and the bundle has
     none); built in the target's attention mode, as the serving registry builds it."""
     from recsvc.engine.engine_model import EngineModel
