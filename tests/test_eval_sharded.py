@@ -45,14 +45,17 @@ def _run(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     return proc, time.perf_counter() - start
 
 
+def _ranking_inputs(bundle: Path):
+    """(served target, prompt builder, trie, test users) of the tiny bundle, as ``recsvc eval`` builds them."""
+    b = Bundle.open(bundle)
+    ids = b.load_ids()
+    users = load_split_dir(b.resolve_data_dir(None)).eval_users("test")
+    return serving_model(b.load_target(dtype="fp32")), b.prompt_builder(ids=ids), CatalogTrie(ids), users
+
+
 def test_rank_users_shards_are_the_single_process_batches(bundle):
     """The union of the shards' rankings is the unsharded ranking, user for user."""
-    b = Bundle.open(bundle)
-    data = load_split_dir(b.resolve_data_dir(None))
-    ids = b.load_ids()
-    builder = b.prompt_builder(ids=ids)
-    model, trie = serving_model(b.load_target(dtype="fp32")), CatalogTrie(ids)
-    users = data.eval_users("test")
+    model, builder, trie, users = _ranking_inputs(bundle)
     whole = rank_users(model, builder, trie, users, 5, batch_size=4, progress=False)
     parts = [rank_users(model, builder, trie, users, 5, batch_size=4, progress=False, shard=(r, 3))
              for r in range(3)]
@@ -67,16 +70,11 @@ def test_evaluations_read_their_top_k_from_the_served_beam_width(bundle, tmp_pat
     lists as the same cutoff read beside wider ones."""
     from recsvc.cli.main import main
 
-    b = Bundle.open(bundle)
-    data = load_split_dir(b.resolve_data_dir(None))
-    ids = b.load_ids()
-    builder = b.prompt_builder(ids=ids)
-    model, trie = serving_model(b.load_target(dtype="fp32")), CatalogTrie(ids)
-    users = data.eval_users("test")
+    model, builder, trie, users = _ranking_inputs(bundle)
     wide = rank_users(model, builder, trie, users, 20, batch_size=4, progress=False)
     read = rank_users(model, builder, trie, users, 3, batch_size=4, progress=False, beam_width=20)
     assert read == {u: items[:3] for u, items in wide.items()}
-    assert b.served_beam_width() == 20  # no "beam_width" in bundle.json: the service's default
+    assert Bundle.open(bundle).served_beam_width() == 20  # no "beam_width" in bundle.json: the service's default
     runs = {}
     for ks in ("3", "3,20"):
         out = tmp_path / f"eval-{ks}.json"

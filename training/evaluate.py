@@ -64,14 +64,15 @@ def rank_users(
     if shard is not None:
         rank, world = shard
         batches = batches[rank::world]
+    width = max(k, beam_width)
+    top = k if width > k else None  # the first k of a wider search, as a server reads its top-k
     for chunk in tqdm(batches, desc=f"rank@{k}", unit="batch", disable=not progress, leave=False):
         prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
         excluded = [u.history for u in chunk] if exclude_history else None
         dead = trie.dead_nodes(excluded) if excluded else None
         fused = (prior_log_mass(trie, torch.from_numpy(prior.probs([u.history for u in chunk])),
                                 prior.settings.weight) if fuse else None)
-        width = max(k, beam_width)
-        res = engine.search(prompts, width, dead, fused, top=k if width > k else None)  # leaves [B, k]
+        res = engine.search(prompts, width, dead, fused, top=top)  # leaves [B, k]
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
             out[u.user_id] = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())
@@ -182,6 +183,7 @@ def evaluate_bundle(
         else:
             prior = counted
     rank, world = dist_rank_world()
+    width = bundle.served_beam_width()  # every cutoff is read from one search at the served width (or max(ks))
     from training.prior_alone import prior_rankings
 
     if ranks_alone(prior):  # the bundle serves its prior's ranking (recsvc tune mix chose it on validation)
@@ -190,7 +192,7 @@ def evaluate_bundle(
     else:
         rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
                               exclude_history, progress=rank == 0, prior=prior,
-                              shard=(rank, world) if world > 1 else None, beam_width=bundle.served_beam_width())
+                              shard=(rank, world) if world > 1 else None, beam_width=width)
     rankings = gather_rankings(rankings)
     seconds = time.perf_counter() - start
     if rank != 0:
@@ -224,7 +226,7 @@ def evaluate_bundle(
                                 cold=cold, fresh=fresh, **(baseline_options or {}))
     return {
         "split": split, "users": len(users), "ks": list(ks), "dtype": resolve_dtype(dtype),
-        "beam_width": None if ranks_alone(prior) else max(max(ks), bundle.served_beam_width()),
+        "beam_width": None if ranks_alone(prior) else max(max(ks), width),
         "target": "target-train" if train_only else "target",
         "exclude_history": exclude_history,
         "model": model_metrics, "popularity": evaluate_rankings(pop, users, ks),

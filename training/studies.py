@@ -28,13 +28,13 @@ def study(path: Path, name: str, seed: int, objective_key: dict[str, Any] | None
 
     path.parent.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if objective_key is not None:
-        text = json.dumps(objective_key, sort_keys=True, default=str)
+    text = json.dumps(objective_key, sort_keys=True, default=str) if objective_key is not None else None
+    if text is not None:
         name = f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
     created = optuna.create_study(study_name=name, storage=f"sqlite:///{path.resolve()}", direction="maximize",
                                   load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed))
-    if objective_key is not None and "objective" not in created.user_attrs:
-        created.set_user_attr("objective", json.loads(json.dumps(objective_key, sort_keys=True, default=str)))
+    if text is not None and "objective" not in created.user_attrs:
+        created.set_user_attr("objective", json.loads(text))
     return created
 
 

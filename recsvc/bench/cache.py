@@ -128,15 +128,15 @@ def _llama_drafter(rec: BundleRecommender, args: argparse.Namespace) -> EngineMo
     name = args.llama_drafter
     if name == "none":
         return None
+    bundle = Bundle.open(args.bundle)
     if name == "auto":
         served = rec.drafter.model if rec.drafter is not None else None
         if served is not None:
             return served
-        bundle = Bundle.open(args.bundle)
         if not (bundle.drafter_dir / "config.json").is_file():
             return None
         name = "drafter"
-    model = Bundle.open(args.bundle).load_drafter(dtype=args.dtype, name=name)  # UserError when it is missing
+    model = bundle.load_drafter(dtype=args.dtype, name=name)  # UserError when it is missing
     return EngineModel.build(model, rec.target.attention)
 
 
