@@ -218,3 +218,24 @@ def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_rankin
     assert cli.main([*mix, "--rank-by", "fused"]) == 0
     assert not load_prior(b.prior_dir).mix.alone
     assert not BundleRecommender.from_bundle(root, dtype="fp32", use_drafter=False).prior_ranks
+
+
+def test_sasrec_eval_last_hidden_is_the_modules_computation() -> None:
+    """The eval-mode fast path (functional ops, the last block at the last positions only) gives the module
+    path's hidden states up to float rounding, for right-padded batches of mixed lengths and a single row."""
+    torch.manual_seed(0)
+    for heads, blocks in ((1, 2), (2, 3)):
+        model = SASRec(50, hidden=16, blocks=blocks, heads=heads, dropout=0.3, max_len=12).eval()
+        seqs = torch.randint(1, 51, (5, 12))
+        lengths = torch.tensor([12, 1, 7, 3, 12])
+        for b, n in enumerate(lengths.tolist()):
+            seqs[b, n:] = 0
+        with torch.inference_mode():
+            fast = model.last_hidden(seqs, lengths)
+            full = model.hidden_states(seqs)[torch.arange(5), lengths - 1]
+            one = model.last_hidden(seqs[2:3, :7], lengths[2:3])
+        assert fast.shape == (5, 16)
+        torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(one[0], full[2], atol=1e-5, rtol=1e-5)
+        model.train()  # training keeps the module path (dropout on): not the eval path's numbers
+        assert not torch.allclose(model.last_hidden(seqs, lengths), fast)

@@ -1,23 +1,28 @@
-"""The fast forward's transformer layers as one compiled graph (``torch.compile``, inductor's CPU backend).
+"""The fast forward's transformer layers as compiled graphs (inductor's CPU backend), called without Dynamo.
 
 ``recsvc.engine.fast.FastLlama`` already runs a fixed, small number of ops per layer; what remains of a
 forward's fixed cost is the dispatch of those ops (~14 per layer, each a Python call into an ATen kernel) and
 the elementwise passes between the matmuls (RMSNorm, rotary, SiLU * up, the residual adds), each reading and
-writing its tensor once more. ``CompiledLayers`` is the same layer stack as a ``torch.nn.Module`` that
-``torch.compile`` turns into one graph: inductor fuses the elementwise work into a few C++ loops around the
-matmuls and runs the graph from one call, with the weights frozen into it (``freezing``: constants, linear
-weights pre-packed for oneDNN). Shapes are dynamic (prompt lengths, beam counts and cache widths vary per
-call), so a handful of graphs cover every request: one for the prompt prefill (``keep`` given) and one for the
-decode / verify forwards, each once per batch size of 1 vs more and 1 token vs more (dynamo specialises those).
+writing its tensor once more. ``CompiledLayers`` is the same layer stack as a ``torch.nn.Module``; inductor
+turns it into one graph: the elementwise work fused into a few C++ loops around the matmuls, the graph run
+from one call, the weights frozen into it (``freezing``: constants, linear weights pre-packed for oneDNN).
 
-Cost: the first call of each kind compiles (10-25 s each on one CPU core; ``recsvc serve --forward compiled``
-pays it at start-up in ``BundleRecommender.warm_up``: 46 s for the Beauty target) and the compiler needs a C++
-toolchain (``g++``). CPU only (fp32 and bf16 models), like the fast forward it compiles.
+``ExportedGraphs`` builds two graphs, one for prompt prefills (``keep`` given) and one for every other forward
+(decode steps, tree verification), each captured once by ``torch.export`` with every size dynamic (requests B,
+new tokens q, cache width S and capacity C, from 1 up) and compiled by ``torch._inductor.compile``. The engine
+picks the graph itself and calls it directly: no ``torch.compile`` wrapper, so no guard evaluation, no cache
+lookup among specialised graphs, no frame hooks per call (measured on the `small` target, one CPU thread: that
+machinery cost 0.2-0.4 ms per forward, 1-1.5 ms of a request's four).
+
+Cost: each graph compiles on its first call (10-20 s each on one CPU core; ``recsvc serve --forward compiled``
+pays it at start-up in ``BundleRecommender.warm_up``), and the compiler needs a C++ toolchain (``g++``). CPU
+only (fp32 and bf16 models), like the fast forward it compiles.
 
 Numerics: the same arithmetic as ``FastLlama.forward``; inductor's fused loops and its packed matmuls sum in
 their own order, so bits differ from the uncompiled path by float rounding, the tolerance the fast path already
 documents (tested: the same items as the fast forward with scores within 1e-4, strict speculation == plain beam
-search, and the user-state cache's outputs identical with and without it).
+search, and the user-state cache's outputs identical with and without it). A row's result does not depend on
+the other rows of its call (what the bounded last step and the user-state cache rely on): tested.
 
 Shapes: B requests, q new tokens, S cache width after the call, C cache capacity, H hidden, h heads,
 h_kv kv heads, d head dim, I intermediate size.
@@ -27,12 +32,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch._inductor import config as inductor_config
+from torch.export import Dim
 
 from recsvc.engine.fast import FastLlama, _Linear, _rotary, attention
 from recsvc.errors import UserError
@@ -47,19 +53,56 @@ def require_compiler() -> None:
                         "on the PATH; none was found: install one or use --forward fast")
 
 
-def compile_module(module: torch.nn.Module) -> Callable[..., torch.Tensor]:
-    """``module`` through ``torch.compile``: inductor, dynamic shapes, the weights frozen into the graph and a C++
-    wrapper (the graph's kernels are launched from compiled code, not from Python: on the `small` target this
-    took a 1-token forward from ~2.1 to ~1.4 ms). Inductor reads these switches when a graph is compiled, at a
-    call's first sight of a new kind of input (the ``options`` argument of ``torch.compile`` does not reach the
-    freezing pass), so every call runs under them."""
-    graph = torch.compile(module, dynamic=True)
+class ExportedGraphs:
+    """``CompiledLayers`` compiled ahead of its calls, one graph per kind of call (with / without ``keep``),
+    each built on the kind's first call and then called directly (see the module's docstring). Thread-safe: a
+    graph compiles once even when two threads need it at the same time."""
 
-    def run(*args: Any) -> torch.Tensor:
-        with inductor_config.patch(freezing=True, cpp_wrapper=True):
-            return graph(*args)
+    def __init__(self, module: CompiledLayers) -> None:
+        self.module = module
+        self._graphs: dict[bool, Callable[..., torch.Tensor]] = {}
+        self._lock = threading.Lock()
 
-    return run
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor,
+                 slots: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                 keep: torch.Tensor | None = None) -> torch.Tensor:  # CompiledLayers.forward's inputs / output
+        kind = keep is not None
+        graph = self._graphs.get(kind)
+        if graph is None:
+            with self._lock:
+                graph = self._graphs.get(kind) or self._compile(kind)
+                self._graphs[kind] = graph
+        # the graphs were traced on contiguous inputs (an expanded view, stride 0, must be materialised); the
+        # caches are written in place, so they must be the caller's own contiguous buffers
+        assert all(t.is_contiguous() for t in keys + values), "KV buffers must be contiguous"
+        args = [hidden.contiguous(), cos.contiguous(), sin.contiguous(), visible.contiguous(), slots.contiguous(),
+                keys, values] + ([keep.contiguous()] if kind else [])
+        return graph(*args)
+
+    def _compile(self, keep: bool) -> Callable[..., torch.Tensor]:
+        """Export the kind's graph from example inputs of small, pairwise distinct sizes (so that no size is
+        assumed equal to another or to 1), every size dynamic, then compile it."""
+        m = self.module
+        weight = m.norm
+        b, q, s, c = 3, 5, 37, 101
+        dt, dev = weight.dtype, weight.device
+        args: tuple = (
+            torch.zeros(b, q, m.hidden, dtype=dt, device=dev), torch.zeros(b, q, 1, m.d, dtype=dt, device=dev),
+            torch.zeros(b, q, 1, m.d, dtype=dt, device=dev), torch.ones(b, q, s, dtype=torch.bool, device=dev),
+            (s - q + torch.arange(q, device=dev))[None].expand(b, q).contiguous(),
+            [torch.zeros(b, m.hkv, c, m.d, dtype=dt, device=dev) for _ in m.qkv],
+            [torch.zeros(b, m.hkv, c, m.d, dtype=dt, device=dev) for _ in m.qkv])
+        B, Q, S, C = Dim("b", min=1), Dim("q", min=1), Dim("s", min=1), Dim("c", min=1)
+        shapes: tuple = ({0: B, 1: Q}, {0: B, 1: Q}, {0: B, 1: Q}, {0: B, 1: Q, 2: S}, {0: B, 1: Q},
+                         [{0: B, 2: C}] * len(m.qkv), [{0: B, 2: C}] * len(m.qkv))
+        if keep:
+            args += (torch.full((b, 1), q - 1, dtype=torch.long, device=dev),)
+            shapes += ({0: B},)
+        with torch.inference_mode(False), torch.no_grad():
+            program = torch.export.export(m, args, dynamic_shapes=shapes)
+            flat = [t for a in args for t in (a if isinstance(a, list) else [a])]
+            with inductor_config.patch(freezing=True, cpp_wrapper=True):
+                return torch._inductor.compile(program.module(), flat)
 
 
 def _frozen(t: torch.Tensor) -> torch.nn.Parameter:
@@ -70,7 +113,7 @@ def _frozen(t: torch.Tensor) -> torch.nn.Parameter:
 class CompiledLayers(torch.nn.Module):
     """LLaMA decoder layers + the final norm over a caller-owned KV cache (``recsvc.engine.fast.FastCache``'s
     buffers), as ``FastLlama.forward`` computes them, on that forward's fused weights (compiled by
-    ``compile_module``; ``compiled_layers`` builds both)."""
+    ``ExportedGraphs``; ``compiled_layers`` builds both)."""
 
     def __init__(self, fast: FastLlama) -> None:
         super().__init__()
@@ -129,8 +172,8 @@ class CompiledLayers(torch.nn.Module):
 
 
 def compiled_layers(fast: FastLlama) -> Callable[..., torch.Tensor]:
-    """``FastLlama``'s ``compile_layers``: its layer stack as one compiled graph."""
-    return compile_module(CompiledLayers(fast))
+    """``FastLlama``'s ``compile_layers``: its layer stack as compiled graphs."""
+    return ExportedGraphs(CompiledLayers(fast))
 
 
 def _weight(t: torch.Tensor | _Linear) -> torch.Tensor:

@@ -169,7 +169,8 @@ class LeanLlama:
         self.intermediate = cfg.intermediate_size
         self.lm_head = _Linear(model.get_output_embeddings().weight)
         self.scaling = self.layers[0].attn.scaling if self.layers else 1.0
-        self._params = list(model.parameters())
+        # inference tensors (a copy made under ``torch.inference_mode``) have no version counter and never change
+        self._params = [p for p in model.parameters() if not p.is_inference()]
         self.built_version = self.version()  # the parameters' version the fused copies were made from
         self._prefix: torch.Tensor | None = None  # [P] the longest common prefix of the prompts seen
         # prompt length T -> per layer (q, k, v) of the shared prefix rows, each [h, P, d] (post-rotary)
@@ -177,8 +178,8 @@ class LeanLlama:
 
     def version(self) -> tuple[int, ...]:
         """The parameters' in-place update counters (training bumps them; the fused copies are then stale).
-        Inference tensors (a copy made under ``torch.inference_mode``) have none and never change: 0."""
-        return tuple(0 if p.is_inference() else p._version for p in self._params)
+        Inference tensors have none and never change: they are left out (read once per forward or head call)."""
+        return tuple(p._version for p in self._params)
 
     @staticmethod
     def supported(model: PreTrainedModel) -> bool:
