@@ -12,6 +12,7 @@ from engine_helpers import TEXT_VOCAB, batch, common_item_gap, random_catalog, r
 
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.compiled import ExportedGraphs
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.state_cache import UserStateCache
@@ -56,6 +57,24 @@ def test_compiled_plain_matches_fast(setup) -> None:
             b = BeamSearch(compiled, trie, TEXT_VOCAB).search(batch(group), k)
             assert torch.equal(a.leaves, b.leaves)
             torch.testing.assert_close(a.scores, b.scores, atol=TOL, rtol=0)
+
+
+def test_two_graphs_serve_every_shape_and_the_bounded_last_step_is_exact(setup) -> None:
+    """The exported graphs cover every size of their kind of call: searches of one and several prompts, K = 1 to
+    12 and a bounded last step (parts of 4+ rows) compile nothing beyond the prefill graph and the other one. And
+    a row's result does not depend on the rows sharing its call: reading the best 3 of 10 beams (the last step
+    fed in parts) gives the full search's first 3 items and scores, bit for bit."""
+    trie, _, compiled = setup
+    engine = BeamSearch(compiled, trie, TEXT_VOCAB)
+    prompts = random_prompts(4, 37, min_len=3, max_len=30)
+    for group in (prompts, prompts[:1], prompts[2:]):
+        for k in (1, 5, 12):
+            engine.search(batch(group), k)
+        full = engine.search(batch(group), 10)
+        top = engine.search(batch(group), 10, top=3)
+        assert torch.equal(top.leaves, full.leaves[:, :3]) and torch.equal(top.scores, full.scores[:, :3])
+    graphs = compiled.fast().compiled_layers
+    assert isinstance(graphs, ExportedGraphs) and sorted(graphs._graphs) == [False, True]
 
 
 def test_strict_equals_plain_on_the_compiled_forward(setup) -> None:

@@ -44,8 +44,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
     p.add_argument("--forward", choices=["auto", "fast", "compiled", "lean"], default="auto",
                    help="engine forward: fast (few ops per layer; fp32 models, fp32 attention), compiled (the fast "
-                        "forward's layers compiled by torch.compile at start-up: faster per forward, needs a C++ "
-                        "compiler, ~30-60 s more start-up), lean (the previous, bit-identical path) or auto (fast "
+                        "forward's layers exported and compiled by inductor at start-up: faster per forward, needs a "
+                        "C++ compiler, ~20-40 s more start-up), lean (the previous, bit-identical path) or auto (fast "
                         "where it applies)")
     p.add_argument("--state-cache-mb", type=int, default=256,
                    help="user-state cache budget in MiB: a returning user's prompt KV is reused (fast forward "
