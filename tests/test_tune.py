@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
@@ -94,9 +95,22 @@ def test_tune_target_one_trial(tmp_path) -> None:
                      "--epochs", "1", "--presets", "tiny", "--recall-users", "10", "--trial-minutes", "2"]) == 0
     best = json.loads((out / "best.json").read_text())
     assert best["trials"] == 1 and best["settings"]["preset"] == "tiny" and 0.0 <= best["valid_recall@10"] <= 1.0
-    assert Bundle.open(out / "trial-0").is_done("target")
-    trained = json.loads((Bundle.open(out / "trial-0").target_dir / "training.json").read_text())
+    trial = Path(best["trial_dir"])
+    assert trial == out / best["study"] / "trial-0" and Bundle.open(trial).is_done("target")
+    trained = json.loads((Bundle.open(trial).target_dir / "training.json").read_text())
     assert trained["budget_plan"]["epochs"] == trained["schedule_epochs"] == 1  # sized to --trial-minutes, capped
+    # the same objective resumes its study (nothing to run); a changed one (other ids) starts a new study in its own
+    # directory, so trial 0 of the new study never resumes the old study's trial-0 checkpoints
+    args = ["tune", "target", "--data", str(d), "--ids", str(ids), "--out", str(out), "--trials", "1", "--epochs",
+            "1", "--presets", "tiny", "--recall-users", "10", "--trial-minutes", "2"]
+    assert cli.main(args) == 0
+    again = json.loads((out / "best.json").read_text())
+    assert again["study"] == best["study"] and again["trials_this_run"] == 0 and again["trials"] == 1
+    ids.write_text(ids.read_text() + "\n")  # the same ids, a rewritten file: another objective as far as it can tell
+    assert cli.main(args) == 0
+    other = json.loads((out / "best.json").read_text())
+    assert other["study"] != best["study"] and other["trials_this_run"] == 1 and other["trials"] == 1
+    assert Path(other["trial_dir"]).parent == out / other["study"] and trial.is_dir()
     assert cli.main(["tune", "target", "--data", str(d), "--ids", str(ids), "--out", str(out),
                      "--presets", "huge"]) == 2
 

@@ -17,11 +17,14 @@ on the periods the served target was trained on (deploy: train + valid) and writ
 ``--exclude-history`` does, and writes BUNDLE/prior-excl (bundle.json "prior_excl"), which such a service and
 ``recsvc eval --exclude-history`` fuse instead of BUNDLE/prior.
 
-``target``: each trial trains a target into DIR/trial-N (the paper protocol, validation Recall@10 each epoch,
-``--trial-minutes`` each, the learning-rate schedule sized to the epochs that fit those minutes, so a slower
-preset is judged annealed rather than cut mid-schedule) over learning rate, weight decay, history length and
-preset; the best trial's
-settings go into DIR/best.json for the real build (``recsvc build ... --lr ... --weight-decay ...``).
+``target``: each trial trains a target into DIR/target-<key>/trial-N (the paper protocol, validation Recall@10
+each epoch, ``--trial-minutes`` each, the learning-rate schedule sized to the epochs that fit those minutes, so a
+slower preset is judged annealed rather than cut mid-schedule) over learning rate, weight decay, history length
+and preset; the best trial's settings go into DIR/best.json for the real build (``recsvc build ... --lr ...
+--weight-decay ...``). Its study is keyed like the others: <key> is a digest of the data and ids files (sizes,
+modification times), the epochs, the trial minutes, the presets, the validation users and the seed; a re-run
+with any of them changed starts a new study in its own directory instead of resuming trials trained on other
+inputs.
 """
 
 from __future__ import annotations
@@ -162,6 +165,12 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- target
+def _files_fingerprint(directory: Path, pattern: str) -> dict[str, list[int]]:
+    """Files of ``directory`` matching ``pattern`` by name -> [size, modification time in ns] (changed data or
+    ids change it, without reading them)."""
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(Path(directory).glob(pattern))}
+
+
 def cmd_tune_target(args: argparse.Namespace) -> int:
     import torch
 
@@ -191,7 +200,7 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
             "max_history": trial.suggest_categorical("max_history", [10, 20, 50]),
             "preset": trial.suggest_categorical("preset", presets),
         }
-        out = args.out / f"trial-{trial.number}"
+        out = trials_dir / f"trial-{trial.number}"
         bundle = Bundle.create(out, data=args.data)
         if not bundle.is_done("ids"):
             stage_ids(bundle, args.data, args.ids)
@@ -205,11 +214,19 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
         trial.set_user_attr("seconds", info["seconds"])
         return float(info["best"]["value"])
 
-    study = _study(args.out / "target.db", "target", args.seed)
+    # what the trials' scores depend on besides the searched settings: a changed one starts a new study, whose
+    # trials train in their own directory (a resumed trial continues its own checkpoints, never another study's)
+    key = {"data": str(args.data.resolve()), "data_files": _files_fingerprint(args.data, "*.txt"),
+           "ids": _files_fingerprint(args.ids.parent, args.ids.name), "epochs": args.epochs,
+           "trial_minutes": args.trial_minutes, "presets": presets, "recall_users": args.recall_users,
+           "seed": args.seed}
+    study = _study(args.out / "target.db", "target", args.seed, key)
+    trials_dir = args.out / study.study_name
     ran = _run(study, objective, args.trials, args.budget_minutes)
     best = study.best_trial
     record = {"settings": best.params, "valid_recall@10": best.value, "best_epoch": best.user_attrs.get("best_epoch"),
-              "trials": len(study.trials), "trials_this_run": ran}
+              "trials": len(study.trials), "trials_this_run": ran,
+              "trial_dir": str(trials_dir / f"trial-{best.number}"), "study": study.study_name}
     (args.out / "best.json").write_text(json.dumps(record, indent=1) + "\n")
     print(json.dumps(record, indent=1))
     return 0

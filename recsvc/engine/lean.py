@@ -178,7 +178,8 @@ class LeanLlama:
 
     def version(self) -> tuple[int, ...]:
         """The parameters' in-place update counters (training bumps them; the fused copies are then stale).
-        Inference tensors have none and never change: they are left out (read once per forward or head call)."""
+        Inference tensors have none and never change, so they are left out (the check runs per forward and per
+        head call)."""
         return tuple(p._version for p in self._params)
 
     @staticmethod
