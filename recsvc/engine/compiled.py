@@ -63,6 +63,11 @@ class ExportedGraphs:
         self._graphs: dict[bool, Callable[..., torch.Tensor]] = {}
         self._lock = threading.Lock()
 
+    @property
+    def compiled(self) -> list[str]:
+        """The kinds of call compiled so far: "prefill" (with ``keep``) and / or "other"."""
+        return sorted("prefill" if kind else "other" for kind in self._graphs)
+
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor,
                  slots: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                  keep: torch.Tensor | None = None) -> torch.Tensor:  # CompiledLayers.forward's inputs / output
