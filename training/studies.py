@@ -38,11 +38,15 @@ def study(path: Path, name: str, seed: int, objective_key: dict[str, Any] | None
     return created
 
 
+def files_fingerprint(directory: Path, pattern: str) -> dict[str, list[int]]:
+    """The files of ``directory`` matching ``pattern`` by name -> [size, modification time in ns]: rewritten files
+    change it (a copy does too, which only starts a fresh search), without reading them."""
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(Path(directory).glob(pattern))}
+
+
 def weights_fingerprint(model_dir: Path) -> dict[str, list[int]]:
-    """The weight files of a saved model by name -> [size, modification time in ns]: a retrained or replaced
-    model changes it (a copy does too, which only starts a fresh search), without reading the weights."""
-    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns]
-            for f in sorted(Path(model_dir).glob("*.safetensors"))}
+    """The weight files of a saved model (a retrained or replaced model changes it)."""
+    return files_fingerprint(model_dir, "*.safetensors")
 
 
 def run_trials(study, objective, trials: int, minutes: float) -> int:

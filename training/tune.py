@@ -38,9 +38,9 @@ from typing import Any
 
 from recsvc.errors import UserError
 from training.studies import check_budget as _check_budget
+from training.studies import files_fingerprint, validation_model, weights_fingerprint
 from training.studies import run_trials as _run
 from training.studies import study as _study
-from training.studies import validation_model, weights_fingerprint
 
 PRIOR_METRICS = ("ndcg@10", "recall@10")
 
@@ -165,12 +165,6 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- target
-def _files_fingerprint(directory: Path, pattern: str) -> dict[str, list[int]]:
-    """Files of ``directory`` matching ``pattern`` by name -> [size, modification time in ns] (changed data or
-    ids change it, without reading them)."""
-    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(Path(directory).glob(pattern))}
-
-
 def cmd_tune_target(args: argparse.Namespace) -> int:
     import torch
 
@@ -192,6 +186,14 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     make_eval = evaluator_factory(argparse.Namespace(select_by="recall", recall_users=args.recall_users))
+    # what the trials' scores depend on besides the searched settings: a changed one starts a new study, whose
+    # trials train in their own directory (a resumed trial continues its own checkpoints, never another study's)
+    key = {"data": str(args.data.resolve()), "data_files": files_fingerprint(args.data, "*.txt"),
+           "ids": files_fingerprint(args.ids.parent, args.ids.name), "epochs": args.epochs,
+           "trial_minutes": args.trial_minutes, "presets": presets, "recall_users": args.recall_users,
+           "seed": args.seed}
+    study = _study(args.out / "target.db", "target", args.seed, key)
+    trials_dir = args.out / study.study_name
 
     def objective(trial) -> float:
         settings: dict[str, Any] = {
@@ -214,14 +216,6 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
         trial.set_user_attr("seconds", info["seconds"])
         return float(info["best"]["value"])
 
-    # what the trials' scores depend on besides the searched settings: a changed one starts a new study, whose
-    # trials train in their own directory (a resumed trial continues its own checkpoints, never another study's)
-    key = {"data": str(args.data.resolve()), "data_files": _files_fingerprint(args.data, "*.txt"),
-           "ids": _files_fingerprint(args.ids.parent, args.ids.name), "epochs": args.epochs,
-           "trial_minutes": args.trial_minutes, "presets": presets, "recall_users": args.recall_users,
-           "seed": args.seed}
-    study = _study(args.out / "target.db", "target", args.seed, key)
-    trials_dir = args.out / study.study_name
     ran = _run(study, objective, args.trials, args.budget_minutes)
     best = study.best_trial
     record = {"settings": best.params, "valid_recall@10": best.value, "best_epoch": best.user_attrs.get("best_epoch"),
