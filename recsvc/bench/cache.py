@@ -39,6 +39,7 @@ from recsvc.bench.common import machine, markdown_table, set_threads, write_json
 
 if TYPE_CHECKING:
     from recsvc.engine.engine_model import EngineModel
+    from recsvc.model.bundle import Bundle
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
 PATHS = ("lean", "fast", "compiled", "cached", "repeat")
@@ -71,12 +72,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path")
 
 
-def _users(bundle_dir: str, n: int, split: str, data_dir: str | None, seed: int):
+def _users(bundle: Bundle, n: int, split: str, data_dir: str | None, seed: int):
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
 
-    data = load_split_dir(Bundle.open(bundle_dir).resolve_data_dir(data_dir))
+    data = load_split_dir(bundle.resolve_data_dir(data_dir))
     users = sample_users(data.eval_users(split), n, seed)
     train = [items for items in data.train.values() if items]
     return [list(u.history) for u in users], train
@@ -119,16 +119,14 @@ def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
     return 1000.0 * (time.perf_counter() - start) / reps
 
 
-def _llama_drafter(rec: BundleRecommender, args: argparse.Namespace) -> EngineModel | None:
+def _llama_drafter(rec: BundleRecommender, bundle: Bundle, args: argparse.Namespace) -> EngineModel | None:
     """The ``EngineModel`` of the LLaMA drafter ``--llama-drafter`` names (None: 'none', or 'auto' and the bundle has
     none); built in the target's attention mode, as the serving registry builds it."""
     from recsvc.engine.engine_model import EngineModel
-    from recsvc.model.bundle import Bundle
 
     name = args.llama_drafter
     if name == "none":
         return None
-    bundle = Bundle.open(args.bundle)
     if name == "auto":
         served = rec.drafter.model if rec.drafter is not None else None
         if served is not None:
@@ -146,6 +144,7 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.ledger import ForwardLedger
     from recsvc.engine.state_cache import UserStateCache
+    from recsvc.model.bundle import Bundle
     from recsvc.model.hardware import resolve_dtype
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
@@ -153,8 +152,9 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
     rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention="fp32",
                                         beam_width=args.beam_width)
-    drafter_model = _llama_drafter(rec, args)  # before any timing: a missing drafter is a clear error
-    histories, train = _users(args.bundle, args.users, args.split, args.data, args.seed)
+    bundle = Bundle.open(args.bundle)
+    drafter_model = _llama_drafter(rec, bundle, args)  # before any timing: a missing drafter is a clear error
+    histories, train = _users(bundle, args.users, args.split, args.data, args.seed)
     target = rec.target
     caches = {"cached": UserStateCache(1 << 40, "bench"), "repeat": UserStateCache(1 << 40, "bench")}
 

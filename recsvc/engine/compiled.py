@@ -74,9 +74,10 @@ class ExportedGraphs:
         kind = keep is not None
         graph = self._graphs.get(kind)
         if graph is None:
-            with self._lock:
-                graph = self._graphs.get(kind) or self._compile(kind)
-                self._graphs[kind] = graph
+            with self._lock:  # another thread may have compiled it meanwhile
+                graph = self._graphs.get(kind)
+                if graph is None:
+                    graph = self._graphs[kind] = self._compile(kind)
         # the graphs were traced on contiguous inputs (an expanded view, stride 0, must be materialised); the
         # caches are written in place, so they must be the caller's own contiguous buffers
         assert all(t.is_contiguous() for t in keys + values), "KV buffers must be contiguous"
