@@ -13,7 +13,10 @@ from engine_helpers import TEXT_VOCAB, batch, common_item_gap, random_catalog, r
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.compiled import ExportedGraphs
+from recsvc.engine.compiled_scoring import ExportedScoring
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.expand import candidate_scores
+from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.state_cache import UserStateCache
 from tokenizer_rqvae.trie import CatalogTrie
@@ -75,6 +78,39 @@ def test_two_graphs_serve_every_shape_and_the_bounded_last_step_is_exact(setup) 
         assert torch.equal(top.leaves, full.leaves[:, :3]) and torch.equal(top.scores, full.scores[:, :3])
     graphs = compiled.fast().compiled_layers
     assert isinstance(graphs, ExportedGraphs) and graphs.compiled == ["other", "prefill"]
+
+
+def test_decode_steps_score_in_one_compiled_graph_with_the_eager_bits(setup, monkeypatch) -> None:
+    """The compiled forward scores decode steps (LM head, log-softmax, trie, exclusions, prior) in one graph that
+    gives the eager path's very bits: searches with and without it return the same items and scores, with a prior
+    and exclusions, a bounded last step and batches; and the graph serves a larger trie (a live catalog's)."""
+    trie, fast, compiled = setup
+    assert fast.scoring() is None
+    scoring = compiled.scoring()
+    assert isinstance(scoring, ExportedScoring) and compiled.scoring() is scoring
+    engine = BeamSearch(compiled, trie, TEXT_VOCAB)
+    prompts = random_prompts(3, 38, min_len=3, max_len=30)
+    gen = torch.Generator().manual_seed(39)
+    prior = prior_log_mass(trie, torch.rand(len(prompts), trie.item_path.shape[0], generator=gen), 0.8)
+    dead = trie.dead_nodes([[int(i) for i in trie.ids.item_ids[:30]]] * len(prompts))
+    cases = [(prompts, None, None, None), (prompts, dead, prior, None), (prompts[:1], dead[:1], prior[:1], 3)]
+    with_graph = [engine.search(batch(p), 8, d, pr, top=t) for p, d, pr, t in cases]
+    assert scoring.exact is True
+    monkeypatch.setattr(compiled, "scoring", lambda: None)  # the eager head and candidate_scores
+    for (p, d, pr, t), out in zip(cases, with_graph, strict=True):
+        eager = engine.search(batch(p), 8, d, pr, top=t)
+        assert torch.equal(out.leaves, eager.leaves) and torch.equal(out.scores, eager.scores)
+    monkeypatch.undo()
+    big = CatalogTrie(random_catalog(700, L, C, 40))  # more nodes and internal nodes than the first call's trie
+    hidden = torch.randn(2, 5, compiled.hidden_size, generator=gen)
+    nodes = torch.randint(0, int(big.children.shape[0]), (2, 5), generator=gen)
+    scores = -torch.rand(2, 5, generator=gen)
+    big_prior = prior_log_mass(big, torch.rand(2, big.item_path.shape[0], generator=gen), 1.0)
+    got = scoring(hidden, nodes, scores, big, 2, TEXT_VOCAB, None, big_prior)
+    level = torch.full((10,), 2)
+    logp = compiled.code_logprobs(hidden.reshape(10, -1), level, TEXT_VOCAB, C).view(2, 5, C)
+    want = candidate_scores(big, nodes, scores, logp, None, big_prior)
+    assert got is not None and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_strict_equals_plain_on_the_compiled_forward(setup) -> None:

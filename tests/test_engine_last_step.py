@@ -10,7 +10,7 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import expand_beams
+from recsvc.engine.expand import candidate_scores, expand_beams
 from recsvc.engine.last_step import FIRST_EXTRA, MIN_PART, bounded_last_step
 from recsvc.engine.ledger import ForwardLedger
 from recsvc.engine.prior import prior_log_mass
@@ -35,11 +35,13 @@ def _beams(trie: CatalogTrie, b: int, seed: int, spread: float) -> tuple[torch.T
     return nodes, scores
 
 
-def _feeder(logp: torch.Tensor, fed: list[tuple[int, int]]):
-    def feed(first: int, stop: int) -> torch.Tensor:
+def _scorer(trie: CatalogTrie, nodes: torch.Tensor, scores: torch.Tensor, logp: torch.Tensor,
+            prior: torch.Tensor | None, fed: list[tuple[int, int]]):
+    def score(first: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         fed.append((first, stop))
-        return logp[:, first:stop]
-    return feed
+        part = slice(first, stop)
+        return candidate_scores(trie, nodes[:, part], scores[:, part], logp[:, part], None, prior)
+    return score
 
 
 @pytest.mark.parametrize("select", [IndexSelector(), GenerateSelector(TEXT_VOCAB + L * C, TEXT_VOCAB, C, L)])
@@ -56,8 +58,8 @@ def test_bounded_step_equals_the_full_step(trie: CatalogTrie, select, top: int) 
         prior = prior_log_mass(trie, probs, 0.7) if seed % 3 else None
         ref_nodes, ref_scores, ref_parents = expand_beams(trie, nodes, scores, logp, K, None, select, prior)
         fed: list[tuple[int, int]] = []
-        out_nodes, out_scores, parents, n_fed = bounded_last_step(trie, nodes, scores, _feeder(logp, fed), top,
-                                                                   None, select, prior)
+        out_nodes, out_scores, parents, n_fed = bounded_last_step(
+            trie, nodes, scores, _scorer(trie, nodes, scores, logp, prior, fed), top, select)
         assert torch.equal(out_nodes, ref_nodes[:, :top]) and torch.equal(parents, ref_parents[:, :top])
         assert torch.equal(out_scores, ref_scores[:, :top])
         assert fed[0] == (0, min(max(top + FIRST_EXTRA, MIN_PART), K))
@@ -73,8 +75,9 @@ def test_too_few_candidates_feed_every_beam(trie: CatalogTrie) -> None:
     logp = torch.log_softmax(torch.randn(2, K, C, generator=torch.Generator().manual_seed(8)), -1)
     fed: list[tuple[int, int]] = []
     top = 6
-    out_nodes, out_scores, _, n_fed = bounded_last_step(trie, nodes, scores, _feeder(logp, fed), top, None,
-                                                         IndexSelector(), None)
+    out_nodes, out_scores, _, n_fed = bounded_last_step(trie, nodes, scores,
+                                                         _scorer(trie, nodes, scores, logp, None, fed), top,
+                                                         IndexSelector())
     ref_nodes, ref_scores, _ = expand_beams(trie, nodes, scores, logp, K, None, IndexSelector(), None)
     assert torch.equal(out_nodes, ref_nodes[:, :top]) and torch.equal(out_scores, ref_scores[:, :top])
     if int(torch.isfinite(ref_scores[:, top - 1]).sum()) < 2:

@@ -16,8 +16,8 @@ import torch
 
 from recsvc.engine.beam_cache import BeamCache
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import expand_beams
-from recsvc.engine.last_step import bounded_last_step
+from recsvc.engine.expand import candidate_scores, expand_beams, select_candidates
+from recsvc.engine.last_step import Score, bounded_last_step
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.state_cache import UserStateCache
@@ -92,15 +92,22 @@ class BeamSearch:
             if bounded and step == levels - 1:
                 with ledger.phase("last"):
                     nodes, scores, parents, _ = bounded_last_step(
-                        self.trie, nodes, scores, self._last_feed(cache, nodes, parents, step), int(top), dead,
-                        self.select, prior)
+                        self.trie, nodes, scores, self._last_score(cache, nodes, scores, parents, step, dead, prior),
+                        int(top), self.select)
                 beams.append(nodes)
                 break
             # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
+            if step > 0:  # the LM head and the candidates' scores (one compiled graph on the compiled forward)
+                with ledger.phase("head"):
+                    cand, child = self._candidates(hidden, nodes, scores, step, dead, prior)
+                with ledger.phase("select"):
+                    nodes, scores, parents = select_candidates(self.trie, nodes, cand, child, k, self.select)
+                beams.append(nodes)
+                continue
             with ledger.phase("head"):
-                if step == 0 and pre is not None:  # cached for full hits of the user-state cache
+                if pre is not None:  # cached for full hits of the user-state cache
                     logp = pre.first_logprobs(hidden[:, 0], self.code_offset, c)
                     pre.remember(hidden[:, 0], logp)
                 else:
@@ -113,13 +120,28 @@ class BeamSearch:
             nodes, scores, beams[-1] = nodes[:, :top], scores[:, :top], nodes[:, :top]
         return BeamOutput(nodes, scores, cache.calls, beams)
 
-    def _last_feed(self, cache: BeamCache, nodes: torch.Tensor, parents: torch.Tensor, step: int):
-        """The bounded last step's ``feed(first, stop)``: beams first..stop-1 forward -> [B, n, C] log-probs."""
+    def _last_score(self, cache: BeamCache, nodes: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
+                    step: int, dead: torch.Tensor | None, prior: torch.Tensor | None) -> Score:
+        """The bounded last step's ``score(first, stop)``: beams first..stop-1 forward, then their candidates."""
 
-        def feed(first: int, stop: int) -> torch.Tensor:
-            return self._step_logprobs(cache.feed_part(nodes, parents, first, stop), step)
+        def score(first: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+            hidden = cache.feed_part(nodes, parents, first, stop)
+            return self._candidates(hidden, nodes[:, first:stop], scores[:, first:stop], step, dead, prior)
 
-        return feed
+        return score
+
+    def _candidates(self, hidden: torch.Tensor, nodes: torch.Tensor, scores: torch.Tensor, step: int,
+                    dead: torch.Tensor | None, prior: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, n, H] hidden states of the beams ``nodes`` [B, n] (depth ``step``) -> (cand, child) [B, n, C]:
+        the compiled scoring graph where the model has one (the same bits), else the eager head and
+        ``candidate_scores``."""
+        scoring = self.model.scoring()
+        if scoring is not None:
+            out = scoring(hidden, nodes, scores, self.trie, step, self.code_offset, dead, prior)
+            if out is not None:
+                return out
+        logp = self._step_logprobs(hidden, step)
+        return candidate_scores(self.trie, nodes, scores, logp, dead, prior)
 
     def _step_logprobs(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
         """[B, n, H] hidden states of beams at depth ``step`` -> [B, n, C] log-probs of the next code."""

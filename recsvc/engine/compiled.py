@@ -104,11 +104,18 @@ class ExportedGraphs:
         if keep:
             args += (torch.full((b, 1), q - 1, dtype=torch.long, device=dev),)
             shapes += ({0: B},)
-        with torch.inference_mode(False), torch.no_grad():
-            program = torch.export.export(m, args, dynamic_shapes=shapes)
-            flat = [t for a in args for t in (a if isinstance(a, list) else [a])]
-            with inductor_config.patch(freezing=True, cpp_wrapper=True):
-                return torch._inductor.compile(program.module(), flat)
+        return export_and_compile(m, args, shapes)
+
+
+def export_and_compile(module: torch.nn.Module, args: tuple, shapes: tuple) -> Callable[..., torch.Tensor]:
+    """``module`` captured by ``torch.export`` on example ``args`` (tensors or lists of tensors) with the
+    ``dynamic_shapes`` ``shapes``, compiled by inductor with frozen weights and a C++ wrapper; the result takes
+    the arguments flattened (a list argument as its tensors, in order)."""
+    with torch.inference_mode(False), torch.no_grad():
+        program = torch.export.export(module, args, dynamic_shapes=shapes)
+        flat = [t for a in args for t in (a if isinstance(a, list) else [a])]
+        with inductor_config.patch(freezing=True, cpp_wrapper=True):
+            return torch._inductor.compile(program.module(), flat)
 
 
 def _frozen(t: torch.Tensor) -> torch.nn.Parameter:

@@ -25,6 +25,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from recsvc.engine.attention import ATTENTION_MODES, TreeGroups, use_tree_attention
 from recsvc.engine.compiled import compiled_layers, require_compiler
+from recsvc.engine.compiled_scoring import ExportedScoring
 from recsvc.engine.fast import FastCache, FastLlama
 from recsvc.engine.lean import LeanCache, LeanLlama
 from recsvc.engine.ledger import ForwardLedger
@@ -45,6 +46,7 @@ class EngineModel:
         self._fasts: dict[bool, tuple[FastLlama, tuple[int, ...]]] = {}
         self.forward_ledger: ForwardLedger | None = None  # benches: every forward's tokens and time
         self._compiled = False  # the fast forward's layers compiled (forward "compiled")
+        self._scoring: tuple[FastLlama, ExportedScoring] | None = None  # the compiled forward's step scoring
         self.set_forward(forward)
 
     def set_forward(self, forward: str) -> None:
@@ -120,6 +122,18 @@ class EngineModel:
             built = self._fasts[self._compiled] = (
                 FastLlama(self.model, compiled_layers if self._compiled else None), version)
         return built[0]
+
+    def scoring(self) -> ExportedScoring | None:
+        """The compiled forward's decode-step scoring graph (``recsvc.engine.compiled_scoring``: LM head +
+        candidate scores, the eager path's bits), built beside its fast forward; None for the other forwards."""
+        if not self._compiled:
+            return None
+        fast = self.fast()
+        if self._scoring is None or self._scoring[0] is not fast:
+            head = fast.lm_head
+            assert head.weight is not None
+            self._scoring = (fast, ExportedScoring(head, head.weight))
+        return self._scoring[1]
 
     @property
     def forward_name(self) -> str:

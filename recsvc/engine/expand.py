@@ -28,8 +28,21 @@ def expand_beams(
 
     With ``prior`` each candidate also gains prior[row, child] - prior[row, node], so scores are fused scores
     (sum of code log-probs + w * log m(prefix)); without it the step is exactly the unfused one."""
-    b, k_in, c = logp.shape
     cand, child = candidate_scores(trie, nodes, scores, logp, dead, prior)
+    return select_candidates(trie, nodes, cand, child, k, select)
+
+
+def select_candidates(
+    trie: CatalogTrie,
+    nodes: torch.Tensor,  # [B, k_in] the beams the candidates extend (-1 dead)
+    cand: torch.Tensor,  # [B, k_in, C] candidate scores (-inf: not allowed)
+    child: torch.Tensor,  # [B, k_in, C] their nodes
+    k: int,
+    select: Selector | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The selecting half of ``expand_beams``: the best k candidates -> (nodes [B, k], scores [B, k], parent beam
+    index [B, k]); -1 nodes where fewer than k are allowed."""
+    b, k_in, c = cand.shape
     level = trie.depth[nodes.max(dim=1).values.clamp(min=0)]  # [B] a row's beams share one depth
     new_scores, flat = (select or IndexSelector())(cand, k, level)
     new_nodes = child.view(b, k_in * c).gather(1, flat)

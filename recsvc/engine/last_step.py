@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import torch
 
-from recsvc.engine.expand import candidate_scores, expand_beams
+from recsvc.engine.expand import select_candidates
 from recsvc.engine.topk import Selector
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -44,34 +44,33 @@ MIN_PART = 4
 # than top beams, 0.3% more than top + 2).
 FIRST_EXTRA = 2
 
-# feed(first, stop) -> [B, stop - first, C] next-code log-probs of beams first..stop-1 (a forward of those rows)
-Feed = Callable[[int, int], torch.Tensor]
+# score(first, stop) -> (cand, child) [B, stop - first, C]: the candidate scores and child nodes of beams
+# first..stop-1 (``recsvc.engine.expand.candidate_scores`` over a forward of those rows)
+Score = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 def bounded_last_step(
     trie: CatalogTrie,
     nodes: torch.Tensor,  # [B, K] the beams, best first (-1: dead)
     scores: torch.Tensor,  # [B, K] their scores, descending
-    feed: Feed,
+    score: Score,
     top: int,  # the beams the caller reads (1 <= top < K)
-    dead: torch.Tensor | None,  # [B, num_nodes]
     select: Selector,
-    prior: torch.Tensor | None,  # [B, num_nodes]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(nodes [B, top], scores [B, top], parent beam index [B, top], beams fed): the first ``top`` of what
     ``expand_beams(..., k=K, select)`` returns for the last step, feeding as few beams as the bound allows."""
     b, k = nodes.shape
     c = trie.codebook_size
-    logp = torch.full((b, k, c), float("-inf"), dtype=torch.float32, device=nodes.device)
+    cand = torch.full((b, k, c), float("-inf"), dtype=torch.float32, device=nodes.device)  # unfed: -inf
+    child = torch.full((b, k, c), -1, dtype=torch.long, device=nodes.device)
     fed = 0
     stop = min(max(top + FIRST_EXTRA, MIN_PART), k)
     while True:
-        logp[:, fed:stop] = feed(fed, stop)
+        cand[:, fed:stop], child[:, fed:stop] = score(fed, stop)
         fed = stop
         if fed == k:
-            out_nodes, out_scores, parents = expand_beams(trie, nodes, scores, logp, k, dead, select, prior)
+            out_nodes, out_scores, parents = select_candidates(trie, nodes, cand, child, k, select)
             return out_nodes[:, :top], out_scores[:, :top], parents[:, :top], fed
-        cand, child = candidate_scores(trie, nodes, scores, logp, dead, prior)  # [B, K, C]
         best, flat = torch.topk(cand.view(b, k * c), top + 1, dim=1)  # sorted, descending
         bound = best[:, top - 1]  # [B] L: the top-th best fed candidate
         unsure = ~torch.isfinite(bound) | (best[:, 1:] == best[:, :-1]).any(1)
