@@ -50,6 +50,31 @@ def test_mixed_probs_are_the_weighted_sum_over_catalog_columns() -> None:
         PriorSettings(weight=1001.0).check()
 
 
+def test_the_product_term_multiplies_sasrecs_softmax_in_and_renormalises() -> None:
+    """P ∝ mixture * softmax(s) ** product over the catalog; an item SASRec does not know gets the row's lowest
+    SASRec probability in the product; a history of unknown items keeps the mixture; product 0 changes nothing."""
+    trans, seq, mixed = _priors(0.3, 2.0)
+    hist = [[1], [2, 3]]
+    base = mixed.probs(hist)  # the mixture
+    logq = torch.log_softmax(seq.scores(hist)[0], dim=-1).numpy()  # [2, 3] items 1, 2, 3 (temperature 1)
+    q = np.exp(np.concatenate([logq, logq.min(axis=1, keepdims=True)], axis=1))  # item 4: the row's minimum
+    for product in (0.5, 2.0):
+        got = MixedPrior(trans, seq, MixSettings(0.3, 2.0, product=product)).probs(hist)
+        expected = base * q ** product
+        expected /= expected.sum(axis=1, keepdims=True)
+        assert got.dtype == np.float32 and np.allclose(got, expected, atol=1e-6)
+        assert np.allclose(got.sum(1), 1.0, atol=1e-5)
+    # the product alone (mix 0) over the transition prior; zero transition mass stays zero
+    p = trans.probs(hist)
+    got = MixedPrior(trans, seq, MixSettings(0.0, 1.0, product=1.0)).probs(hist)
+    expected = p * q / (p * q).sum(axis=1, keepdims=True)
+    assert np.allclose(got, expected, atol=1e-6) and np.array_equal(got == 0, p == 0)
+    assert np.allclose(MixedPrior(trans, seq, MixSettings(0.3, 2.0, product=1.0)).probs([[99]]), trans.probs([[99]]))
+    assert np.array_equal(MixedPrior(trans, seq, MixSettings(0.3, 2.0, product=0.0)).probs(hist), base)
+    with pytest.raises(UserError, match="out of range"):
+        MixSettings(product=-0.1)
+
+
 def test_a_live_catalogs_new_items_extend_the_mixed_prior() -> None:
     """A live catalog's additions (``with_items``): the transition part over the larger catalog, SASRec's part
     on the items it knows, a new item only the transition part; the mix (and ``alone``) kept."""
@@ -85,6 +110,8 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     assert ("the bundle now serves the prior's ranking" in capsys.readouterr().out) == gated
     picked = alone["settings"] if gated else record["settings"]
     assert isinstance(prior, MixedPrior) and prior.mix.mix == pytest.approx(picked["mix"]) and prior.mix.alone == gated
+    assert prior.mix.product == pytest.approx(picked["product"]) and 0.0 <= picked["product"] <= 1.0
+    assert b.read()["prior"]["product"] == pytest.approx(prior.mix.product)
     assert b.read()["prior"]["rank_by"] == record["rank_by"]
     assert prior.settings.weight == pytest.approx(record["settings"]["weight"])
     # the weight is searched as the prior's share s of the fused score: w = s / (1 - s), s <= 30 / 31

@@ -5,11 +5,18 @@ Recommendation") reads the whole recent history and generalises across items. ``
 distributions and is fused into beam search through the trie exactly like the transition prior alone
 (``recsvc.engine.prior``: a finished item's fused score is its target log-prob + w * log P(item | history)):
 
-    P(j | h) = (1 - mix) * P_transition(j | h) + mix * softmax_j(s(j | h) / temperature)
+    M(j | h) = (1 - mix) * P_transition(j | h) + mix * softmax_j(s(j | h) / temperature)
+    P(j | h) ∝ M(j | h) * softmax_j(s(j | h)) ** product
 
-with s(j | h) SASRec's score of item j. Items SASRec was not fitted on (fresh items) get only the transition
-part (its popularity back-off). ``mix`` = 0 is the transition prior alone. The settings are chosen on validation
-(``recsvc tune mix``).
+with s(j | h) SASRec's score of item j. The mixture (a sum) lets SASRec add items the counts miss; the product
+term (a geometric weight, a product of experts) lets it also take mass from items the counts like and SASRec
+does not. ``mix`` = ``product`` = 0 is the transition prior alone. Items SASRec was not fitted on (fresh items)
+get only the transition part of the mixture (its popularity back-off) and, in the product term, the lowest
+probability SASRec gives any item for that history (no evidence for them). A history of items SASRec does not
+know keeps the transition prior. The settings are chosen on validation (``recsvc tune mix``).
+
+Worked example (product = 1, mix = 0): P_transition = [0.5, 0.3, 0.2], softmax(s) = [0.2, 0.6, 0.2]
+-> products [0.10, 0.18, 0.04] -> P = [0.31, 0.56, 0.13]: the second item overtakes the first.
 
 Stored beside the transition prior: ``PRIOR_DIR/sequence/`` holds ``model.safetensors`` (SASRec weights under
 ``model.*``, ``item_ids`` [m], ``item_counts`` [m]; the baselines' format), ``fit.json`` (its settings) and
@@ -37,18 +44,20 @@ MODEL_FILE = "model.safetensors"
 FIT_FILE = "fit.json"
 MIX_FILE = "mix.json"
 ARCH_KEYS = ("hidden", "blocks", "heads", "dropout", "max_len")
+MAX_PRODUCT = 4.0  # the product term's exponent: at 1 SASRec weighs as much as the mixture
 
 
 @dataclass(frozen=True)
 class MixSettings:
     mix: float = 0.0  # share of the sequence model in the item distribution (0: transition prior alone)
-    temperature: float = 1.0  # of the sequence model's softmax
+    temperature: float = 1.0  # of the sequence model's softmax in the mixture
+    product: float = 0.0  # exponent of the sequence model's softmax (temperature 1) multiplied in (0: none)
     # the prior ranks on its own instead of being fused into the target's search (``recsvc tune mix`` chose it on
     # validation over every fused trial; recsvc.recommender.prior_ranked)
     alone: bool = False
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.mix <= 1.0 or self.temperature <= 0:
+        if not 0.0 <= self.mix <= 1.0 or self.temperature <= 0 or not 0.0 <= self.product <= MAX_PRODUCT:
             raise UserError(f"mix settings out of range: {self}")
 
 
@@ -76,9 +85,9 @@ class SequenceModel:
         return cls(model, t["item_ids"].numpy(), int(arch["max_len"]))
 
     @torch.inference_mode()
-    def log_probs(self, histories: Sequence[Sequence[int]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (log softmax of score / temperature over the model's items [B, m], whether each history had a
-        known item [B] bool; a history without one gets a uniform row)."""
+    def scores(self, histories: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (SASRec's scores of the model's items [B, m] float32, whether each history had a known item [B]
+        bool; a history without one gets a row of zeros)."""
         rows = [[self._row[int(i)] for i in h if int(i) in self._row][-self.max_len:] for h in histories]
         lengths = torch.tensor([max(len(r), 1) for r in rows])  # [B]
         seqs = torch.zeros(len(rows), int(lengths.max()) if rows else 1, dtype=torch.long)  # [B, L]
@@ -87,6 +96,12 @@ class SequenceModel:
         scores = self.model.item_logits(self.model.last_hidden(seqs, lengths)).float()  # [B, m]
         known = torch.tensor([bool(r) for r in rows])
         scores[~known] = 0.0
+        return scores, known
+
+    def log_probs(self, histories: Sequence[Sequence[int]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (log softmax of score / temperature over the model's items [B, m], whether each history had a
+        known item [B] bool; a history without one gets a uniform row)."""
+        scores, known = self.scores(histories)
         return torch.log_softmax(scores / temperature, dim=-1), known
 
 
@@ -129,14 +144,33 @@ class MixedPrior:
     def probs(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
         """[B] histories -> [B, n] P(item | history) over the catalog rows (float32, rows sum to 1)."""
         p = self.transition.probs(histories)  # [B, n]
-        if self.mix.mix <= 0:
+        if self.mix.mix <= 0 and self.mix.product <= 0:
             return p
-        logq, known = self.sequence.log_probs(histories, self.mix.temperature)  # [B, m]
-        q = np.zeros_like(p)
-        q[:, self._catalog_cols] = logq[:, self._model_rows].exp().numpy()
-        q /= np.maximum(q.sum(axis=1, keepdims=True), 1e-30)
-        mix = np.where(known.numpy()[:, None], self.mix.mix, 0.0).astype(np.float32)  # [B, 1]
-        return ((1.0 - mix) * p + mix * q).astype(np.float32)
+        scores, known = self.sequence.scores(histories)  # [B, m]
+        if self.mix.mix > 0:
+            logq = torch.log_softmax(scores / self.mix.temperature, dim=-1)  # [B, m]
+            q = np.zeros_like(p)
+            q[:, self._catalog_cols] = logq[:, self._model_rows].exp().numpy()
+            q /= np.maximum(q.sum(axis=1, keepdims=True), 1e-30)
+            mix = np.where(known.numpy()[:, None], self.mix.mix, 0.0).astype(np.float32)  # [B, 1]
+            p = ((1.0 - mix) * p + mix * q).astype(np.float32)
+        if self.mix.product > 0:
+            rows = torch.log_softmax(scores[:, self._model_rows], dim=-1)  # [B, m'] over the catalog's items
+            p = self._times_product(p, rows.numpy(), known.numpy()).astype(np.float32)
+        return p
+
+    def _times_product(self, p: np.ndarray, logq: np.ndarray, known: np.ndarray) -> np.ndarray:
+        """p [B, n] * q ** product, renormalised; logq [B, m'] over ``_catalog_cols`` (other items: the row's
+        minimum); rows of unknown histories (known [B] False) unchanged."""
+        full = np.repeat(logq.min(axis=1, keepdims=True), p.shape[1], axis=1)  # [B, n]
+        full[:, self._catalog_cols] = logq
+        full[~known] = 0.0
+        with np.errstate(divide="ignore"):  # zero mass stays zero
+            log_p = np.log(p.astype(np.float64)) + self.mix.product * full
+        top = log_p.max(axis=1, keepdims=True)
+        out = np.exp(log_p - np.where(np.isfinite(top), top, 0.0))
+        total = out.sum(axis=1, keepdims=True)
+        return np.where(total > 0, out / np.where(total > 0, total, 1.0), p)  # a row without mass stays as it was
 
     def save(self, directory: Path, sequence_dir: Path) -> None:
         """The transition prior into ``directory``, the sequence model's files copied from ``sequence_dir``."""
