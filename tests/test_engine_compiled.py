@@ -159,6 +159,8 @@ def test_a_server_built_with_the_compiled_forward_compiles_before_serving(tmp_pa
     rec = build_recommender(settings("compiled"), step=lambda event, **_: events.append(event))
     assert rec.target.forward_name == "compiled"
     assert events.index("compiling_forward") < events.index("forward_compiled")
+    scoring = rec.target.scoring()  # the decode steps' scoring graph compiled (and checked) in the warm-up too
+    assert scoring is not None and scoring.exact is True
     ref = build_recommender(settings("fast"), step=lambda *_, **__: None)
     assert ref.target.forward_name == "fast"
     history = rec.ids.item_ids[:4].tolist()
