@@ -99,22 +99,21 @@ class BeamSearch:
             # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
-            if step > 0:  # the LM head and the candidates' scores (one compiled graph on the compiled forward)
+            if step == 0:  # the first code's log-probs (kept in the user-state cache for its full hits)
+                with ledger.phase("head"):
+                    if pre is not None:
+                        logp = pre.first_logprobs(hidden[:, 0], self.code_offset, c)
+                        pre.remember(hidden[:, 0], logp)
+                    else:
+                        logp = self._step_logprobs(hidden, step)
+                with ledger.phase("select"):
+                    nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
+                                                          self.select, prior)
+            else:  # the LM head and the candidates' scores (one compiled graph on the compiled forward)
                 with ledger.phase("head"):
                     cand, child = self._candidates(hidden, nodes, scores, step, dead, prior)
                 with ledger.phase("select"):
                     nodes, scores, parents = select_candidates(self.trie, nodes, cand, child, k, self.select)
-                beams.append(nodes)
-                continue
-            with ledger.phase("head"):
-                if pre is not None:  # cached for full hits of the user-state cache
-                    logp = pre.first_logprobs(hidden[:, 0], self.code_offset, c)
-                    pre.remember(hidden[:, 0], logp)
-                else:
-                    logp = self._step_logprobs(hidden, step)
-            with ledger.phase("select"):
-                nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
-                                                      self.select, prior)
             beams.append(nodes)
         if top is not None and top < nodes.shape[1]:  # the bounded last step returns top already
             nodes, scores, beams[-1] = nodes[:, :top], scores[:, :top], nodes[:, :top]

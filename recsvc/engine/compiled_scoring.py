@@ -146,7 +146,7 @@ class ExportedScoring:
             nodes[0, -1] = -1  # a dead beam
             scores = -torch.rand(b, n, generator=gen).to(dev)
             prior = -torch.rand(b, trie.num_nodes, generator=gen).to(dev)
-            dead = (torch.rand(b, trie.num_nodes, generator=gen) < 0.1).to(dev)
+            dead = torch.rand(b, trie.num_nodes, generator=gen).to(dev) < 0.1
             for p, d in ((prior, dead), (None, None)):
                 logp = torch.log_softmax(self.eager_head(hidden.reshape(b * n, -1)).float(), dim=-1)
                 logp = logp.index_select(1, cols).view(b, n, c)
