@@ -10,7 +10,7 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import candidate_scores, expand_beams
+from recsvc.engine.expand import candidate_scores, expand_beams, select_candidates, select_from_best
 from recsvc.engine.last_step import FIRST_EXTRA, MIN_PART, bounded_last_step
 from recsvc.engine.ledger import ForwardLedger
 from recsvc.engine.prior import prior_log_mass
@@ -123,3 +123,24 @@ def test_lean_forward_feeds_every_beam(trie: CatalogTrie) -> None:
     out = engine.search(batch(prompts), K, top=3)
     assert out.target_calls == full.target_calls == L
     assert torch.equal(out.leaves, full.leaves[:, :3]) and torch.equal(out.scores, full.scores[:, :3])
+
+
+@pytest.mark.parametrize("select", [IndexSelector(), GenerateSelector(TEXT_VOCAB + L * C, TEXT_VOCAB, C, L)])
+def test_selecting_from_the_best_candidates_equals_selecting_from_all(trie: CatalogTrie, select) -> None:
+    """``select_from_best`` (the compiled scoring graph's best 2K + 1 and tie flag) gives ``select_candidates``'
+    beams when the best 2K + 1 are distinct, and declines (None) on a tie or when fewer than 2K + 1 are taken."""
+    gen = torch.Generator().manual_seed(41)
+    pool = torch.nonzero(trie.depth == 1).flatten()  # first-level beams: enough children for 2K + 1 candidates
+    nodes = torch.stack([pool[torch.randperm(len(pool), generator=gen)] for _ in range(3)])  # [3, 8]
+    scores = -(torch.rand(nodes.shape, generator=gen) * 3.0).sort(dim=1).values
+    logp = torch.log_softmax(torch.randn(*nodes.shape, C, generator=gen), -1)
+    cand, child = candidate_scores(trie, nodes, scores, logp, None, None)
+    for k in (1, 4, K):
+        top = torch.topk(cand.view(3, -1), 2 * k + 1, dim=1)
+        distinct = (top.values[:, -1] > -1e8).all() & (top.values[:, 1:] != top.values[:, :-1]).all()
+        got = select_from_best((top.values, top.indices, distinct), child, k)
+        want = select_candidates(trie, nodes, cand, child, k, select)
+        assert got is not None and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        assert select_from_best((top.values[:, :2 * k], top.indices[:, :2 * k], distinct), child, k) is None
+        assert select_from_best((top.values, top.indices, torch.tensor(False)), child, k) is None
+

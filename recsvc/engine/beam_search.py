@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from recsvc.engine.beam_cache import BeamCache
+from recsvc.engine.compiled_scoring import MIN_BEST
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import candidate_scores, expand_beams, select_candidates
+from recsvc.engine.expand import candidate_scores, expand_beams, select_candidates, select_from_best
 from recsvc.engine.last_step import Score, bounded_last_step
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
@@ -111,9 +112,11 @@ class BeamSearch:
                                                           self.select, prior)
             else:  # the LM head and the candidates' scores (one compiled graph on the compiled forward)
                 with ledger.phase("head"):
-                    cand, child = self._candidates(hidden, nodes, scores, step, dead, prior)
+                    cand, child, best = self._candidates(hidden, nodes, scores, step, dead, prior, 2 * k + 1)
                 with ledger.phase("select"):
-                    nodes, scores, parents = select_candidates(self.trie, nodes, cand, child, k, self.select)
+                    picked = select_from_best(best, child, k) if best is not None else None
+                    nodes, scores, parents = picked or select_candidates(self.trie, nodes, cand, child, k,
+                                                                         self.select)
             beams.append(nodes)
         if top is not None and top < nodes.shape[1]:  # the bounded last step returns top already
             nodes, scores, beams[-1] = nodes[:, :top], scores[:, :top], nodes[:, :top]
@@ -125,22 +128,27 @@ class BeamSearch:
 
         def score(first: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
             hidden = cache.feed_part(nodes, parents, first, stop)
-            return self._candidates(hidden, nodes[:, first:stop], scores[:, first:stop], step, dead, prior)
+            cand, child, _ = self._candidates(hidden, nodes[:, first:stop], scores[:, first:stop], step, dead, prior)
+            return cand, child
 
         return score
 
     def _candidates(self, hidden: torch.Tensor, nodes: torch.Tensor, scores: torch.Tensor, step: int,
-                    dead: torch.Tensor | None, prior: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, n, H] hidden states of the beams ``nodes`` [B, n] (depth ``step``) -> (cand, child) [B, n, C]:
-        the compiled scoring graph where the model has one (the same bits), else the eager head and
-        ``candidate_scores``."""
+                    dead: torch.Tensor | None, prior: torch.Tensor | None, best: int = MIN_BEST
+                    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
+        """[B, n, H] hidden states of the beams ``nodes`` [B, n] (depth ``step``) -> (cand, child) [B, n, C] and,
+        from the compiled scoring graph (the same bits) where the model has one, the ``best`` best candidates with
+        their tie flag (``select_from_best``); else the eager head and ``candidate_scores`` (and None)."""
         scoring = self.model.scoring()
         if scoring is not None:
-            out = scoring(hidden, nodes, scores, self.trie, step, self.code_offset, dead, prior)
+            out = scoring(hidden, nodes, scores, self.trie, step, self.code_offset, dead, prior,
+                          min(best, nodes.shape[1] * self.trie.codebook_size))
             if out is not None:
-                return out
+                cand, child, values, flat, distinct = out
+                return cand, child, (values, flat, distinct)
         logp = self._step_logprobs(hidden, step)
-        return candidate_scores(self.trie, nodes, scores, logp, dead, prior)
+        cand, child = candidate_scores(self.trie, nodes, scores, logp, dead, prior)
+        return cand, child, None
 
     def _step_logprobs(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
         """[B, n, H] hidden states of beams at depth ``step`` -> [B, n, C] log-probs of the next code."""

@@ -1,5 +1,7 @@
 """A decode step's scoring as one compiled graph: the LM head, its log-softmax over the vocabulary, the level's
-code columns and every child's candidate score (the trie, the request's exclusions, the fused prior's step term).
+code columns, every child's candidate score (the trie, the request's exclusions, the fused prior's step term) and
+the best 2K + 1 candidates with the tie check that beam selection makes before it reads the best K
+(``recsvc.engine.expand.select_from_best``).
 
 Eager, this is ``EngineModel.code_logprobs`` then ``recsvc.engine.expand.candidate_scores``: the head's matmul and
 ~25 small ATen ops around it, each a Python call and a pass over its tensor. ``ExportedScoring`` exports it once
@@ -30,7 +32,10 @@ from torch.export import Dim
 
 from recsvc.engine.compiled import export_and_compile
 from recsvc.engine.expand import candidate_scores
+from recsvc.engine.topk import INVALID
 from tokenizer_rqvae.trie import CatalogTrie
+
+MIN_BEST = 3  # the graph returns at least the best 3 candidates (the tie check compares neighbours)
 
 
 class CandidateScoring(torch.nn.Module):
@@ -50,7 +55,11 @@ class CandidateScoring(torch.nn.Module):
         children: torch.Tensor,  # [N_i, C] the trie's child table (-1: no child)
         prior: torch.Tensor,  # [B, N] float32 w * log prior mass (zeros: no prior)
         dead: torch.Tensor,  # [B, N] bool excluded nodes (all False: none)
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # cand [B, n, C] float32 (-inf: not allowed), child [B, n, C] long
+        width: torch.Tensor,  # [T] (its size only): how many best candidates to return, T >= 3
+    ) -> tuple[torch.Tensor, ...]:
+        """(cand [B, n, C] float32 (-inf: not allowed), child [B, n, C] long, the best T candidates' scores and
+        flat indices into n * C [B, T], sorted, and whether they are all real (> ``INVALID``) and pairwise
+        distinct: a 0-d bool, what ``GenerateSelector`` checks before it reads the best K as they come)."""
         b, n, h = hidden.shape
         logits = F.linear(hidden.reshape(b * n, h), self.head).float()  # [B n, V]
         logp = torch.log_softmax(logits, dim=-1).index_select(1, cols).view(b, n, -1)  # [B, n, C]
@@ -60,7 +69,10 @@ class CandidateScoring(torch.nn.Module):
         mask = (child >= 0) & ~dead.gather(1, at).view(child.shape)
         step = scores[..., None] + logp
         step = step + (prior.gather(1, at).view(child.shape) - prior.gather(1, nodes.clamp(min=0))[..., None])
-        return torch.where(mask, step, float("-inf")), child
+        cand = torch.where(mask, step, float("-inf"))
+        top_v, top_i = torch.topk(cand.reshape(b, -1), width.shape[0], dim=1)
+        distinct = (top_v[:, -1] > INVALID).all() & (top_v[:, 1:] != top_v[:, :-1]).all()
+        return cand, child, top_v, top_i, distinct
 
 
 class ExportedScoring:
@@ -76,6 +88,7 @@ class ExportedScoring:
         self._exact: bool | None = None
         self._lock = threading.Lock()
         self._cols: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
+        self._widths: dict[tuple[int, torch.device], torch.Tensor] = {}  # size carriers of ``best``
 
     @property
     def exact(self) -> bool | None:
@@ -92,14 +105,15 @@ class ExportedScoring:
         code_offset: int,
         dead: torch.Tensor | None,  # [B, N]
         prior: torch.Tensor | None,  # [B, N]
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:  # (cand, child) as ``candidate_scores``; None: score eagerly
+        best: int = MIN_BEST,  # T: how many best candidates to return (at least MIN_BEST, at most n C)
+    ) -> tuple[torch.Tensor, ...] | None:  # CandidateScoring.forward's outputs; None: score eagerly
         if self._graph is None:
             with self._lock:
                 if self._graph is None:
                     graph = self._compile(trie)
                     self._exact = self._check(graph, trie, code_offset)
                     self._graph = graph
-        if not self._exact:
+        if not self._exact or not MIN_BEST <= best <= nodes.shape[1] * trie.codebook_size:
             return None
         b = nodes.shape[0]
         n_nodes = trie.num_nodes
@@ -109,7 +123,14 @@ class ExportedScoring:
             dead = torch.zeros(b, n_nodes, dtype=torch.bool, device=nodes.device)
         return self._graph(hidden.contiguous(), self._level_cols(trie, level, code_offset, nodes.device),
                            nodes.contiguous(), scores.float().contiguous(), trie.children, prior.contiguous(),
-                           dead.contiguous())
+                           dead.contiguous(), self._width(best, nodes.device))
+
+    def _width(self, best: int, device: torch.device) -> torch.Tensor:
+        key = (best, device)
+        width = self._widths.get(key)
+        if width is None:
+            width = self._widths[key] = torch.empty(best, device=device)
+        return width
 
     def _level_cols(self, trie: CatalogTrie, level: int, code_offset: int, device: torch.device) -> torch.Tensor:
         c = trie.codebook_size
@@ -127,9 +148,10 @@ class ExportedScoring:
         args = (torch.zeros(b, n, w.shape[1], dtype=w.dtype, device=dev), torch.arange(c, device=dev),
                 torch.zeros(b, n, dtype=torch.long, device=dev), torch.zeros(b, n, device=dev),
                 torch.full((n_int, c), -1, dtype=torch.long, device=dev), torch.zeros(b, n_nodes, device=dev),
-                torch.zeros(b, n_nodes, dtype=torch.bool, device=dev))
+                torch.zeros(b, n_nodes, dtype=torch.bool, device=dev), torch.empty(MIN_BEST + 1, device=dev))
         B, N, NI, NN = Dim("b", min=1), Dim("n", min=1), Dim("ni", min=1), Dim("nn", min=2)
-        shapes = ({0: B, 1: N}, None, {0: B, 1: N}, {0: B, 1: N}, {0: NI}, {0: B, 1: NN}, {0: B, 1: NN})
+        shapes = ({0: B, 1: N}, None, {0: B, 1: N}, {0: B, 1: N}, {0: NI}, {0: B, 1: NN}, {0: B, 1: NN},
+                  {0: Dim("t", min=MIN_BEST)})
         return export_and_compile(self.module, args, shapes)
 
     @torch.inference_mode()
@@ -153,9 +175,14 @@ class ExportedScoring:
                 logp = torch.log_softmax(self.eager_head(hidden.reshape(b * n, -1)).float(), dim=-1)
                 logp = logp.index_select(1, cols).view(b, n, c)
                 want = candidate_scores(trie, nodes, scores, logp, d, p)
+                best = min(2 * n + 1, n * c)
+                if best < MIN_BEST:
+                    continue
                 got = graph(hidden, cols, nodes, scores, trie.children,
                             p if p is not None else torch.zeros_like(prior),
-                            d if d is not None else torch.zeros_like(dead))
-                if not (torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])):
+                            d if d is not None else torch.zeros_like(dead), torch.empty(best, device=dev))
+                top = torch.topk(want[0].reshape(b, -1), best, dim=1)
+                if not (torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+                        and torch.equal(top.values, got[2]) and torch.equal(top.indices, got[3])):
                     return False
         return True

@@ -50,6 +50,23 @@ def select_candidates(
     return new_nodes, new_scores, flat // c
 
 
+def select_from_best(
+    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # the best T candidates' scores, flat indices [B, T]
+    child: torch.Tensor,  # [B, k_in, C] the candidates' nodes                            and the tie flag [] bool
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """``select_candidates`` from the best T candidates already taken (sorted, as ``torch.topk`` returns them):
+    when T >= 2k + 1 and those are real and pairwise distinct (the flag), both selectors keep the best k as they
+    come (``GenerateSelector``: generate's two top-k calls and its final merge reduce to that; ``IndexSelector``:
+    no tie to break). None otherwise: the caller selects from all candidates."""
+    values, flat, distinct = best
+    if values.shape[1] < 2 * k + 1 or not bool(distinct):
+        return None
+    b, _, c = child.shape
+    flat = flat[:, :k]
+    return child.view(b, -1).gather(1, flat), values[:, :k], flat // c
+
+
 def candidate_scores(
     trie: CatalogTrie,
     nodes: torch.Tensor,  # [B, m] trie nodes (-1 dead)
