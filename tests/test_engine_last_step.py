@@ -14,7 +14,7 @@ from recsvc.engine.expand import candidate_scores, expand_beams, select_candidat
 from recsvc.engine.last_step import FIRST_EXTRA, MIN_PART, bounded_last_step
 from recsvc.engine.ledger import ForwardLedger
 from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.topk import GenerateSelector, IndexSelector
+from recsvc.engine.topk import GenerateSelector, IndexSelector, distinct_best
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C, K = 4, 8, 12
@@ -137,7 +137,7 @@ def test_selecting_from_the_best_candidates_equals_selecting_from_all(trie: Cata
     cand, child = candidate_scores(trie, nodes, scores, logp, None, None)
     for k in (1, 4, K):
         top = torch.topk(cand.view(3, -1), 2 * k + 1, dim=1)
-        distinct = (top.values[:, -1] > -1e8).all() & (top.values[:, 1:] != top.values[:, :-1]).all()
+        distinct = distinct_best(top.values)
         got = select_from_best((top.values, top.indices, distinct), child, k)
         want = select_candidates(trie, nodes, cand, child, k, select)
         assert got is not None and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

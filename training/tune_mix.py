@@ -238,15 +238,15 @@ def suggest_mix(trial) -> MixSettings:
 
 
 def mix_of(params: dict) -> MixSettings:
-    """The mixture of a trial's parameters (trials of studies from before the product term have none: 0).
+    """The mixture of a trial's parameters (``suggest_mix``'s; the study key keeps older studies apart).
 
-    >>> mix_of({"mix": 0.5, "temperature": 2.0, "share": 0.5}).product
-    0.0
+    >>> mix_of({"mix": 0.5, "temperature": 2.0, "product": 0.25, "share": 0.5}).product
+    0.25
     """
     from recsvc.model.sequence_prior import MixSettings
 
     return MixSettings(mix=float(params["mix"]), temperature=float(params["temperature"]),
-                       product=float(params.get("product", 0.0)))
+                       product=float(params["product"]))
 
 
 def share_of(weight: float) -> float:

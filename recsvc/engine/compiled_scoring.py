@@ -32,7 +32,7 @@ from torch.export import Dim
 
 from recsvc.engine.compiled import export_and_compile
 from recsvc.engine.expand import candidate_scores
-from recsvc.engine.topk import INVALID
+from recsvc.engine.topk import distinct_best
 from tokenizer_rqvae.trie import CatalogTrie
 
 MIN_BEST = 3  # the graph returns at least the best 3 candidates (the tie check compares neighbours)
@@ -59,7 +59,7 @@ class CandidateScoring(torch.nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         """(cand [B, n, C] float32 (-inf: not allowed), child [B, n, C] long, the best T candidates' scores and
         flat indices into n * C [B, T], sorted, and whether they are all real (> ``INVALID``) and pairwise
-        distinct: a 0-d bool, what ``GenerateSelector`` checks before it reads the best K as they come)."""
+        distinct (``recsvc.engine.topk.distinct_best``, a 0-d bool))."""
         b, n, h = hidden.shape
         logits = F.linear(hidden.reshape(b * n, h), self.head).float()  # [B n, V]
         logp = torch.log_softmax(logits, dim=-1).index_select(1, cols).view(b, n, -1)  # [B, n, C]
@@ -71,8 +71,7 @@ class CandidateScoring(torch.nn.Module):
         step = step + (prior.gather(1, at).view(child.shape) - prior.gather(1, nodes.clamp(min=0))[..., None])
         cand = torch.where(mask, step, float("-inf"))
         top_v, top_i = torch.topk(cand.reshape(b, -1), width.shape[0], dim=1)
-        distinct = (top_v[:, -1] > INVALID).all() & (top_v[:, 1:] != top_v[:, :-1]).all()
-        return cand, child, top_v, top_i, distinct
+        return cand, child, top_v, top_i, distinct_best(top_v)
 
 
 class ExportedScoring:
@@ -84,11 +83,12 @@ class ExportedScoring:
         [V, H] weight."""
         self.eager_head = head
         self.module = CandidateScoring(weight)
-        self._graph: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._graph: Callable[..., tuple[torch.Tensor, ...]] | None = None
         self._exact: bool | None = None
         self._lock = threading.Lock()
         self._cols: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
         self._widths: dict[tuple[int, torch.device], torch.Tensor] = {}  # size carriers of ``best``
+        self._zeros: dict[tuple[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]] = {}  # no prior / dead
 
     @property
     def exact(self) -> bool | None:
@@ -115,12 +115,14 @@ class ExportedScoring:
                     self._graph = graph
         if not self._exact or not MIN_BEST <= best <= nodes.shape[1] * trie.codebook_size:
             return None
-        b = nodes.shape[0]
-        n_nodes = trie.num_nodes
-        if prior is None:
-            prior = torch.zeros(b, n_nodes, device=nodes.device)
-        if dead is None:
-            dead = torch.zeros(b, n_nodes, dtype=torch.bool, device=nodes.device)
+        if prior is None or dead is None:  # the graph reads them only: shared zeros per shape
+            key = (nodes.shape[0], trie.num_nodes, nodes.device)
+            zeros = self._zeros.get(key)
+            if zeros is None:
+                zeros = self._zeros[key] = (torch.zeros(key[:2], device=key[2]),
+                                            torch.zeros(key[:2], dtype=torch.bool, device=key[2]))
+            prior = zeros[0] if prior is None else prior
+            dead = zeros[1] if dead is None else dead
         return self._graph(hidden.contiguous(), self._level_cols(trie, level, code_offset, nodes.device),
                            nodes.contiguous(), scores.float().contiguous(), trie.children, prior.contiguous(),
                            dead.contiguous(), self._width(best, nodes.device))
@@ -140,7 +142,7 @@ class ExportedScoring:
             cols = self._cols[key] = code_offset + level * c + torch.arange(c, device=device)
         return cols
 
-    def _compile(self, trie: CatalogTrie) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    def _compile(self, trie: CatalogTrie) -> Callable[..., tuple[torch.Tensor, ...]]:
         """Export from example inputs of small, pairwise distinct sizes (none assumed equal to another or to 1)."""
         w = self.module.head
         dev, c = w.device, trie.codebook_size
@@ -155,15 +157,16 @@ class ExportedScoring:
         return export_and_compile(self.module, args, shapes)
 
     @torch.inference_mode()
-    def _check(self, graph: Callable[..., tuple[torch.Tensor, torch.Tensor]], trie: CatalogTrie,
+    def _check(self, graph: Callable[..., tuple[torch.Tensor, ...]], trie: CatalogTrie,
                code_offset: int) -> bool:
-        """The graph's (cand, child) equal the eager path's, bit for bit, on probe inputs over ``trie``."""
+        """The graph's outputs equal the eager path's (``candidate_scores``, then ``torch.topk``), bit for bit, on probe
+        inputs over ``trie``."""
         w = self.module.head
         dev, c = w.device, trie.codebook_size
         gen = torch.Generator().manual_seed(0)
         internal = max(int(trie.children.shape[0]), 1)
         level = 1 % max(trie.levels, 1)
-        cols = code_offset + level * c + torch.arange(c, device=dev)
+        cols = self._level_cols(trie, level, code_offset, dev)
         for b, n in ((1, 1), (1, 2), (1, 3), (1, 10), (1, 20), (3, 7), (2, 37)):
             hidden = torch.randn(b, n, w.shape[1], generator=gen).to(w)
             nodes = torch.randint(0, internal, (b, n), generator=gen).to(dev)

@@ -51,8 +51,8 @@ def select_candidates(
 
 
 def select_from_best(
-    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # the best T candidates' scores, flat indices [B, T]
-    child: torch.Tensor,  # [B, k_in, C] the candidates' nodes                            and the tie flag [] bool
+    best: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # the best T scores, flat indices [B, T], tie flag []
+    child: torch.Tensor,  # [B, k_in, C] the candidates' nodes
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """``select_candidates`` from the best T candidates already taken (sorted, as ``torch.topk`` returns them):

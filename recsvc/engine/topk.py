@@ -21,6 +21,13 @@ NEG = -1.0e9  # transformers' "very large negative" for unused beams
 INVALID = -1.0e8  # anything at or below this is a padding beam, not a real candidate
 
 
+def distinct_best(values: torch.Tensor) -> torch.Tensor:
+    """values [B, T] sorted descending -> 0-d bool: every row's T values are real candidates (> ``INVALID``) and
+    pairwise distinct, so "the best K by score" needs no tie-break (``GenerateSelector``, the compiled scoring
+    graph)."""
+    return (values[:, -1] > INVALID).all() & (values[:, 1:] != values[:, :-1]).all()
+
+
 def select_topk(cand: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cand: [B, n] scores (-inf = not allowed) -> (scores [B, k], flat indices [B, k]).
 
@@ -66,7 +73,7 @@ class GenerateSelector:
         if n < 2 * k + 1:
             return None
         top = torch.topk(cand.reshape(b, k_in * c), n, dim=1)  # sorted, descending
-        if not bool((top.values[:, -1] > INVALID).all()) or bool((top.values[:, 1:] == top.values[:, :-1]).any()):
+        if not bool(distinct_best(top.values)):
             return None
         return top.values[:, :k], top.indices[:, :k]
 
