@@ -186,3 +186,27 @@ def test_bf16_user_state_cache_returns_what_it_returns_without(setup) -> None:
         assert torch.equal(first.leaves, ref.leaves) and torch.equal(first.scores, ref.scores)
         assert torch.equal(again.leaves, ref.leaves) and torch.equal(again.scores, ref.scores)
         assert again.target_calls == 0
+
+
+@pytest.mark.parametrize("fp32", [True, False])
+def test_a_decode_steps_direct_mask_is_the_tree_mask_of_its_groups(setup, fp32: bool) -> None:
+    """``BeamCache._mask`` (what the fast forward's decode steps attend) equals ``tree_mask`` of the step's key
+    groups (``_groups``: split per request in fp32, grouped by prompt length otherwise), over prompts of unequal
+    lengths and three steps of beams with random parents."""
+    from recsvc.engine.beam_cache import BeamCache
+    from recsvc.engine.engine_model import tree_mask
+
+    trie, model = setup
+    cache = BeamCache(EngineModel.build(model, "fp32"), trie, TEXT_VOCAB,
+                      batch(random_prompts(3, 40, min_len=3, max_len=30)))
+    cache.fp32, cache.width = fp32, cache.prompts.width + 1
+    gen = torch.Generator().manual_seed(41)
+    k = 5
+    nodes = torch.randint(1, int(trie.children.shape[0]), (3, k), generator=gen)
+    for _ in range(3):
+        parents = torch.randint(0, k, (3, k), generator=gen)
+        path, _, _ = cache._step_inputs(nodes, parents)
+        slots, visible = cache._mask(path)
+        want_slots, want_visible = tree_mask(cache.width, nodes.shape, cache._groups(path))
+        assert torch.equal(slots, want_slots) and torch.equal(visible, want_visible)
+        cache.path, cache.width = path, cache.width + k

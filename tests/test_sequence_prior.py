@@ -266,3 +266,29 @@ def test_sasrec_eval_last_hidden_is_the_modules_computation() -> None:
         torch.testing.assert_close(one[0], full[2], atol=1e-5, rtol=1e-5)
         model.train()  # training keeps the module path (dropout on): not the eval path's numbers
         assert not torch.allclose(model.last_hidden(seqs, lengths), fast)
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_the_torch_prior_matches_the_numpy_reference(fresh: bool) -> None:
+    """``MixedPrior.probs`` (float32 torch) == ``ReferenceMixedPrior.probs`` (numpy, the product in float64) up to
+    float32 rounding, with a fresh item SASRec does not know (a gather / scatter between their rows) and without
+    (SASRec's rows are the catalog's), for known and unknown histories, mixture and product on or off."""
+    from recsvc.model.prior_reference import ReferenceMixedPrior
+
+    rng = np.random.default_rng(0)
+    catalog = list(range(1, 41))
+    seqs = [rng.choice(catalog[:-1] if fresh else catalog, size=6).tolist() for _ in range(30)]
+    trans = TransitionPrior.fit(seqs, catalog, PriorSettings(window=3, decay=0.5, beta=0.5, weight=1.0))
+    known = catalog[:-1] if fresh else catalog
+    torch.manual_seed(0)
+    seq = SequenceModel(SASRec(len(known), hidden=8, blocks=1, max_len=5), np.array(known), 5)
+    hist = [[1, 2, 3], [5], [99], [40, 7], []]
+    for mix in (MixSettings(0.3, 2.0), MixSettings(0.0, 1.0, 0.7), MixSettings(0.4, 0.5, 1.5),
+                MixSettings(0.0, 1.0, 0.0)):
+        served = MixedPrior(trans, seq, mix)
+        assert served._same_rows is not fresh
+        got, want = served.probs(hist), ReferenceMixedPrior.of(served).probs(hist)
+        assert got.dtype == np.float32 and got.shape == (len(hist), len(catalog))
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-7)
+        assert np.array_equal(got.argsort(axis=1, kind="stable")[:, -5:], want.argsort(axis=1, kind="stable")[:, -5:])
+        assert np.array_equal(served.probs([]), np.zeros((0, len(catalog)), np.float32))

@@ -2,7 +2,8 @@
 
 The same users, one request at a time, the served recommender (plain decoding, the bundle's prior, the beam
 width B), five paths per user, interleaved (paired A/B: machine noise hits all of them alike):
-- ``lean``: the previous engine forward (``--forward lean``), no user-state cache;
+- ``lean``: the request as served before the engine's speed work: the previous engine forward (``--forward
+  lean``) and the fused prior's numpy implementation (``recsvc.model.prior_reference``), no user-state cache;
 - ``fast``: the fast forward (recsvc.engine.fast), no user-state cache (a new user);
 - ``compiled``: the fast forward with its layers compiled (recsvc.engine.compiled, ``--forward compiled``), no
   user-state cache (left out with ``--no-compiled``);
@@ -146,6 +147,8 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.state_cache import UserStateCache
     from recsvc.model.bundle import Bundle
     from recsvc.model.hardware import resolve_dtype
+    from recsvc.model.prior_reference import ReferenceMixedPrior
+    from recsvc.model.sequence_prior import MixedPrior
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
@@ -158,13 +161,15 @@ def run(args: argparse.Namespace) -> dict:
     target = rec.target
     caches = {"cached": UserStateCache(1 << 40, "bench"), "repeat": UserStateCache(1 << 40, "bench")}
 
+    served_prior = rec.prior  # lean: the prior's numpy reference (the same distribution up to float32 rounding)
+    lean_prior = ReferenceMixedPrior.of(served_prior) if isinstance(served_prior, MixedPrior) else served_prior
     paths = tuple(p for p in PATHS if p != "compiled") if args.no_compiled else PATHS
     uncached = tuple(p for p in UNCACHED if p in paths)
     state_forward = "fast" if args.no_compiled else args.state_forward
 
     def one(path: str, history: list[int]):
         target.set_forward(path if path in uncached else state_forward)
-        rec.states = caches.get(path)
+        rec.states, rec.prior = caches.get(path), lean_prior if path == "lean" else served_prior
         target.forward_ledger = ledger = ForwardLedger()  # the tokens each forward ran
         start = time.perf_counter()
         out = rec.recommend([RecQuery(history=history, k=args.k, mode="plain")])[0]
@@ -185,7 +190,7 @@ def run(args: argparse.Namespace) -> dict:
     for i, h in enumerate(tqdm(histories, desc="bench cache", leave=False)):
         order = paths[i % len(paths):] + paths[: i % len(paths)]  # rotate: no path always runs first
         target.set_forward(state_forward)
-        rec.states = caches["repeat"]  # the user's earlier request: identical
+        rec.states, rec.prior = caches["repeat"], served_prior  # the user's earlier request: identical
         rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])
         rec.states, rec.beam_width = caches["cached"], args.beam_width + 5  # ... with other beams
         rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])
@@ -203,7 +208,7 @@ def run(args: argparse.Namespace) -> dict:
         for path in ("cached", "repeat"):
             same[path] += (res[path].item_ids == res[state_forward].item_ids
                            and res[path].scores == res[state_forward].scores)
-    rec.states = None
+    rec.states, rec.prior = None, served_prior
     sweep = [rec.prompts.prompt_ids(h) for h in histories[: args.sweep_users]]
     fixed = {}
     for name in uncached:

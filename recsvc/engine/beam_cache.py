@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from recsvc.engine.attention import TreeGroups
-from recsvc.engine.engine_model import EngineModel, tree_mask
+from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prefill import Prefill
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.state_cache import UserStateCache
@@ -68,7 +68,11 @@ class BeamCache:
         if kept is not None:
             self.path, self.width = path, width
             return kept
-        hidden = self.model.forward(self.cache, ids, positions, self._groups(path))  # [B, K, H]
+        if self.model.is_fast:  # the step's mask built directly (the same mask ``tree_mask`` builds from groups)
+            slots, visible = self._mask(path)
+            hidden = self.model.forward_masked(self.cache, ids, positions, slots, visible)  # [B, K, H]
+        else:
+            hidden = self.model.forward(self.cache, ids, positions, self._groups(path))  # [B, K, H]
         if pre is not None:
             pre.store_step(keys, self.width, hidden)
         self.path, self.width, self.calls = path, width, self.calls + 1
@@ -82,8 +86,7 @@ class BeamCache:
         part, for the same ``nodes`` / ``parents`` throughout."""
         if self._last is None:
             path, ids, positions = self._step_inputs(nodes, parents)
-            slots, visible = tree_mask(self.width, nodes.shape, self._groups(path), nodes.device)
-            self._last = (ids, positions, slots, visible)
+            self._last = (ids, positions, *self._mask(path))
         ids, positions, slots, visible = self._last
         part = slice(first, stop)
         self.calls += 1
@@ -106,6 +109,15 @@ class BeamCache:
         ids = torch.where(alive, self.code_offset + (d - 1) * c + self.trie.node_code[n], self.code_offset)
         positions = self.prompts.lengths[:, None] + (d - 1)  # [B, 1]: the prompt length + depth - 1
         return path, ids, positions.expand(b, k)
+
+    def _mask(self, path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fast forward's (slots [B, K], visible [B, K, S]) of a step whose beams have the cache slots ``path``
+        [B, K, d] (their own slot last; S = the width after the step): each beam sees its request's prompt slots
+        and its path, the mask ``tree_mask`` makes of ``_groups(path)``, in three ops."""
+        b, k, _ = path.shape
+        keys = torch.arange(self.width + k, device=path.device)  # [S]
+        visible = (keys < self.prompts.lengths[:, None, None]).repeat(1, k, 1)  # [B, K, S] the prompt slots
+        return path[..., -1].contiguous(), visible.scatter_(2, path, True)
 
     def _groups(self, path: torch.Tensor) -> TreeGroups:
         """Every beam of row r attends [r's prompt slots 0..T_r-1, its path]; rows with equal T_r share a call."""

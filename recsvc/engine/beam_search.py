@@ -17,7 +17,7 @@ import torch
 from recsvc.engine.beam_cache import BeamCache
 from recsvc.engine.compiled_scoring import MIN_BEST
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import candidate_scores, expand_beams, select_candidates, select_from_best
+from recsvc.engine.expand import candidate_scores, select_candidates, select_from_best
 from recsvc.engine.last_step import Score, bounded_last_step
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
@@ -82,7 +82,7 @@ class BeamSearch:
         dead, prior = to_device(dead, dev), to_device(prior, dev)
         cache = BeamCache(self.model, self.trie, self.code_offset, prompts, states, count)
         pre = cache.fast_prefill
-        b, c = len(prompts.lengths), self.trie.codebook_size
+        b = len(prompts.lengths)
         nodes = torch.zeros(b, 1, dtype=torch.long, device=dev)  # the root
         scores = torch.zeros(b, 1, device=dev)
         parents = torch.zeros(b, 1, dtype=torch.long, device=dev)
@@ -100,23 +100,17 @@ class BeamSearch:
             # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
-            if step == 0:  # the first code's log-probs (kept in the user-state cache for its full hits)
-                with ledger.phase("head"):
-                    if pre is not None:
-                        logp = pre.first_logprobs(hidden[:, 0], self.code_offset, c)
-                        pre.remember(hidden[:, 0], logp)
-                    else:
-                        logp = self._step_logprobs(hidden, step)
-                with ledger.phase("select"):
-                    nodes, scores, parents = expand_beams(self.trie, nodes, scores, logp.view(b, -1, c), k, dead,
-                                                          self.select, prior)
-            else:  # the LM head and the candidates' scores (one compiled graph on the compiled forward)
-                with ledger.phase("head"):
-                    cand, child, best = self._candidates(hidden, nodes, scores, step, dead, prior, 2 * k + 1)
-                with ledger.phase("select"):
-                    picked = select_from_best(best, child, k) if best is not None else None
-                    nodes, scores, parents = picked or select_candidates(self.trie, nodes, cand, child, k,
-                                                                         self.select)
+            with ledger.phase("head"):  # the LM head and the candidates' scores (one compiled graph where it can)
+                if step == 0 and pre is not None and (logp := pre.cached_first()) is not None:
+                    cand, child = candidate_scores(self.trie, nodes, scores, logp[:, None], dead, prior)
+                    best = None  # every first code's log-probs from the user-state cache
+                else:
+                    cand, child, best, logp = self._candidates(hidden, nodes, scores, step, dead, prior, 2 * k + 1)
+                    if step == 0 and pre is not None:  # kept in the user-state cache for its full hits
+                        pre.remember(hidden[:, 0], logp[:, 0])
+            with ledger.phase("select"):
+                picked = select_from_best(best, child, k) if best is not None else None
+                nodes, scores, parents = picked or select_candidates(self.trie, nodes, cand, child, k, self.select)
             beams.append(nodes)
         if top is not None and top < nodes.shape[1]:  # the bounded last step returns top already
             nodes, scores, beams[-1] = nodes[:, :top], scores[:, :top], nodes[:, :top]
@@ -128,27 +122,30 @@ class BeamSearch:
 
         def score(first: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
             hidden = cache.feed_part(nodes, parents, first, stop)
-            cand, child, _ = self._candidates(hidden, nodes[:, first:stop], scores[:, first:stop], step, dead, prior)
+            cand, child, _, _ = self._candidates(hidden, nodes[:, first:stop], scores[:, first:stop], step, dead,
+                                                 prior)
             return cand, child
 
         return score
 
     def _candidates(self, hidden: torch.Tensor, nodes: torch.Tensor, scores: torch.Tensor, step: int,
                     dead: torch.Tensor | None, prior: torch.Tensor | None, best: int = MIN_BEST
-                    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]:
-        """[B, n, H] hidden states of the beams ``nodes`` [B, n] (depth ``step``) -> (cand, child) [B, n, C] and,
-        from the compiled scoring graph (the same bits) where the model has one, the ``best`` best candidates with
-        their tie flag (``select_from_best``); else the eager head and ``candidate_scores`` (and None)."""
+                    ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+                               torch.Tensor]:
+        """[B, n, H] hidden states of the beams ``nodes`` [B, n] (depth ``step``) -> (cand, child) [B, n, C], the
+        ``best`` best candidates with their tie flag (``select_from_best``) from the compiled scoring graph where
+        the model has one (the same bits), else None (the eager head and ``candidate_scores``), and the step's
+        log-probs [B, n, C]."""
         scoring = self.model.scoring()
         if scoring is not None:
             out = scoring(hidden, nodes, scores, self.trie, step, self.code_offset, dead, prior,
                           min(best, nodes.shape[1] * self.trie.codebook_size))
             if out is not None:
-                cand, child, values, flat, distinct = out
-                return cand, child, (values, flat, distinct)
+                cand, child, values, flat, distinct, logp = out
+                return cand, child, (values, flat, distinct), logp
         logp = self._step_logprobs(hidden, step)
         cand, child = candidate_scores(self.trie, nodes, scores, logp, dead, prior)
-        return cand, child, None
+        return cand, child, None, logp
 
     def _step_logprobs(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
         """[B, n, H] hidden states of beams at depth ``step`` -> [B, n, C] log-probs of the next code."""

@@ -8,8 +8,8 @@ Eager, this is ``EngineModel.code_logprobs`` then ``recsvc.engine.expand.candida
 with every size dynamic (requests, beams, catalog nodes) and compiles it like the layer graphs
 (``recsvc.engine.compiled.export_and_compile``). Measured on the Beauty `small` target (fp32, one CPU thread, in a
 hot loop): 383 -> 235 us for 20 beams, 185 -> 94 us for one. The compiled forward (``--forward compiled``) scores
-plain beam search's decode steps with it (``BeamSearch``; the first step stays eager: it reads the user-state
-cache's first log-probs).
+plain beam search's steps with it (``BeamSearch``; the first step too, unless every prompt's first log-probs come
+from the user-state cache: the graph also returns the log-probs it scored, which that cache keeps).
 
 Exactness: the graph must give the eager path's very bits, because strict speculative decoding scores with the
 eager head and must equal plain beam search. ``ExportedScoring`` checks that when it compiles (probe calls of 1
@@ -58,8 +58,9 @@ class CandidateScoring(torch.nn.Module):
         width: torch.Tensor,  # [T] (its size only): how many best candidates to return, T >= 3
     ) -> tuple[torch.Tensor, ...]:
         """(cand [B, n, C] float32 (-inf: not allowed), child [B, n, C] long, the best T candidates' scores and
-        flat indices into n * C [B, T], sorted, and whether they are all real (> ``INVALID``) and pairwise
-        distinct (``recsvc.engine.topk.distinct_best``, a 0-d bool))."""
+        flat indices into n * C [B, T], sorted, whether they are all real (> ``INVALID``) and pairwise
+        distinct (``recsvc.engine.topk.distinct_best``, a 0-d bool), and the level's log-probs [B, n, C]
+        (``EngineModel.code_logprobs``'s; the first step keeps them in the user-state cache))."""
         b, n, h = hidden.shape
         logits = F.linear(hidden.reshape(b * n, h), self.head).float()  # [B n, V]
         logp = torch.log_softmax(logits, dim=-1).index_select(1, cols).view(b, n, -1)  # [B, n, C]
@@ -71,7 +72,7 @@ class CandidateScoring(torch.nn.Module):
         step = step + (prior.gather(1, at).view(child.shape) - prior.gather(1, nodes.clamp(min=0))[..., None])
         cand = torch.where(mask, step, float("-inf"))
         top_v, top_i = torch.topk(cand.reshape(b, -1), width.shape[0], dim=1)
-        return cand, child, top_v, top_i, distinct_best(top_v)
+        return cand, child, top_v, top_i, distinct_best(top_v), logp
 
 
 class ExportedScoring:
@@ -186,6 +187,7 @@ class ExportedScoring:
                             d if d is not None else torch.zeros_like(dead), torch.empty(best, device=dev))
                 top = torch.topk(want[0].reshape(b, -1), best, dim=1)
                 if not (torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
-                        and torch.equal(top.values, got[2]) and torch.equal(top.indices, got[3])):
+                        and torch.equal(top.values, got[2]) and torch.equal(top.indices, got[3])
+                        and torch.equal(logp, got[5])):
                     return False
         return True

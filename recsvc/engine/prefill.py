@@ -73,10 +73,17 @@ class Prefill:
                 last[row] = entry.hidden
         return last
 
-    def first_logprobs(self, hidden: torch.Tensor, code_offset: int, codebook_size: int) -> torch.Tensor:
-        """[B, H] -> [B, C] the first code's log-probs: cached for full hits, computed for the others."""
+    def cached_first(self) -> torch.Tensor | None:
+        """[B, C] the first code's log-probs when every prompt is a full hit that kept them, else None."""
         if all(f and e is not None and e.logp0 is not None for f, e in zip(self.full, self.entries, strict=True)):
             return torch.stack([e.logp0 for e in self.entries if e is not None and e.logp0 is not None])
+        return None
+
+    def first_logprobs(self, hidden: torch.Tensor, code_offset: int, codebook_size: int) -> torch.Tensor:
+        """[B, H] -> [B, C] the first code's log-probs: cached for full hits, computed for the others."""
+        cached = self.cached_first()
+        if cached is not None:
+            return cached
         level = torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device)
         return self.model.code_logprobs(hidden, level, code_offset, codebook_size)
 

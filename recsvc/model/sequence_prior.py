@@ -88,15 +88,16 @@ class SequenceModel:
     def scores(self, histories: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (SASRec's scores of the model's items [B, m] float32, whether each history had a known item [B]
         bool; a history without one gets a row of zeros)."""
-        rows = [[self._row[int(i)] for i in h if int(i) in self._row][-self.max_len:] for h in histories]
-        lengths = torch.tensor([max(len(r), 1) for r in rows])  # [B]
-        seqs = torch.zeros(len(rows), int(lengths.max()) if rows else 1, dtype=torch.long)  # [B, L]
-        for b, r in enumerate(rows):
-            seqs[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+        row = self._row
+        rows = [[row[i] for i in map(int, h) if i in row][-self.max_len:] for h in histories]
+        width = max((len(r) for r in rows), default=1) or 1
+        seqs = torch.tensor([r + [0] * (width - len(r)) for r in rows] or [[0]], dtype=torch.long)  # [B, L]
+        lengths = torch.tensor([max(len(r), 1) for r in rows] or [1])  # [B]
         scores = self.model.item_logits(self.model.last_hidden(seqs, lengths)).float()  # [B, m]
-        known = torch.tensor([bool(r) for r in rows])
-        scores[~known] = 0.0
-        return scores, known
+        known = torch.tensor([bool(r) for r in rows], dtype=torch.bool)
+        if not bool(known.all()):
+            scores[~known] = 0.0
+        return scores[: len(rows)], known
 
     def log_probs(self, histories: Sequence[Sequence[int]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (log softmax of score / temperature over the model's items [B, m], whether each history had a
@@ -117,7 +118,10 @@ class MixedPrior:
         cols = np.minimum(cols, len(transition.item_ids) - 1)
         ok = transition.item_ids[cols] == sequence.item_ids
         self._model_rows = torch.from_numpy(np.nonzero(ok)[0])  # model rows that are catalog items
-        self._catalog_cols = cols[ok]  # their catalog columns (numpy: the mixture is built in numpy)
+        self._catalog_cols = cols[ok]  # their catalog columns
+        self._catalog_cols_t = torch.from_numpy(self._catalog_cols)
+        # the model's rows are the catalog's, in its order: no gather / scatter between the two
+        self._same_rows = len(sequence.item_ids) == len(transition.item_ids) and bool(ok.all())
 
     @property
     def item_ids(self) -> np.ndarray:
@@ -142,35 +146,38 @@ class MixedPrior:
         return MixedPrior(self.transition.with_settings(settings), self.sequence, mix or self.mix)
 
     def probs(self, histories: Sequence[Sequence[int]]) -> np.ndarray:
-        """[B] histories -> [B, n] P(item | history) over the catalog rows (float32, rows sum to 1)."""
+        """[B] histories -> [B, n] P(item | history) over the catalog rows (float32, rows sum to 1).
+
+        One pass of float32 torch ops over [B, n] (the prior runs once per request, before the search)."""
         p = self.transition.probs(histories)  # [B, n]
         if self.mix.mix <= 0 and self.mix.product <= 0:
             return p
-        scores, known = self.sequence.scores(histories)  # [B, m]
-        if self.mix.mix > 0:
-            logq = torch.log_softmax(scores / self.mix.temperature, dim=-1)  # [B, m]
-            q = np.zeros_like(p)
-            q[:, self._catalog_cols] = logq[:, self._model_rows].exp().numpy()
-            q /= np.maximum(q.sum(axis=1, keepdims=True), 1e-30)
-            mix = np.where(known.numpy()[:, None], self.mix.mix, 0.0).astype(np.float32)  # [B, 1]
-            p = ((1.0 - mix) * p + mix * q).astype(np.float32)
+        with torch.inference_mode():
+            return self._mixed(torch.from_numpy(p), *self.sequence.scores(histories)).numpy()
+
+    def _mixed(self, p: torch.Tensor, scores: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+        """p [B, n] transition probabilities, scores [B, m] SASRec's, known [B] -> [B, n] the prior (float32)."""
+        on_catalog = scores if self._same_rows else scores[:, self._model_rows]  # [B, m'] the catalog's items
+        if self.mix.mix > 0:  # softmax over the catalog's model items = the model's softmax renormalised there
+            q = self._on_catalog(torch.softmax(on_catalog / self.mix.temperature, dim=-1), p, 0.0)  # [B, n]
+            mix = torch.where(known, self.mix.mix, 0.0)[:, None]  # [B, 1]
+            p = (1.0 - mix) * p + mix * q
         if self.mix.product > 0:
-            rows = torch.log_softmax(scores[:, self._model_rows], dim=-1)  # [B, m'] over the catalog's items
-            p = self._times_product(p, rows.numpy(), known.numpy()).astype(np.float32)
+            logq = torch.log_softmax(on_catalog, dim=-1)  # [B, m']
+            full = self._on_catalog(logq, p, logq.amin(dim=1, keepdim=True))  # [B, n] others: the row's minimum
+            log_p = p.log() + self.mix.product * torch.where(known[:, None], full, 0.0)  # zero mass stays zero
+            top = log_p.amax(dim=1, keepdim=True)
+            out = (log_p - torch.where(torch.isfinite(top), top, 0.0)).exp_()
+            total = out.sum(dim=1, keepdim=True)
+            p = torch.where(total > 0, out / torch.where(total > 0, total, 1.0), p)  # no mass: as it was
         return p
 
-    def _times_product(self, p: np.ndarray, logq: np.ndarray, known: np.ndarray) -> np.ndarray:
-        """p [B, n] * q ** product, renormalised; logq [B, m'] over ``_catalog_cols`` (other items: the row's
-        minimum); rows of unknown histories (known [B] False) unchanged."""
-        full = np.repeat(logq.min(axis=1, keepdims=True), p.shape[1], axis=1)  # [B, n]
-        full[:, self._catalog_cols] = logq
-        full[~known] = 0.0
-        with np.errstate(divide="ignore"):  # zero mass stays zero
-            log_p = np.log(p.astype(np.float64)) + self.mix.product * full
-        top = log_p.max(axis=1, keepdims=True)
-        out = np.exp(log_p - np.where(np.isfinite(top), top, 0.0))
-        total = out.sum(axis=1, keepdims=True)
-        return np.where(total > 0, out / np.where(total > 0, total, 1.0), p)  # a row without mass stays as it was
+    def _on_catalog(self, values: torch.Tensor, like: torch.Tensor, fill) -> torch.Tensor:
+        """values [B, m'] over ``_catalog_cols`` -> [B, n] (other columns: ``fill``, a scalar or [B, 1])."""
+        if self._same_rows:
+            return values
+        out = torch.empty_like(like).copy_(torch.as_tensor(fill, dtype=like.dtype).expand_as(like))
+        return out.index_copy_(1, self._catalog_cols_t, values)
 
     def save(self, directory: Path, sequence_dir: Path) -> None:
         """The transition prior into ``directory``, the sequence model's files copied from ``sequence_dir``."""
