@@ -134,7 +134,8 @@ class TeacherStore:
 def _search(model, trie, code_offset: int, prompts, k: int, select, prior: torch.Tensor | None = None):
     """The engine's plain beam search with ``model`` (an EngineModel), keeping its TreeCache: (leaves [B, K],
     cache). ``prior`` [B, num_nodes]: the fused item prior, as served."""
-    from recsvc.engine.beam_search import expand_beams, node_logprobs
+    from recsvc.engine.beam_search import node_logprobs
+    from recsvc.engine.expand import expand_beams
     from recsvc.engine.tree_cache import TreeCache
 
     cache = TreeCache(model, trie, code_offset, prompts)
