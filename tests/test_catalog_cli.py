@@ -37,8 +37,11 @@ def built(tmp_path_factory) -> dict[str, Path]:
     data = root / "data"
     data.mkdir()
     (data / "items.json").write_text(json.dumps(_catalog()))
-    # fp32: bf16 autocast gives batch-size dependent codes on some CPUs (a lone item may not encode as in a batch)
-    cfg = replace(RQVAEConfig(), hidden_dims=(64,), latent_dim=8, epochs=3, batch_size=32, precision="fp32")
+    # fp32: bf16 autocast gives batch-size dependent codes on some CPUs (a lone item may not encode as in a batch);
+    # 16 codes per level: with more codes than the 60 items, k-means leaves near-duplicate codewords, and an item
+    # encoded alone could pick another of them than in the build's batch (seen on an AMX CPU)
+    cfg = replace(RQVAEConfig(), hidden_dims=(64,), latent_dim=8, epochs=3, batch_size=32, precision="fp32",
+                  codebook_size=16)
     build_semantic_ids(data, root / "ids", cfg, cache_dir=root / "cache", progress=False)
     bundle = root / "bundle"
     assert cli.main(["build", "--data", str(data), "--out", str(bundle), "--ids", str(root / "ids" /
