@@ -148,6 +148,7 @@ def test_fit_budget_sizes_the_schedule_and_resume_keeps_it(tmp_path) -> None:
                            evaluator=slow_evaluator)
     plan = res.budget_plan
     assert plan is not None and plan["eval_seconds"] >= 1.0 and plan["train_tokens_per_s"] > 0
+    assert plan["other_cores"] is not None and plan["other_cores"] >= 0.0  # recorded (Linux)
     assert 1 <= res.schedule_epochs == plan["epochs"] <= 3 < budget.epochs
     steps_per_epoch = (len(TRAIN) + 7) // 8
     if res.stopped == "epochs":  # the whole (shortened) schedule ran: the learning rate ended annealed
@@ -167,3 +168,19 @@ def test_fit_budget_needs_a_budget(tmp_path) -> None:
     with pytest.raises(Exception, match="--max-minutes"):
         fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(fit_budget=True), tmp_path,
                       TOK.pad_token_id)
+
+
+def test_the_plan_records_other_processes_cpu_use_and_warns_when_they_contend() -> None:
+    """``other_cores``: the machine's busy CPU seconds minus this process's, over the wall time; a plan made while
+    other processes kept at least ``CONTENDED_CORES`` busy gets a warning line (the probe then times epochs slow)."""
+    from training.budget import CONTENDED_CORES, contention_warning, cpu_seconds, other_cores
+
+    assert other_cores((100.0, 10.0), (103.0, 11.0), 2.0) == 1.0
+    assert other_cores((100.0, 10.0), (100.5, 11.0), 1.0) == 0.0  # never negative (tick rounding)
+    assert other_cores(None, (1.0, 1.0), 1.0) is None and other_cores((1.0, 1.0), (2.0, 1.0), 0.0) is None
+    now = cpu_seconds()
+    assert now is not None and now[0] > 0 and now[1] >= 0  # Linux: /proc/stat
+    assert contention_warning({"other_cores": CONTENDED_CORES - 0.01}) is None
+    assert contention_warning({"other_cores": None}) is None and contention_warning(None) is None
+    warning = contention_warning({"other_cores": 1.0})
+    assert warning is not None and "1.0 core(s)" in warning and "idle machine" in warning

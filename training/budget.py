@@ -6,12 +6,19 @@ measures what an epoch costs on this machine (a few timed optimizer steps on a t
 one validation pass), then runs the whole schedule over the epochs that fit the budget (at most ``--epochs``), so
 the learning rate has annealed when the budget ends. The plan is saved with the checkpoint: a resumed run keeps
 the schedule it started with.
+
+The probe is only as good as the machine is quiet: another job on the same cores slows the timed steps (threads
+that wait on each other's cores can run many times slower), and the plan then fits fewer epochs than the run
+will have. The plan records how many cores other processes kept busy while the steps were timed
+(``other_cores``, from the machine's and this process's CPU time; Linux), and ``contention_warning`` says so when
+it is at least ``CONTENDED_CORES``.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +26,39 @@ from typing import Any
 import torch
 
 PROBE_WARMUP = 3  # steps not timed (allocator and kernel warm-up)
+CONTENDED_CORES = 0.5  # other processes' CPU use during the probe (cores) from which the plan is flagged
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(busy CPU seconds of the whole machine, CPU seconds of this process) now; None without /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+def other_cores(before: tuple[float, float] | None, after: tuple[float, float] | None, wall_s: float
+                ) -> float | None:
+    """Cores that other processes kept busy between two ``cpu_seconds`` readings ``wall_s`` apart.
+
+    >>> other_cores((100.0, 10.0), (103.0, 11.0), 2.0)  # 3 s busy, 1 s of it ours, over 2 s: one core
+    1.0
+    """
+    if before is None or after is None or wall_s <= 0:
+        return None
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / wall_s)
+
+
+def contention_warning(plan: dict[str, Any] | None) -> str | None:
+    """A line for the log when other processes used the cores while the plan was measured, else None."""
+    cores = (plan or {}).get("other_cores")
+    if cores is None or cores < CONTENDED_CORES:
+        return None
+    return (f"--fit-budget: other processes kept {cores:.1f} core(s) busy while the epoch was timed, so it was "
+            f"timed slow and the schedule may be shorter than the budget allows; plan on an idle machine")
 
 
 def time_steps(model, make_batch: Callable[[list[int]], dict[str, torch.Tensor]],
@@ -75,7 +115,9 @@ def plan_schedule(model, make_batch, loss_fn, lengths: list[int], batch_size: in
     batches = bucketed_batches(lengths, batch_size, seed=seed)
     n_batches = max(1, math.ceil(len(lengths) / batch_size) // world)
     probed = batches[:PROBE_WARMUP + steps]
+    before, w0 = cpu_seconds(), time.perf_counter()
     seconds, tokens = time_steps(probe, make_batch, loss_fn, probed, lr, weight_decay, bf16)
+    others = other_cores(before, cpu_seconds(), time.perf_counter() - w0)
     timed = probed[PROBE_WARMUP:]
 
     def area(idx: list[int]) -> int:  # a padded batch's size: what a step's cost grows with
@@ -95,4 +137,5 @@ def plan_schedule(model, make_batch, loss_fn, lengths: list[int], batch_size: in
     return {"budget_minutes": budget_minutes, "max_epochs": max_epochs, "epochs": epochs,
             "probe_steps": len(timed), "train_tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
             "epoch_seconds": round(epoch_s, 2), "eval_seconds": round(eval_s, 3), "planning_seconds": round(spent, 2),
-            "epochs_fit": round((budget_minutes * 60 - spent) / max(epoch_s + eval_s, 1e-9), 2)}
+            "epochs_fit": round((budget_minutes * 60 - spent) / max(epoch_s + eval_s, 1e-9), 2),
+            "other_cores": round(others, 2) if others is not None else None}

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from training.budget import PROBE_WARMUP, time_steps
+from training.budget import PROBE_WARMUP, contention_warning, time_steps
 from training.sequences import Example, bucketed_batches, collate, count_tokens
 from training.train_target import TrainConfig, lm_loss, resolve_bf16
 
@@ -77,4 +77,6 @@ def render_plan(plan: dict[str, Any], epochs: int, max_minutes: float | None) ->
         lines.append(f"--fit-budget: a {fit['epochs']}-epoch schedule (epoch {fit['epoch_seconds'] / 60:.1f} min + "
                      f"validation pass {fit['eval_seconds'] / 60:.1f} min; {fit['epochs_fit']} epochs fit, "
                      f"at most --epochs {fit['max_epochs']})")
+        if (warning := contention_warning(fit)) is not None:
+            lines.append(f"warning: {warning}")
     return "\n".join(lines)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from recsvc.errors import UserError
 from recsvc.model.prompt import IGNORE_INDEX
-from training.budget import plan_schedule
+from training.budget import contention_warning, plan_schedule
 from training.sequences import Example, bucketed_batches, collate
 
 Evaluator = Callable[[Any], dict[str, float]]  # model -> {"recall@10": ..., ...}
@@ -210,6 +210,8 @@ def fit_causal_lm(
                   f"(epoch {budget_plan['epoch_seconds'] / 60:.2f} min + validation "
                   f"{budget_plan['eval_seconds'] / 60:.2f} min, "
                   f"{budget_plan['train_tokens_per_s']} tokens/s)")
+        if (warning := contention_warning(budget_plan)) is not None:
+            acc.print(f"{desc}: warning: {warning}")
     schedule_epochs = budget_plan["epochs"] if budget_plan else cfg.epochs
     model, optimizer = acc.prepare(model, optimizer)
     steps_per_epoch = math.ceil(n_batches / cfg.grad_accum)
