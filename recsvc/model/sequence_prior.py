@@ -88,16 +88,18 @@ class SequenceModel:
     def scores(self, histories: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (SASRec's scores of the model's items [B, m] float32, whether each history had a known item [B]
         bool; a history without one gets a row of zeros)."""
+        if not histories:
+            return torch.zeros(0, len(self.item_ids)), torch.zeros(0, dtype=torch.bool)
         row = self._row
         rows = [[row[i] for i in map(int, h) if i in row][-self.max_len:] for h in histories]
-        width = max((len(r) for r in rows), default=1) or 1
-        seqs = torch.tensor([r + [0] * (width - len(r)) for r in rows] or [[0]], dtype=torch.long)  # [B, L]
-        lengths = torch.tensor([max(len(r), 1) for r in rows] or [1])  # [B]
+        width = max(max(len(r) for r in rows), 1)
+        seqs = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.long)  # [B, L]
+        lengths = torch.tensor([max(len(r), 1) for r in rows])  # [B]
         scores = self.model.item_logits(self.model.last_hidden(seqs, lengths)).float()  # [B, m]
         known = torch.tensor([bool(r) for r in rows], dtype=torch.bool)
         if not bool(known.all()):
             scores[~known] = 0.0
-        return scores[: len(rows)], known
+        return scores, known
 
     def log_probs(self, histories: Sequence[Sequence[int]], temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (log softmax of score / temperature over the model's items [B, m], whether each history had a
@@ -176,7 +178,7 @@ class MixedPrior:
         """values [B, m'] over ``_catalog_cols`` -> [B, n] (other columns: ``fill``, a scalar or [B, 1])."""
         if self._same_rows:
             return values
-        out = torch.empty_like(like).copy_(torch.as_tensor(fill, dtype=like.dtype).expand_as(like))
+        out = torch.as_tensor(fill, dtype=like.dtype).expand_as(like).clone()
         return out.index_copy_(1, self._catalog_cols_t, values)
 
     def save(self, directory: Path, sequence_dir: Path) -> None:
