@@ -69,6 +69,7 @@ beauty-bundle: install
 	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES)
 	$(VENV)/bin/recsvc tune mix --bundle $(BUNDLE) --trials 25 --budget-minutes 20 --users 1000 --threads 1 \
 	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --exclude-history
+	$(VENV)/bin/recsvc tune history --bundle $(BUNDLE) --threads 1
 	$(VENV)/bin/recsvc tune fresh --bundle $(BUNDLE) --threads 1
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
 
@@ -76,9 +77,10 @@ beauty-bundle: install
 QUALITY_BASELINES ?= popularity,transition,transition-window,sasrec
 quality-beauty: install
 	mkdir -p $(BENCH)
-	for ex in "" "--exclude-history"; do $(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 5,10,20 \
-	  --baselines $(QUALITY_BASELINES) --protocol deploy --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) $$ex \
-	  --json $(BENCH)/quality_deploy$${ex:+_excl}.json || exit 1; done
+	@# as served (history items left out or kept as `recsvc tune history` chose on validation), then the other way
+	for ex in "" "--keep-history" "--exclude-history"; do $(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test \
+	  --k 5,10,20 --baselines $(QUALITY_BASELINES) --protocol deploy --cache-dir artifacts/baselines \
+	  --sasrec-max-minutes $(SASREC_MINUTES) $$ex --json $(BENCH)/quality_deploy$${ex:+_$${ex#--}}.json || exit 1; done
 	$(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 5,10,20 \
 	  --baselines $(QUALITY_BASELINES) --protocol paper --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) \
 	  --json $(BENCH)/quality_paper.json

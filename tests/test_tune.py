@@ -231,3 +231,70 @@ def test_fresh_signals_helpers_examples() -> None:
 
     result = doctest.testmod(training.fresh_signals)
     assert result.attempted >= 4 and result.failed == 0
+
+
+def _valid_repeats_history(data_dir) -> None:
+    """Rewrite the valid period so that every user's valid target is an item of the user's train history."""
+    train = {line.split()[0]: line.split()[1:] for line in (data_dir / "sequential_train.txt").read_text().splitlines()}
+    path = data_dir / "sequential_valid.txt"
+    rows = []
+    for line in path.read_text().splitlines():
+        user = line.split()[0]
+        rows.append(" ".join([user, train[user][0]]) if train.get(user) else user)
+    path.write_text("\n".join(rows) + "\n")
+
+
+def test_tune_history_measures_both_lists_and_keeps_history_where_people_buy_again(tmp_path, monkeypatch,
+                                                                                   capsys) -> None:
+    """Valid targets that are all repeats of a history item: the excluding lists score exactly 0, so the bundle
+    keeps history; the record is the paired measurement of both lists on the same users."""
+    from training.tune_history import decide
+
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
+    root = make_tiny_bundle(tmp_path, n_users=60)
+    _valid_repeats_history(tmp_path / "data")
+    assert cli.main(["tune", "history", "--bundle", str(root), "--dtype", "fp32", "--users", "30"]) == 0
+    b = Bundle.open(root)
+    record = b.read()["tuning"]["history"]
+    valid = record["valid"]
+    assert record["valid_users"] == 30 and record["valid_targets_in_history"] == record["valid_targets"] > 0
+    assert valid["exclude_recall@10"] == 0.0 and valid["exclude_ndcg@10"] == 0.0
+    assert valid["ndcg@10_diff"] == pytest.approx(valid["exclude_ndcg@10"] - valid["keep_ndcg@10"])
+    assert record["exclude_history"] is False and b.serves_excluding_history() is False
+    assert record["exclude_history"] == decide(valid, "ndcg@10")
+    assert "with the history items" in capsys.readouterr().out
+
+
+def test_evaluation_and_service_follow_the_bundles_history_choice(tmp_path, monkeypatch, capsys) -> None:
+    """bundle.json "exclude_history" (what `recsvc tune history` writes) is what `recsvc eval` applies to every
+    method and what `recsvc serve` serves, unless --keep-history / --exclude-history say otherwise."""
+    from recsvc.errors import UserError
+    from recsvc.service.settings import ServeSettings
+
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"eval": "training.eval_cli"})
+    root = make_tiny_bundle(tmp_path, n_users=40)
+    b = Bundle.open(root)
+    assert b.serves_excluding_history() is False  # no choice recorded: keep them
+    assert ServeSettings.for_bundle(str(root)).exclude_history is False
+    b.update(exclude_history=True)
+    served = ServeSettings.for_bundle(str(root))
+    assert served.exclude_history is True and "--exclude-history" in served.argv()
+    kept = ServeSettings.for_bundle(str(root), ["--keep-history"])
+    assert kept.exclude_history is False and "--keep-history" in kept.argv()
+    assert ServeSettings.for_bundle(str(root), kept.argv()) == kept  # the flags give the settings back
+    rec = BundleRecommender.from_bundle(root, dtype="fp32", exclude_history=served.exclude_history,
+                                        use_drafter=False)
+    from recsvc.recommender.api import RecQuery
+
+    history = Bundle.open(root).load_ids().item_ids.tolist()[:30]  # half the tiny catalog
+    (result,) = rec.recommend([RecQuery(history=history, k=10)])
+    assert len(result.item_ids) == 10 and not set(result.item_ids) & set(history)
+    for flags, expected in (([], True), (["--keep-history"], False), (["--exclude-history"], True)):
+        out = tmp_path / f"eval{len(flags)}{expected}.json"
+        assert cli.main(["eval", "--bundle", str(root), "--split", "valid", "--k", "10", "--dtype", "fp32",
+                         "--baselines", "popularity", "--max-users", "10", *flags, "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["exclude_history"] is expected
+    assert "excluded for every method (the bundle is served so)" in capsys.readouterr().out
+    b.update(exclude_history="yes")
+    with pytest.raises(UserError, match="exclude_history"):
+        b.serves_excluding_history()

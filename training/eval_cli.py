@@ -44,7 +44,13 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-users", type=int, help="evaluate a fixed random sample of users")
-    p.add_argument("--exclude-history", action="store_true", help="never recommend a user's history items")
+    history = p.add_mutually_exclusive_group()
+    history.add_argument("--exclude-history", action="store_const", const=True, dest="exclude_history", default=None,
+                         help="no method recommends a user's history items (default: as the bundle is served, "
+                              "bundle.json 'exclude_history' chosen on validation by `recsvc tune history`; "
+                              "without a bundle: keep them)")
+    history.add_argument("--keep-history", action="store_const", const=False, dest="exclude_history",
+                         help="every method may recommend history items (overrides the bundle's choice)")
     p.add_argument("--no-prior", action="store_true", help="do not fuse the bundle's transition prior (BUNDLE/prior)")
     p.add_argument("--no-fresh", action="store_true",
                    help="do not give fresh items (BUNDLE/fresh, `recsvc tune fresh`) the tails of the lists")
@@ -115,10 +121,13 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
     from recsvc.model.bundle import Bundle
     from training.evaluate import evaluate_bundle
 
-    bundle_protocol = Bundle.open(args.bundle).read().get("protocol", "paper")
+    bundle = Bundle.open(args.bundle)
+    bundle_protocol = bundle.read().get("protocol", "paper")
     protocol = args.protocol or bundle_protocol
+    # every method under the same exclusion: the one asked for, else the one the bundle is served with
+    exclude = args.exclude_history if args.exclude_history is not None else bundle.serves_excluding_history()
     result = evaluate_bundle(args.bundle, args.split, ks, args.data, args.dtype, args.batch_size,
-                             args.max_users, args.exclude_history, use_prior=not args.no_prior,
+                             args.max_users, exclude, use_prior=not args.no_prior,
                              use_fresh=not args.no_fresh,
                              baselines=names, protocol=protocol,
                              baseline_options=_baseline_options(args, Path(args.bundle) / "baselines"))
@@ -127,7 +136,8 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
     result["model_fit_on"] = "train" if protocol == "paper" else "train+valid"
     result["bundle_protocol"] = bundle_protocol
     print(f"{args.split}: {result['users']} users, {result['ms_per_user']} ms/user ({result['dtype']}), "
-          f"protocol {protocol}")
+          f"protocol {protocol}, history items {'excluded' if exclude else 'kept'} for every method"
+          f"{' (the bundle is served so)' if args.exclude_history is None else ''}")
     print(baselines_table(result) if result.get("baselines") else format_table(result))
     if args.json_path:
         # the model's figures flat (as before) and whole under "model" (with its cold / warm slices)
@@ -155,11 +165,13 @@ def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[i
 
     if not names:
         raise UserError("--baselines-only needs at least one baseline (--baselines)")
-    protocol = args.protocol
+    protocol, exclude = args.protocol, bool(args.exclude_history)
     if args.bundle:
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(args.bundle)
+        if args.exclude_history is None:
+            exclude = bundle.serves_excluding_history()
         data_dir = bundle.resolve_data_dir(args.data)
         protocol = protocol or bundle.read().get("protocol", "paper")
         default_cache = bundle.root / "baselines"
@@ -173,10 +185,10 @@ def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[i
     fit_on = fit_period(protocol, args.split)
     catalog = set(data.items) | {i for period in ("train", "valid", "test") for seq in getattr(data, period).values()
                                  for i in seq}
-    beside = evaluate_baselines(data, args.split, ks, names, protocol, users, args.exclude_history,
+    beside = evaluate_baselines(data, args.split, ks, names, protocol, users, exclude,
                                 cold=cold_items(data, fit_on, sorted(catalog)),
                                 **_baseline_options(args, default_cache))
-    result = {"split": args.split, "users": len(users), "ks": ks, "exclude_history": args.exclude_history,
+    result = {"split": args.split, "users": len(users), "ks": ks, "exclude_history": exclude,
               "data": str(data_dir), **beside}
     print(f"{args.split}: {len(users)} users, protocol {protocol}, baselines only")
     print(baselines_table(result))

@@ -4,6 +4,7 @@
     recsvc tune target --data D --out DIR --trials 8 --budget-minutes 240 --trial-minutes 30
     recsvc tune fresh  --bundle B       (the fresh-item slots: training/tune_fresh.py)
     recsvc tune mix    --bundle B       (SASRec mixed into the fused prior: training/tune_mix.py)
+    recsvc tune history --bundle B      (whether lists leave out the history items: training/tune_history.py)
 
 Both are resumable (an Optuna SQLite study next to the bundle: a re-run continues the same study, finished
 trials are kept) and bounded (``--trials`` and ``--budget-minutes``, whichever comes first), and both write
@@ -79,9 +80,11 @@ def register(subparsers) -> None:
 
     from training.fresh_signals import register_fresh_signals
     from training.tune_fresh import register_fresh
+    from training.tune_history import register_history
     from training.tune_mix import register_mix
 
     register_fresh(sub)
+    register_history(sub)
     register_fresh_signals(sub)
     register_mix(sub)
 

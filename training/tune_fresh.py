@@ -5,7 +5,7 @@
 Protocol (no test data is read):
 - the model that has not seen the valid period ranks every sampled validation user once (the top 10 of a search
   at the served beam width, the bundle's tuned prior fused, refitted on the train period), as ``recsvc tune
-  prior`` does;
+  prior`` does, with the history items left out when the bundle serves so (``recsvc tune history``);
 - the fresh items of validation are the catalog items nobody interacted with in the train period; their text
   embeddings (the packaged MiniLM sentence encoder, the one the semantic ids were made from) rank them per user,
   by similarity to the mean embedding of the history's last items or to a learned content query
@@ -69,17 +69,10 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from recsvc.model.fresh import QUERIES, FreshItems, FreshSettings, query_file
-    from recsvc.model.loading import load_causal_lm
-    from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
-    from recsvc.model.transition import TransitionPrior
-    from recsvc.recommender.prior_ranked import ranks_alone
-    from tokenizer_rqvae.trie import CatalogTrie
     from training.content_query import QueryFit, fit_or_reuse
-    from training.evaluate import rank_users, serving_model
     from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
-    from training.prior_alone import prior_rankings
     from training.prior_cli import resolve_fit_on
-    from training.studies import validation_model
+    from training.validation_lists import ValidationLists
 
     if args.users is not None and args.users < 1:
         raise UserError("--users must be >= 1")
@@ -92,34 +85,22 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     bundle = Bundle.open(args.bundle)
     data_dir = bundle.resolve_data_dir(args.data)
     data = load_split_dir(data_dir)
-    protocol, model_dir = validation_model(bundle, "the fresh slots")
     ids = bundle.load_ids()
-    builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
-    excl = False  # one BUNDLE/fresh for both service kinds: fresh picks never repeat a history item anyway
-    prior = None
-    if bundle.has_prior(excl):  # the served prior's settings, counted on the train period only
-        stored = load_prior(bundle.prior_dir_for(excl))
-        if stored.settings.weight > 0:
-            prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored.settings,
-                                        fitted_on="train")
-            seq_train = bundle.prior_dir_for(excl) / "sequence-train"
-            if isinstance(stored, MixedPrior) and seq_train.is_dir():  # the mixed prior, train-period SASRec
-                prior = MixedPrior(prior, SequenceModel.load(seq_train), stored.mix)
+    # the lists the slots are added to are the served ones: without the history items when the bundle serves so
+    # (`recsvc tune history`), with the prior tuned for that
+    excl = bundle.serves_excluding_history()
+    lists = ValidationLists(bundle, data, ids, args.dtype, "the fresh slots")
+    prior = lists.priors(excl)
     t0 = time.monotonic()
-    if ranks_alone(prior):  # the bundle serves its prior's ranking: the slots are tuned on that (no target)
-        assert prior is not None
-        rankings = prior_rankings(prior, users, 10, excl)
-    else:
-        model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
-        rankings = rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, prior=prior,
-                              beam_width=bundle.served_beam_width())  # the top-10 of the served search
+    rankings = lists.rank(users, excl, 10, prior)
     vectors = item_vectors(data_dir, args.embed_cache)
     cold = cold_items(data, "train", ids.item_ids.tolist())  # the slice: targets without a train interaction
     fresh_now = fresh_candidates(data, "valid", "train", ids.item_ids.tolist())  # the catalog's fresh items then
     print(f"tune fresh: {len(users)} validation users, {len(fresh_now)} fresh items (in the catalog by the end of "
           f"valid, none in train), model "
-          f"{model_dir.name}{' + prior' if prior is not None else ''}, metric {args.metric}")
+          f"{lists.model_dir.name}{' + prior' if prior is not None else ''}, history "
+          f"{'excluded' if excl else 'kept'}, metric {args.metric}")
     train_query = (fit_or_reuse(query_file(bundle.fresh_dir, "train"), data.sequences("train"), vectors, query_fit,
                                 "train") if "learned" in queries else None)
     base = FreshItems(vectors, sorted(fresh_now), FreshSettings(), counted_on="train", query=train_query)
@@ -164,14 +145,14 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     best = max(feasible, key=lambda t: (t.value, -t.number))
     chosen = FreshSettings(**best.params)
     off = measure(FreshSettings())
-    fit_on = resolve_fit_on("auto", protocol)
+    fit_on = resolve_fit_on("auto", lists.protocol)
     served = cold_items(data, fit_on, ids.item_ids.tolist())
     served_query = None
     if chosen.query == "learned":  # refitted on the served model's period (deploy: train + valid)
         served_query = (train_query if fit_on == "train" else fit_or_reuse(
             query_file(bundle.fresh_dir, fit_on), data.sequences(fit_on), vectors, query_fit, fit_on))
     FreshItems(vectors, sorted(served), chosen, counted_on=fit_on, query=served_query).save(bundle.fresh_dir)
-    record = {"settings": best.params, "metric": args.metric, "valid_users": len(users),
+    record = {"settings": best.params, "metric": args.metric, "exclude_history": excl, "valid_users": len(users),
               "valid_fresh_items": len(fresh_now),
               "valid_cold_items": len(cold), "served_fresh_items": len(served), "counted_on": fit_on,
               "valid": {k: v for k, v in best.user_attrs.items()},

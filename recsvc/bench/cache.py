@@ -153,9 +153,9 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
     set_threads(args.threads)
-    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention="fp32",
-                                        beam_width=args.beam_width)
     bundle = Bundle.open(args.bundle)
+    rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype, attention="fp32", beam_width=args.beam_width,
+                                        exclude_history=bundle.serves_excluding_history())  # as served
     drafter_model = _llama_drafter(rec, bundle, args)  # before any timing: a missing drafter is a clear error
     histories, train = _users(bundle, args.users, args.split, args.data, args.seed)
     target = rec.target
@@ -236,7 +236,8 @@ def run(args: argparse.Namespace) -> dict:
                      "fixed_ms_per_forward": f[0], "ms_per_token": f[1]})
     n = len(histories)
     payload = {"bench": "cache", "bundle": str(args.bundle), "dtype": resolve_dtype(args.dtype), "k": args.k,
-               "beam_width": args.beam_width, "split": args.split, "users": n, "machine": machine(),
+               "beam_width": args.beam_width, "exclude_history": rec.exclude_history, "split": args.split, "users": n,
+               "machine": machine(),
                "rows": rows, "state_forward": state_forward,
                "identical_items_fast_vs_lean": same["fast"] / n, "max_score_diff_fast_vs_lean": max_diff["fast"],
                "identical_items_compiled_vs_lean": same["compiled"] / n if "compiled" in paths else None,

@@ -143,6 +143,16 @@ class Bundle:
         they measure is what is served."""
         return int(self.read().get("beam_width", DEFAULT_BEAM_WIDTH))
 
+    def serves_excluding_history(self) -> bool:
+        """Whether a server of this bundle leaves each user's history items out of every list unless told
+        otherwise (bundle.json "exclude_history", chosen on validation by ``recsvc tune history``; absent: keep
+        them). ``recsvc serve`` and ``recsvc eval`` follow it (``--exclude-history`` / ``--keep-history``
+        override it), so that what an evaluation measures is what is served."""
+        value = self.read().get("exclude_history", False)
+        if not isinstance(value, bool):
+            raise UserError(f"{self.meta_path}: 'exclude_history' must be true or false, got {value!r}")
+        return value
+
     def read(self) -> dict[str, Any]:
         if not self.meta_path.is_file():
             raise UserError(f"not a bundle: {self.root} has no {META_FILE}")

@@ -185,7 +185,7 @@ class RecommenderServicer:
         else:
             history, fields["history"] = self._stored_history(args.user_id), "stored"
         exclude = set(args.exclude)
-        if args.exclude_history:
+        if args.exclude_history or getattr(self.recommender, "exclude_history", False):  # asked, or served so
             exclude.update(history)
         response = pb.RecommendResponse()
         # how many items the exclusions (and the rules' filters and caps) leave, capped at k (a walk over the

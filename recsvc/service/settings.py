@@ -60,8 +60,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(training-free, from BUNDLE/prior) or "
                         "`head` / `head:NAME` (the recurrent draft head BUNDLE/head or BUNDLE/heads/NAME, "
                         "`recsvc train head`); default: BUNDLE/head, else BUNDLE/drafter)")
-    p.add_argument("--exclude-history", action="store_true",
-                   help="never recommend a user's history items (every request; default: only requests that ask)")
+    history = p.add_mutually_exclusive_group()
+    history.add_argument("--exclude-history", action="store_const", const=True, dest="exclude_history", default=None,
+                         help="never recommend a user's history items, on every request (default: what validation "
+                              "chose for the bundle, bundle.json 'exclude_history' from `recsvc tune history`, "
+                              "else only requests that ask)")
+    history.add_argument("--keep-history", action="store_const", const=False, dest="exclude_history",
+                         help="history items may be recommended unless a request asks otherwise (overrides the "
+                              "bundle's choice)")
     p.add_argument("--beam-width", type=int, default=None,
                    help="beams searched per plain / strict request, B >= k; the first k are returned, so top-5 is "
                         f"the head of top-10 (default: bundle.json 'beam_width', else {DEFAULT_BEAM_WIDTH}; "
@@ -107,7 +113,7 @@ class ServeSettings:
     attention: str
     drafter: str | None  # None: BUNDLE/head, else BUNDLE/drafter
     prior: bool
-    exclude_history: bool
+    exclude_history: bool  # resolved: the flags, else the bundle's choice (``Bundle.serves_excluding_history``)
     attributes: str | None
     rules_strategy: str
     startup_budget_s: float
@@ -122,12 +128,14 @@ class ServeSettings:
         """From the flags of :func:`add_engine_args` and ``args.bundle``; UserError for a bad beam width."""
         from recsvc.model.bundle import Bundle
 
-        width = args.beam_width
+        width, exclude = args.beam_width, args.exclude_history
         if width is None:
             width = Bundle.open(args.bundle).served_beam_width()
+        if exclude is None:
+            exclude = Bundle.open(args.bundle).serves_excluding_history()
         return cls(bundle=str(args.bundle), beam_width=check_beam_width(width), default_mode=args.default_mode,
                    spec=args.spec, dtype=args.dtype, attention=args.attention, drafter=args.drafter_name,
-                   prior=not args.no_prior, exclude_history=args.exclude_history, attributes=args.attributes,
+                   prior=not args.no_prior, exclude_history=exclude, attributes=args.attributes,
                    rules_strategy=args.rules_strategy, startup_budget_s=args.startup_budget_s,
                    recalibrate=args.recalibrate, fresh=not getattr(args, "no_fresh", False),
                    forward=getattr(args, "forward", "auto"), state_cache_mb=getattr(args, "state_cache_mb", 256),
@@ -151,8 +159,7 @@ class ServeSettings:
             out += ["--drafter", self.drafter]
         if not self.prior:
             out.append("--no-prior")
-        if self.exclude_history:
-            out.append("--exclude-history")
+        out.append("--exclude-history" if self.exclude_history else "--keep-history")
         if self.attributes:
             out += ["--attributes", self.attributes]
         if self.recalibrate:

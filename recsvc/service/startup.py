@@ -60,7 +60,7 @@ def serving_fields(args: argparse.Namespace, rec: Recommender) -> dict:
         "attention": args.attention,
         "drafter": args.drafter_name or ("default" if getattr(rec, "drafter", None) is not None else None),
         "spec": args.spec,
-        "exclude_history": args.exclude_history,
+        "exclude_history": getattr(rec, "exclude_history", bool(args.exclude_history)),  # flags or the bundle's
         "rules_strategy": args.rules_strategy,
         "torch_threads": torch_threads(),
         **engine_fields(rec),  # precision, beam_width, speculation_per_k, prior_weight, drafter_loaded
