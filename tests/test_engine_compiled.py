@@ -12,7 +12,7 @@ from engine_helpers import TEXT_VOCAB, batch, common_item_gap, random_catalog, r
 
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.compiled import ExportedGraphs
+from recsvc.engine.compiled import CompiledGraph, ExportedGraphs
 from recsvc.engine.compiled_scoring import ExportedScoring
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.expand import candidate_scores
@@ -78,6 +78,25 @@ def test_two_graphs_serve_every_shape_and_the_bounded_last_step_is_exact(setup) 
         assert torch.equal(top.leaves, full.leaves[:, :3]) and torch.equal(top.scores, full.scores[:, :3])
     graphs = compiled.fast().compiled_layers
     assert isinstance(graphs, ExportedGraphs) and graphs.compiled == ["other", "prefill"]
+    # on this torch both graphs call their compiled kernel directly (the probe found it and it gave the wrapped
+    # call's bits), so the searches above ran through it
+    assert all(g.direct for g in graphs._graphs.values())
+
+
+def test_a_compiled_graph_without_a_reachable_kernel_calls_the_wrapped_graph() -> None:
+    """``CompiledGraph.of`` falls back to the wrapped callable when it finds no kernel inside it, and its direct
+    call takes the module's arguments (list arguments as lists) like the wrapped one."""
+    calls = []
+
+    def wrapped(a, bs):
+        calls.append(len(bs))
+        return a + sum(bs)
+
+    graph = CompiledGraph.of(wrapped, (torch.ones(2), [torch.ones(2), torch.ones(2)]))
+    assert not graph.direct and torch.equal(graph(torch.zeros(2), [torch.ones(2)]), torch.ones(2))
+    assert calls == [1]
+    direct = CompiledGraph(wrapped, lambda flat: [flat[0] + flat[1] + flat[2]], single=True)
+    assert direct.direct and torch.equal(direct(torch.zeros(2), [torch.ones(2), torch.ones(2)]), 2 * torch.ones(2))
 
 
 def test_decode_steps_score_in_one_compiled_graph_with_the_eager_bits(setup, monkeypatch) -> None:
