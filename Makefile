@@ -61,7 +61,7 @@ beauty-bundle: install
 	  --cf-embeddings $(IDS)-sasrec/model.safetensors --cf-weight $(CF_WEIGHT)
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids $(IDS)/semantic_ids.json \
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit $(REFIT) --refit-epochs auto \
-	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --patience 2
+	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1 \
 	  --exclude-history

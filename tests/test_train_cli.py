@@ -185,3 +185,17 @@ def test_build_fit_budget_records_its_plan(data, tmp_path, capsys) -> None:
     assert plan["train_tokens_per_s"] > 0 and plan["eval_seconds"] > 0 and plan["budget_minutes"] == 30
     assert main([*argv[:4], str(tmp_path / "nobudget"), *argv[5:-2]]) == 2
     assert "--max-minutes" in capsys.readouterr().err
+
+
+def test_patience_is_off_under_fit_budget_unless_given(data, tmp_path, capsys) -> None:
+    """A budget-sized schedule anneals only at its end, so by default it runs whole (the best epoch is kept);
+    without --fit-budget the default stays 2; a given value always wins; a negative one is exit 2."""
+    from training.cli import default_patience
+
+    assert (default_patience(None, False), default_patience(None, True)) == (2, 0)
+    assert (default_patience(3, True), default_patience(0, False)) == (3, 0)
+    d, ids = data
+    argv = ["build", "--data", str(d), "--out", str(tmp_path / "neg"), "--ids", str(ids), "--preset", "tiny",
+            "--epochs", "1", "--patience", "-1"]
+    assert main(argv) == 2
+    assert "--patience" in capsys.readouterr().err

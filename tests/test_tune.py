@@ -298,3 +298,16 @@ def test_evaluation_and_service_follow_the_bundles_history_choice(tmp_path, monk
     b.update(exclude_history="yes")
     with pytest.raises(UserError, match="exclude_history"):
         b.serves_excluding_history()
+
+
+def test_history_is_excluded_only_when_it_wins_by_more_than_its_noise() -> None:
+    from recsvc.data.split import EvalUser
+    from training.tune_history import decide, paired
+
+    assert decide({"ndcg@10_diff": 0.002, "ndcg@10_diff_se": 0.0005}, "ndcg@10")
+    assert not decide({"ndcg@10_diff": 0.0004, "ndcg@10_diff_se": 0.0005}, "ndcg@10")
+    assert not decide({"recall@10_diff": 0.0, "recall@10_diff_se": 0.0}, "recall@10")  # a tie keeps history
+    users = [EvalUser(1, [5], [7]), EvalUser(2, [6], [6])]  # user 2 buys again what they have
+    effect = paired({1: [7], 2: [8]}, {1: [6, 7], 2: [6]}, users, 10)
+    assert effect["exclude_recall@10"] == 0.5 and effect["keep_recall@10"] == 1.0
+    assert effect["recall@10_diff"] == -0.5
