@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from recsvc.errors import UserError
+from recsvc.service.arg_types import add_history_flags
 from training.baselines import BASELINES, DEFAULT_BASELINES, PROTOCOLS, parse_baselines
 from training.baselines import format_table as baselines_table
 
@@ -44,13 +45,10 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-users", type=int, help="evaluate a fixed random sample of users")
-    history = p.add_mutually_exclusive_group()
-    history.add_argument("--exclude-history", action="store_const", const=True, dest="exclude_history", default=None,
-                         help="no method recommends a user's history items (default: as the bundle is served, "
-                              "bundle.json 'exclude_history' chosen on validation by `recsvc tune history`; "
-                              "without a bundle: keep them)")
-    history.add_argument("--keep-history", action="store_const", const=False, dest="exclude_history",
-                         help="every method may recommend history items (overrides the bundle's choice)")
+    add_history_flags(p, "no method recommends a user's history items (default: as the bundle is served, "
+                         "bundle.json 'exclude_history' chosen on validation by `recsvc tune history`; without a "
+                         "bundle: keep them)",
+                      "every method may recommend history items (overrides the bundle's choice)")
     p.add_argument("--no-prior", action="store_true", help="do not fuse the bundle's transition prior (BUNDLE/prior)")
     p.add_argument("--no-fresh", action="store_true",
                    help="do not give fresh items (BUNDLE/fresh, `recsvc tune fresh`) the tails of the lists")
@@ -125,7 +123,7 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
     bundle_protocol = bundle.read().get("protocol", "paper")
     protocol = args.protocol or bundle_protocol
     # every method under the same exclusion: the one asked for, else the one the bundle is served with
-    exclude = args.exclude_history if args.exclude_history is not None else bundle.serves_excluding_history()
+    exclude = bundle.excludes_history(args.exclude_history)
     result = evaluate_bundle(args.bundle, args.split, ks, args.data, args.dtype, args.batch_size,
                              args.max_users, exclude, use_prior=not args.no_prior,
                              use_fresh=not args.no_fresh,
@@ -170,8 +168,7 @@ def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[i
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(args.bundle)
-        if args.exclude_history is None:
-            exclude = bundle.serves_excluding_history()
+        exclude = bundle.excludes_history(args.exclude_history)
         data_dir = bundle.resolve_data_dir(args.data)
         protocol = protocol or bundle.read().get("protocol", "paper")
         default_cache = bundle.root / "baselines"

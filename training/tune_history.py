@@ -93,7 +93,10 @@ def cmd_tune_history(args: argparse.Namespace) -> int:
     excluding = lists.rank(users, True)
     effect = paired(excluding, keeping, users, 10)
     exclude = decide(effect, args.metric)
-    repeats = sum(1 for u in users for t in u.targets if t in set(u.history))
+    repeats = 0  # valid targets that repeat one of the user's history items
+    for u in users:
+        seen = set(u.history)
+        repeats += sum(t in seen for t in u.targets)
     record = {"exclude_history": exclude, "metric": args.metric, "rule": "exclude when the paired gain > 1 SE",
               "valid_users": len(users), "valid_targets_in_history": repeats,
               "valid_targets": sum(len(u.targets) for u in users),

@@ -44,7 +44,7 @@ class ValidationLists:
 
         self.bundle, self.data, self.ids, self.dtype = bundle, data, ids, dtype
         self.protocol, self.model_dir = validation_model(bundle, what)  # ``what``: named in its error
-        self._model: Any = None
+        self._model: Any = None  # (serving model, prompt builder, catalog trie) once a search needs them
 
     def priors(self, exclude_history: bool) -> Any:
         return train_period_prior(self.bundle, self.data, self.ids, exclude_history)
@@ -62,10 +62,11 @@ class ValidationLists:
             prior = self.priors(exclude_history)
         if ranks_alone(prior):
             return prior_rankings(prior, users, k, exclude_history)
-        if self._model is None:
+        if self._model is None:  # the model, its prompts and the catalog trie, once
             from recsvc.model.loading import load_causal_lm
 
-            self._model = serving_model(load_causal_lm(self.model_dir, dtype=self.dtype))
-        builder, trie = self.bundle.prompt_builder(ids=self.ids), CatalogTrie(self.ids)
-        return rank_users(self._model, builder, trie, users, k, 64, exclude_history=exclude_history, prior=prior,
+            self._model = (serving_model(load_causal_lm(self.model_dir, dtype=self.dtype)),
+                           self.bundle.prompt_builder(ids=self.ids), CatalogTrie(self.ids))
+        model, builder, trie = self._model
+        return rank_users(model, builder, trie, users, k, 64, exclude_history=exclude_history, prior=prior,
                           beam_width=self.bundle.served_beam_width())

@@ -113,9 +113,8 @@ def export_and_compile(module: torch.nn.Module, args: tuple, shapes: tuple) -> C
     called with arguments of the same structure (``CompiledGraph``)."""
     with torch.inference_mode(False), torch.no_grad():
         program = torch.export.export(module, args, dynamic_shapes=shapes)
-        flat = [t for a in args for t in (a if isinstance(a, list) else [a])]
         with inductor_config.patch(freezing=True, cpp_wrapper=True):
-            wrapped = torch._inductor.compile(program.module(), flat)
+            wrapped = torch._inductor.compile(program.module(), _flat(args))
     return CompiledGraph.of(wrapped, args)
 
 
@@ -146,15 +145,14 @@ class CompiledGraph:
     def __call__(self, *args: torch.Tensor | list[torch.Tensor]):
         if self.kernel is None:
             return self.wrapped(*args)
-        outs = self.kernel([t for a in args for t in (a if isinstance(a, list) else [a])])
+        outs = self.kernel(_flat(args))
         return outs[0] if self.single else tuple(outs)
 
     @classmethod
     def of(cls, wrapped: Callable[..., object], args: tuple) -> CompiledGraph:
         """``wrapped`` (``torch._inductor.compile``'s result for example ``args``), called directly when its
         kernel can be (see the class)."""
-        n = sum(len(a) if isinstance(a, list) else 1 for a in args)
-        kernel = _inner_kernel(wrapped, n)
+        kernel = _inner_kernel(wrapped, len(_flat(args)))
         if kernel is None:
             return cls(wrapped, None, True)
         with torch.inference_mode():
@@ -165,11 +163,14 @@ class CompiledGraph:
             got = graph(*second)
             outs = (expected,) if single else tuple(expected)
             mine = (got,) if single else tuple(got)
-            flat_a = [t for a in first for t in (a if isinstance(a, list) else [a])]
-            flat_b = [t for a in second for t in (a if isinstance(a, list) else [a])]
             same = (len(outs) == len(mine) and all(torch.equal(x, y) for x, y in zip(outs, mine, strict=True))
-                    and all(torch.equal(x, y) for x, y in zip(flat_a, flat_b, strict=True)))
+                    and all(torch.equal(x, y) for x, y in zip(_flat(first), _flat(second), strict=True)))
         return graph if same else cls(wrapped, None, True)
+
+
+def _flat(args: tuple) -> list[torch.Tensor]:
+    """A graph's arguments as the flat tensor list its kernel takes (a list argument as its tensors, in order)."""
+    return [t for a in args for t in (a if isinstance(a, list) else [a])]
 
 
 def _probe_args(args: tuple, seed: int) -> tuple:

@@ -153,6 +153,10 @@ class Bundle:
             raise UserError(f"{self.meta_path}: 'exclude_history' must be true or false, got {value!r}")
         return value
 
+    def excludes_history(self, flag: bool | None) -> bool:
+        """``flag`` (``--exclude-history`` True, ``--keep-history`` False) when given, else the bundle's choice."""
+        return flag if flag is not None else self.serves_excluding_history()
+
     def read(self) -> dict[str, Any]:
         if not self.meta_path.is_file():
             raise UserError(f"not a bundle: {self.root} has no {META_FILE}")

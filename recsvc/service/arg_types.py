@@ -1,5 +1,6 @@
 """argparse value types of ``recsvc serve``'s flags (and of the engine flags in ``settings``): each returns the
-parsed value or raises ``argparse.ArgumentTypeError`` with what was expected, so a bad flag is a usage error."""
+parsed value or raises ``argparse.ArgumentTypeError`` with what was expected, so a bad flag is a usage error.
+``add_history_flags`` is the flag pair that ``recsvc serve`` and ``recsvc eval`` share."""
 
 from __future__ import annotations
 
@@ -84,3 +85,12 @@ def redis_url(text: str) -> str:
         raise argparse.ArgumentTypeError(f"the Redis database must be a number, got {db!r} in {text!r}")
     del port
     return text
+
+
+def add_history_flags(p: argparse.ArgumentParser, exclude_help: str, keep_help: str) -> None:
+    """``--exclude-history`` / ``--keep-history`` (mutually exclusive) into ``args.exclude_history``: True / False,
+    or None when neither is given (the bundle's choice: ``Bundle.excludes_history``)."""
+    history = p.add_mutually_exclusive_group()
+    history.add_argument("--exclude-history", action="store_const", const=True, dest="exclude_history", default=None,
+                         help=exclude_help)
+    history.add_argument("--keep-history", action="store_const", const=False, dest="exclude_history", help=keep_help)

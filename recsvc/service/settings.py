@@ -21,7 +21,7 @@ from recsvc.model.bundle import DEFAULT_BEAM_WIDTH  # the service's default widt
 from recsvc.recommender.api import MODES, Mode
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
-from .arg_types import positive_float
+from .arg_types import add_history_flags, positive_float
 from .calibration import configure_speculation, torch_threads
 from .logs import Step, log_step
 
@@ -60,14 +60,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(training-free, from BUNDLE/prior) or "
                         "`head` / `head:NAME` (the recurrent draft head BUNDLE/head or BUNDLE/heads/NAME, "
                         "`recsvc train head`); default: BUNDLE/head, else BUNDLE/drafter)")
-    history = p.add_mutually_exclusive_group()
-    history.add_argument("--exclude-history", action="store_const", const=True, dest="exclude_history", default=None,
-                         help="never recommend a user's history items, on every request (default: what validation "
-                              "chose for the bundle, bundle.json 'exclude_history' from `recsvc tune history`, "
-                              "else only requests that ask)")
-    history.add_argument("--keep-history", action="store_const", const=False, dest="exclude_history",
-                         help="history items may be recommended unless a request asks otherwise (overrides the "
-                              "bundle's choice)")
+    add_history_flags(p, "never recommend a user's history items, on every request (default: what validation "
+                         "chose for the bundle, bundle.json 'exclude_history' from `recsvc tune history`, else only "
+                         "requests that ask)",
+                      "history items may be recommended unless a request asks otherwise (overrides the bundle's "
+                      "choice)")
     p.add_argument("--beam-width", type=int, default=None,
                    help="beams searched per plain / strict request, B >= k; the first k are returned, so top-5 is "
                         f"the head of top-10 (default: bundle.json 'beam_width', else {DEFAULT_BEAM_WIDTH}; "
@@ -128,11 +125,9 @@ class ServeSettings:
         """From the flags of :func:`add_engine_args` and ``args.bundle``; UserError for a bad beam width."""
         from recsvc.model.bundle import Bundle
 
-        width, exclude = args.beam_width, args.exclude_history
-        if width is None:
-            width = Bundle.open(args.bundle).served_beam_width()
-        if exclude is None:
-            exclude = Bundle.open(args.bundle).serves_excluding_history()
+        bundle = Bundle.open(args.bundle)
+        width = args.beam_width if args.beam_width is not None else bundle.served_beam_width()
+        exclude = bundle.excludes_history(args.exclude_history)
         return cls(bundle=str(args.bundle), beam_width=check_beam_width(width), default_mode=args.default_mode,
                    spec=args.spec, dtype=args.dtype, attention=args.attention, drafter=args.drafter_name,
                    prior=not args.no_prior, exclude_history=exclude, attributes=args.attributes,
