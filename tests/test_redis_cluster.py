@@ -256,8 +256,12 @@ def test_master_killed_under_load(catalog, make_server):
                             codes["record"][code] += 1
                             if code == "OK" and n <= 2000:
                                 acked.setdefault(user, []).append(n)
-                            codes["stored"][_code(lambda: client.recommend(user, k=3))] += 1  # noqa: B023
-                            codes["inline"][_code(lambda: client.recommend(user, history=[1, 2], k=3))] += 1  # noqa: B023
+                        # the calls run outside the lock: one read stalled by the failover must not hold up the others
+                        stored = _code(lambda: client.recommend(user, k=3))  # noqa: B023
+                        inline = _code(lambda: client.recommend(user, history=[1, 2], k=3))  # noqa: B023
+                        with lock:
+                            codes["stored"][stored] += 1
+                            codes["inline"][inline] += 1
                     time.sleep(0.01)
 
         threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
@@ -278,6 +282,13 @@ def test_master_killed_under_load(catalog, make_server):
                 time.sleep(0.1)
             # WAIT 1: the promoted master has no replica until the killed node comes back as one
             assert _code(lambda: client.record(on_victim[0], [1])) == "UNAVAILABLE"
+            deadline = time.monotonic() + 10  # the load sees the same refusal before the killed node comes back
+            while True:
+                with lock:
+                    if codes["record"]["UNAVAILABLE"] > 0:
+                        break
+                assert time.monotonic() < deadline, f"no write of the load was refused while unreplicated: {codes}"
+                time.sleep(0.05)
             procs.restart(victim)
             deadline = time.monotonic() + 20
             while _code(lambda: client.record(on_victim[0], [1])) != "OK":
