@@ -102,6 +102,12 @@ def test_build_deploy_protocol_compact_prompt(data, tmp_path) -> None:
     deploy = evaluate_bundle(out, "test", (5,), dtype="fp32", baselines=("transition",))
     assert (paper["target"], deploy["target"]) == ("target-train", "target")
     assert (paper["protocol"], deploy["protocol"]) == ("paper", "deploy")
+    # the paired lead over each baseline restates the table's means and brackets their ratio
+    lead = deploy["lead"]["transition"]["recall@5"]
+    assert lead["model"] == deploy["model"]["recall@5"]
+    assert lead["baseline"] == deploy["baselines"]["transition"]["recall@5"]
+    if lead["ratio"] is not None:
+        assert lead["ratio_lo"] <= lead["ratio"] <= lead["ratio_hi"]
 
 
 def test_bad_target_settings_exit_2(data, tmp_path, capsys) -> None:

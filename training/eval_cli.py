@@ -21,6 +21,7 @@ from recsvc.errors import UserError
 from recsvc.service.arg_types import add_history_flags
 from training.baselines import BASELINES, DEFAULT_BASELINES, PROTOCOLS, parse_baselines
 from training.baselines import format_table as baselines_table
+from training.lead import format_leads
 
 
 def parse_ks(text: str) -> list[int]:
@@ -137,6 +138,8 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
           f"protocol {protocol}, history items {'excluded' if exclude else 'kept'} for every method"
           f"{' (the bundle is served so)' if args.exclude_history is None else ''}")
     print(baselines_table(result) if result.get("baselines") else format_table(result))
+    if result.get("lead"):
+        print(format_leads(result, ks))
     if args.json_path:
         # the model's figures flat (as before) and whole under "model" (with its cold / warm slices)
         flat = {**{k: v for k, v in result.items() if k not in ("model", "popularity")},

@@ -222,8 +222,12 @@ def evaluate_bundle(
     alone = (rankings if ranks_alone(prior)  # the served ranking is the prior's own: not ranked again
              else prior_rankings(prior, users, max(ks), exclude_history) if prior is not None else None)
 
+    compared: dict[str, Any] = {}  # each baseline's lists, for the paired lead below
     beside = evaluate_baselines(data, split, ks, baselines, protocol, users, exclude_history,
-                                cold=cold, fresh=fresh, **(baseline_options or {}))
+                                cold=cold, fresh=fresh, lists_out=compared, **(baseline_options or {}))
+    if alone is not None:  # what the generative model adds over the distribution it fuses (same fresh slots)
+        compared["prior_alone"] = fresh_lists(fresh, alone, users, exclude_history, cands)
+    from training.lead import leads
     return {
         "split": split, "users": len(users), "ks": list(ks), "dtype": resolve_dtype(dtype),
         "beam_width": None if ranks_alone(prior) else max(max(ks), width),
@@ -239,6 +243,8 @@ def evaluate_bundle(
         "prior_alone_fresh": (
             score_lists(fresh_lists(fresh, alone, users, exclude_history, cands), users, ks, cold)
             if alone is not None and fresh is not None else None),
+        # the model against each baseline, user by user: ratio of means with a 95% paired bootstrap interval
+        "lead": leads(lists.__getitem__, compared, users, ks),
         "cold_items": len(cold), "fit_on": fit_on,
         "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),

@@ -23,13 +23,14 @@ def evaluate_baselines(
     data: SplitData, split: str, ks: Sequence[int], names: Sequence[str], protocol: str = "paper",
     users: Sequence[EvalUser] | None = None, exclude_history: bool = False, *, sasrec_settings=None,
     cache_dir: str | Path | None = None, progress: bool = True, cold: set[int] | None = None,
-    fresh: Any = None,
+    fresh: Any = None, lists_out: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Fit ``names`` on the protocol's fit period for ``split`` and score them on ``users`` (default: all).
 
     ``cold`` (items never interacted with in the fitting period): each baseline also gets ``"cold"`` /
     ``"warm"`` slices. ``fresh`` (a ``recsvc.model.fresh.FreshItems`` with slots > 0): each baseline is scored a
-    second time as ``NAME+fresh``, its lists' tails given to the same fresh items as the model's."""
+    second time as ``NAME+fresh``, its lists' tails given to the same fresh items as the model's. ``lists_out``: filled
+    with each scored name's lists (cutoff k -> {user id: ranked items}), for paired comparisons (training.lead)."""
     check_protocol(protocol)
     fit_on = fit_period(protocol, split)
     users = list(users) if users is not None else data.eval_users(split)
@@ -43,14 +44,18 @@ def evaluate_baselines(
         start = time.perf_counter()
         rankings = baseline.rank(users, max(ks), exclude_history)
         rank_s = time.perf_counter() - start
+        if lists_out is not None:
+            lists_out[name] = lambda k, r=rankings: r
         out[name] = {
             **score_lists(lambda k, r=rankings: r, users, ks, cold), "fit_seconds": round(baseline.fit_seconds, 2),
             "fit_on": baseline.fit_on, "rank_seconds": round(rank_s, 2),
             **({"info": {k: v for k, v in baseline.info.items() if k != "history"}} if baseline.info else {}),
         }
         if with_fresh:
-            out[f"{name}+fresh"] = {**score_lists(fresh_lists(fresh, rankings, users, exclude_history, cands), users,
-                                                  ks, cold), "fit_seconds": out[name]["fit_seconds"],
+            with_slots = fresh_lists(fresh, rankings, users, exclude_history, cands)
+            if lists_out is not None:
+                lists_out[f"{name}+fresh"] = with_slots
+            out[f"{name}+fresh"] = {**score_lists(with_slots, users, ks, cold), "fit_seconds": out[name]["fit_seconds"],
                                     "fit_on": baseline.fit_on, "rank_seconds": round(rank_s, 2)}
     return {"protocol": protocol, "baselines": out}
 
