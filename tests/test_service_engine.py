@@ -50,6 +50,21 @@ def test_exclusions_and_history_exclusion(make_server, recommender) -> None:
     assert not set(got) & {1, 2, 3, *first[:3]}
 
 
+def test_a_request_overrides_the_servers_history_exclusion(make_server, tiny_bundle) -> None:
+    """A server that leaves history out (as a bundle tuned so is served) still lets a request ask for it back."""
+    excluding = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32", exclude_history=True)
+    server = make_server(excluding)
+    ids = lambda r: [i.item_id for i in r.items]  # noqa: E731
+    with RecClient(f"127.0.0.1:{server.port}") as client:
+        top = ids(client.recommend("u4", history=[1, 2, 3], k=5, mode="plain", exclude_history=False))
+        history = [1, 2, 3] + top[:2]  # the user's own best items, bought
+        served = ids(client.recommend("u4", history=history, k=5, mode="plain"))
+        kept = ids(client.recommend("u4", history=history, k=5, mode="plain", exclude_history=False))
+        asked = ids(client.recommend("u4", history=history, k=5, mode="plain", exclude_history=True))
+    assert not set(served) & set(history) and served == asked  # unset: as the server is configured
+    assert set(kept) & set(history)  # the history's items are back in the list
+
+
 def test_unknown_item_is_invalid_argument(make_server, recommender) -> None:
     server = make_server(recommender)
     with RecClient(f"127.0.0.1:{server.port}") as client, pytest.raises(grpc.RpcError) as err:

@@ -126,6 +126,12 @@ def test_exclude_history_removes_history_items(bundle, unfused) -> None:
     assert any(set(r.item_ids) & set(h) for r, h in zip(kept, own, strict=True))  # they would be recommended
     for r, h in zip(out, own + own, strict=True):
         assert len(r.item_ids) == 5 and not set(r.item_ids) & set(h)
+    # a query may choose for itself: False lets the history in on an excluding recommender, True leaves it out on
+    # a keeping one
+    back = rec.recommend([RecQuery(h, k=5, exclude_history=False) for h in own])
+    assert [r.item_ids for r in back] == [r.item_ids for r in kept]
+    out_again = unfused.recommend([RecQuery(h, k=5, exclude_history=True) for h in own])
+    assert [r.item_ids for r in out_again] == [r.item_ids for r in out[:len(own)]]
 
 
 def test_serve_flags(bundle) -> None:

@@ -33,6 +33,8 @@ class RecQuery:
     temperature: float = 1.0  # relaxed mode: sampling temperature
     seed: int | None = None  # relaxed mode: makes the sample reproducible
     rules: Rules | None = None  # caps, allow / deny filters, boosts (recsvc.rules; needs item attributes)
+    # leave the history's items out (True) or not (False); None: as the recommender is configured
+    exclude_history: bool | None = None
 
 
 @dataclass(frozen=True)

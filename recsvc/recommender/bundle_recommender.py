@@ -424,7 +424,11 @@ class BundleRecommender:
         return row[None]
 
     def _excluded(self, queries: Sequence[RecQuery]) -> list[list[int]]:
-        return [list(q.exclude) + (list(q.history) if self.exclude_history else []) for q in queries]
+        return [list(q.exclude) + (list(q.history) if self.excludes_history(q) else []) for q in queries]
+
+    def excludes_history(self, query: RecQuery) -> bool:
+        """Whether ``query``'s history items are left out: the query's own choice, else the recommender's."""
+        return self.exclude_history if query.exclude_history is None else query.exclude_history
 
     def _catalog(self) -> RuleCatalog:
         catalog = self.rule_catalog  # read once per batch: a refresh swaps it between batches

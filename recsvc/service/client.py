@@ -128,20 +128,22 @@ class RecClient:
         k: int | None = None,
         mode: str | int = "default",
         exclude_items: Sequence[int] = (),
-        exclude_history: bool = False,
+        exclude_history: bool | None = None,
         temperature: float | None = None,
         seed: int | None = None,
         rules: pb.Rules | None = None,
         timeout_s: float | None = None,
     ) -> pb.RecommendResponse:
-        """``rules``: e.g. ``rules_message(max_per={"brand": 2}, allow={"category": ["skin"]})``."""
+        """``rules``: e.g. ``rules_message(max_per={"brand": 2}, allow={"category": ["skin"]})``.
+        ``exclude_history``: True / False leaves the history's items out / in; None: as the server is configured."""
         request = pb.RecommendRequest(
             user_id=user_id,
             history=list(history),
             mode=MODE_NAMES[mode] if isinstance(mode, str) else mode,
             exclude_items=list(exclude_items),
-            exclude_history=exclude_history,
         )
+        if exclude_history is not None:
+            request.exclude_history = exclude_history
         if k is not None:
             request.k = k
         if temperature is not None:

@@ -11,6 +11,7 @@ import json
 import sys
 
 from recsvc.errors import UserError
+from recsvc.service.arg_types import add_history_flags
 
 EXIT_INVALID = 2
 EXIT_OTHER = 1
@@ -79,7 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rec.add_argument("--k", type=int)
     rec.add_argument("--mode", choices=("default", "strict", "relaxed", "plain"), default="default")
     rec.add_argument("--exclude", type=_ids, default=[], help="item ids never returned")
-    rec.add_argument("--exclude-history", action="store_true", help="do not recommend history items")
+    add_history_flags(rec, "do not recommend history items", "history items may be recommended "
+                      "(default: as the server is configured)")
     rec.add_argument("--temperature", type=float)
     rec.add_argument("--seed", type=int)
     rec.add_argument("--max-per", type=_cap, action="append", default=[], metavar="ATTRIBUTE=M",

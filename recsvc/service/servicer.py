@@ -185,7 +185,9 @@ class RecommenderServicer:
         else:
             history, fields["history"] = self._stored_history(args.user_id), "stored"
         exclude = set(args.exclude)
-        if args.exclude_history or getattr(self.recommender, "exclude_history", False):  # asked, or served so
+        excluding = (args.exclude_history if args.exclude_history is not None  # asked, else as served
+                     else bool(getattr(self.recommender, "exclude_history", False)))
+        if excluding:
             exclude.update(history)
         response = pb.RecommendResponse()
         # how many items the exclusions (and the rules' filters and caps) leave, capped at k (a walk over the
@@ -217,6 +219,7 @@ class RecommenderServicer:
                 temperature=args.temperature,
                 seed=args.seed,
                 rules=rules,
+                exclude_history=excluding,
             )
             outcome = self._compute(query, context)
             result, batch_size = outcome.result, outcome.batch_size

@@ -53,7 +53,7 @@ class RecommendArgs:
     k: int
     mode: Mode
     exclude: frozenset[int]
-    exclude_history: bool
+    exclude_history: bool | None  # None: as the server is configured
     temperature: float
     seed: int | None
     rules: Rules | None = None
@@ -136,7 +136,7 @@ def validate_recommend(
         k=k,
         mode=mode,
         exclude=frozenset(int(item) for item in request.exclude_items),  # unknown ids are harmless here
-        exclude_history=request.exclude_history,
+        exclude_history=request.exclude_history if request.HasField("exclude_history") else None,
         temperature=temperature,
         seed=int(request.seed) if request.HasField("seed") else None,
         rules=check_rules(request.rules, recommender, mode) if request.HasField("rules") else None,
