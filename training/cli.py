@@ -182,26 +182,12 @@ def target_settings(args: argparse.Namespace) -> dict:
             "refit_epochs": refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode}
 
 
-def default_patience(patience: int | None, fit_budget: bool) -> int:
-    """``--patience`` as given, else 2, or 0 (off) under ``--fit-budget``.
-
-    A schedule sized to the budget reaches its low learning rates only in its last epochs, and validation in the
-    middle of it is noisy: with the `small` target on Beauty, one seed's validation Recall@10 rose every epoch to
-    the sixth, another's dipped at the third (0.0285 -> 0.0188) and patience 2 stopped it at the fourth, before the
-    schedule annealed. The budget already bounds the time, so the whole schedule runs and the best epoch is kept.
-
-    >>> default_patience(None, False), default_patience(None, True), default_patience(3, True)
-    (2, 0, 3)
-    """
-    if patience is not None:
-        return patience
-    return 0 if fit_budget else 2
-
 
 def loop_config(args: argparse.Namespace):
     """TrainConfig from the flags (also applies --threads)."""
     import torch
 
+    from training.budget import default_patience
     from training.train_target import TrainConfig
 
     if args.threads is not None:

@@ -173,6 +173,7 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
 
     from recsvc.model.bundle import Bundle
     from recsvc.model.presets import TARGET_PRESETS
+    from training.budget import default_patience
     from training.build_cli import stage_ids
     from training.cli import evaluator_factory
     from training.train_target import TrainConfig, train_target
@@ -194,7 +195,7 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
     key = {"data": str(args.data.resolve()), "data_files": files_fingerprint(args.data, "*.txt"),
            "ids": files_fingerprint(args.ids.parent, args.ids.name), "epochs": args.epochs,
            "trial_minutes": args.trial_minutes, "presets": presets, "recall_users": args.recall_users,
-           "seed": args.seed}
+           "seed": args.seed, "patience": default_patience(None, fit_budget=True)}
     study = _study(args.out / "target.db", "target", args.seed, key)
     trials_dir = args.out / study.study_name
 
@@ -210,7 +211,8 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
         if not bundle.is_done("ids"):
             stage_ids(bundle, args.data, args.ids)
         cfg = TrainConfig(epochs=args.epochs, lr=settings["lr"], weight_decay=settings["weight_decay"],
-                          max_minutes=args.trial_minutes, fit_budget=True, seed=args.seed, patience=2,
+                          max_minutes=args.trial_minutes, fit_budget=True, seed=args.seed,
+                          patience=default_patience(None, fit_budget=True),  # as `recsvc build --fit-budget`
                           resume=(bundle.checkpoint_dir("target") / "last").is_dir())
         info = train_target(args.data, out, preset=settings["preset"], cfg=cfg, max_history=settings["max_history"],
                             make_evaluator=make_eval, prompt_header="compact", window_stride=5)
