@@ -110,7 +110,10 @@ spec-beauty: install
 	$(SPEC) --users 200 --k 10 --drafter head --head-opener none --grid K:3,2K:3 --json $(BENCH)/spec_head_noopener.json
 	$(SPEC) --users 200 --k 10 --drafter transition --grid K:3,2K:3 --json $(BENCH)/spec_transition.json
 	$(SPEC) --users 200 --k 10 --mode relaxed --drafter head --grid K:3,2K:3 --json $(BENCH)/spec_head_relaxed.json
-	$(SPEC) --users 200 --k 10 --drafter llama --grid K:3,2K:3,K:1 --json $(BENCH)/spec_llama.json
+	@# the LLaMA drafter: an SFT drafter (~3.5 min, unless make drafters-beauty or engine-beauty made one)
+	test -f $(BUNDLE)/drafters/sft/config.json || $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
+	  --preset drafter-small --method sft --epochs 2 --threads 1 --out-name sft
+	$(SPEC) --users 200 --k 10 --drafter llama --drafter-name sft --grid K:3,2K:3,K:1 --json $(BENCH)/spec_llama.json
 
 # BENCHMARKS.md "The fast forward and the user-state cache", the replay and bench serve rows (fp32, one thread;
 # ~12 min on an otherwise idle 2-core machine)

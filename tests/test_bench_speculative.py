@@ -39,3 +39,22 @@ def test_transition_drafter_bench_with_phases(tmp_path) -> None:
     with pytest.raises(SystemExit) as exc:  # argparse rejects a bad choice with exit code 2
         cli.main(["bench", "speculative", "--bundle", str(root), "--prior", "maybe"])
     assert exc.value.code == 2
+
+
+def test_a_named_llama_drafter(tmp_path) -> None:
+    """--drafter-name picks a trained drafter under BUNDLE/drafters/ (a bundle may serve another one, or none)."""
+    import shutil
+
+    from recsvc.model.bundle import Bundle
+
+    root = make_tiny_bundle(tmp_path, n_users=40)
+    bundle = Bundle.open(root)
+    shutil.move(bundle.drafter_dir, root / "drafters" / "sft")
+    base = ["bench", "speculative", "--bundle", str(root), "--users", "3", "--k", "3", "--drafter", "llama",
+            "--grid", "K:3", "--dtype", "fp32", "--split", "valid", "--calibration-users", "2"]
+    assert cli.main(base) == 2  # no BUNDLE/drafter: a clear error, exit 2
+    out = tmp_path / "spec.json"
+    assert cli.main(base + ["--drafter-name", "sft", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(row["identical"] == 1.0 for row in rows)
+    assert any(row["draft_calls"] > 0 for row in rows)  # the named LLaMA drafter ran

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> dict:
     runs = [("oracle", "strict"), ("head", "strict"), ("llama", "strict"), ("llama", "relaxed")]
     for drafter, mode in runs:
         grid = f"{cfg['n']}:3,K/2:1,K/2:3,K:1,K:2,K:3,2K:3" if mode == "strict" else f"{cfg['n']}:3,K:3"
-        ns = argparse.Namespace(**common, mode=mode, drafter=drafter, head_name=None, head_opener="auto",
+        ns = argparse.Namespace(**common, mode=mode, drafter=drafter, drafter_name=None, head_opener="auto",
                                 prior="auto", grid=grid, temperature=1.0, calibration_users=min(4, cfg["users"]),
                                 attention="exact")
         with PeakMemory(device) as mem:

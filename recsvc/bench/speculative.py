@@ -40,7 +40,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", choices=["llama", "oracle", "retrieval", "transition", "head"], default="llama",
                    help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior); "
                         "head: the recurrent draft head on the target (BUNDLE/head, `recsvc train head`)")
-    p.add_argument("--head-name", default=None, help="--drafter head: BUNDLE/heads/NAME instead of BUNDLE/head")
+    p.add_argument("--drafter-name", "--head-name", dest="drafter_name", default=None,
+                   help="a trained drafter by name: --drafter head: BUNDLE/heads/NAME instead of BUNDLE/head; "
+                        "--drafter llama: BUNDLE/drafters/NAME instead of BUNDLE/drafter")
     p.add_argument("--head-opener", choices=["auto", "transition", "none"], default="auto",
                    help="--drafter head: who drafts the first round, fused with the prompt prefill (auto: the "
                         "transition drafter when the bundle has a prior; none: the head after a prefill forward)")
@@ -60,17 +62,18 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_path")
 
 
-def make_drafter(kind: str, ctx, engine, k: int, dtype: str, head_name: str | None = None,
+def make_drafter(kind: str, ctx, engine, k: int, dtype: str, drafter_name: str | None = None,
                  head_opener: str = "auto", device: str = "cpu"):
-    """The drafter ``kind`` (``recsvc.recommender.drafter_registry``; llama: BUNDLE/drafter) over the bench's
-    trie; the transition drafter and the head's opener use BUNDLE/prior."""
+    """The drafter ``kind`` (``recsvc.recommender.drafter_registry``; llama: BUNDLE/drafter, or
+    BUNDLE/drafters/``drafter_name``; head: BUNDLE/head or BUNDLE/heads/``drafter_name``) over the bench's trie;
+    the transition drafter and the head's opener use BUNDLE/prior."""
     from recsvc.model.bundle import Bundle
     from recsvc.model.transition import TransitionPrior
-    from recsvc.recommender.drafter_registry import DraftSource, build_drafter
+    from recsvc.recommender.drafter_registry import TAKES_NAME, DraftSource, build_drafter
 
     bundle = Bundle.open(ctx.bundle_dir)
     prior = TransitionPrior.load(bundle.prior_dir) if kind in ("head", "transition") and bundle.has_prior() else None
-    name = f"head:{head_name}" if kind == "head" and head_name else kind
+    name = f"{kind}:{drafter_name}" if kind in TAKES_NAME and drafter_name else kind
     return build_drafter(name, DraftSource(bundle, engine.model, ctx.trie, ctx.builder.code_offset, dtype, device,
                                            prior=prior, sequences=lambda: ctx.data.train.values(), oracle_k=k,
                                            head_opener=head_opener))
@@ -163,7 +166,7 @@ def run(args: argparse.Namespace) -> dict:
 
     rows = []
     for k in ks:
-        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.head_name, args.head_opener, device)
+        drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.drafter_name, args.head_opener, device)
         candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
         auto = autotune(lambda k_, n, g, d=drafter: sum(spec_once(u.history, k_, n, g, d)[1] for u in calib) / 1e3,
                         [k], lambda _k, c=candidates: c, repeats=1)[k]
