@@ -99,8 +99,12 @@ weak-target-beauty: install
 	$(VENV)/bin/recsvc eval --bundle $(WEAK)/bundle --split test --k 10,20 --baselines sasrec --protocol deploy \
 	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --json $(WEAK)/quality_deploy.json
 
+# an SFT LLaMA drafter for the benches (~3.5 min), unless one exists (make drafters-beauty trains a longer one)
+SFT_DRAFTER = test -f $(BUNDLE)/drafters/sft/config.json || $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
+  --preset drafter-small --method sft --epochs 2 --threads 1 --out-name sft
+
 # BENCHMARKS.md "Speculation with the fused target": the oracle ceiling, the draft head, the transition and
-# LLaMA drafters on the served bundle (one thread, fp32; ~25 min; run on an otherwise idle machine)
+# LLaMA drafters on the served bundle (one thread, fp32; ~6 min, +3.5 with the drafter; an otherwise idle machine)
 SPEC = $(VENV)/bin/recsvc bench speculative --bundle $(BUNDLE) --dtype fp32 --threads 1
 spec-beauty: install
 	mkdir -p $(BENCH)
@@ -110,9 +114,7 @@ spec-beauty: install
 	$(SPEC) --users 200 --k 10 --drafter head --head-opener none --grid K:3,2K:3 --json $(BENCH)/spec_head_noopener.json
 	$(SPEC) --users 200 --k 10 --drafter transition --grid K:3,2K:3 --json $(BENCH)/spec_transition.json
 	$(SPEC) --users 200 --k 10 --mode relaxed --drafter head --grid K:3,2K:3 --json $(BENCH)/spec_head_relaxed.json
-	@# the LLaMA drafter: an SFT drafter (~3.5 min, unless make drafters-beauty or engine-beauty made one)
-	test -f $(BUNDLE)/drafters/sft/config.json || $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
-	  --preset drafter-small --method sft --epochs 2 --threads 1 --out-name sft
+	$(SFT_DRAFTER)
 	$(SPEC) --users 200 --k 10 --drafter llama --drafter-name sft --grid K:3,2K:3,K:1 --json $(BENCH)/spec_llama.json
 
 # BENCHMARKS.md "The fast forward and the user-state cache", the replay and bench serve rows (fp32, one thread;
@@ -123,9 +125,8 @@ engine-beauty: install redis
 	  --json $(BENCH)/cache.json
 	$(VENV)/bin/recsvc bench cache --bundle $(BUNDLE) --users 200 --k 10 --beam-width 20 --dtype bf16 --threads 1 \
 	  --json $(BENCH)/cache_bf16.json
-	@# the LLaMA drafter's fixed cost per forward (an SFT drafter, ~3.5 min, unless make drafters-beauty made one)
-	test -f $(BUNDLE)/drafters/sft/config.json || $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
-	  --preset drafter-small --method sft --epochs 2 --threads 1 --out-name sft
+	@# the LLaMA drafter's fixed cost per forward
+	$(SFT_DRAFTER)
 	$(VENV)/bin/recsvc bench cache --bundle $(BUNDLE) --users 200 --k 10 --beam-width 20 --dtype fp32 --threads 1 \
 	  --llama-drafter sft --json $(BENCH)/cache_drafter.json
 	$(VENV)/bin/recsvc bench replay --bundle $(BUNDLE) --users 150 --r 3 --k 10 --concurrency 1,16 \

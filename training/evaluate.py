@@ -225,8 +225,9 @@ def evaluate_bundle(
     compared: dict[str, Any] = {}  # each baseline's lists, for the paired lead below
     beside = evaluate_baselines(data, split, ks, baselines, protocol, users, exclude_history,
                                 cold=cold, fresh=fresh, lists_out=compared, **(baseline_options or {}))
-    if alone is not None:  # what the generative model adds over the distribution it fuses (same fresh slots)
-        compared["prior_alone"] = fresh_lists(fresh, alone, users, exclude_history, cands)
+    alone_slots = fresh_lists(fresh, alone, users, exclude_history, cands) if alone is not None else None
+    if alone_slots is not None:  # what the generative model adds over the distribution it fuses (same fresh slots)
+        compared["prior_alone"] = alone_slots
     from training.lead import leads
     return {
         "split": split, "users": len(users), "ks": list(ks), "dtype": resolve_dtype(dtype),
@@ -240,9 +241,8 @@ def evaluate_bundle(
         # the fused distribution alone (what the generative model adds: "model" against these), with and
         # without the same fresh slots
         "prior_alone": score_lists(lambda k: alone, users, ks, cold) if alone is not None else None,
-        "prior_alone_fresh": (
-            score_lists(fresh_lists(fresh, alone, users, exclude_history, cands), users, ks, cold)
-            if alone is not None and fresh is not None else None),
+        "prior_alone_fresh": (score_lists(alone_slots, users, ks, cold)
+                              if alone_slots is not None and fresh is not None else None),
         # the model against each baseline, user by user: ratio of means with a 95% paired bootstrap interval
         "lead": leads(lists.__getitem__, compared, users, ks),
         "cold_items": len(cold), "fit_on": fit_on,

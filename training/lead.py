@@ -74,13 +74,15 @@ def paired_lead(model: np.ndarray, base: np.ndarray, resamples: int = 2000, seed
 def leads(model: Lists, baselines: Mapping[str, Lists], users: Sequence[EvalUser], ks: Sequence[int],
           resamples: int = 2000, seed: int = 0) -> dict[str, dict[str, dict[str, float | None]]]:
     """``{baseline: {"recall@10": paired_lead(...), "ndcg@10": ..., ...}}`` for every baseline and cutoff."""
-    out: dict[str, dict[str, dict[str, float | None]]] = {}
-    for name, lists in baselines.items():
-        out[name] = {}
-        for k in ks:
+    out: dict[str, dict[str, dict[str, float | None]]] = {name: {} for name in baselines}
+    for k in ks:
+        mine = model(k)
+        scored = {metric: per_user(mine, users, k, metric) for metric in METRICS}  # the model's, once per cutoff
+        for name, lists in baselines.items():
+            theirs = lists(k)
             for metric in METRICS:
-                out[name][f"{metric}@{k}"] = paired_lead(per_user(model(k), users, k, metric),
-                                                         per_user(lists(k), users, k, metric), resamples, seed)
+                out[name][f"{metric}@{k}"] = paired_lead(scored[metric], per_user(theirs, users, k, metric),
+                                                         resamples, seed)
     return out
 
 

@@ -190,12 +190,13 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     make_eval = evaluator_factory(argparse.Namespace(select_by="recall", recall_users=args.recall_users))
+    patience = default_patience(None, fit_budget=True)  # the whole schedule runs, as `recsvc build --fit-budget`
     # what the trials' scores depend on besides the searched settings: a changed one starts a new study, whose
     # trials train in their own directory (a resumed trial continues its own checkpoints, never another study's)
     key = {"data": str(args.data.resolve()), "data_files": files_fingerprint(args.data, "*.txt"),
            "ids": files_fingerprint(args.ids.parent, args.ids.name), "epochs": args.epochs,
            "trial_minutes": args.trial_minutes, "presets": presets, "recall_users": args.recall_users,
-           "seed": args.seed, "patience": default_patience(None, fit_budget=True)}
+           "seed": args.seed, "patience": patience}
     study = _study(args.out / "target.db", "target", args.seed, key)
     trials_dir = args.out / study.study_name
 
@@ -212,7 +213,7 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
             stage_ids(bundle, args.data, args.ids)
         cfg = TrainConfig(epochs=args.epochs, lr=settings["lr"], weight_decay=settings["weight_decay"],
                           max_minutes=args.trial_minutes, fit_budget=True, seed=args.seed,
-                          patience=default_patience(None, fit_budget=True),  # as `recsvc build --fit-budget`
+                          patience=patience,
                           resume=(bundle.checkpoint_dir("target") / "last").is_dir())
         info = train_target(args.data, out, preset=settings["preset"], cfg=cfg, max_history=settings["max_history"],
                             make_evaluator=make_eval, prompt_header="compact", window_stride=5)
