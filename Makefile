@@ -49,19 +49,30 @@ TARGET_MINUTES ?= 25
 # continue: one more epoch of the chosen model over train + valid, cheaper on large catalogs)
 TARGET_THREADS ?= 2
 REFIT ?= scratch
+# the target's seed (its initialisation and batch order)
+SEED ?= 0
 # SASRec's time bound (early stopping ends it first on an idle 2-core machine); tune mix and eval share its fits
 SASREC_MINUTES ?= 30
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
+.PHONY: beauty-bundle beauty-ids beauty-target quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
+# the whole recipe: the ids, then the target and its tunings over them
 beauty-bundle: install
+	$(MAKE) beauty-ids
+	$(MAKE) beauty-target
+
+beauty-ids: install
 	$(VENV)/bin/recsvc train sasrec --data $(BEAUTY) --fit-on train --out $(IDS)-sasrec --threads 1 \
 	  --cache-dir artifacts/baselines --max-minutes $(SASREC_MINUTES)
 	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out $(IDS) --known-through valid \
 	  --cf-embeddings $(IDS)-sasrec/model.safetensors --cf-weight $(CF_WEIGHT)
+
+# the target and every tuning over existing ids; another draw of the recipe on the same ids:
+# `make beauty-target SEED=2 BUNDLE=artifacts/beauty-s2/bundle IDS=artifacts/beauty/ids`
+beauty-target: install
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids $(IDS)/semantic_ids.json \
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit $(REFIT) --refit-epochs auto \
-	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6
+	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --seed $(SEED)
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1 \
 	  --exclude-history

@@ -93,7 +93,7 @@ def test_what_a_kind_needs_and_lacks_is_a_user_error(source) -> None:
              ("oracle", replace(source, oracle_k=None), "only benchmarks"),
              ("head", source, "no draft head"),  # BUNDLE/head was never trained
              ("missing", source, "no drafter 'missing'"),
-             ("llama:missing", source, "no drafter 'missing'")]
+             ("llama:missing", source, "no drafter 'missing' \\(no config.json in .*drafters/missing or missing\\)")]
     for name, src, message in cases:
         with pytest.raises(UserError, match=message):
             build_drafter(name, src)

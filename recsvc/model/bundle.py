@@ -267,15 +267,15 @@ class Bundle:
         """The served drafter (None or "drafter": BUNDLE/drafter), a drafter trained with ``--out-name NAME``
         (BUNDLE/drafters/NAME), or a model directory; UserError when there is no model there."""
         if name in (None, "drafter"):
-            path = self.drafter_dir
-        elif (self.root / "drafters" / str(name) / "config.json").is_file():
-            path = self.root / "drafters" / str(name)
-        else:
-            path = Path(name)
-        if not (path / "config.json").is_file():
-            raise UserError(f"no drafter {str(name or 'drafter')!r} (looked in {path}): train it with `recsvc "
-                            f"train drafter --bundle {self.root} --method METHOD --out-name {name or 'NAME'}`")
-        return path
+            looked = [self.drafter_dir]
+        else:  # a trained drafter's name first, then a directory of that name
+            looked = [self.root / "drafters" / str(name), Path(name)]
+        for path in looked:
+            if (path / "config.json").is_file():
+                return path
+        where = " or ".join(str(p) for p in looked)
+        raise UserError(f"no drafter {str(name or 'drafter')!r} (no config.json in {where}): train it with `recsvc "
+                        f"train drafter --bundle {self.root} --method METHOD --out-name {name or 'NAME'}`")
 
     def load_drafter(self, dtype: str = "auto", device: str = "cpu", name: str | Path | None = None):
         from recsvc.model.loading import load_causal_lm
