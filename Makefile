@@ -105,8 +105,13 @@ weak-target-beauty: install
 	  --prompt compact --window-stride 5 --protocol deploy --refit scratch --refit-epochs auto --threads 2 \
 	  --epochs 1 --patience 0
 	$(VENV)/bin/recsvc tune prior --bundle $(WEAK)/bundle --trials 20 --budget-minutes 8 --users 1000 --threads 2
+	$(VENV)/bin/recsvc tune prior --bundle $(WEAK)/bundle --trials 20 --budget-minutes 8 --users 1000 --threads 2 \
+	  --exclude-history
 	$(VENV)/bin/recsvc tune mix --bundle $(WEAK)/bundle --trials 25 --budget-minutes 10 --users 1000 --threads 2 \
 	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES)
+	$(VENV)/bin/recsvc tune mix --bundle $(WEAK)/bundle --trials 25 --budget-minutes 10 --users 1000 --threads 2 \
+	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --exclude-history
+	$(VENV)/bin/recsvc tune history --bundle $(WEAK)/bundle --threads 2
 	$(VENV)/bin/recsvc eval --bundle $(WEAK)/bundle --split test --k 10,20 --baselines sasrec --protocol deploy \
 	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --json $(WEAK)/quality_deploy.json
 
