@@ -138,7 +138,7 @@ class CatalogTrie:
 
     def leaf_items(self, leaves: torch.Tensor, excluded: Sequence[int] = ()) -> list[int]:
         """Item id of each leaf node (collided leaves: the lowest item id not excluded)."""
-        leaves = leaves.reshape(-1)
+        leaves = leaves.reshape(-1).to(self.leaf_item.device)  # a search on another device returns its leaves there
         if not self._collided:
             return self.leaf_item[leaves - self.num_internal].tolist()
         ex = set(int(x) for x in excluded)

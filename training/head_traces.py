@@ -91,9 +91,10 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
             return load_file(str(out / "traces.safetensors"))
     ids = bundle.load_ids()
     builder = bundle.prompt_builder(ids=ids)
-    trie = CatalogTrie(ids)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the traces are beam searches: on the GPU when there
+    trie = CatalogTrie(ids).to(device)
     off = builder.code_offset
-    target = EngineModel.build(bundle.load_target(dtype=dtype), attention)
+    target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention)
     select = BeamSearch(target, trie, off).select
     stored = load_prior(bundle.prior_dir) if bundle.has_prior() else None  # the served (possibly mixed) prior
     weight = stored.settings.weight if stored is not None else 0.0
@@ -107,12 +108,12 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
         rows = prefixes[b0:b0 + batch_size]
         hist = [sequences[u][:t] for u, t in rows]
         pb = PromptBatch.from_lists([builder.prompt_ids(h) for h in hist])
-        gt = trie.item_path[torch.tensor([ids.index_of(sequences[u][t]) for u, t in rows]), -1]
-        prior = (prior_log_mass(trie, torch.from_numpy(stored.probs(hist)), weight)
+        gt = trie.item_path[torch.tensor([ids.index_of(sequences[u][t]) for u, t in rows], device=trie.device), -1]
+        prior = (prior_log_mass(trie, torch.from_numpy(stored.probs(hist)).to(trie.device), weight)
                  if stored is not None and weight > 0 else None)
         got = trace_batch(target, trie, off, pb, gt, k, select, prior)
         for name, t in got.items():
-            parts[name].append(t)
+            parts[name].append(t.cpu())
     tensors = {name: torch.cat(v) for name, v in parts.items()}
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "traces.safetensors"))

@@ -138,15 +138,18 @@ def _search(model, trie, code_offset: int, prompts, k: int, select, prior: torch
     from recsvc.engine.expand import expand_beams
     from recsvc.engine.tree_cache import TreeCache
 
+    dev = trie.device  # the search runs where the trie is (the model's device)
+    prompts = prompts.to(dev)
+    prior = prior.to(dev) if prior is not None else None
     cache = TreeCache(model, trie, code_offset, prompts)
     b = len(prompts.lengths)
-    nodes, scores = torch.zeros(b, 1, dtype=torch.long), torch.zeros(b, 1)
+    nodes, scores = torch.zeros(b, 1, dtype=torch.long, device=dev), torch.zeros(b, 1, device=dev)
     for _ in range(trie.levels):
         cache.feed(nodes)
         logp = node_logprobs(model, cache, nodes)
         nodes, scores, _ = expand_beams(trie, nodes, scores, logp, k, None, select, prior)
     if nodes.shape[1] < k:  # a catalog with fewer than K ids at some depth
-        nodes = torch.cat([nodes, torch.full((b, k - nodes.shape[1]), -1, dtype=torch.long)], 1)
+        nodes = torch.cat([nodes, torch.full((b, k - nodes.shape[1]), -1, dtype=torch.long, device=dev)], 1)
     return nodes, cache
 
 
