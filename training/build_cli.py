@@ -95,7 +95,7 @@ def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
     from recsvc.model.presets import get_preset, new_model
     from recsvc.model.prompt import MAX_HISTORY, PromptBuilder
     from training.plan import epoch_plan, probe_tokens_per_s, render_plan
-    from training.sequences import train_examples
+    from training.sequences import alignment_examples, train_examples
     from training.train_target import ensure_tokenizer
 
     if args.plan_steps < 1:
@@ -109,6 +109,10 @@ def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
     selection = train_examples(builder, data.train, stride=args.window_stride)
     refit = (train_examples(builder, data.sequences("train+valid"), stride=args.window_stride)
              if settings["protocol"] == "deploy" else None)
+    if settings["align"] == "text2id":  # the alignment task's examples, as train_target adds them
+        texts = {i: m.text() for i, m in data.items.items()}
+        selection += alignment_examples(builder, texts, {i for s in data.sequences("train+valid").values() for i in s})
+        refit = refit + alignment_examples(builder, texts, data.items) if refit is not None else None
     model = new_model(get_preset(args.preset), tok, seed=cfg.seed)
     fit = None
     if cfg.max_minutes:  # what --fit-budget would plan: the same probe, plus one timed validation pass
@@ -120,6 +124,7 @@ def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
     if fit is not None:
         plan["fit_budget"] = fit
     plan.update(preset=args.preset, prompt=settings["prompt_header"], window_stride=args.window_stride,
+                align=settings["align"],
                 batch_size=cfg.batch_size, threads=torch.get_num_threads(), probe_steps=args.plan_steps)
     (bundle.root / "plan.json").write_text(json.dumps(plan, indent=1))
     return render_plan(plan, cfg.epochs, cfg.max_minutes)

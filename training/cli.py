@@ -75,6 +75,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refit", dest="refit_mode", choices=("continue", "scratch"), default="continue",
                    help="deploy: continue the chosen model over train + valid, or train a fresh one for "
                         "--refit-epochs (the chosen epoch count; --epochs 0 skips the selection phase)")
+    p.add_argument("--align", choices=("none", "text2id"), default="none",
+                   help="text2id: also train LC-Rec's item-index alignment task (an item's text -> its codes) on "
+                        "every item of the catalog of the period the model serves (selection: the items "
+                        "interacted with by the end of valid; deploy refit: the whole catalog), so that items "
+                        "without interactions have learnt code paths too")
 
 
 DRAFTER_METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
@@ -179,7 +184,8 @@ def target_settings(args: argparse.Namespace) -> dict:
         raise UserError(f"--max-history must be in 1..100, got {args.max_history}")
     header = args.prompt if args.prompt != "auto" else ("lcrec" if args.base_model else "compact")
     return {"prompt_header": header, "max_history": args.max_history, "protocol": args.protocol,
-            "refit_epochs": refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode}
+            "refit_epochs": refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode,
+            "align": getattr(args, "align", "none")}
 
 
 

@@ -8,7 +8,7 @@ same model with history = train + valid items (the valid period is never trained
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +34,32 @@ def train_examples(
     out: list[Example] = []
     for user in sorted(sequences):
         out += [Example(i, lab) for i, lab in builder.training_windows(sequences[user], stride=stride)]
+    return out
+
+
+ALIGN_MODES = ("none", "text2id")
+ALIGN_TEXT_TOKENS = 32
+
+
+def alignment_examples(builder: PromptBuilder, texts: Mapping[int, str], items: Iterable[int],
+                       max_text_tokens: int = ALIGN_TEXT_TOKENS) -> list[Example]:
+    """LC-Rec's item-index alignment task, text -> id: ``header + the item's text + SEP + its codes``, labelled
+    on the codes only; one example per item of ``items`` that has a semantic id, ordered by item id.
+
+    Sequences teach the model the code paths of items that people bought; this teaches it the path of every
+    catalog item from its text, so that items without interactions have learnt paths too. A rec prompt after
+    the header holds code tokens only, so the text tells the model which task it is in (the compact prompt's
+    header is [BOS] alone).
+    """
+    tok = builder.tokenizer
+    out: list[Example] = []
+    for item in sorted(set(items)):
+        if item not in builder.ids or item not in texts:
+            continue
+        text = tok.encode(texts[item], add_special_tokens=False)[:max_text_tokens]
+        prompt = builder.header_ids + text + (builder.sep_ids or tok.encode("\n", add_special_tokens=False))
+        codes = builder.item_token_ids(item)
+        out.append(Example(prompt + codes, [IGNORE_INDEX] * len(prompt) + codes))
     return out
 
 

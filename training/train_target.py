@@ -181,6 +181,7 @@ def fit_causal_lm(
     set_seed(cfg.seed)
     acc = Accelerator(cpu=not torch.cuda.is_available())  # cpu=True: torchrun on CPUs -> gloo DDP
     bf16 = resolve_bf16(cfg.bf16, acc.device)
+    model.to(acc.device)  # before the --fit-budget probe, whose copy and batches must share the device
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
@@ -469,6 +470,7 @@ def train_target(
     refit_epochs: int = 1,  # 0: auto (the epoch chosen on valid for scratch, 1 for continue)
     refit_lr: float | None = None,
     refit_mode: str = "continue",
+    align: str = "none",
 ) -> dict[str, Any]:
     """The ``target`` stage: train, save the best model to BUNDLE/target, mark the stage done.
 
@@ -478,7 +480,10 @@ def train_target(
     same shape trained ``refit_epochs`` epochs on train + valid at the full lr instead, the classic refit; with
     ``cfg.epochs == 0`` the selection phase is skipped and ``refit_epochs`` comes from an earlier selection
     run, e.g. a paper-protocol bundle's best epoch): a deployed model must know the most
-    recent period before it serves the next one. The prompt header style and history length are recorded in
+    recent period before it serves the next one. ``align="text2id"`` adds LC-Rec's text -> id alignment examples
+    (``training.sequences.alignment_examples``) of the catalog of the period each phase serves: the items
+    interacted with by the end of valid for the selection phase, the whole catalog for the deploy refit. The
+    prompt header style and history length are recorded in
     bundle.json (``Bundle.prompt_builder`` rebuilds the same prompts for serving and evaluation).
 
     Early stopping uses ``evaluator(model)["recall@10"]`` when given, else ``make_evaluator(builder, data)``
@@ -493,9 +498,11 @@ def train_target(
     from recsvc.model.presets import get_preset, new_model
     from recsvc.model.prompt import MAX_HISTORY, PromptBuilder
     from training.lora import is_peft, load_base_model, merge_lora, wrap_lora
-    from training.sequences import count_tokens, eval_examples, train_examples
+    from training.sequences import ALIGN_MODES, alignment_examples, count_tokens, eval_examples, train_examples
 
     cfg = cfg or TrainConfig()
+    if align not in ALIGN_MODES:
+        raise UserError(f"align must be one of {', '.join(ALIGN_MODES)}, not {align!r}")
     if protocol not in ("paper", "deploy"):
         raise UserError(f"protocol must be paper or deploy, not {protocol!r}")
     if refit_mode not in ("continue", "scratch"):
@@ -527,10 +534,18 @@ def train_target(
     if evaluator is None and make_evaluator is not None:
         evaluator = make_evaluator(builder, data)
     train = train_examples(builder, data.train, stride=window_stride)
+    texts = {i: m.text() for i, m in data.items.items()}
+    aligned = 0
+    if align == "text2id":  # the catalog of the valid period: the items interacted with by its end
+        known = {i for seq in data.sequences("train+valid").values() for i in seq}
+        extra = alignment_examples(builder, texts, known)
+        aligned = len(extra)
+        train = train + extra
     valid = eval_examples(builder, data.eval_users("valid"), max_users=eval_max_users, seed=cfg.seed)
     tokens, labelled = count_tokens(train)
     log(f"target: {len(train)} windows, {tokens} tokens ({labelled} labelled, {labelled / max(tokens, 1):.0%}) "
-        f"per epoch; {len(valid)} validation examples; prompt header {prompt_header}, protocol {protocol}")
+        f"per epoch; {len(valid)} validation examples; prompt header {prompt_header}, protocol {protocol}"
+        + (f"; {aligned} text -> id alignment examples" if align != "none" else ""))
 
     if base_model:
         model = load_base_model(base_model, tok)
@@ -558,7 +573,8 @@ def train_target(
             best = wrap_lora(best, lora) if (base_model and lora is not None) else best
             refit_lr = refit_lr if refit_lr is not None else cfg.lr
         best, refit = _refit(best, builder, data, cfg, ckpt / "refit", tok.pad_token_id, window_stride,
-                             refit_epochs, refit_lr, log)
+                             refit_epochs, refit_lr, log,
+                             alignment_examples(builder, texts, data.items) if align == "text2id" else [])
         refit["mode"] = refit_mode
     info = {
         "seconds": round(result.seconds, 1), "preset": preset_name, "params": n_params,
@@ -567,7 +583,7 @@ def train_target(
         "best": _best_entry(result), "stopped": result.stopped,
         "train_tokens_per_s": round(result.train_tokens_per_s, 1), "tokens_per_epoch": tokens,
         "labelled_tokens_per_epoch": labelled, "prompt_header": prompt_header, "protocol": protocol,
-        "refit": refit,
+        "refit": refit, "align": align, "align_examples": aligned,
         "lora": asdict(lora) if lora is not None else None, "window_stride": window_stride,
         "config": asdict(cfg), "main_process": main_process,
     }
@@ -582,14 +598,15 @@ def train_target(
 
 
 def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, window_stride: int, epochs: int,
-           lr: float | None, log) -> tuple[Any, dict[str, Any]]:
+           lr: float | None, log, extra: list | None = None) -> tuple[Any, dict[str, Any]]:
     """The deployment protocol's second phase: continue ``model`` over train + valid sequences (no selection:
-    the valid period is now training data; the epoch count was chosen before). Resumable (``ckpt``)."""
+    the valid period is now training data; the epoch count was chosen before), plus ``extra`` examples (the
+    alignment task's). Resumable (``ckpt``)."""
     from dataclasses import replace
 
     from training.sequences import count_tokens, train_examples
 
-    examples = train_examples(builder, data.sequences("train+valid"), stride=window_stride)
+    examples = train_examples(builder, data.sequences("train+valid"), stride=window_stride) + list(extra or [])
     tokens, labelled = count_tokens(examples)
     rcfg = replace(cfg, epochs=epochs, lr=lr if lr is not None else cfg.lr / 2, patience=0,
                    resume=(ckpt / "last" / "state.json").is_file(), max_minutes=None, fit_budget=False)
@@ -597,5 +614,6 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
         f"{epochs} epoch(s) at peak lr {rcfg.lr:g}")
     model.train()
     best, result = fit_causal_lm(model, examples, [], rcfg, ckpt, pad_id, None, desc="refit")
-    return best, {"epochs": result.epochs, "lr": rcfg.lr, "seconds": round(result.seconds, 1),
+    return best, {"epochs": result.epochs, "lr": rcfg.lr, "extra_examples": len(extra or []),
+                  "seconds": round(result.seconds, 1),
                   "tokens_per_epoch": tokens, "train_tokens_per_s": round(result.train_tokens_per_s, 1)}
