@@ -13,7 +13,7 @@ def test_smoke_builds_a_bundle_and_writes_every_stage(tmp_path, one_thread) -> N
     out = tmp_path / "gpu"
     assert main(["bench", "gpu", "--smoke", "--out", str(out), "--threads", "1"]) == 0
     payload = json.loads((out / "gpu_bench.json").read_text())
-    assert payload["device"] == "cpu" and payload["smoke"]
+    assert payload["device"] == "cpu" and payload["smoke"] and payload["complete"]
     assert all((out / "bundle" / part / "config.json").is_file() for part in ("target", "drafter", "head"))
     stages = payload["stages"]
     ks = [int(k) for k in payload["config"]["ks"].split(",")]

@@ -135,3 +135,33 @@ def test_fresh_candidates_follow_the_catalog_of_the_period(tmp_path: Path) -> No
     assert cold_items(data, "train", catalog) == {4, 5}  # the slice: targets without a train interaction
     assert fresh_candidates(data, "test", "train+valid", catalog) == {5}
     assert fresh_candidates(data, "test", "train", catalog) == {4, 5}  # paper protocol: fitted on train
+
+
+def test_rate_threshold_lets_that_share_of_histories_pass() -> None:
+    f = fresh(window=2)
+    # best candidate per history: east 1 -> 10 (0.999), west 3 -> 12 (0.98), north-east [1, 2] -> 10 (0.74),
+    # unknown -> none
+    histories = [[1], [3], [1, 2], [999]]
+    best = [c[0][1] if c else -1.0 for c in f.candidates(histories, 1)]
+    for rate in (0.25, 0.5, 0.75):
+        t = f.rate_threshold(histories, rate)
+        assert sum(b >= t for b in best) == round(rate * len(histories))  # exactly that share passes
+    assert f.rate_threshold(histories, 1.0) == -1.0  # every history, even one without a candidate
+    # another fresh set reading less like the histories gets a lower threshold for the same rate
+    west = FreshItems(VECS, [12], FreshSettings(2, 2))
+    assert west.rate_threshold(histories, 0.5) < f.rate_threshold(histories, 0.5)
+    resolved = f.resolve_rate(histories, 0.5)
+    assert resolved.settings.rate == 0.5 and resolved.settings.min_similarity == f.rate_threshold(histories, 0.5)
+    assert resolved.settings.slots == f.settings.slots and resolved.fresh_ids.tolist() == [10, 11, 12]
+    for bad in (0.0, 1.5):
+        with pytest.raises(UserError):
+            FreshSettings(2, 1, rate=bad)
+        with pytest.raises(UserError):
+            f.rate_threshold(histories, bad)
+
+
+def test_rate_survives_save_and_load(tmp_path: Path) -> None:
+    f = fresh(window=1).resolve_rate([[1], [2], [3]], 0.5)
+    f.save(tmp_path / "fresh")
+    back = FreshItems.load(tmp_path / "fresh")
+    assert back.settings == f.settings and back.settings.rate == 0.5

@@ -173,6 +173,33 @@ def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, mo
                                                          - res["model_without_fresh"]["cold"]["recall@10"])
 
 
+def test_tune_fresh_gate_rate_resolves_the_threshold_on_each_period(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune"})
+    root = make_tiny_bundle(tmp_path, n_users=60)
+    _hold_out_items(tmp_path / "data", {3, 4, 5})
+    assert cli.main(["tune", "fresh", "--bundle", str(root), "--dtype", "fp32", "--gate", "rate",
+                     "--embed-cache", str(tmp_path / "emb")]) == 0
+    from recsvc.data.split import load_split_dir
+    from recsvc.model.fresh import FreshItems
+    from training.tune_fresh import RATES, SLOTS, WINDOWS
+
+    b = Bundle.open(root)
+    record = b.read()["tuning"]["fresh"]
+    assert record["gate"] == "rate" and record["trials"] == len(SLOTS) * len(WINDOWS) * len(RATES)
+    rate = record["settings"]["rate"]
+    assert rate in RATES and "min_similarity" not in record["settings"]
+    fresh = FreshItems.load(b.fresh_dir)
+    assert fresh.settings.rate == rate and fresh.settings.slots == record["settings"]["slots"]
+    # the served threshold is the rate resolved on the served fresh set over the served period's histories
+    data = load_split_dir(tmp_path / "data")
+    fit_on = record["counted_on"]
+    assert fresh.settings.min_similarity == pytest.approx(record["served_min_similarity"])
+    assert fresh.settings.min_similarity == pytest.approx(
+        fresh.rate_threshold(list(data.sequences(fit_on).values()), rate))
+    assert record["valid"]["min_similarity"] == pytest.approx(record["valid_min_similarity"])
+    assert b.read()["fresh"]["min_similarity"] == pytest.approx(fresh.settings.min_similarity)
+
+
 def test_tune_fresh_with_the_learned_query_fits_it_per_period_and_eval_reads_it(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
     root = make_tiny_bundle(tmp_path, n_users=60)

@@ -32,6 +32,9 @@ from recsvc.errors import UserError
 SLOTS = (0, 1, 2, 3, 4, 5, 6, 7)
 WINDOWS = (1, 2, 3, 5, 10, 20)
 MIN_SIMILARITIES = (-1.0, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9)
+# --gate rate: the share of all users' fitting-period histories whose best fresh candidate may take a slot
+RATES = (0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0)
+GATES = ("similarity", "rate")
 
 
 def register_fresh(sub) -> None:
@@ -48,6 +51,11 @@ def register_fresh(sub) -> None:
                    help="content queries in the grid: mean (default), learned, or mean,learned (see docs/QUALITY.md: "
                         "on Beauty validation chose the learned query and it did worse on test)")
     p.add_argument("--query-epochs", type=int, default=1, help="epochs of the learned query's fit")
+    p.add_argument("--gate", choices=GATES, default="similarity",
+                   help="what the grid searches to admit a fresh item: similarity (an absolute cosine threshold) or "
+                        "rate (the share of all users' fitting-period histories whose best fresh candidate passes; "
+                        "the threshold is resolved on each period's own fresh set: on valid's for the search, on "
+                        "the served one for BUNDLE/fresh)")
     p.set_defaults(func=cmd_tune_fresh)
 
 
@@ -104,6 +112,9 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     train_query = (fit_or_reuse(query_file(bundle.fresh_dir, "train"), data.sequences("train"), vectors, query_fit,
                                 "train") if "learned" in queries else None)
     base = FreshItems(vectors, sorted(fresh_now), FreshSettings(), counted_on="train", query=train_query)
+    # --gate rate: the population a rate is resolved on (every user's history of the fitting period)
+    population = list(data.sequences("train").values()) if args.gate == "rate" else []
+    thresholds: dict[tuple[str, int, float], float] = {}  # (query, window, rate) -> valid's threshold
 
     by_window: dict[tuple[str, int], dict] = {}  # (query, window) -> each user's max(SLOTS) best candidates
 
@@ -117,11 +128,26 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
         out["warm_effect"] = paired_effect(at10, rankings, users, 10, cold, False)
         return out
 
+    def settings_of(params: dict) -> FreshSettings:
+        """A trial's settings; under --gate rate, min_similarity resolved on valid's fresh set."""
+        if args.gate == "similarity":
+            return FreshSettings(**params)
+        st = FreshSettings(query=params["query"], slots=params["slots"], window=params["window"])
+        key = (st.query, st.window, params["rate"])
+        if key not in thresholds:
+            thresholds[key] = base.with_settings(st).rate_threshold(population, params["rate"])
+        return FreshSettings(query=st.query, slots=st.slots, window=st.window, min_similarity=thresholds[key],
+                             rate=params["rate"])
+
     def objective(trial) -> float:
-        st = FreshSettings(query=trial.suggest_categorical("query", queries),
-                           slots=trial.suggest_categorical("slots", SLOTS),
-                           window=trial.suggest_categorical("window", WINDOWS),
-                           min_similarity=trial.suggest_categorical("min_similarity", MIN_SIMILARITIES))
+        gate_name = "min_similarity" if args.gate == "similarity" else "rate"
+        params = {"query": trial.suggest_categorical("query", queries),
+                  "slots": trial.suggest_categorical("slots", SLOTS),
+                  "window": trial.suggest_categorical("window", WINDOWS),
+                  gate_name: trial.suggest_categorical(gate_name, MIN_SIMILARITIES if gate_name == "min_similarity"
+                                                       else RATES)}
+        st = settings_of(params)
+        trial.set_user_attr("min_similarity", st.min_similarity)
         m = measure(st)
         for key in ("recall@10", "ndcg@10"):
             trial.set_user_attr(key, m[key])
@@ -134,16 +160,17 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
         return m[args.metric]
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    grid = {"query": queries, "slots": list(SLOTS), "window": list(WINDOWS), "min_similarity": list(MIN_SIMILARITIES)}
+    gates = ({"min_similarity": list(MIN_SIMILARITIES)} if args.gate == "similarity" else {"rate": list(RATES)})
+    grid = {"query": queries, "slots": list(SLOTS), "window": list(WINDOWS), **gates}
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.GridSampler(grid, seed=args.seed))
-    study.optimize(objective, n_trials=len(queries) * len(SLOTS) * len(WINDOWS) * len(MIN_SIMILARITIES))
+    study.optimize(objective, n_trials=len(queries) * len(SLOTS) * len(WINDOWS) * len(next(iter(gates.values()))))
     # the warm slice must not drop beyond noise: a setting is kept only when the warm slice's Recall@10 and NDCG@10
     # lose less than one standard error of that figure (the noise of the number a reader compares; slots 0, a
     # change of 0, always passes); ties: the first in grid order
     feasible = [t for t in study.trials if all(
         t.user_attrs[f"warm_{key}_diff"] > -t.user_attrs[f"warm_{key}_se"] for key in ("recall@10", "ndcg@10"))]
     best = max(feasible, key=lambda t: (t.value, -t.number))
-    chosen = FreshSettings(**best.params)
+    chosen = settings_of(best.params)
     off = measure(FreshSettings())
     fit_on = resolve_fit_on("auto", lists.protocol)
     served = cold_items(data, fit_on, ids.item_ids.tolist())
@@ -151,8 +178,13 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     if chosen.query == "learned":  # refitted on the served model's period (deploy: train + valid)
         served_query = (train_query if fit_on == "train" else fit_or_reuse(
             query_file(bundle.fresh_dir, fit_on), data.sequences(fit_on), vectors, query_fit, fit_on))
-    FreshItems(vectors, sorted(served), chosen, counted_on=fit_on, query=served_query).save(bundle.fresh_dir)
-    record = {"settings": best.params, "metric": args.metric, "exclude_history": excl, "valid_users": len(users),
+    served_fresh = FreshItems(vectors, sorted(served), chosen, counted_on=fit_on, query=served_query)
+    if chosen.rate is not None:  # the rate resolved on the served fresh set, over the served period's histories
+        served_fresh = served_fresh.resolve_rate(list(data.sequences(fit_on).values()), chosen.rate)
+    served_fresh.save(bundle.fresh_dir)
+    record = {"settings": best.params, "gate": args.gate, "valid_min_similarity": chosen.min_similarity,
+              "served_min_similarity": served_fresh.settings.min_similarity,
+              "metric": args.metric, "exclude_history": excl, "valid_users": len(users),
               "valid_fresh_items": len(fresh_now),
               "valid_cold_items": len(cold), "served_fresh_items": len(served), "counted_on": fit_on,
               "valid": {k: v for k, v in best.user_attrs.items()},
@@ -167,6 +199,8 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
                                 for q in queries},
               "seconds": round(time.monotonic() - t0, 1)}
     meta = bundle.read()
-    bundle.update(fresh={**best.params, "counted_on": fit_on}, tuning={**meta.get("tuning", {}), "fresh": record})
+    served_settings = best.params if chosen.rate is None else {
+        **best.params, "min_similarity": served_fresh.settings.min_similarity}
+    bundle.update(fresh={**served_settings, "counted_on": fit_on}, tuning={**meta.get("tuning", {}), "fresh": record})
     print(json.dumps(record, indent=1))
     return 0

@@ -10,8 +10,10 @@ Stages (each resumes: a finished bundle stage is not retrained):
   relaxed -> relaxed speculative sampling with the LLaMA drafter
   batched -> plain and strict for a batch of users at once (``BundleRecommender``)
 Every stage reports ms per request, WS / AS / target calls where they apply, and the peak GPU memory. Results:
-OUT/gpu_bench.json and OUT/gpu_bench.md. ``--smoke`` runs the same stages on the CPU with the tiny presets and
-a tiny synthetic dataset (``recsvc data synth``) in a few minutes (the test suite runs it).
+OUT/gpu_bench.json and OUT/gpu_bench.md. The JSON is rewritten after every stage (``"complete": false`` and the
+last stage finished), so a run stopped at a time limit keeps what it measured. ``--smoke`` runs the same stages
+on the CPU with the tiny presets and a tiny synthetic dataset (``recsvc data synth``) in a few minutes (the test
+suite runs it).
 """
 
 from __future__ import annotations
@@ -138,15 +140,22 @@ def run(args: argparse.Namespace) -> dict:
     if not args.smoke and not args.data:
         raise UserError("--data DIR is required (a prepared split, e.g. Beauty), or use --smoke")
     bundle = out / "bundle"
+    json_path = Path(args.json_path) if args.json_path else out / "gpu_bench.json"
     t0 = time.perf_counter()
     build(data, bundle, cfg, args.threads)
     build_min = (time.perf_counter() - t0) / 60
     common = {"bundle": str(bundle), "users": cfg["users"], "k": cfg["ks"], "split": "test", "dtype": "auto",
               "data": None, "threads": args.threads, "device": device, "json_path": None}
     stages: dict = {"build_minutes": build_min}
+
+    def checkpoint(stage: str) -> None:  # a run stopped at a time limit keeps the stages it finished
+        write_json(json_path, {"bench": "gpu", "smoke": args.smoke, "device": device, "machine": machine(),
+                               "config": cfg, "stages": stages, "complete": False, "last_stage": stage})
+
     with PeakMemory(device) as mem:
         res = decode.run(argparse.Namespace(**common, warmup=1, attention="exact", cold=args.smoke))
     stages["decode"] = {"rows": res["rows"], "peak_gpu_mib": mem.mib}
+    checkpoint("decode")
     spec_rows = []
     runs = [("oracle", "strict"), ("head", "strict"), ("llama", "strict"), ("llama", "relaxed")]
     for drafter, mode in runs:
@@ -158,15 +167,15 @@ def run(args: argparse.Namespace) -> dict:
             res = speculative.run(ns)
         for row in res["rows"]:
             spec_rows.append({"drafter": drafter, "mode": mode, "peak_gpu_mib": mem.mib, **row})
-    stages["speculative"] = spec_rows
+        stages["speculative"] = spec_rows
+        checkpoint(f"speculative {drafter} {mode}")
     ctx = load_context(bundle, cfg["users"], "test", "auto", None, device=device)
     with PeakMemory(device) as mem:
         rows = [batched(bundle, device, ctx.users, k, cfg["batch"]) for k in (int(x) for x in cfg["ks"].split(","))]
     stages["batched"] = [{**r, "peak_gpu_mib": mem.mib} for r in rows]
     md = report(stages, device)
     payload = {"bench": "gpu", "smoke": args.smoke, "device": device, "machine": machine(), "config": cfg,
-               "stages": stages, "markdown": md}
-    json_path = Path(args.json_path) if args.json_path else out / "gpu_bench.json"
+               "stages": stages, "complete": True, "markdown": md}
     write_json(json_path, payload)
     json_path.with_suffix(".md").write_text(md + "\n")
     print(md)

@@ -43,10 +43,13 @@ class FreshSettings:
     window: int = 20  # the user's last `window` history items form the content query
     min_similarity: float = -1.0  # a fresh item takes a slot only with cosine similarity >= this
     query: str = "mean"  # "mean": the window's mean embedding; "learned": a ContentQuery of the fitting period
+    # the share of a population of histories whose best fresh candidate may take a slot: when set, min_similarity
+    # was resolved from it for this fresh set (``FreshItems.resolve_rate``); None: min_similarity as given
+    rate: float | None = None
 
     def __post_init__(self) -> None:
         if (self.slots < 0 or self.window < 1 or not -1.0 <= self.min_similarity <= 1.0
-                or self.query not in QUERIES):
+                or self.query not in QUERIES or (self.rate is not None and not 0.0 < self.rate <= 1.0)):
             raise UserError(f"fresh settings out of range: {self}")
 
 
@@ -178,6 +181,28 @@ class FreshItems:
             return self.query.query(history_vectors)
         q = history_vectors.mean(axis=0)
         return q / max(float(np.linalg.norm(q)), 1e-12)
+
+    def rate_threshold(self, histories: Sequence[Sequence[int]], rate: float) -> float:
+        """The similarity that the best fresh candidate of a ``rate`` share of ``histories`` reaches: the
+        (1 - rate) quantile of each history's best similarity (histories without a candidate count as -1).
+
+        A similarity threshold means different things for different fresh sets: a period whose new items read
+        like what people buy passes it far more often. A rate is what an operator sets (how many requests may
+        show a new item), and resolving it on the fresh set at hand carries it from one period to the next."""
+        if not 0.0 < rate <= 1.0:
+            raise UserError(f"fresh rate must be in (0, 1], got {rate}")
+        best = np.array([c[0][1] if c else -1.0 for c in self.candidates(histories, 1)], dtype=np.float64)
+        if not len(best):
+            return self.settings.min_similarity
+        return float(np.clip(np.quantile(best, 1.0 - rate, method="higher"), -1.0, 1.0)) if rate < 1.0 else -1.0
+
+    def resolve_rate(self, histories: Sequence[Sequence[int]], rate: float) -> FreshItems:
+        """These fresh items with ``min_similarity`` set so that a ``rate`` share of ``histories`` passes it
+        (``rate_threshold``); the rate is recorded in the settings."""
+        from dataclasses import replace
+
+        threshold = self.rate_threshold(histories, rate)
+        return self.with_settings(replace(self.settings, min_similarity=threshold, rate=rate))
 
     def merge(self, ranked: Sequence[int], candidates: Sequence[tuple[int, float]], k: int) -> list[int]:
         """``ranked`` with its tail given to the candidates that pass ``min_similarity`` (at most ``slots``,
