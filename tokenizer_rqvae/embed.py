@@ -252,7 +252,7 @@ class Embedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """texts [n] -> [n, dim] float32 normalized; cached texts are not re-embedded."""
-        from tqdm.auto import tqdm
+        from recsvc.progress import progress_bar
 
         keys = [self.key(t) for t in texts]
         found = self._read_cache(set(keys))
@@ -264,7 +264,7 @@ class Embedder:
         if missing:
             # longest first: similar lengths share a batch (less padding), the slow part shows up early
             todo = sorted(missing.items(), key=lambda kv: -len(kv[1]))
-            bar = tqdm(total=len(todo), desc="embed", unit="item", disable=not self.progress)
+            bar = progress_bar(total=len(todo), desc="embed", unit="item", enabled=self.progress)
             for start in range(0, len(todo), CHUNK_SIZE):
                 chunk = todo[start : start + CHUNK_SIZE]
                 emb = self._encode([t for _, t in chunk])  # [m, dim]

@@ -493,7 +493,7 @@ def train_rqvae(
 
 def _train(x: np.ndarray, cfg: RQVAEConfig, ckpt_dir: str | Path | None, resume: bool, device: str,
            progress: bool, t0: float, cf: tuple[np.ndarray, np.ndarray] | None) -> TrainResult:
-    from tqdm.auto import tqdm
+    from recsvc.progress import progress_bar
 
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -512,7 +512,7 @@ def _train(x: np.ndarray, cfg: RQVAEConfig, ckpt_dir: str | Path | None, resume:
         sample = torch.randperm(xt.shape[0], generator=gen)[: cfg.kmeans_sample]
         model.init_codebooks(xt[sample], cfg.seed)
     n = xt.shape[0]
-    bar = tqdm(range(start, cfg.epochs), desc="rqvae", unit="epoch", disable=not progress,
+    bar = progress_bar(range(start, cfg.epochs), desc="rqvae", unit="epoch", enabled=progress,
                initial=start, total=cfg.epochs)
     for epoch in bar:
         model.train()

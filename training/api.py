@@ -142,13 +142,12 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
     plain_calls, identical (strict) or recall@R / ndcg@R (relaxed, when K >= R); plus a row per (mode, K) for
     drafter "target" (the target's own decoding: its recall@R / ndcg@R). N = max(K, round(n_mult * K)), or
     max(K, ``draft_beams``) when given (a fixed N for every K, as in the AtSpeed paper: N = 40)."""
-    from tqdm.auto import tqdm
-
     from recsvc.data.metrics import evaluate_rankings, standard_error
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.relaxed import relaxed_speculative_search
     from recsvc.engine.sampling import make_generators, sampling_beam_search
     from recsvc.engine.speculative import speculative_search
+    from recsvc.progress import progress_bar
 
     bad = [m for m in modes if m not in MODES]
     if bad or not users:
@@ -163,7 +162,7 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
             n = max(k, draft_beams if draft_beams is not None else round(n_mult * k))
             plain_ms, rank_plain = [], {}
             stats = {name: {"ms": [], "calls": [], "acc": [], "same": 0, "rank": {}} for name in usable}
-            for i, u in enumerate(tqdm(users, desc=f"{mode} K={k}", disable=not progress, leave=False)):
+            for i, u in enumerate(progress_bar(users, desc=f"{mode} K={k}", enabled=progress, leave=False)):
                 pb = PromptBatch.from_lists([setup.builder.prompt_ids(u.history)])
                 runs = 2 if i == 0 else 1  # the first user warms up
                 for _ in range(runs):

@@ -64,7 +64,8 @@ def fit_content_query(sequences: dict[int, list[int]], vectors: ItemVectors, set
     items those sequences hold."""
     import torch
     import torch.nn.functional as F
-    from tqdm import tqdm
+
+    from recsvc.progress import progress_bar
 
     ids = vectors.item_ids.tolist()
     row_of = {int(i): r for r, i in enumerate(ids)}
@@ -88,7 +89,7 @@ def fit_content_query(sequences: dict[int, list[int]], vectors: ItemVectors, set
     H, M, Y = torch.from_numpy(hist), torch.from_numpy(mask), col[torch.from_numpy(target)]
     start, losses = time.monotonic(), []
     steps = settings.epochs * math.ceil(len(Y) / settings.batch)
-    bar = tqdm(total=steps, desc=f"content query ({period})", disable=not progress, leave=False)
+    bar = progress_bar(total=steps, desc=f"content query ({period})", enabled=progress, leave=False)
     for _ in range(settings.epochs):
         perm = torch.randperm(len(Y), generator=gen)
         for b in range(0, len(Y), settings.batch):

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from recsvc.data.metrics import evaluate_rankings, popularity_rankings, score_lists
 from recsvc.data.sampling import sample_users
@@ -31,6 +30,7 @@ from recsvc.model.hardware import resolve_dtype
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
 from recsvc.model.transition import TransitionPrior
+from recsvc.progress import progress_bar
 from recsvc.recommender.prior_ranked import ranks_alone
 from tokenizer_rqvae.trie import CatalogTrie
 from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
@@ -66,7 +66,7 @@ def rank_users(
         batches = batches[rank::world]
     width = max(k, beam_width)
     top = k if width > k else None  # the first k of a wider search, as a server reads its top-k
-    for chunk in tqdm(batches, desc=f"rank@{k}", unit="batch", disable=not progress, leave=False):
+    for chunk in progress_bar(batches, desc=f"rank@{k}", unit="batch", enabled=progress, leave=False):
         prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
         excluded = [u.history for u in chunk] if exclude_history else None
         dead = trie.dead_nodes(excluded) if excluded else None

@@ -69,13 +69,13 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
                  progress: bool = True) -> dict[str, torch.Tensor]:
     """Build (or load) BUNDLE/head-traces for the bundle's current target; returns the tensors."""
     from safetensors.torch import load_file, save_file
-    from tqdm.auto import tqdm
 
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prior import prior_log_mass
     from recsvc.engine.prompts import PromptBatch
     from recsvc.model.sequence_prior import load_prior
+    from recsvc.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
     from training.teacher import model_fingerprint
 
@@ -103,8 +103,8 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
     if not prefixes:
         raise UserError("no training prefixes (every user has fewer than 2 items?)")
     parts: dict[str, list[torch.Tensor]] = {"hidden": [], "lp": [], "leaf": []}
-    for b0 in tqdm(range(0, len(prefixes), batch_size), desc=f"head traces K={k}", unit="batch",
-                   disable=not progress, dynamic_ncols=True, mininterval=2.0):
+    for b0 in progress_bar(range(0, len(prefixes), batch_size), desc=f"head traces K={k}", unit="batch",
+                           enabled=progress, dynamic_ncols=True, mininterval=2.0):
         rows = prefixes[b0:b0 + batch_size]
         hist = [sequences[u][:t] for u, t in rows]
         pb = PromptBatch.from_lists([builder.prompt_ids(h) for h in hist])

@@ -184,13 +184,13 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     import shutil
 
     from safetensors.torch import save_file
-    from tqdm.auto import tqdm
 
     from recsvc.data.split import load_split_dir
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
     from recsvc.model.bundle import Bundle
+    from recsvc.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
 
     if k < 1 or batch_size < 1 or shard_size < 1:
@@ -242,9 +242,9 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     drafter = EngineModel.build(bundle.load_drafter(dtype=dtype), attention) if lambda_mix > 0 else None
     todo = [s for s in range(n_shards) if not (out / shard_name(s)).is_file()]
     start = time.monotonic()
-    bar = tqdm(total=len(prefixes), initial=len(prefixes) - sum(min(shard_size, len(prefixes) - s * shard_size)
-                                                                   for s in todo),
-               desc=f"teacher K={k}", unit="prefix", disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    done = len(prefixes) - sum(min(shard_size, len(prefixes) - s * shard_size) for s in todo)
+    bar = progress_bar(total=len(prefixes), initial=done, desc=f"teacher K={k}", unit="prefix", enabled=progress,
+                       dynamic_ncols=True, mininterval=1.0)
     for s in todo:
         lo, hi = s * shard_size, min((s + 1) * shard_size, len(prefixes))
         codes, logp, gt_codes, gt_logp = [], [], [], []

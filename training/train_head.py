@@ -103,12 +103,12 @@ def train_head(bundle_dir: str | Path, method: str = "atspeed-s", alpha: float =
                max_prefixes: int | None = 20000, epochs: int = 6, lr: float = 1e-3, batch_size: int = 64,
                seed: int = 0, dtype: str = "auto", out_name: str | None = None, force: bool = False,
                resume: bool = False, progress: bool = True, trace_batch_size: int = 32) -> dict[str, Any]:
-    from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
 
     from recsvc.data.split import load_split_dir
     from recsvc.drafters.head_model import DraftHead, HeadConfig, load_head, save_head
     from recsvc.model.bundle import Bundle
+    from recsvc.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
     from training.head_traces import build_traces
 
@@ -164,7 +164,7 @@ def train_head(bundle_dir: str | Path, method: str = "atspeed-s", alpha: float =
     for epoch in range(first_epoch, epochs):
         head.train()
         perm = train_idx[torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(seed + epoch))]
-        bar = tqdm(range(steps_per_epoch), desc=f"head epoch {epoch + 1}/{epochs}", disable=not progress,
+        bar = progress_bar(range(steps_per_epoch), desc=f"head epoch {epoch + 1}/{epochs}", enabled=progress,
                    dynamic_ncols=True, mininterval=2.0)
         run = 0.0
         for i in bar:

@@ -171,8 +171,9 @@ def fit_causal_lm(
     ``valid``: Examples for the validation loss (next-item cross-entropy)."""
     from accelerate import Accelerator
     from accelerate.utils import broadcast_object_list, set_seed
-    from tqdm.auto import tqdm
     from transformers import get_cosine_schedule_with_warmup
+
+    from recsvc.progress import progress_bar
 
     source = train if isinstance(train, BatchSource) else BatchSource.windows(train, pad_id)
     if not source.lengths:
@@ -250,8 +251,8 @@ def fit_causal_lm(
         epoch = state["epoch"]
         batches = bucketed_batches(lengths, cfg.batch_size, seed=cfg.seed * 1000 + epoch)
         batches = batches[rank::world][:n_batches]
-        bar = tqdm(total=n_batches, initial=state["batch"], desc=f"{desc} epoch {epoch + 1}/{schedule_epochs}",
-                   disable=not acc.is_local_main_process, dynamic_ncols=True, mininterval=1.0)
+        bar = progress_bar(total=n_batches, initial=state["batch"], desc=f"{desc} epoch {epoch + 1}/{schedule_epochs}",
+                           enabled=acc.is_local_main_process, dynamic_ncols=True, mininterval=1.0)
         t0, tokens, loss_ema = time.monotonic(), 0, None
         for b in range(state["batch"], n_batches):
             group_end = min((b // cfg.grad_accum + 1) * cfg.grad_accum, n_batches)

@@ -34,9 +34,9 @@ import time
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm import tqdm
 
 from recsvc.bench.common import machine, markdown_table, set_threads, write_json
+from recsvc.progress import progress_bar
 
 if TYPE_CHECKING:
     from recsvc.engine.engine_model import EngineModel
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
     calls: dict[str, list[int]] = {p: [] for p in paths}
     same = dict.fromkeys(paths, 0)  # vs lean (items) / vs the uncached state_forward
     max_diff = {"fast": 0.0, "compiled": 0.0}
-    for i, h in enumerate(tqdm(histories, desc="bench cache", leave=False)):
+    for i, h in enumerate(progress_bar(histories, desc="bench cache", leave=False)):
         order = paths[i % len(paths):] + paths[: i % len(paths)]  # rotate: no path always runs first
         target.set_forward(state_forward)
         rec.states, rec.prior = caches["repeat"], served_prior  # the user's earlier request: identical

@@ -13,7 +13,6 @@ import argparse
 import statistics
 
 import torch
-from tqdm import tqdm
 
 from recsvc.bench.common import (
     add_device_arg,
@@ -26,6 +25,7 @@ from recsvc.bench.common import (
     write_json,
 )
 from recsvc.model.hardware import resolve_dtype
+from recsvc.progress import progress_bar
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> dict:
         for p in warm[: args.warmup]:
             generate_topk(ctx.model, ref_trie, ctx.builder.code_offset, p, k)
         eng_ms, gen_ms, same = [], [], 0
-        for p in tqdm(prompts, desc=f"decode K={k}", leave=False):
+        for p in progress_bar(prompts, desc=f"decode K={k}", leave=False):
             out, ms_e = timed(engine.search, PromptBatch.from_lists([p], device), k, device=device)
             (ref_codes, _), ms_g = timed(generate_topk, ctx.model, ref_trie, ctx.builder.code_offset, p, k,
                                          device=device)

@@ -27,12 +27,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from tqdm import tqdm
-
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
     from recsvc.model.hardware import resolve_dtype
+    from recsvc.progress import progress_bar
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
@@ -45,7 +44,7 @@ def run(args: argparse.Namespace) -> dict:
     users = sample_users(data.eval_users(args.split), args.users, 0)
     modes = ["plain"] + (["strict"] if rec.drafter is not None else [])
     passed = 0
-    for u in tqdm(users, desc=f"prefix B={args.beam_width}", leave=False):
+    for u in progress_bar(users, desc=f"prefix B={args.beam_width}", leave=False):
         top = rec.recommend([RecQuery(history=u.history, k=args.beam_width, mode="plain")])[0].item_ids
         ok = True
         for k in ks:

@@ -21,11 +21,11 @@ import time
 from collections.abc import Sequence
 
 import torch
-from tqdm import tqdm
 
 from recsvc.bench.common import machine, markdown_table, set_threads, write_json
 from recsvc.engine.ledger import NO_LEDGER, Ledger, PhaseLedger
 from recsvc.errors import UserError
+from recsvc.progress import progress_bar
 from recsvc.rules.attributes import ItemAttributes
 from recsvc.rules.spec import STRATEGIES, Cap, Rules, ValueFilter, normalize_value
 
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> dict:
             once(u.history, rules, strategy)
     stats = {(name, s): {"ms": [], "calls": [], "ok": 0, "exact": 0, "feasible": 0, "rank": {}} for name, _, s in runs}
     ledgers = {(name, s): PhaseLedger() for name, _, s in runs}
-    for u in tqdm(users, desc="users"):
+    for u in progress_bar(users, desc="users"):
         for name, rules, strategy in runs:
             items, ms, calls = once(u.history, rules, strategy, ledgers[(name, strategy)])
             st = stats[(name, strategy)]

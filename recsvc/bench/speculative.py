@@ -15,7 +15,6 @@ import statistics
 import time
 
 import torch
-from tqdm import tqdm
 
 from recsvc.bench.common import (
     add_device_arg,
@@ -30,6 +29,7 @@ from recsvc.bench.common import (
 from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.prior import prior_log_mass
 from recsvc.model.hardware import resolve_dtype
+from recsvc.progress import progress_bar
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> dict:
             plain_ms, spec_ms, calls, acc, draft_calls, same = [], [], [], [], [], 0
             rank_plain, rank_spec = {}, {}
             led_p, led_s = PhaseLedger(), PhaseLedger()
-            for i, u in enumerate(tqdm(ctx.users, desc=f"K={k} N={n} g={gamma}", leave=False)):
+            for i, u in enumerate(progress_bar(ctx.users, desc=f"K={k} N={n} g={gamma}", leave=False)):
                 leaves_p, ms_p, _ = plain_once(u.history, k, seed=i, ledger=led_p)
                 leaves_s, ms_s, c, a, dc = spec_once(u.history, k, n, gamma, drafter, seed=i, ledger=led_s)
                 draft_calls.append(dc)

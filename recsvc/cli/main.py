@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from recsvc.cli.worker_exit import finish_worker
 from recsvc.errors import UserError
+from recsvc.progress import ENV_MODE, MODES, quiet_library_bars
 
 # subcommand name -> module with register(subparsers); modules are added as the product grows.
 SUBCOMMANDS: dict[str, str] = {
@@ -34,6 +36,10 @@ SUBCOMMANDS: dict[str, str] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recsvc", description=__doc__.splitlines()[0])
+    parser.add_argument("--progress", choices=MODES, default=None,
+                        help="progress display: bar (redrawn bars), line (a plain line at most once a minute), "
+                             "off; default auto: bars on a terminal, lines otherwise (env RECSVC_PROGRESS; "
+                             "TQDM_DISABLE=1 silences both)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in SUBCOMMANDS.values():
         try:
@@ -56,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.progress is not None:  # the environment carries it to worker processes (torchrun) too
+        os.environ[ENV_MODE] = args.progress
+    quiet_library_bars()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

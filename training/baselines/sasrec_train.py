@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from recsvc.model.sasrec import SASRec
+from recsvc.progress import progress_bar
 
 BUCKET_BATCHES = 32  # batches per length-sorted chunk
 
@@ -143,7 +143,7 @@ def train_sasrec(
 
     chunk = settings.batch_size * BUCKET_BATCHES  # as in epoch_batches
     n_batches = len(lengths) // chunk * BUCKET_BATCHES + -(-(len(lengths) % chunk) // settings.batch_size)
-    bar = tqdm(total=epochs * n_batches, desc=desc, unit="batch", disable=not progress, leave=False)
+    bar = progress_bar(total=epochs * n_batches, desc=desc, unit="batch", enabled=progress, leave=False)
     for epoch in range(1, epochs + 1):
         t0 = time.perf_counter()
         model.train()

@@ -77,11 +77,12 @@ def open_text(path: Path) -> IO[str]:
 
 
 def iter_lines(path: Path, desc: str, progress: bool) -> Iterator[str]:
-    """Non-blank lines of ``path`` with a tqdm counter on stderr; a corrupt gzip stream is a UserError."""
-    from tqdm import tqdm
+    """Non-blank lines of ``path`` with a progress counter on stderr (``recsvc.progress``); a corrupt gzip
+    stream is a UserError."""
+    from recsvc.progress import progress_bar
 
     with open_text(path) as fh:
-        bar = tqdm(fh, desc=desc, unit=" lines", file=sys.stderr, disable=not progress, mininterval=1.0)
+        bar = progress_bar(fh, desc=desc, unit=" lines", file=sys.stderr, enabled=progress, mininterval=1.0)
         try:
             for line in bar:
                 if line.strip():
