@@ -25,6 +25,8 @@ BENCHES = {
               "ms per strategy"),
     "gpu": ("recsvc.bench.gpu", "build a bundle (base target, llama-68m drafter, draft head) and benchmark the engine "
             "on a GPU: decode vs generate, speculative, relaxed, batched (--smoke: tiny, on the CPU)"),
+    "catalog": ("recsvc.bench.catalog", "a large live-catalog file offered to a server under load: latency against "
+                "the same load without it, the file's outcome and reason"),
     "fuzz": ("recsvc.bench.fuzz", "generated bad requests against a real server: status codes, no INTERNAL"),
     "failover": ("recsvc.bench.failover", "Redis Cluster failover drill: a master killed under load, errors, "
                  "recovery, acknowledged writes lost"),

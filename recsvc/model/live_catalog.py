@@ -33,6 +33,9 @@ from recsvc.errors import UserError
 from tokenizer_rqvae.ids import SemanticIds
 
 CATALOG_FILE = "catalog_live.json"
+MB = 1_000_000
+DEFAULT_MAX_MB = 64  # about 7,500 added items with 384-d vectors (about 8.4 KB each as the commands write them)
+MAX_MB_ENV = "RECSVC_CATALOG_MAX_MB"
 FIELDS = ("version", "add", "retire")
 
 
@@ -156,11 +159,52 @@ def parse_catalog(doc: Any, base: SemanticIds, vector_dim: int | None = None) ->
     )
 
 
-def read_catalog(path: str | Path, base: SemanticIds, vector_dim: int | None = None) -> LiveCatalog:
-    """``parse_catalog`` of a file; UserError (prefixed with the path) when it cannot be read or is invalid."""
-    path = Path(path)
+def max_catalog_bytes() -> int:
+    """The size limit of a live-catalog file: ``RECSVC_CATALOG_MAX_MB`` (MB, 10^6 bytes) or 64 MB."""
+    text = os.environ.get(MAX_MB_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_MB * MB
     try:
-        doc = json.loads(path.read_text())
+        value = float(text)
+    except ValueError:
+        raise UserError(f"{MAX_MB_ENV}={text!r} is not a number of MB") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"{MAX_MB_ENV}={text!r} must be a positive number of MB")
+    return int(value * MB)
+
+
+def check_size(path: str | Path, max_bytes: int | None = None) -> int:
+    """The file's size in bytes, checked against ``max_bytes`` (None: :func:`max_catalog_bytes`) before anything
+    reads it; UserError naming the limit when it is over, or when the file is missing."""
+    path = Path(path)
+    limit = max_catalog_bytes() if max_bytes is None else max_bytes
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such live-catalog file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if size > limit:
+        raise UserError(f"{path}: {size / MB:.1f} MB is over the live-catalog size limit of {limit / MB:g} MB "
+                        f"(not read; `recsvc serve --catalog-max-mb` or {MAX_MB_ENV} sets the limit; a catalog "
+                        "that large belongs in the next bundle: `recsvc catalog ids`, then `recsvc build --ids`)")
+    return size
+
+
+def read_catalog(path: str | Path, base: SemanticIds, vector_dim: int | None = None,
+                 max_bytes: int | None = None) -> LiveCatalog:
+    """``parse_catalog`` of a file, size-checked first (:func:`check_size`); UserError (prefixed with the path)
+    when it is too large, cannot be read or is invalid. It parses in the calling thread, holding the GIL for
+    the whole JSON parse: a server reads through ``recsvc.model.catalog_reader`` (another process) instead."""
+    path = Path(path)
+    limit = max_catalog_bytes() if max_bytes is None else max_bytes
+    check_size(path, limit)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(limit + 1)  # never more than the limit, even if the file grew after the check
+        if len(raw) > limit:
+            raise UserError(f"{path}: grew past the live-catalog size limit of {limit / MB:g} MB while it was read")
+        doc = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path}: no such live-catalog file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

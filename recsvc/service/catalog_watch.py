@@ -1,13 +1,15 @@
 """A running server follows its live-catalog file (``recsvc catalog add|retire``; docs/CATALOG.md).
 
 :class:`CatalogWatch` checks the file's modification time, size and inode every ``check_every_s`` from a small
-background thread (never on the request path). On a change it reads and validates the file against the
-bundle (``recsvc.model.live_catalog.read_catalog``), builds the new catalog state off the request path
-(``LiveRecommender.apply``: trie, priors, fresh items, exclusions) and swaps it in with one assignment; batches
-already running finish on the previous state. A file that fails validation is rejected with a
-``catalog_update_rejected`` log line (its reason names the field) and the previous catalog keeps serving; a
-successful update logs ``catalog_updated`` (version, added, retired, items, seconds). A file that disappears
-changes nothing (write an empty catalog to go back to the bundle's).
+background thread (never on the request path). On a change it checks the file's size against ``max_bytes``
+(``--catalog-max-mb``; a larger file is rejected unread, with a reason naming the limit), then reads and
+validates it against the bundle in another process (``recsvc.model.catalog_reader``: a JSON parse holds the
+GIL, and in a thread of the server a 200 MB file stalled every request for seconds), builds the new catalog
+state off the request path (``LiveRecommender.apply``: trie, priors, fresh items, exclusions) and swaps it in
+with one assignment; batches already running finish on the previous state. A file that fails validation is
+rejected with a ``catalog_update_rejected`` log line (its reason names the field, or the size limit) and the
+previous catalog keeps serving; a successful update logs ``catalog_updated`` (version, added, retired, items,
+seconds). A file that disappears changes nothing (write an empty catalog to go back to the bundle's).
 
 At start (:func:`watch_catalog`), a file that is already there is applied before the server serves, and a
 malformed one is a ``UserError``: the server does not start on a catalog it cannot read.
@@ -27,6 +29,7 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from recsvc.errors import UserError
+from recsvc.model.catalog_reader import read_catalog_isolated
 from recsvc.model.live_catalog import read_catalog
 from recsvc.recommender.live_catalog import LiveRecommender
 
@@ -37,8 +40,12 @@ Stamp = tuple[int, int, int]
 
 
 class CatalogWatch:
-    def __init__(self, live: LiveRecommender, path: str | Path, check_every_s: float = 0.5) -> None:
+    def __init__(self, live: LiveRecommender, path: str | Path, check_every_s: float = 0.5,
+                 max_bytes: int | None = None, isolated: bool = True) -> None:
+        """``max_bytes``: the file size limit (None: ``live_catalog.max_catalog_bytes()``); ``isolated``: read
+        in another process (False: in this thread, holding the GIL while the JSON parses; for comparison)."""
         self.live, self.path, self.check_every_s = live, Path(path), check_every_s
+        self.max_bytes, self.isolated = max_bytes, isolated
         self._stamp: Stamp | None = None
         self._missing_logged = False
         self._lock = threading.Lock()  # one check at a time (the thread, or a caller of check())
@@ -46,6 +53,7 @@ class CatalogWatch:
         self._thread: threading.Thread | None = None
         self.applied = 0
         self.rejected = 0
+        self.last_reason: str | None = None  # the latest rejection's
 
     def _stat(self) -> Stamp | None:
         try:
@@ -90,7 +98,8 @@ class CatalogWatch:
 
     def _apply(self, stamp: Stamp) -> None:
         began = time.perf_counter()
-        catalog = read_catalog(self.path, self.live.base.ids, self.live.vector_dim)
+        read = read_catalog_isolated if self.isolated else read_catalog
+        catalog = read(self.path, self.live.base.ids, self.live.vector_dim, self.max_bytes)
         state = self.live.apply(catalog)
         self._stamp = stamp
         self.applied += 1
@@ -101,6 +110,7 @@ class CatalogWatch:
     def _reject(self, stamp: Stamp, reason: str) -> None:
         self._stamp = stamp  # not retried until the file changes again
         self.rejected += 1
+        self.last_reason = reason
         log_event(log, "catalog_update_rejected", logging.WARNING, file=str(self.path), reason=reason,
                   serving_version=self.live.state.catalog.version)
 
@@ -134,13 +144,13 @@ class CatalogWatch:
         yield updates
 
 
-def watch_catalog(recommender, path: str | Path, registry=None, check_every_s: float = 0.5
-                  ) -> tuple[LiveRecommender, CatalogWatch]:
+def watch_catalog(recommender, path: str | Path, registry=None, check_every_s: float = 0.5,
+                  max_bytes: int | None = None) -> tuple[LiveRecommender, CatalogWatch]:
     """Wraps a bundle's recommender in a ``LiveRecommender``, applies ``path`` when it exists (UserError when
     it is malformed), starts watching it and registers the catalog metrics on ``registry`` (a Prometheus
-    ``CollectorRegistry``; None: none)."""
+    ``CollectorRegistry``; None: none). ``max_bytes``: the file size limit (None: the default)."""
     live = LiveRecommender(recommender)
-    watch = CatalogWatch(live, path, check_every_s)
+    watch = CatalogWatch(live, path, check_every_s, max_bytes)
     watch.load_initial()
     if registry is not None:
         registry.register(watch)

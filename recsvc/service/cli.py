@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from .arg_types import LOG_LEVELS, log_level, non_negative_int, port_number, positive_int, redis_url
+from .arg_types import LOG_LEVELS, log_level, non_negative_int, port_number, positive_float, positive_int, redis_url
 
 DEFAULT_PORT = 50051
 
@@ -62,6 +62,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--catalog", default=None,
                    help="live-catalog file of added / retired items (`recsvc catalog add|retire`), re-read while "
                         "serving whenever it changes (default: BUNDLE/catalog_live.json; docs/CATALOG.md)")
+    p.add_argument("--catalog-max-mb", type=positive_float, default=None,
+                   help="size limit of the live-catalog file in MB (10^6 bytes): a larger file is rejected "
+                        "unread (default: $RECSVC_CATALOG_MAX_MB, else 64)")
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--log-level", type=log_level, default="INFO",
                    help=f"log level, one of {', '.join(LOG_LEVELS)} (JSON lines on stderr)")

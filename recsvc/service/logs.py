@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 # A library does not print by default: without configure_json_logging() records go nowhere (no lastResort).
@@ -58,6 +59,29 @@ def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **f
     """Logs ``event`` with structured ``fields`` (cheap when the level is disabled)."""
     if logger.isEnabledFor(level):
         logger.log(level, event, extra={"fields": fields})
+
+
+class EveryInterval:
+    """At most one log line per key and interval: :meth:`admit` returns how many events of ``key`` the line
+    about to be written stands for (this one and those left unlogged since the key's last line), or 0 when no
+    line is due. Thread-safe; the clock is ``time.monotonic``."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._last: dict[Hashable, float] = {}
+        self._pending: dict[Hashable, int] = {}
+
+    def admit(self, key: Hashable) -> int:
+        now = time.monotonic()
+        with self._lock:
+            pending = self._pending.get(key, 0) + 1
+            if now - self._last.get(key, -float("inf")) < self.interval_s:
+                self._pending[key] = pending
+                return 0
+            self._last[key] = now
+            self._pending[key] = 0
+            return pending
 
 
 def configure_json_logging(level: str | int = "INFO", stream=None, **static: Any) -> None:

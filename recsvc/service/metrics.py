@@ -56,6 +56,13 @@ class ServiceMetrics:
             ["mode", "requested"],
             registry=r,
         )
+        self.rejected = Counter(
+            "recsvc_rejected",
+            "RPCs turned away before any work: reason starting (the engine is loading), overloaded (queue full), "
+            "closing (draining); logged at most once a second per method and reason, with a count",
+            ["method", "reason"],
+            registry=r,
+        )
         self.fallbacks = Counter(
             "recsvc_fallbacks", "Requests answered by a fallback", ["reason"], registry=r
         )

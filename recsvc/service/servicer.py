@@ -30,7 +30,7 @@ from recsvc.recommender.api import Decoding, Mode, Recommender, RecQuery, RecRes
 
 from .batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
 from .gen import recommender_pb2 as pb
-from .logs import log_event
+from .logs import EveryInterval, log_event
 from .metrics import ServiceMetrics
 from .stores import HistoryStore, HistoryStoreUnavailable
 from .validation import MODE_TO_WIRE, Limits, check_user_id, validate_recommend, validate_record
@@ -129,6 +129,7 @@ class RecommenderServicer:
         self.request_timeout_s = request_timeout_s
         self.on_store_state = on_store_state
         self.after_record: Callable[[str], None] | None = None  # called with the user id after a stored write
+        self._rejections = EveryInterval(1.0)  # a burst of rejected calls: one log line a second, with a count
 
     def attach(self, recommender: Recommender, batcher: Batcher) -> None:
         """The engine is ready: serve RPCs from now on."""
@@ -323,6 +324,7 @@ class RecommenderServicer:
         started = time.perf_counter()
         fields: dict[str, Any] = {}
         code, message = grpc.StatusCode.OK, ""
+        rejected = None  # turned away before any work: starting | overloaded | closing
         try:
             if self.batcher is None or self.recommender is None:
                 raise NotReady("server is starting up")
@@ -335,15 +337,15 @@ class RecommenderServicer:
             code, message = grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE
             fields["detail"] = str(exc)  # e.g. "Error 111 connecting to 127.0.0.1:6391": the log only
         except NotReady as exc:
-            code, message = grpc.StatusCode.UNAVAILABLE, str(exc)
+            code, message, rejected = grpc.StatusCode.UNAVAILABLE, str(exc), "starting"
         except DeadlineExpired as exc:
             code, message = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
         except (RpcCancelled, FutureCancelled):
             code, message = grpc.StatusCode.CANCELLED, "cancelled by the client"
         except Overloaded as exc:
-            code, message = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+            code, message, rejected = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), "overloaded"
         except BatcherClosed as exc:
-            code, message = grpc.StatusCode.UNAVAILABLE, str(exc)
+            code, message, rejected = grpc.StatusCode.UNAVAILABLE, str(exc), "closing"
         except NotImplementedError as exc:  # e.g. a decoding mode this engine build does not offer
             code, message = grpc.StatusCode.UNIMPLEMENTED, f"not supported by this engine: {exc}"
         except Exception:
@@ -357,7 +359,11 @@ class RecommenderServicer:
             self.metrics.errors.labels(method, code.name).inc()
             fields["error"] = message
             level = _LOG_LEVEL.get(code, logging.WARNING)
-        log_event(log, "rpc", level, method=method, code=code.name, ms=round(elapsed * 1000.0, 3), **fields)
+        if rejected is not None:
+            self.metrics.rejected.labels(method, rejected).inc()
+            fields["count"] = self._rejections.admit((method, rejected))  # calls this line stands for
+        if rejected is None or fields["count"]:
+            log_event(log, "rpc", level, method=method, code=code.name, ms=round(elapsed * 1000.0, 3), **fields)
         if code != grpc.StatusCode.OK:
             # abort, not set_code + return: the status goes out as a trailers-only response, which a client's
             # retry policy may replay (UNAVAILABLE from a starting or store-less replica goes to another one);

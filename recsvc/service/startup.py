@@ -131,12 +131,14 @@ def serve_one(args: argparse.Namespace) -> int:
             log_step("history_store_unreachable", logging.WARNING, url=redacted(args.redis_url))
         recommender = load_recommender(args, should_stop=stop.is_set)
         if args.bundle and not stop.is_set():  # the live catalog: added / retired items, re-read on change
-            from recsvc.model.live_catalog import CATALOG_FILE
+            from recsvc.model.live_catalog import CATALOG_FILE, MB
 
             from .catalog_watch import watch_catalog
 
+            max_mb = getattr(args, "catalog_max_mb", None)
             recommender, watch = watch_catalog(recommender, args.catalog or os.path.join(args.bundle, CATALOG_FILE),
-                                               server.metrics.registry)
+                                               server.metrics.registry,
+                                               max_bytes=None if max_mb is None else int(max_mb * MB))
         if not stop.is_set():
             server.attach(recommender, startup_s=round(time.monotonic() - started, 3),
                           grace_s=args.grace_s, **serving_fields(args, recommender))
