@@ -26,9 +26,11 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,30 @@ def _stats(calls: list[list[Any]], start: float, end: float) -> dict[str, Any]:
             "seconds": round(end - start, 2)}
 
 
+class _PauseMonitor:
+    """A thread of the server's process that sleeps 5 ms at a time and records each wake-up later than 50 ms
+    (wall-clock time, seconds late): how long the process could not run Python (the GIL held by another thread,
+    or no CPU given to the process)."""
+
+    def __init__(self) -> None:
+        self.late: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-pause-monitor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = time.time()
+        while not self._stop.wait(0.005):
+            now = time.time()
+            if now - last > 0.05:
+                self.late.append((now, now - last))
+            last = now
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+
 class _Load:
     """The load process: started, then stopped with its calls returned."""
 
@@ -154,8 +180,7 @@ def run(args: argparse.Namespace) -> None:
         doc = catalog_document(base_ids, args.items, args.dim)
         files = {"over_limit": work / "offer-a.json", "accepted_process": work / "offer-b.json"}
         size = write_catalog(doc, base_ids, files["over_limit"], dim)
-        doc["version"] = 2
-        write_catalog(doc, base_ids, files["accepted_process"], dim)
+        shutil.copyfile(files["over_limit"], files["accepted_process"])  # a new file: the watch reads it again
         if args.compare_thread:  # other item ids: applying it rebuilds the state as the process phase did
             shift = int(max(e["item_id"] for e in doc["add"])) + 1 - doc["add"][0]["item_id"]
             doc["add"] = [{**e, "item_id": e["item_id"] + shift} for e in doc["add"]]
@@ -169,6 +194,7 @@ def run(args: argparse.Namespace) -> None:
         watched = work / "catalog_live.json"
         live, watch = watch_catalog(rec, watched, check_every_s=0.5, max_bytes=limit)
         server = RecServer(live, None, ServerConfig(default_mode="plain", max_wait_ms=2.0)).start()
+        monitor = _PauseMonitor()
         phases: list[dict[str, Any]] = []
         try:
             load = _Load(server.address, args.callers, args.k, histories)
@@ -192,8 +218,10 @@ def run(args: argparse.Namespace) -> None:
                     decided = time.time()
                     outcome = "applied" if watch.applied > before[0] else "rejected"
                     time.sleep(args.after_s)
+                    timing = watch.last_timing if outcome == "applied" else None
                     marks[name] = (moved, time.time(), {"outcome": outcome,
                                                         "seconds_to_outcome": round(decided - moved, 2),
+                                                        "timing": timing,
                                                         "limit_mb": watch.max_bytes / MB,
                                                         "read_in": "another process" if watch.isolated
                                                         else "the serving process's thread",
@@ -202,14 +230,32 @@ def run(args: argparse.Namespace) -> None:
             finally:
                 calls = load.stop()
         finally:
+            monitor.close()
             watch.close()
             server.stop(grace_s=0.5)
     base = _stats(calls, *marks["baseline"][:2])
     for name, (start, end, info) in marks.items():
-        row = {"phase": name, **_stats(calls, start, end), **(info or {})}
-        if info is not None:
+        info = dict(info or {})
+        timing = info.pop("timing", None)
+        row = {"phase": name, **_stats(calls, start, end), **info}
+        if name != "baseline":
             row["max_over_baseline_p99_ms"] = round(row["max_ms"] - base["p99_ms"], 2)
             row["within_budget"] = bool(row["max_over_baseline_p99_ms"] <= args.budget_ms)
+            if timing is not None:  # where the slow calls fell: while the file was read, or the state built
+                row["read_s"], row["build_s"] = round(timing[1] - timing[0], 2), round(timing[2] - timing[1], 2)
+                slow = base["p99_ms"] + args.budget_ms
+                for part, (lo, hi) in (("read", timing[:2]), ("build", timing[1:])):
+                    # a call overlaps the part when it was still waiting at its start or ended inside it
+                    row[f"max_ms_during_{part}"] = round(max(
+                        (c[1] for c in calls if c[0] >= lo and c[0] - c[1] / 1000.0 <= hi), default=0.0), 2)
+                row["calls_over_budget"] = sum(1 for c in calls if start <= c[0] <= end and c[1] > slow)
+        # the slowest calls (s after the phase began, when they ended; ms) and the server process's longest
+        # pause (s after the phase began, when it ended; s)
+        window = sorted((c for c in calls if start <= c[0] <= end), key=lambda c: -c[1])[:5]
+        row["slowest_calls"] = [[round(c[0] - start, 2), round(c[1], 1)] for c in window]
+        pauses = [p for p in monitor.late if start <= p[0] <= end]
+        top = max(pauses, key=lambda p: p[1], default=None)
+        row["server_longest_pause_s"] = None if top is None else [round(top[0] - start, 2), round(top[1], 3)]
         phases.append(row)
     report = {"bench": "catalog", "bundle": str(args.bundle), "machine": machine(), "dtype": args.dtype,
               "threads": args.threads, "callers": args.callers, "k": args.k, "items": args.items,
@@ -218,8 +264,9 @@ def run(args: argparse.Namespace) -> None:
               "met": all(p.get("within_budget", True) for p in phases)}
     columns = [("phase", "phase"), ("calls", "calls"), ("errors", "errors"), ("p50_ms", "p50 ms"),
                ("p99_ms", "p99 ms"), ("max_ms", "max ms"), ("outcome", "outcome"),
-               ("seconds_to_outcome", "s to outcome"), ("max_over_baseline_p99_ms", "max - base p99 ms"),
-               ("within_budget", "within budget")]
+               ("seconds_to_outcome", "s to outcome"), ("read_s", "read s"), ("build_s", "build s"),
+               ("server_longest_pause_s", "server pause [at s, s]"),
+               ("max_over_baseline_p99_ms", "max - base p99 ms"), ("within_budget", "within budget")]
     print(markdown_table([{k: p.get(k, "") for k, _ in columns} for p in phases], columns))
     for p in phases:
         if p.get("reason"):

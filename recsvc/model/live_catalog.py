@@ -185,9 +185,10 @@ def check_size(path: str | Path, max_bytes: int | None = None) -> int:
     except OSError as exc:
         raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if size > limit:
-        raise UserError(f"{path}: {size / MB:.1f} MB is over the live-catalog size limit of {limit / MB:g} MB "
-                        f"(not read; `recsvc serve --catalog-max-mb` or {MAX_MB_ENV} sets the limit; a catalog "
-                        "that large belongs in the next bundle: `recsvc catalog ids`, then `recsvc build --ids`)")
+        raise UserError(f"{path}: {size / MB:.1f} MB ({size:,} bytes) is over the live-catalog size limit of "
+                        f"{limit / MB:g} MB (not read; `recsvc serve --catalog-max-mb` or {MAX_MB_ENV} sets the "
+                        "limit; a catalog that large belongs in the next bundle: `recsvc catalog ids`, then "
+                        "`recsvc build --ids`)")
     return size
 
 

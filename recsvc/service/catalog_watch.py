@@ -9,7 +9,7 @@ state off the request path (``LiveRecommender.apply``: trie, priors, fresh items
 with one assignment; batches already running finish on the previous state. A file that fails validation is
 rejected with a ``catalog_update_rejected`` log line (its reason names the field, or the size limit) and the
 previous catalog keeps serving; a successful update logs ``catalog_updated`` (version, added, retired, items,
-seconds). A file that disappears changes nothing (write an empty catalog to go back to the bundle's).
+seconds, read_s, build_s). A file that disappears changes nothing (write an empty catalog to go back to the bundle's).
 
 At start (:func:`watch_catalog`), a file that is already there is applied before the server serves, and a
 malformed one is a ``UserError``: the server does not start on a catalog it cannot read.
@@ -54,6 +54,7 @@ class CatalogWatch:
         self.applied = 0
         self.rejected = 0
         self.last_reason: str | None = None  # the latest rejection's
+        self.last_timing: tuple[float, float, float] | None = None  # the latest update's read, built, swapped
 
     def _stat(self) -> Stamp | None:
         try:
@@ -97,15 +98,18 @@ class CatalogWatch:
             return True
 
     def _apply(self, stamp: Stamp) -> None:
-        began = time.perf_counter()
+        began = time.time()
         read = read_catalog_isolated if self.isolated else read_catalog
         catalog = read(self.path, self.live.base.ids, self.live.vector_dim, self.max_bytes)
+        was_read = time.time()
         state = self.live.apply(catalog)
         self._stamp = stamp
         self.applied += 1
+        self.last_timing = (began, was_read, time.time())
         log_event(log, "catalog_updated", file=str(self.path), version=catalog.version,
                   added=len(catalog.item_ids), retired=len(catalog.retired), items=state.items,
-                  seconds=round(time.perf_counter() - began, 3))
+                  seconds=round(time.time() - began, 3), read_s=round(was_read - began, 3),
+                  build_s=round(time.time() - was_read, 3))
 
     def _reject(self, stamp: Stamp, reason: str) -> None:
         self._stamp = stamp  # not retried until the file changes again
