@@ -258,7 +258,8 @@ def test_prepare_output_invariants(tmp_path_factory: pytest.TempPathFactory,
 # ------------------------------------------------------------------------------------------ CLI
 
 
-def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.setenv("RECSVC_PROGRESS", "bar")  # captured stderr is no terminal: ask for the bars
     reviews, meta = write_raw(tmp_path, "2018", gz=True)
     out = tmp_path / "out"
     rc = main(["data", "prepare-amazon", "--reviews", str(reviews), "--meta", str(meta), "--out", str(out),
@@ -267,7 +268,7 @@ def test_cli_prepare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     captured = capsys.readouterr()
     assert json.loads(captured.out)["users"] == 3
     assert "skipped 5 malformed lines" in captured.err
-    assert f"reviews {reviews.name}" in captured.err and "meta" in captured.err  # tqdm progress on stderr
+    assert f"reviews {reviews.name}" in captured.err and "meta" in captured.err  # progress bars on stderr
     assert by_asin(out)[0] == EXPECTED_TRAIN
 
 

@@ -11,8 +11,9 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   drafters, rules, the data layer) never import it.
 - drafters are built by name in ``recommender/drafter_registry.py``: the rest of the recommender, the service,
   the benches and the CLI import no drafter (they use the ``Drafter`` port's capabilities).
-- the data layer (``recsvc/data``, ``recsvc/model``, ``recsvc/errors.py``, ``tokenizer_rqvae``) imports no
-  engine, recommender, service, bench or CLI module; ``recsvc/service`` imports no bench or CLI module.
+- the data layer (``recsvc/data``, ``recsvc/model``, ``recsvc/errors.py``, ``recsvc/progress.py``,
+  ``tokenizer_rqvae``) imports no engine, recommender, service, bench or CLI module; ``recsvc/service`` imports
+  no bench or CLI module.
 
 A new import that breaks one of these fails here with the file, line and module.
 """
@@ -35,7 +36,7 @@ ABOVE_ENGINE = (
 ABOVE_RECOMMENDER = ("recsvc.service", "recsvc.bench", "recsvc.cli", "training")
 BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules")  # and the data layer
 DRAFTER_REGISTRY = "recsvc/recommender/drafter_registry.py"  # the one place above the drafters that builds them
-DATA_LAYER = ("recsvc/data", "recsvc/model", "recsvc/errors.py", "tokenizer_rqvae")
+DATA_LAYER = ("recsvc/data", "recsvc/model", "recsvc/errors.py", "recsvc/progress.py", "tokenizer_rqvae")
 ABOVE_DATA = ("recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.recommender", "recsvc.service",
               "recsvc.bench", "recsvc.cli", "training")
 ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "training")

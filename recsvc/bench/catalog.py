@@ -23,6 +23,7 @@ counters) plus ``--after-s``. Verdict per phase: its slowest call against the ba
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -193,6 +194,7 @@ def run(args: argparse.Namespace) -> None:
 
         watched = work / "catalog_live.json"
         live, watch = watch_catalog(rec, watched, check_every_s=0.5, max_bytes=limit)
+        gc.freeze()  # as `recsvc serve` does before it serves (recsvc.service.startup)
         server = RecServer(live, None, ServerConfig(default_mode="plain", max_wait_ms=2.0)).start()
         monitor = _PauseMonitor()
         phases: list[dict[str, Any]] = []
@@ -261,7 +263,8 @@ def run(args: argparse.Namespace) -> None:
               "threads": args.threads, "callers": args.callers, "k": args.k, "items": args.items,
               "dim": args.dim, "file_mb": round(size / MB, 1), "default_limit_mb": max_catalog_bytes() / MB,
               "budget_ms": args.budget_ms, "phases": phases,
-              "met": all(p.get("within_budget", True) for p in phases)}
+              # the product's phases (the in-thread read is the comparison, not the product)
+              "met": all(p.get("within_budget", True) for p in phases if p["phase"] != "accepted_thread")}
     columns = [("phase", "phase"), ("calls", "calls"), ("errors", "errors"), ("p50_ms", "p50 ms"),
                ("p99_ms", "p99 ms"), ("max_ms", "max ms"), ("outcome", "outcome"),
                ("seconds_to_outcome", "s to outcome"), ("read_s", "read s"), ("build_s", "build s"),
