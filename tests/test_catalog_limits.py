@@ -150,3 +150,25 @@ def test_recsvc_catalog_commands_read_with_the_limit(bundle, tmp_path, monkeypat
     monkeypatch.delenv(MAX_MB_ENV)
     assert cli.main(["catalog", "show", "--bundle", str(bundle), "--catalog", str(path)]) == 0
     assert json.loads(capsys.readouterr().out)["retired"] == [1]
+
+
+def test_bench_catalog_reports_each_phase_with_its_outcome(bundle, tmp_path, monkeypatch, capsys) -> None:
+    """`recsvc bench catalog`, small: a file over a small limit is rejected with the reason, the same file under
+    a raised limit is applied by the child reader, each phase's latencies are measured against the baseline."""
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"bench": "recsvc.bench.cli"})
+    out = tmp_path / "catalog.json"
+    assert cli.main(["bench", "catalog", "--bundle", str(bundle), "--items", "300", "--dim", "8", "--seconds", "1",
+                     "--after-s", "0.2", "--users", "20", "--max-mb", "0.02", "--accept-mb", "10", "--callers", "2",
+                     "--workdir", str(tmp_path), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert "| over_limit |" in capsys.readouterr().out
+    phases = {p["phase"]: p for p in report["phases"]}
+    assert list(phases) == ["baseline", "over_limit", "accepted_process"]
+    assert phases["baseline"]["calls"] > 0 and phases["baseline"]["errors"] == 0
+    over = phases["over_limit"]
+    assert over["outcome"] == "rejected" and "over the live-catalog size limit of 0.02 MB" in over["reason"]
+    accepted = phases["accepted_process"]
+    assert accepted["outcome"] == "applied" and accepted["read_in"] == "another process"
+    assert accepted["errors"] == 0 and accepted["read_s"] > 0 and accepted["build_s"] >= 0
+    assert report["file_mb"] > 0.02 and report["precision"] in ("fp32", "bf16")
+    assert all("within_budget" in p for p in report["phases"][1:])
