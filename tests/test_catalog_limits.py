@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -172,3 +174,17 @@ def test_bench_catalog_reports_each_phase_with_its_outcome(bundle, tmp_path, mon
     assert accepted["errors"] == 0 and accepted["read_s"] > 0 and accepted["build_s"] >= 0
     assert report["file_mb"] > 0.02 and report["precision"] in ("fp32", "bf16")
     assert all("within_budget" in p for p in report["phases"][1:])
+
+
+def test_recsvc_serve_does_not_start_on_an_oversized_file(bundle, tmp_path) -> None:
+    """`recsvc serve --catalog-max-mb`: a file over the limit at start-up stops the start (exit 2, the limit
+    named), as a malformed one does: a server never comes up without the operator's retirements."""
+    catalog = tmp_path / "live.json"
+    catalog.write_text(json.dumps({"version": 1, "add": [], "retire": [1]}) + " " * 2000)
+    cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--bundle", str(bundle), "--dtype", "fp32", "--port",
+           "0", "--spec", "off", "--catalog", str(catalog), "--catalog-max-mb", "0.001", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "error: " in done.stderr and "over the live-catalog size limit of 0.001 MB" in done.stderr
+    assert "Traceback" not in done.stderr
