@@ -109,7 +109,10 @@ def is_read(name: str, args: tuple, kwargs: dict, on_device) -> bool:
         return (isinstance(dest, (str, torch.device)) and torch.device(dest).type == "cpu"
                 and tensors[0].device.type != "cpu")
     if name in SHAPE_READS:
-        return name != "repeat_interleave" or kwargs.get("output_size") is None
+        if name == "repeat_interleave":  # tensor repeats without output_size: the output size is a read
+            repeats = kwargs.get("repeats", args[1] if len(args) > 1 else None)
+            return isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None
+        return True
     if name == "where":  # the one-argument form is nonzero
         return len(args) == 1 and not kwargs
     if name in ("__getitem__", "__setitem__"):
