@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -95,6 +95,33 @@ class HostReads:
         """JSON-ready: total, by operation, the sites that read most."""
         return {"total": self.total, "by_op": dict(self.by_op.most_common()),
                 "by_site": dict(self.by_site.most_common(top))}
+
+
+class ReadSampler:
+    """Counts the host reads of every ``every``-th engine call of a recommender (0: none): the service's
+    sampled figure (``RecStats.host_reads``, the ``recsvc_host_reads`` metric)."""
+
+    def __init__(self, every: int = 0) -> None:
+        self.every, self.calls = every, 0
+
+    def due(self) -> bool:
+        if self.every <= 0:
+            return False
+        self.calls += 1
+        return self.calls % self.every == 0
+
+
+def counted_decode(recommender: Any, decode: Callable[[], list]) -> list:
+    """``decode()`` -> its results; when the recommender's ``read_sampler`` is due, counted under ``HostReads``
+    on its target's device, the count set on each result's stats (a dataclass ``replace``)."""
+    sampler = getattr(recommender, "read_sampler", None)
+    if sampler is None or not sampler.due():
+        return decode()
+    from dataclasses import replace
+
+    with HostReads(recommender.target.device) as reads:
+        out = decode()
+    return [replace(r, stats=replace(r.stats, host_reads=reads.total)) for r in out]
 
 
 def is_read(name: str, args: tuple, kwargs: dict, on_device) -> bool:
