@@ -36,7 +36,7 @@ VALUE_READS = frozenset({"item", "tolist", "__bool__", "__int__", "__float__", "
 # calls whose output shape depends on the data: the host must read how many elements come out
 SHAPE_READS = frozenset({"nonzero", "argwhere", "unique", "unique_consecutive", "masked_select",
                          "repeat_interleave"})
-_PACKAGE_ROOTS = ("recsvc", "tokenizer_rqvae", "training")
+_PACKAGE_ROOTS = ("recsvc", "tokenizer_rqvae")
 _SUSPENDED = [0]  # > 0 inside ``uncounted``
 
 
