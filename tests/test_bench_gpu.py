@@ -47,7 +47,7 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
     payload = json.loads((out / "gpu_accept.json").read_text())
     assert payload["complete"] and payload["device"] == "cpu"
     stages = payload["stages"]
-    assert set(stages) == {"build", "warmup", "plain", "strict", "relaxed", "batched", "host_reads"}
+    assert set(stages) == {"build", "warmup", "plain", "strict", "relaxed", "batched", "host_reads", "graphs"}
     assert stages["build"]["aligned"]  # the AtSpeed-S drafter was trained and is the one measured
     for name in ("plain", "strict", "relaxed", "batched", "host_reads"):
         row = stages[name]

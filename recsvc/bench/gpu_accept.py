@@ -8,8 +8,9 @@ its time limit keeps what it measured; every stage is skipped once the wall-time
               ``--target-minutes`` by ``--fit-budget`` at a larger training batch, the SFT ``llama-68m``
               drafter), then AtSpeed alignment (``recsvc train teacher`` + ``train drafter --method
               atspeed-s`` from the SFT drafter: BUNDLE/drafters/atspeed)
-  warm-up  -> the CUDA graphs of the buckets the stages use, captured by running calibration users once
-              (bounded by ``--warmup-seconds``, logged)
+  warm-up  -> the CUDA graphs of the buckets the stages use, captured by running every measured user's
+              searches once and the batch (bounded by ``warmup_seconds``, logged); ``graphs`` at the end: what
+              was captured in all, and the forwards that ran eagerly
   plain    -> K = 10 of beam width 20, one request at a time: the engine (CUDA graphs; and the eager fast
               forward) vs transformers ``generate(num_beams=20)`` under the same trie constraint; ms / request
   strict   -> strict speculation with the (aligned) LLaMA drafter vs plain: WS, AS, target calls, same-list share
@@ -176,14 +177,11 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         return sampling_beam_search(target, ctx.trie, off, pb, width, temp, make_generators([seed]))
 
     batch_pb = PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in ctx.users[:cfg["batch"]]])
-    calib = prompts[:cfg["calibration"]]
-    runners = [r for r in (target.graph_runner, drafter.model.graph_runner) if r is not None]
-    searches = [lambda pb=pb: (plain(pb), plain(pb, engine_eager), strict(pb), relaxed(pb, 0), sampling(pb, 0))
-                for pb in calib] + [lambda: plain(batch_pb), lambda: strict(batch_pb)]
-    warm = warm_up(runners, searches, cfg["warmup_seconds"])
-    runners = [r for r in (target.graph_runner, drafter.model.graph_runner) if r is not None]
-    warm["runners"] = [r.summary() for r in runners]
-    emit("warmup", {**label, **warm})
+    # every measured user's searches once (their buckets' graphs captured before any clock runs), then the batch
+    searches = [lambda pb=pb: (plain(pb), strict(pb), relaxed(pb, 0), sampling(pb, 0)) for pb in prompts]
+    searches = [lambda: plain(batch_pb), lambda: strict(batch_pb), *searches,
+                *[lambda pb=pb: plain(pb, engine_eager) for pb in prompts[:cfg["calibration"]]]]
+    emit("warmup", {**label, **warm_up([target, drafter.model], searches, cfg["warmup_seconds"])})
 
     def over() -> bool:
         return time.perf_counter() > deadline
@@ -262,6 +260,8 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                          "strict_reads_beyond_one_per_round_max": max(beyond),
                          "plain_reads_per_request": statistics.mean(plain_reads), "where": reads.summary(8)}
         emit("host_reads", res)
+    emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
+                                                                (target, drafter.model) if m.graph_runner]})
 
 
 def run(args: argparse.Namespace) -> dict:

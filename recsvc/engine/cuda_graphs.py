@@ -45,7 +45,7 @@ class _Graph:
 
 @dataclass
 class GraphRunner:
-    max_graphs: int = 96
+    max_graphs: int = 256
     graphs: dict[tuple[int, int, int, int], _Graph] = field(default_factory=dict)
     capture_s: float = 0.0  # seconds spent capturing
     eager: int = 0  # forwards run eagerly (past max_graphs)
@@ -113,9 +113,9 @@ def _copy_inputs(dst: PaddedInputs, src: PaddedInputs) -> None:
         dst.keep.copy_(src.keep)
 
 
-def warm_up(runners: list[GraphRunner], searches: list[Callable[[], object]], budget_s: float) -> dict:
+def warm_up(models: list, searches: list[Callable[[], object]], budget_s: float) -> dict:
     """Run representative searches once each (their buckets get captured) until ``budget_s`` seconds are
-    spent; returns and logs what was captured."""
+    spent; returns and logs what the ``models``' (``EngineModel``) graph runners captured."""
     start = time.perf_counter()
     done = 0
     for search in searches:
@@ -126,8 +126,9 @@ def warm_up(runners: list[GraphRunner], searches: list[Callable[[], object]], bu
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     took = time.perf_counter() - start
+    runners = [m.graph_runner for m in models if m.graph_runner is not None]
     graphs = sum(len(r.graphs) for r in runners)
     log.info("CUDA graph warm-up: %d of %d searches, %d graphs, %.1f s (budget %.0f s)", done, len(searches),
              graphs, took, budget_s)
     return {"searches": done, "of": len(searches), "graphs": graphs, "seconds": round(took, 2),
-            "budget_s": budget_s}
+            "budget_s": budget_s, "runners": [r.summary() for r in runners]}
