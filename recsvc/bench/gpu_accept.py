@@ -108,7 +108,9 @@ def valid_recall(bundle: Path) -> dict:
     path = bundle / "target" / TARGET_INFO
     info = json.loads(path.read_text()) if path.is_file() else {}
     best = info.get("best") or {}
-    return {"metric": best.get("metric"), "value": best.get("value"), "epochs": info.get("epochs_run")}
+    return {"metric": best.get("metric"), "value": best.get("value"), "best_epoch": info.get("best_epoch"),
+            "preset": info.get("preset"), "params": info.get("params"), "train_seconds": info.get("seconds"),
+            "train_tokens_per_s": info.get("train_tokens_per_s")}
 
 
 class _Rounds:
