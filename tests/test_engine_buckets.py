@@ -205,3 +205,30 @@ def test_graphs_replay_the_bucketed_forward_on_cuda() -> None:
     c = BeamSearch(graphs, trie, TEXT_VOCAB).search(prompts, 10)  # replays
     _same(a, c)
     assert runner.summary()["replays"] > 0
+
+
+def test_each_search_in_turn_gets_the_static_pool(setup) -> None:
+    """A finished search's cache is freed by reference counting (no cycle), so the next search leases the
+    model's pool again (on CUDA: its graphs replay) without waiting for the garbage collector."""
+    import gc
+
+    trie, target, drafter, plain = _models(setup, "bucketed")
+    prompts = batch(random_prompts(1, 80))
+    leases = []
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(3):
+            cache = target.new_cache()
+            cache.reserve(8, 1)
+            leases.append(cache.leased)
+            del cache
+            plain.search(prompts, 10)
+            speculative_search(target, trie, TEXT_VOCAB, prompts, 10, drafter.session(prompts, [], None), 10, 3,
+                               None, plain.select)
+            pools = (target.bucketed().pool, drafter.model.bucketed().pool)
+            leases.append(all(p._holder is None or p._holder() is None for p in pools))  # released
+    finally:
+        if enabled:
+            gc.enable()
+    assert leases == [True, True] * 3
