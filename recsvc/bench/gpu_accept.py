@@ -14,10 +14,10 @@ its time limit keeps what it measured; every stage is skipped once the wall-time
   plain    -> K = 10 of beam width 20, one request at a time: the engine (CUDA graphs; and the eager fast
               forward) vs transformers ``generate(num_beams=20)`` under the same trie constraint; ms / request
   strict   -> strict speculation with the (aligned) LLaMA drafter vs plain: WS, AS, target calls, same-list share
-  relaxed  -> relaxed speculation with that drafter vs the target's own sampling beam search
-  batched  -> 16 requests decoded together vs one at a time: requests per second
   reads    -> device-to-host reads per strict round and per plain request (``recsvc.engine.host_reads``),
               the sync-free path vs the eager fast forward's
+  batched  -> 16 requests decoded together vs one at a time: requests per second
+  relaxed  -> relaxed speculation with that drafter vs the target's own sampling beam search
 Every figure is labelled with the device, the precision and the target's validation Recall@10.
 
 The script imports neither gRPC nor the service (a GPU image without them runs it), reads semantic ids from
@@ -40,7 +40,7 @@ from recsvc.errors import UserError
 
 TARGET_INFO = "train" + "ing.json"  # what the target's training wrote beside it (a file, not a module)
 FULL = {"preset": "base", "drafter": "llama-68m", "target_minutes": 2.5, "train_batch": 128, "drafter_epochs": 1,
-        "teacher_prefixes": 3000, "align_epochs": 1, "users": 40, "batch": 16, "k": 10, "width": 20, "n": 40,
+        "teacher_prefixes": 3000, "align_epochs": 1, "users": 30, "batch": 16, "k": 10, "width": 20, "n": 40,
         "gamma": 3, "budget_minutes": 7.0, "warmup_seconds": 45.0, "calibration": 4}
 SMOKE = {"preset": "tiny", "drafter": "drafter-tiny", "target_minutes": 0.1, "train_batch": 32, "drafter_epochs": 1,
          "teacher_prefixes": 48, "align_epochs": 1, "users": 3, "batch": 4, "k": 10, "width": 20, "n": 20,
@@ -221,26 +221,6 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                         "WS": p / s, "AS": statistics.mean(r[3] for r in rows),
                         "target_calls": statistics.mean(r[2] for r in rows), "same_lists": same,
                         "same_share": same / len(rows), "differing": len(rows) - same})
-    # relaxed speculation vs the target's own sampling beam search
-    rows = []
-    for i, pb in enumerate(prompts):
-        if over():
-            break
-        _, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
-        out, ms_s = timed(lambda pb=pb, i=i: relaxed(pb, i))
-        rows.append((ms_p, ms_s, int(out.target_calls[0])))
-    if rows:
-        p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
-        emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "sampling_ms": p, "relaxed_ms": s,
-                         "WS": p / s, "target_calls": statistics.mean(r[2] for r in rows)})
-    # batched vs one at a time
-    if not over():
-        singles = [timed(lambda pb=pb: plain(pb))[1] for pb in prompts[:cfg["batch"]]]
-        _, ms_batch = timed(lambda: plain(batch_pb))
-        _, ms_batch = timed(lambda: plain(batch_pb))  # the second run: every bucket captured
-        rps_one, rps_batch = 1000 / statistics.mean(singles), 1000 * len(batch_pb.lengths) / ms_batch
-        emit("batched", {**label, "batch": len(batch_pb.lengths), "one_at_a_time_rps": rps_one,
-                         "batched_rps": rps_batch, "ratio": rps_batch / rps_one, "batch_ms": ms_batch})
     # host reads (counting slows every torch call: separate, untimed runs)
     if not over():
         res = {**label}
@@ -262,6 +242,26 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                          "strict_reads_beyond_one_per_round_max": max(beyond),
                          "plain_reads_per_request": statistics.mean(plain_reads), "where": reads.summary(8)}
         emit("host_reads", res)
+    # batched vs one at a time
+    if not over():
+        singles = [timed(lambda pb=pb: plain(pb))[1] for pb in prompts[:cfg["batch"]]]
+        _, ms_batch = timed(lambda: plain(batch_pb))
+        _, ms_batch = timed(lambda: plain(batch_pb))  # the second run: every bucket captured
+        rps_one, rps_batch = 1000 / statistics.mean(singles), 1000 * len(batch_pb.lengths) / ms_batch
+        emit("batched", {**label, "batch": len(batch_pb.lengths), "one_at_a_time_rps": rps_one,
+                         "batched_rps": rps_batch, "ratio": rps_batch / rps_one, "batch_ms": ms_batch})
+    # relaxed speculation vs the target's own sampling beam search
+    rows = []
+    for i, pb in enumerate(prompts):
+        if over():
+            break
+        _, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
+        out, ms_s = timed(lambda pb=pb, i=i: relaxed(pb, i))
+        rows.append((ms_p, ms_s, int(out.target_calls[0])))
+    if rows:
+        p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
+        emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "sampling_ms": p, "relaxed_ms": s,
+                         "WS": p / s, "target_calls": statistics.mean(r[2] for r in rows)})
     emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
                                                                 (target, drafter.model) if m.graph_runner]})
 
