@@ -47,7 +47,8 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
     payload = json.loads((out / "gpu_accept.json").read_text())
     assert payload["complete"] and payload["device"] == "cpu"
     stages = payload["stages"]
-    assert set(stages) == {"build", "warmup", "plain", "strict", "relaxed", "batched", "host_reads", "graphs"}
+    assert set(stages) == {"build", "warmup", "plain", "strict", "relaxed", "batched", "host_reads", "quality",
+                           "graphs"}
     assert stages["build"]["aligned"]  # the AtSpeed-S drafter was trained and is the one measured
     for name in ("plain", "strict", "relaxed", "batched", "host_reads"):
         row = stages[name]
@@ -56,6 +57,7 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
         assert row["forward"] == "bucketed" and (row["k"], row["width"]) == (10, 20)
     assert stages["strict"]["same_share"] == 1.0 and stages["plain"]["engine_ms"] > 0  # lossless on a CPU
     assert stages["batched"]["batched_rps"] > 0 and stages["relaxed"]["relaxed_ms"] > 0
+    assert stages["quality"]["users"] > 0 and 0 <= stages["quality"]["recall@10"] <= 1
     reads = stages["host_reads"]
     assert reads["sync_free"]["strict_reads_beyond_one_per_round_max"] <= 1  # + one per search (its bound check)
     assert reads["eager_fast"]["strict_reads_per_round"] > reads["sync_free"]["strict_reads_per_round"]

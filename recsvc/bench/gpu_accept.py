@@ -18,6 +18,7 @@ its time limit keeps what it measured; every stage is skipped once the wall-time
               the sync-free path vs the eager fast forward's
   batched  -> 16 requests decoded together vs one at a time: requests per second
   relaxed  -> relaxed speculation with that drafter vs the target's own sampling beam search
+  quality  -> the target's test Recall@10 / NDCG@10 (plain beam search over up to 4,000 test users, batched)
 Every figure is labelled with the device, the precision and the target's validation Recall@10.
 
 The script imports neither gRPC nor the service (a GPU image without them runs it), reads semantic ids from
@@ -41,10 +42,10 @@ from recsvc.errors import UserError
 TARGET_INFO = "train" + "ing.json"  # what the target's training wrote beside it (a file, not a module)
 FULL = {"preset": "base", "drafter": "llama-68m", "target_minutes": 2.5, "train_batch": 128, "drafter_epochs": 1,
         "teacher_prefixes": 3000, "align_epochs": 1, "users": 30, "batch": 16, "k": 10, "width": 20, "n": 40,
-        "gamma": 3, "budget_minutes": 7.0, "warmup_seconds": 45.0, "calibration": 4}
+        "gamma": 3, "budget_minutes": 7.0, "warmup_seconds": 45.0, "calibration": 4, "quality_users": 4000}
 SMOKE = {"preset": "tiny", "drafter": "drafter-tiny", "target_minutes": 0.1, "train_batch": 32, "drafter_epochs": 1,
          "teacher_prefixes": 48, "align_epochs": 1, "users": 3, "batch": 4, "k": 10, "width": 20, "n": 20,
-         "gamma": 3, "budget_minutes": 2.0, "warmup_seconds": 20.0, "calibration": 1}
+         "gamma": 3, "budget_minutes": 2.0, "warmup_seconds": 20.0, "calibration": 1, "quality_users": 16}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -262,6 +263,28 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
         emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "sampling_ms": p, "relaxed_ms": s,
                          "WS": p / s, "target_calls": statistics.mean(r[2] for r in rows)})
+    # the target's test quality (the served lists' quality: plain beam search, what strict returns too)
+    if not over():
+        from recsvc.data.metrics import evaluate_rankings
+        from recsvc.data.sampling import sample_users
+
+        users = sample_users(ctx.data.eval_users("test"), cfg["quality_users"], seed=0)
+        ranks: dict[int, list[int]] = {}
+        start = time.perf_counter()
+        for i in range(0, len(users), cfg["batch"]):
+            if over():
+                break
+            group = users[i:i + cfg["batch"]]
+            out = plain(PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in group]))
+            for u, leaves in zip(group, out.leaves, strict=True):
+                ranks[u.user_id] = ctx.trie.leaf_items(leaves[leaves >= 0])
+        scored = [u for u in users if u.user_id in ranks]
+        if scored:
+            metrics = evaluate_rankings(ranks, scored, [k])
+            emit("quality", {**label, "split": "test", "users": len(scored), "recall@10": metrics[f"recall@{k}"],
+                             "ndcg@10": metrics[f"ndcg@{k}"], "seconds": round(time.perf_counter() - start, 2),
+                             "decoding": f"plain beam search, width {width}, batches of {cfg['batch']}, "
+                                         "history not excluded"})
     emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
                                                                 (target, drafter.model) if m.graph_runner]})
 
