@@ -67,11 +67,11 @@ def speculative_search(
     ledger: Ledger = NO_LEDGER,  # phase timers (recsvc.engine.ledger); results never depend on it
     states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
 ) -> SpecOutput:
-    # Host synchronisation (CUDA): a round reads the device only where a decision needs it: how many tokens
-    # the verification feeds and how they group (TreeCache.missing / _groups: shapes), whether any row can
-    # take another depth (``go.any()``: the replay loop's exit) and which rows finished (ActiveBeams.retire:
-    # the batch's new shape); drafters read how many depths to draft (``steps.max()``). Acceptance, scores
-    # and counters stay on the device.
+    # Host synchronisation (CUDA), the eager forwards: a round reads the device only where a decision needs it:
+    # how many tokens the verification feeds (TreeCache.missing: a shape; the lean forward also groups them by
+    # key count: TreeCache._groups), whether any row can take another depth (``go.any()``: the replay loop's
+    # exit) and which rows finished (ActiveBeams.retire: the batch's new shape); drafters read how many depths
+    # to draft (``steps.max()``). Acceptance, scores and counters stay on the device.
     dev = target.device  # inputs moved once; every tensor of the search lives there
     trie, prompts = trie.to(dev), prompts.to(dev)
     dead, prior = to_device(dead, dev), to_device(prior, dev)
