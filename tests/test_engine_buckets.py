@@ -162,6 +162,13 @@ def test_static_cache_compaction_and_row_selection_keep_the_buffers(setup) -> No
     assert not other.leased and other.layers[0].k.data_ptr() != ptr
 
 
+def test_graphs_off_cuda_is_the_bucketed_forward(setup) -> None:
+    _, model, _ = setup
+    graphs = EngineModel.build(model, "fp32", forward="graphs")
+    assert graphs.sync_free and graphs.forward_name == ("graphs" if model.device.type == "cuda" else "bucketed")
+    assert graphs.graph_runner is None or model.device.type == "cuda"
+
+
 def test_buckets_fit() -> None:
     b = Buckets()
     assert b.fit(b.rows, 3) == 4 and b.fit(b.rows, 16) == 16 and b.fit(b.rows, 17) is None
