@@ -190,101 +190,120 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         return time.perf_counter() > deadline
 
     # plain decoding vs generate
-    rows, same = [], 0
-    for pb in prompts:
-        if over():
-            break
-        out, ms = timed(lambda pb=pb: plain(pb))
-        _, ms_eager = timed(lambda pb=pb: plain(pb, engine_eager))
-        (codes, _), ms_gen = timed(lambda pb=pb: generate_topk(ctx.model, ctx.trie, off, pb.ids[0].tolist(), width))
-        mine = [tuple(c) for c in ctx.trie.codes_of_nodes(out.leaves[0]).tolist() if c[0] >= 0]
-        same += mine == codes[:k]
-        rows.append((ms, ms_eager, ms_gen))
-    if rows:
-        p = statistics.mean(r[0] for r in rows)
-        emit("plain", {**label, "users": len(rows), "engine_ms": p,
-                       "engine_eager_ms": statistics.mean(r[1] for r in rows),
-                       "generate_ms": statistics.mean(r[2] for r in rows),
-                       "speedup_vs_generate": statistics.mean(r[2] for r in rows) / p,
-                       "same_as_generate": same / len(rows)})
-    # strict speculation vs plain
-    rows, same = [], 0
-    for pb in prompts:
-        if over():
-            break
-        ref, ms_p = timed(lambda pb=pb: plain(pb))
-        out, ms_s = timed(lambda pb=pb: strict(pb))
-        same += torch.equal(out.leaves[0, :k], ref.leaves[0])
-        rows.append((ms_p, ms_s, int(out.target_calls[0]), int(out.accepted[0])))
-    if rows:
-        p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
-        emit("strict", {**label, "users": len(rows), "N": n, "gamma": gamma, "plain_ms": p, "strict_ms": s,
-                        "WS": p / s, "AS": statistics.mean(r[3] for r in rows),
-                        "target_calls": statistics.mean(r[2] for r in rows), "same_lists": same,
-                        "same_share": same / len(rows), "differing": len(rows) - same})
-    # host reads (counting slows every torch call: separate, untimed runs)
-    if not over():
-        res = {**label}
-        for name, model, eng in (("sync_free", target, engine), ("eager_fast", eager, engine_eager)):
-            per_round, per_req, beyond, plain_reads = [], [], [], []
-            for pb in prompts[:5]:
-                rounds = _Rounds()
-                with HostReads(device) as reads:
-                    strict(pb, model, eng, rounds)
-                per_round.append(reads.total / max(rounds.rounds, 1))
-                per_req.append(reads.total)
-                beyond.append(reads.total - rounds.rounds)  # reads beyond one per round
-                with HostReads(device) as reads_p:
-                    plain(pb, eng)
-                plain_reads.append(reads_p.total)
-            res[name] = {"strict_reads_per_round": statistics.mean(per_round),
-                         "strict_reads_per_round_max": max(per_round),
-                         "strict_reads_per_request": statistics.mean(per_req),
-                         "strict_reads_beyond_one_per_round_max": max(beyond),
-                         "plain_reads_per_request": statistics.mean(plain_reads), "where": reads.summary(8)}
-        emit("host_reads", res)
-    # batched vs one at a time
-    if not over():
-        singles = [timed(lambda pb=pb: plain(pb))[1] for pb in prompts[:cfg["batch"]]]
-        _, ms_batch = timed(lambda: plain(batch_pb))
-        _, ms_batch = timed(lambda: plain(batch_pb))  # the second run: every bucket captured
-        rps_one, rps_batch = 1000 / statistics.mean(singles), 1000 * len(batch_pb.lengths) / ms_batch
-        emit("batched", {**label, "batch": len(batch_pb.lengths), "one_at_a_time_rps": rps_one,
-                         "batched_rps": rps_batch, "ratio": rps_batch / rps_one, "batch_ms": ms_batch})
-    # relaxed speculation vs the target's own sampling beam search
-    rows = []
-    for i, pb in enumerate(prompts):
-        if over():
-            break
-        _, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
-        out, ms_s = timed(lambda pb=pb, i=i: relaxed(pb, i))
-        rows.append((ms_p, ms_s, int(out.target_calls[0])))
-    if rows:
-        p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
-        emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "sampling_ms": p, "relaxed_ms": s,
-                         "WS": p / s, "target_calls": statistics.mean(r[2] for r in rows)})
-    # the target's test quality (the served lists' quality: plain beam search, what strict returns too)
-    if not over():
-        from recsvc.data.metrics import evaluate_rankings
-        from recsvc.data.sampling import sample_users
-
-        users = sample_users(ctx.data.eval_users("test"), cfg["quality_users"], seed=0)
-        ranks: dict[int, list[int]] = {}
-        start = time.perf_counter()
-        for i in range(0, len(users), cfg["batch"]):
+    def stage_plain() -> None:
+        rows, same, same_eager = [], 0, 0
+        for pb in prompts:
             if over():
                 break
-            group = users[i:i + cfg["batch"]]
-            out = plain(PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in group]))
-            for u, leaves in zip(group, out.leaves, strict=True):
-                ranks[u.user_id] = ctx.trie.leaf_items(leaves[leaves >= 0])
-        scored = [u for u in users if u.user_id in ranks]
-        if scored:
-            metrics = evaluate_rankings(ranks, scored, [k])
-            emit("quality", {**label, "split": "test", "users": len(scored), "recall@10": metrics[f"recall@{k}"],
-                             "ndcg@10": metrics[f"ndcg@{k}"], "seconds": round(time.perf_counter() - start, 2),
-                             "decoding": f"plain beam search, width {width}, batches of {cfg['batch']}, "
-                                         "history not excluded"})
+            out, ms = timed(lambda pb=pb: plain(pb))
+            eager_out, ms_eager = timed(lambda pb=pb: plain(pb, engine_eager))
+            same_eager += torch.equal(out.leaves, eager_out.leaves)  # graphs vs the eager forward (bf16 near-ties)
+            (codes, _), ms_gen = timed(lambda pb=pb: generate_topk(ctx.model, ctx.trie, off, pb.ids[0].tolist(), width))
+            mine = [tuple(c) for c in ctx.trie.codes_of_nodes(out.leaves[0]).tolist() if c[0] >= 0]
+            same += mine == codes[:k]
+            rows.append((ms, ms_eager, ms_gen))
+        if rows:
+            p = statistics.mean(r[0] for r in rows)
+            emit("plain", {**label, "users": len(rows), "engine_ms": p,
+                           "engine_eager_ms": statistics.mean(r[1] for r in rows),
+                           "generate_ms": statistics.mean(r[2] for r in rows),
+                           "speedup_vs_generate": statistics.mean(r[2] for r in rows) / p,
+                           "same_as_generate": same / len(rows), "same_as_eager": same_eager / len(rows)})
+
+    # strict speculation vs plain
+    def stage_strict() -> None:
+        rows, same = [], 0
+        for pb in prompts:
+            if over():
+                break
+            ref, ms_p = timed(lambda pb=pb: plain(pb))
+            out, ms_s = timed(lambda pb=pb: strict(pb))
+            same += torch.equal(out.leaves[0, :k], ref.leaves[0])
+            rows.append((ms_p, ms_s, int(out.target_calls[0]), int(out.accepted[0])))
+        if rows:
+            p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
+            emit("strict", {**label, "users": len(rows), "N": n, "gamma": gamma, "plain_ms": p, "strict_ms": s,
+                            "WS": p / s, "AS": statistics.mean(r[3] for r in rows),
+                            "target_calls": statistics.mean(r[2] for r in rows), "same_lists": same,
+                            "same_share": same / len(rows), "differing": len(rows) - same})
+
+    # host reads (counting slows every torch call: separate, untimed runs)
+    def stage_host_reads() -> None:
+        if not over():
+            res = {**label}
+            for name, model, eng in (("sync_free", target, engine), ("eager_fast", eager, engine_eager)):
+                per_round, per_req, beyond, plain_reads = [], [], [], []
+                for pb in prompts[:5]:
+                    rounds = _Rounds()
+                    with HostReads(device) as reads:
+                        strict(pb, model, eng, rounds)
+                    per_round.append(reads.total / max(rounds.rounds, 1))
+                    per_req.append(reads.total)
+                    beyond.append(reads.total - rounds.rounds)  # reads beyond one per round
+                    with HostReads(device) as reads_p:
+                        plain(pb, eng)
+                    plain_reads.append(reads_p.total)
+                res[name] = {"strict_reads_per_round": statistics.mean(per_round),
+                             "strict_reads_per_round_max": max(per_round),
+                             "strict_reads_per_request": statistics.mean(per_req),
+                             "strict_reads_beyond_one_per_round_max": max(beyond),
+                             "plain_reads_per_request": statistics.mean(plain_reads), "where": reads.summary(8)}
+            emit("host_reads", res)
+
+    # batched vs one at a time
+    def stage_batched() -> None:
+        if not over():
+            singles = [timed(lambda pb=pb: plain(pb))[1] for pb in prompts[:cfg["batch"]]]
+            _, ms_batch = timed(lambda: plain(batch_pb))
+            _, ms_batch = timed(lambda: plain(batch_pb))  # the second run: every bucket captured
+            rps_one, rps_batch = 1000 / statistics.mean(singles), 1000 * len(batch_pb.lengths) / ms_batch
+            emit("batched", {**label, "batch": len(batch_pb.lengths), "one_at_a_time_rps": rps_one,
+                             "batched_rps": rps_batch, "ratio": rps_batch / rps_one, "batch_ms": ms_batch})
+
+    # relaxed speculation vs the target's own sampling beam search
+    def stage_relaxed() -> None:
+        rows = []
+        for i, pb in enumerate(prompts):
+            if over():
+                break
+            _, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
+            out, ms_s = timed(lambda pb=pb, i=i: relaxed(pb, i))
+            rows.append((ms_p, ms_s, int(out.target_calls[0])))
+        if rows:
+            p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
+            emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "sampling_ms": p, "relaxed_ms": s,
+                             "WS": p / s, "target_calls": statistics.mean(r[2] for r in rows)})
+
+    # the target's test quality (the served lists' quality: plain beam search, what strict returns too)
+    def stage_quality() -> None:
+        if not over():
+            from recsvc.data.metrics import evaluate_rankings
+            from recsvc.data.sampling import sample_users
+
+            users = sample_users(ctx.data.eval_users("test"), cfg["quality_users"], seed=0)
+            ranks: dict[int, list[int]] = {}
+            start = time.perf_counter()
+            for i in range(0, len(users), cfg["batch"]):
+                if over():
+                    break
+                group = users[i:i + cfg["batch"]]
+                out = plain(PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in group]))
+                for u, leaves in zip(group, out.leaves, strict=True):
+                    ranks[u.user_id] = ctx.trie.leaf_items(leaves[leaves >= 0])
+            scored = [u for u in users if u.user_id in ranks]
+            if scored:
+                metrics = evaluate_rankings(ranks, scored, [k])
+                emit("quality", {**label, "split": "test", "users": len(scored), "recall@10": metrics[f"recall@{k}"],
+                                 "ndcg@10": metrics[f"ndcg@{k}"], "seconds": round(time.perf_counter() - start, 2),
+                                 "decoding": f"plain beam search, width {width}, batches of {cfg['batch']}, "
+                                             "history not excluded"})
+
+    for name, fn in (("plain", stage_plain), ("strict", stage_strict), ("host_reads", stage_host_reads),
+                     ("batched", stage_batched), ("relaxed", stage_relaxed), ("quality", stage_quality)):
+        try:
+            fn()
+        except Exception as exc:  # one stage's failure is recorded; the others still run
+            emit(name, {**label, "error": repr(exc)[:1000]})
     emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
                                                                 (target, drafter.model) if m.graph_runner]})
 

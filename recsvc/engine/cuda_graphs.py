@@ -48,7 +48,8 @@ class GraphRunner:
     max_graphs: int = 256
     graphs: dict[tuple[int, int, int, int], _Graph] = field(default_factory=dict)
     capture_s: float = 0.0  # seconds spent capturing
-    eager: int = 0  # forwards run eagerly (past max_graphs)
+    eager: int = 0  # forwards run eagerly (past max_graphs, or after a failed capture)
+    failed: str = ""  # the first capture's error, if one failed (every bucket then runs eagerly)
     _pool: object = None
 
     def run(self, fwd: BucketedForward, cache: StaticCache, x: PaddedInputs) -> torch.Tensor:
@@ -58,11 +59,16 @@ class GraphRunner:
         key = (rows, tokens, width, -1 if x.keep is None else int(x.keep.shape[1]))
         g = self.graphs.get(key)
         if g is None:
-            if len(self.graphs) >= self.max_graphs:
+            if len(self.graphs) < self.max_graphs and not self.failed:
+                try:
+                    g = self._capture(fwd, cache, key, x)
+                except RuntimeError as exc:  # an op the capture refuses: log it once, run eagerly from now on
+                    self.failed = repr(exc)[:500]
+                    log.warning("CUDA graph capture failed (%s); the bucketed forward runs eagerly", self.failed)
+            if g is None:
                 self.eager += 1
                 keys, values = cache.buffers_of(rows, width)
                 return fwd.fast.forward_static(keys, values, x.ids, x.positions, x.slots, x.visible, x.keep)
-            g = self._capture(fwd, cache, key, x)
         _copy_inputs(g.inputs, x)
         g.graph.replay()  # type: ignore[attr-defined]
         g.replays += 1
@@ -89,7 +95,7 @@ class GraphRunner:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):  # other threads' work
             output = step()
         g = _Graph(graph, static, output)
         self.graphs[key] = g
@@ -101,7 +107,7 @@ class GraphRunner:
 
     def summary(self) -> dict:
         return {"graphs": len(self.graphs), "capture_s": round(self.capture_s, 3), "eager_forwards": self.eager,
-                "replays": sum(g.replays for g in self.graphs.values())}
+                "replays": sum(g.replays for g in self.graphs.values()), "failed": self.failed}
 
 
 def _copy_inputs(dst: PaddedInputs, src: PaddedInputs) -> None:
