@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from recsvc.engine.fast import _KV, FastCache, FastLlama
 
@@ -208,28 +209,20 @@ def pad_inputs(ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, 
                keep: torch.Tensor | None, rows: int, tokens: int, width: int) -> PaddedInputs:
     """Pad a forward's inputs (B rows, q tokens, S slots) to (rows, tokens, width): padded tokens of real rows
     write to slots S, S + 1, ... and padded rows to slots 0, 1, ...; every padded token sees its own slot only;
-    padded ``keep`` entries pick token 0. No host read."""
+    padded ``keep`` entries pick token 0. No host read, and few ops (each is a launch on a GPU).
+
+    Every token the engine feeds sees its own slot already (``FastLlama.forward``'s contract), so marking every
+    token's own slot visible changes only the padded ones."""
     b, q = ids.shape
     s = visible.shape[2]
-    dev = ids.device
-    out_ids = ids.new_zeros(rows, tokens)
-    out_ids[:b, :q] = ids
-    out_pos = positions.new_zeros(rows, tokens)
-    out_pos[:b, :q] = positions
-    col = torch.arange(tokens, device=dev)
-    out_slots = (s - q + col)[None].repeat(rows, 1)  # real rows' padded tokens: slots S .. S + tokens - q - 1
-    out_slots[b:] = col
+    pad_bq = (0, tokens - q, 0, rows - b)
+    col = torch.arange(tokens, device=ids.device)
+    out_slots = torch.where(torch.arange(rows, device=ids.device)[:, None] < b, s - q + col, col)  # [rows, tokens]
     out_slots[:b, :q] = slots
-    vis = torch.zeros(rows, tokens, width, dtype=torch.bool, device=dev)
-    vis[:b, :q, :s] = visible
-    padded = torch.ones(rows, tokens, dtype=torch.bool, device=dev)
-    padded[:b, :q] = False
-    vis |= padded[..., None] & (torch.arange(width, device=dev) == out_slots[..., None])
-    out_keep = None
-    if keep is not None:
-        out_keep = keep.new_zeros(rows, keep.shape[1])
-        out_keep[:b] = keep
-    return PaddedInputs(out_ids, out_pos, out_slots, vis, out_keep)
+    vis = F.pad(visible, (0, width - s, *pad_bq))  # False past the real part
+    vis.scatter_(2, out_slots[..., None], True)  # each token's own slot
+    out_keep = F.pad(keep, (0, 0, 0, rows - b)) if keep is not None else None
+    return PaddedInputs(F.pad(ids, pad_bq), F.pad(positions, pad_bq), out_slots, vis, out_keep)
 
 
 class BucketedForward:
