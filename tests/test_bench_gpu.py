@@ -35,3 +35,29 @@ def test_smoke_builds_a_bundle_and_writes_every_stage(tmp_path, one_thread) -> N
     assert all(r["identical"] == 1.0 and r["plain_target_calls"] == 4 for r in stages["batched"])
     md = (out / "gpu_bench.md").read_text()
     assert "## engine vs generate" in md and "## batched" in md
+
+
+def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -> None:  # noqa: F811
+    """`make gpu-bench GPU_ARGS=--smoke`'s script on the CPU: every stage, each labelled with the device, the
+    precision and the target's validation recall; the bucketed path's strict rounds read the device once."""
+    from recsvc.bench.gpu_accept import main as accept_main
+
+    out = tmp_path / "accept"
+    assert accept_main(["--smoke", "--out", str(out), "--threads", "1"]) == 0
+    payload = json.loads((out / "gpu_accept.json").read_text())
+    assert payload["complete"] and payload["device"] == "cpu"
+    stages = payload["stages"]
+    assert set(stages) == {"build", "warmup", "plain", "strict", "relaxed", "batched", "host_reads", "quality",
+                           "graphs"}
+    assert stages["build"]["aligned"]  # the AtSpeed-S drafter was trained and is the one measured
+    for name in ("plain", "strict", "relaxed", "batched", "host_reads"):
+        row = stages[name]
+        assert row["device"] == "cpu" and row["precision"] in ("float32", "bfloat16")
+        assert row["target_valid"]["metric"] == "recall@10" and 0 <= row["target_valid"]["value"] <= 1
+        assert row["forward"] == "bucketed" and (row["k"], row["width"]) == (10, 20)
+    assert stages["strict"]["same_share"] == 1.0 and stages["plain"]["engine_ms"] > 0  # lossless on a CPU
+    assert stages["batched"]["batched_rps"] > 0 and stages["relaxed"]["relaxed_ms"] > 0
+    assert stages["quality"]["users"] > 0 and 0 <= stages["quality"]["recall@10"] <= 1
+    reads = stages["host_reads"]
+    assert reads["sync_free"]["strict_reads_beyond_one_per_round_max"] <= 1  # + one per search (its bound check)
+    assert reads["eager_fast"]["strict_reads_per_round"] > reads["sync_free"]["strict_reads_per_round"]

@@ -27,6 +27,9 @@ BENCHES = {
             "on a GPU: decode vs generate, speculative, relaxed, batched (--smoke: tiny, on the CPU)"),
     "catalog": ("recsvc.bench.catalog", "a large live-catalog file offered to a server under load: latency against "
                 "the same load without it, the file's outcome and reason"),
+    "gpu-accept": ("recsvc.bench.gpu_accept", "the GPU acceptance figures in one <= 7 minute script (make gpu-bench): "
+                   "smoke first; bf16 base target, K 10 of width 20: plain vs generate, strict / relaxed with the "
+                   "AtSpeed-aligned llama-68m drafter, 16 batched vs one at a time, host reads per strict round"),
     "fuzz": ("recsvc.bench.fuzz", "generated bad requests against a real server: status codes, no INTERNAL"),
     "failover": ("recsvc.bench.failover", "Redis Cluster failover drill: a master killed under load, errors, "
                  "recovery, acknowledged writes lost"),

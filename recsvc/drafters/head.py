@@ -84,8 +84,8 @@ class HeadDraftSession:
 
     @torch.inference_mode()
     def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
-                target: TargetState) -> list[torch.Tensor]:
-        g = int(steps.max()) if len(steps) else 0
+                target: TargetState, depths: int | None = None) -> list[torch.Tensor]:
+        g = depths if depths is not None else (int(steps.max()) if len(steps) else 0)
         if g == 0:
             return []
         if self.opener is not None and not bool(target.cached(roots[:, :1]).all()):

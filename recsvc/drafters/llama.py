@@ -36,20 +36,22 @@ class LlamaDraftSession:
         self.prior = to_device(prior, dev)  # [B, num_nodes] the target's fused prior: draft the fused beams
         self.cache = TreeCache(model, trie, code_offset, prompts)
 
+    closed_tree = True  # every drafted node's parent is a root or a node drafted one depth above (beam search)
+
     @property
     def calls(self) -> int:
         return self.cache.calls
 
     @torch.inference_mode()
     def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
-                target: TargetState) -> list[torch.Tensor]:
+                target: TargetState, depths: int | None = None) -> list[torch.Tensor]:
         """``DraftSession.propose`` (``target`` unused: the drafter runs its own model)."""
         nodes, scores = roots, root_scores
         drafts: list[torch.Tensor] = []
-        for s in range(1, int(steps.max()) + 1):
+        for s in range(1, (depths if depths is not None else int(steps.max())) + 1):
             active = (steps >= s)[:, None]  # [B, 1]
             nodes = torch.where(active, nodes, torch.full_like(nodes, -1))
-            self.cache.feed(nodes)
+            self.cache.feed(nodes, bound=None if s == 1 else nodes.shape[1])  # depth s > 1: parents fed at s - 1
             logp = node_logprobs(self.model, self.cache, nodes)  # [B, n, C]
             nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, width, self.dead, prior=self.prior)
             drafts.append(torch.where(active, nodes, torch.full_like(nodes, -1)))

@@ -24,11 +24,11 @@ class OracleDraftSession:
         self.node_depth = node_depth  # [num_nodes] trie depth of each node
 
     def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
-                target: TargetState) -> list[torch.Tensor]:
+                target: TargetState, depths: int | None = None) -> list[torch.Tensor]:
         b, levels, k = self.beams.shape
         depth = self.node_depth[roots.max(dim=1).values.clamp(min=0)]  # [B] all roots of a row share a depth
         out = []
-        for s in range(1, int(steps.max()) + 1):
+        for s in range(1, (depths if depths is not None else int(steps.max())) + 1):
             d = (depth + s - 1).clamp(max=levels - 1)  # beams of depth j + s
             rows = self.beams[torch.arange(b, device=d.device), d][:, :width]  # [B, min(N, K)]
             if width > k:

@@ -60,9 +60,10 @@ class RetrievalDraftSession:
         self.weights = [[w for i, w in c if i in ids] for c in cands]
 
     def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
-                target: TargetState) -> list[torch.Tensor]:
+                target: TargetState, depths: int | None = None) -> list[torch.Tensor]:
         b = roots.shape[0]
-        out = [torch.full((b, width), -1, dtype=torch.long, device=roots.device) for _ in range(int(steps.max()))]
+        g = depths if depths is not None else int(steps.max())
+        out = [torch.full((b, width), -1, dtype=torch.long, device=roots.device) for _ in range(g)]
         for row in range(b):
             valid_roots = roots[row][roots[row] >= 0]
             if not len(valid_roots) or not len(self.paths[row]):

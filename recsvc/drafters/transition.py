@@ -42,11 +42,11 @@ class TransitionDraftSession:
         self.nodes_at = nodes_at  # per depth d: [M_d] the trie's nodes of depth d
 
     def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
-                target: TargetState) -> list[torch.Tensor]:
+                target: TargetState, depths: int | None = None) -> list[torch.Tensor]:
         """roots [B, Kc] (depth j_b, -1 dead), root_scores [B, Kc], steps [B] -> max(steps) x [B, N] nodes."""
         b = roots.shape[0]
         out = [torch.full((b, width), -1, dtype=torch.long, device=roots.device)
-               for _ in range(int(steps.max()) if b else 0)]
+               for _ in range(depths if depths is not None else (int(steps.max()) if b else 0))]
         for row in range(b):
             ok = roots[row] >= 0
             if not bool(ok.any()) or int(steps[row]) == 0:

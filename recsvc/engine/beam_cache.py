@@ -31,11 +31,18 @@ class BeamCache:
         # the fast forward's prefill (recsvc.engine.prefill), with the user-state cache when one is given
         self.fast_prefill = Prefill(model, self.cache, prompts, states, count=count) if model.is_fast else None
         self.fp32 = model.fp32
-        self.lengths = prompts.lengths.tolist()
+        self._lengths: list[int] | None = None  # read on first use (``lengths``)
         self.path: torch.Tensor | None = None  # [B, K, d] cache slots of each beam's path (depth 1..d)
         self.width = 0  # slots in the cache
         self._last: tuple[torch.Tensor, ...] | None = None  # feed_part's step inputs (ids, positions, slots, mask)
         self.calls = 0
+
+    @property
+    def lengths(self) -> list[int]:
+        """The prompts' lengths on the host (the lean forward's key groups; the fast forward never reads them)."""
+        if self._lengths is None:
+            self._lengths = self.prompts.lengths.tolist()
+        return self._lengths
 
     @property
     def keeps_steps(self) -> bool:

@@ -88,7 +88,8 @@ class BeamSearch:
         parents = torch.zeros(b, 1, dtype=torch.long, device=dev)
         beams = []
         levels = self.trie.levels
-        bounded = top is not None and 0 < top < k and levels > 1 and self.model.is_fast and not cache.keeps_steps
+        bounded = (top is not None and 0 < top < k and levels > 1 and self.model.is_fast and not cache.keeps_steps
+                   and not self.model.sync_free)  # its stopping test reads the device: sync-free runs the full step
         for step in range(levels):
             if bounded and step == levels - 1:
                 with ledger.phase("last"):

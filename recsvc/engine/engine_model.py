@@ -24,13 +24,16 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from recsvc.engine.attention import ATTENTION_MODES, TreeGroups, use_tree_attention
+from recsvc.engine.buckets import BucketedForward, StaticCache
 from recsvc.engine.compiled import compiled_layers, require_compiler
 from recsvc.engine.compiled_scoring import ExportedScoring
+from recsvc.engine.cuda_graphs import GraphRunner, cuda_graphs_available
 from recsvc.engine.fast import FastCache, FastLlama
 from recsvc.engine.lean import LeanCache, LeanLlama
 from recsvc.engine.ledger import ForwardLedger
 
-FORWARDS = ("auto", "fast", "compiled", "lean")
+FORWARDS = ("auto", "fast", "compiled", "lean", "bucketed", "graphs")
+STATIC = ("bucketed", "graphs")  # the fast forward at bucketed shapes over a static KV cache (recsvc.engine.buckets)
 
 
 class EngineModel:
@@ -47,19 +50,30 @@ class EngineModel:
         self.forward_ledger: ForwardLedger | None = None  # benches: every forward's tokens and time
         self._compiled = False  # the fast forward's layers compiled (forward "compiled")
         self._scoring: tuple[FastLlama, ExportedScoring] | None = None  # the compiled forward's step scoring
+        self._static = ""  # "bucketed" | "graphs" | "" (recsvc.engine.buckets / cuda_graphs)
+        self._bucketed: BucketedForward | None = None
+        self.graph_runner: GraphRunner | None = None
         self.set_forward(forward)
 
     def set_forward(self, forward: str) -> None:
         """"fast", "compiled" (the fast forward with its layers compiled by inductor: ``recsvc.engine.compiled``),
-        "lean" (today's bit-identical path) or "auto" (fast for fp32 / bf16 models on a CPU in "fp32" attention)."""
+        "lean" (today's bit-identical path), "auto" (fast for fp32 / bf16 models on a CPU in "fp32" attention),
+        "bucketed" (the fast forward at bucketed, padded shapes over a static KV cache: ``recsvc.engine.buckets``;
+        any device) or "graphs" (the same, each bucket a CUDA graph: ``recsvc.engine.cuda_graphs``; on a CUDA
+        device, elsewhere "bucketed"). "fast" is accepted on a GPU too (eager)."""
         if forward not in FORWARDS:
             raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
-        fast = (self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
-                and self.model.device.type == "cpu"
-                and (forward in ("fast", "compiled") or forward == "auto" and self.attention == "fp32"))
+        static = forward in STATIC and self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
+        fast = static or (self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
+                          and (self.model.device.type == "cpu" or forward == "fast")
+                          and (forward in ("fast", "compiled") or forward == "auto" and self.attention == "fp32"))
         if fast and forward == "compiled":
             require_compiler()  # before anything changes
         self._fast_wanted, self._compiled = fast, fast and forward == "compiled"
+        # "graphs" captures on CUDA only; elsewhere it is the bucketed path, uncaptured
+        self._static = ("graphs" if forward == "graphs" and cuda_graphs_available(self.model.device)
+                        else "bucketed") if static else ""
+        self._bucketed = None
 
     @classmethod
     def build(cls, model: PreTrainedModel, attention: str = "exact", forward: str = "auto") -> EngineModel:
@@ -136,7 +150,26 @@ class EngineModel:
         return self._scoring[1]
 
     @property
+    def sync_free(self) -> bool:
+        """Searches avoid host reads where a static bound does instead (the bucketed / graph forwards: a
+        verification fed at its bound, no cache compaction, the replay's fixed depth count)."""
+        return bool(self._static)
+
+    def bucketed(self) -> BucketedForward | None:
+        """The bucketed forward over the current fast forward (with CUDA graphs for "graphs"), or None."""
+        if not self._static:
+            return None
+        fast = self.fast()
+        if self._bucketed is None or self._bucketed.fast is not fast:
+            if self._static == "graphs" and self.graph_runner is None:
+                self.graph_runner = GraphRunner()
+            self._bucketed = BucketedForward(fast, runner=self.graph_runner if self._static == "graphs" else None)
+        return self._bucketed
+
+    @property
     def forward_name(self) -> str:
+        if self._static:
+            return self._static
         if self._fast_wanted:
             return "compiled" if self._compiled else "fast"
         return "lean" if self._lean_supported else "transformers"
@@ -145,6 +178,10 @@ class EngineModel:
     def new_cache(self) -> DynamicCache | LeanCache | FastCache:
         """An empty KV cache for ``forward``: a FastCache (fast forward), a LeanCache when the lean forward
         applies, else transformers'."""
+        if self._static:
+            bucketed = self.bucketed()
+            assert bucketed is not None
+            return bucketed.new_cache()
         if self._fast_wanted:
             return self.fast().new_cache()
         lean = self.lean()
@@ -166,7 +203,7 @@ class EngineModel:
     def _forward(self, cache, input_ids: torch.Tensor, position_ids: torch.Tensor, tree: TreeGroups) -> torch.Tensor:
         if isinstance(cache, FastCache):
             slots, visible = tree_mask(cache.width, input_ids.shape, tree, input_ids.device)
-            return cache.fast.forward(cache, input_ids, position_ids, slots, visible)
+            return self._fast_forward(cache, input_ids, position_ids, slots, visible, None)
         if isinstance(cache, LeanCache):
             return cache.lean.forward(cache, input_ids, position_ids, tree)
         b = input_ids.shape[0]
@@ -188,7 +225,15 @@ class EngineModel:
         """The fast forward's primitive (``is_fast``): explicit slots and one visibility mask for all layers."""
         if self.forward_ledger is not None:
             with self.forward_ledger.forward(input_ids.numel()):
-                return cache.fast.forward(cache, input_ids, position_ids, slots, visible, keep)
+                return self._fast_forward(cache, input_ids, position_ids, slots, visible, keep)
+        return self._fast_forward(cache, input_ids, position_ids, slots, visible, keep)
+
+    def _fast_forward(self, cache: FastCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                      slots: torch.Tensor, visible: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(cache, StaticCache):
+            bucketed = self.bucketed()
+            assert bucketed is not None
+            return bucketed(cache, input_ids, position_ids, slots, visible, keep)
         return cache.fast.forward(cache, input_ids, position_ids, slots, visible, keep)
 
     def code_logprobs(

@@ -234,9 +234,7 @@ class FastLlama:
         k / v for every token (later tokens attend to them) and q, attention, o and the MLP for the kept ones
         only; every other layer is unchanged. The kept rows' values equal the full forward's up to the
         attention call's rounding (one query row instead of q)."""
-        b, q = input_ids.shape
-        h, hkv, d = self.heads, self.kv_heads, self.head_dim
-        nqk, nv, half = (h + hkv) * d, hkv * d, d // 2
+        b = input_ids.shape[0]
         cache.reserve(int(visible.shape[2]), b)
         hidden = F.embedding(input_ids, self.embed)  # [B, q, H]
         cos, sin = self._cos_sin(hidden, position_ids)  # [B, q, d]
@@ -244,18 +242,50 @@ class FastLlama:
         if self.compiled_layers is not None:
             return self.compiled_layers(hidden, cos, sin, visible, slots, [kv.k for kv in cache.layers],
                                         [kv.v for kv in cache.layers], keep)
-        rows = torch.arange(b, device=input_ids.device)[:, None].expand(b, q)
+        return self.run_layers(hidden, cos, sin, slots, visible, [kv.keys for kv in cache.layers],
+                               [kv.values for kv in cache.layers], keep)
+
+    def forward_static(
+        self,
+        keys: list[torch.Tensor],  # per layer [B, h_kv, S, d] (views of static buffers, written in place)
+        values: list[torch.Tensor],  # per layer [B, h_kv, S, d]
+        input_ids: torch.Tensor,  # [B, q]
+        position_ids: torch.Tensor,  # [B, q] (within the rotary table)
+        slots: torch.Tensor,  # [B, q]
+        visible: torch.Tensor,  # [B, q, S] bool
+        keep: torch.Tensor | None = None,  # [B, r]
+    ) -> torch.Tensor:  # [B, q, H]; [B, r, H] with ``keep``
+        """``forward`` over given key / value buffers and with no host read (no cache bookkeeping, the
+        rotary table indexed without a range check): fixed shapes in, fixed shapes out, so a CUDA graph can
+        capture it (``recsvc.engine.buckets``, ``recsvc.engine.cuda_graphs``). The same ops as ``forward``."""
+        hidden = F.embedding(input_ids, self.embed)  # [B, q, H]
+        if self.rotary_table is not None:
+            cos, sin = self.rotary_table[0][position_ids], self.rotary_table[1][position_ids]
+        else:
+            cos, sin = self.rotary(hidden, position_ids)
+        return self.run_layers(hidden, cos[:, :, None], sin[:, :, None], slots, visible, keys, values, keep)
+
+    def run_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                   visible: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                   keep: torch.Tensor | None) -> torch.Tensor:
+        """The decoder layers and the final norm: hidden [B, q, H], cos / sin [B, q, 1, d]; each new token's
+        key / value is written into ``keys[i]`` / ``values[i]`` ([B, h_kv, S, d]) at its slot, and attention
+        runs over those S slots under ``visible``."""
+        b, q = hidden.shape[:2]
+        h, hkv, d = self.heads, self.kv_heads, self.head_dim
+        nqk, nv, half = (h + hkv) * d, hkv * d, d // 2
+        rows = torch.arange(b, device=hidden.device)[:, None].expand(b, q)
         mask = visible[:, None]  # [B, 1, q, S]
         gqa = h != hkv
         last = len(self.layers) - 1
-        for i, ((n1, e1, qkv, o, n2, e2, gate_up, down), kv) in enumerate(zip(self.layers, cache.layers,
-                                                                              strict=True)):
+        for i, ((n1, e1, qkv, o, n2, e2, gate_up, down), k_i, v_i) in enumerate(zip(self.layers, keys, values,
+                                                                                   strict=True)):
             x = F.rms_norm(hidden, self.hidden_shape, n1, e1)
             if i == last and keep is not None:  # k / v of every token; the rest for the kept ones
                 assert self.last_q is not None and self.last_kv is not None
                 out = self.last_kv(x)  # [B, q, 2 h_kv d]
-                kv.k.transpose(1, 2)[rows, slots] = _rotary(out[..., :nv].view(b, q, hkv, d), cos, sin, half)
-                kv.v.transpose(1, 2)[rows, slots] = out[..., nv:].view(b, q, hkv, d)
+                k_i.transpose(1, 2)[rows, slots] = _rotary(out[..., :nv].view(b, q, hkv, d), cos, sin, half)
+                v_i.transpose(1, 2)[rows, slots] = out[..., nv:].view(b, q, hkv, d)
                 r = keep.shape[1]
                 pick = keep[..., None]  # [B, r, 1]
                 hidden = hidden.gather(1, pick.expand(b, r, hidden.shape[2]))  # [B, r, H]
@@ -267,10 +297,10 @@ class FastLlama:
             else:
                 out = qkv(x)  # [B, q, (h + 2 h_kv) d]
                 qk = _rotary(out[..., :nqk].view(b, q, h + hkv, d), cos, sin, half)  # q and k in one go
-                kv.k.transpose(1, 2)[rows, slots] = qk[:, :, h:]  # [B, q, h_kv, d] into their slots
-                kv.v.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
+                k_i.transpose(1, 2)[rows, slots] = qk[:, :, h:]  # [B, q, h_kv, d] into their slots
+                v_i.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
                 query = qk[:, :, :h].transpose(1, 2)  # [B, h, q, d]
-            attn = attention(query, kv.keys, kv.values, mask, self.scaling, gqa)  # [B, h, q, d]
+            attn = attention(query, k_i, v_i, mask, self.scaling, gqa)  # [B, h, q, d]
             hidden = hidden + o(attn.transpose(1, 2).reshape(b, q, h * d))  # a new tensor: the input's intact
             gu = gate_up(F.rms_norm(hidden, self.hidden_shape, n2, e2))  # [B, q, 2 I]
             hidden += down(F.silu(gu[..., :self.intermediate]).mul_(gu[..., self.intermediate:]))

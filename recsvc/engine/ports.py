@@ -99,6 +99,7 @@ class DraftSession(Session, Protocol):
         steps: torch.Tensor,  # [R] how many depths to draft per row (0 = none)
         width: int,  # N: draft beams per depth
         target: TargetState,  # read access to the target at these rows (may be ignored)
+        depths: int | None = None,  # max(steps) when the caller knows it on the host (no read of ``steps``)
     ) -> list[torch.Tensor]:  # max(steps) tensors [R, N]: drafted nodes at depth j_r + s (-1 = none)
         ...
 

@@ -29,10 +29,17 @@ class Prefill:
                  states: UserStateCache | None, count: bool = True) -> None:
         """``count``: whether the cache's lookups count as hits / misses (False: a prefill ahead of demand)."""
         self.model, self.cache, self.prompts, self.states = model, cache, prompts, states
+        b = len(prompts.lengths)
+        if states is None and model.sync_free:  # nothing to look up: no host read of the prompts
+            self.tokens: list[tuple[int, ...]] = []
+            self.entries: list[UserState | None] = [None] * b
+            self.cached, self.full = [0] * b, [False] * b
+            self.calls = 0
+            return
         lengths = prompts.lengths.tolist()
-        self.tokens = [tuple(prompts.ids[b, :n].tolist()) for b, n in enumerate(lengths)]
+        self.tokens = [tuple(prompts.ids[r, :n].tolist()) for r, n in enumerate(lengths)]
         found = [states.lookup(t, count) for t in self.tokens] if states is not None else [(None, 0)] * len(lengths)
-        self.entries: list[UserState | None] = [e for e, _ in found]
+        self.entries = [e for e, _ in found]
         self.cached = [n for _, n in found]  # tokens of each prompt taken from the cache
         self.full = [n == t for n, t in zip(self.cached, lengths, strict=True)]
         self.calls = 0
@@ -52,7 +59,8 @@ class Prefill:
         lengths = p.lengths
         dev = lengths.device
         start = torch.tensor(self.cached, dtype=torch.long, device=dev)  # [B]
-        q = int((lengths - start).max())
+        # the tokens each row computes: sync-free (nothing cached) the prompt width, padding included (not read)
+        q = t if self.model.sync_free and not any(self.cached) else int((lengths - start).max())
         last = torch.zeros(b, self.model.hidden_size, dtype=self.model.dtype, device=self.model.device)
         if q > 0:
             pos = start[:, None] + torch.arange(q, device=dev)[None]  # [B, q] prompt positions computed

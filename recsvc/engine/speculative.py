@@ -67,11 +67,11 @@ def speculative_search(
     ledger: Ledger = NO_LEDGER,  # phase timers (recsvc.engine.ledger); results never depend on it
     states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
 ) -> SpecOutput:
-    # Host synchronisation (CUDA): a round reads the device only where a decision needs it: how many tokens
-    # the verification feeds and how they group (TreeCache.missing / _groups: shapes), whether any row can
-    # take another depth (``go.any()``: the replay loop's exit) and which rows finished (ActiveBeams.retire:
-    # the batch's new shape); drafters read how many depths to draft (``steps.max()``). Acceptance, scores
-    # and counters stay on the device.
+    # Host synchronisation (CUDA), the eager forwards: a round reads the device only where a decision needs it:
+    # how many tokens the verification feeds (TreeCache.missing: a shape; the lean forward also groups them by
+    # key count: TreeCache._groups), whether any row can take another depth (``go.any()``: the replay loop's
+    # exit) and which rows finished (ActiveBeams.retire: the batch's new shape); drafters read how many depths
+    # to draft (``steps.max()``). Acceptance, scores and counters stay on the device.
     dev = target.device  # inputs moved once; every tensor of the search lives there
     trie, prompts = trie.to(dev), prompts.to(dev)
     dead, prior = to_device(dead, dev), to_device(prior, dev)
@@ -83,18 +83,31 @@ def speculative_search(
     out_scores = torch.full((b, k), float("-inf"), device=dev)
     calls = torch.zeros(b, dtype=torch.long, device=dev)
     accepted = torch.zeros(b, dtype=torch.long, device=dev)
+    # Sync-free (``target.sync_free``: the bucketed / CUDA-graph forwards): the host knows every row's depth
+    # from the one read a round makes (``retire``), so the drafter is told its depth count, the verification
+    # feeds its bound (the tree's width when the drafter's trees hold their parents: ``closed_tree``), the
+    # replay runs its gamma + 1 depths without asking whether a row still goes, and the caches keep their slots.
+    sync = target.sync_free
+    if sync:
+        beams.host_depth = [0] * b
+    closed = bool(getattr(drafts, "closed_tree", False))
     while len(beams.rows):  # a shape: no sync
         dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]
         steps = (levels - beams.depth).clamp(max=gamma)  # [R]
         with ledger.phase("draft"):
-            drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state)  # g x [R, N]
+            if sync and beams.host_depth is not None:
+                depths = max(min(levels - d, gamma) for d in beams.host_depth)
+                drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state, depths=depths)
+            else:
+                drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state)  # g x [R, N]
         with ledger.phase("verify"):
             tree = torch.cat([beams.nodes, *drafted], 1)
-            cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
+            cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1),  # leaves need no forward
+                       bound=tree.shape[1] if sync and closed else None)
         running = torch.ones(len(beams.rows), dtype=torch.bool, device=dev)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
-            if not go.any():  # host sync: the decision to stop replaying this round
+            if not sync and not go.any():  # host sync: the decision to stop replaying this round
                 break
             with ledger.phase("replay"):
                 live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
@@ -110,6 +123,8 @@ def speculative_search(
             running = ok
         calls[beams.rows] = cache.row_calls  # every target forward a row took part in, so far
         with ledger.phase("commit"):
-            rows, leaves, scores = beams.retire(levels, cache, drafts)
+            rows, leaves, scores = beams.retire(levels, cache, drafts, sync)
         out_leaves[rows], out_scores[rows] = leaves, scores
+    if sync and closed and not cache.check_bound():  # one read per search; a drafter's broken promise
+        raise RuntimeError("a drafter marked closed_tree proposed a node whose parent it did not propose")
     return SpecOutput(out_leaves, out_scores, calls, accepted, drafts.calls)

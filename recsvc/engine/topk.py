@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from recsvc.engine.host_reads import uncounted
+
 NEG = -1.0e9  # transformers' "very large negative" for unused beams
 INVALID = -1.0e8  # anything at or below this is a padding beam, not a real candidate
 
@@ -61,7 +63,8 @@ class GenerateSelector:
             return IndexSelector()(cand, k, level)
         if cand.is_cuda:  # the tie test reads the device (a host sync per step); generate's layout is what the
             return self._as_generate(cand, k, level)  # fast path reduces to, and costs a GPU little
-        fast = self._without_ties(cand, k)
+        with uncounted():  # a CPU-only read (host_reads): on CUDA the branch above runs
+            fast = self._without_ties(cand, k)
         return fast if fast is not None else self._as_generate(cand, k, level)
 
     @staticmethod

@@ -19,6 +19,7 @@ import torch
 
 from recsvc.engine.attention import TreeGroups
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.host_reads import uncounted
 from recsvc.engine.prefill import Prefill
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.state_cache import UserStateCache
@@ -29,7 +30,8 @@ def _check(ok, like: torch.Tensor, message: str) -> None:
     """An internal consistency check, run on CPU tensors only: on a GPU reading its result would stall the host
     once per forward (the CPU tests cover the same code)."""
     if like.device.type == "cpu":
-        assert ok(), message
+        with uncounted():  # not a GPU's read (host_reads)
+            assert ok(), message
 
 
 class TreeCache:
@@ -51,6 +53,11 @@ class TreeCache:
         self.row_calls = torch.zeros(b, dtype=torch.long, device=dev)  # [B] forward calls with a token of the row
         self.tokens_fed = 0
         self.states = states if model.is_fast else None
+        self.overflow = torch.zeros((), dtype=torch.bool, device=dev)  # a sync-free ``missing`` bound fell short
+
+    def check_bound(self) -> bool:
+        """Whether every sync-free feed fed all its missing nodes (one host read; True when not sync-free)."""
+        return not self.model.sync_free or not bool(self.overflow)
 
     @property
     def prefilled(self) -> bool:
@@ -69,8 +76,11 @@ class TreeCache:
         tok = self.code_offset + (self.trie.depth[n] - 1) * self.trie.codebook_size + self.trie.node_code[n]
         return torch.where(nodes >= 1, tok, torch.full_like(tok, self.code_offset))
 
-    def missing(self, nodes: torch.Tensor) -> torch.Tensor:
+    def missing(self, nodes: torch.Tensor, bound: int | None = None) -> torch.Tensor:
         """[B, m] nodes -> [B, q] those of them and their ancestors not cached yet, parents first (-1 pad).
+
+        A sync-free model (``EngineModel.sync_free``) does not read q: it returns ``bound`` columns (default
+        m * L, always enough) and records on the device whether the bound was short (``overflow``).
 
         Works on the small [B, m * L] candidate tensor (sort, drop repeats and cached nodes), never on a
         [B, num_nodes] table. Example: nodes [[5, 9]] where 9's ancestors are (2, 9), node 2 cached: [[5, 9]]."""
@@ -82,16 +92,21 @@ class TreeCache:
         repeat = torch.cat([torch.zeros_like(s[:, :1], dtype=torch.bool), s[:, 1:] == s[:, :-1]], 1)
         cached = self.slot_of_node.gather(1, s.clamp(max=big - 1)) >= 0
         keep = (s < big) & ~repeat & ~cached
-        q = int(keep.sum(1).max()) if b else 0
+        if self.model.sync_free:  # no host read: as many columns as the bound (padding: -1)
+            q = min(bound, keep.shape[1]) if bound is not None else keep.shape[1]
+            self.overflow |= (keep.sum(1) > q).any()  # checked once per search (``check_bound``)
+        else:
+            q = int(keep.sum(1).max()) if b else 0
         order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :q]
         return torch.where(keep.gather(1, order), s.gather(1, order), -1)
 
-    def feed(self, nodes: torch.Tensor) -> int:
+    def feed(self, nodes: torch.Tensor, bound: int | None = None) -> int:
         """Make sure the given nodes ([B, m], -1 = none) and their ancestors are cached, in ONE forward that also
-        runs the prompt on the first call. Returns the number of new tokens per row (0: no call was made)."""
+        runs the prompt on the first call. Returns the number of new tokens per row (0: no call was made).
+        ``bound``: at most this many are missing (a sync-free model feeds that many columns, see ``missing``)."""
         if self.states is not None and not self.prefilled:
             self._prefill_states()
-        new = self.missing(nodes) if nodes.numel() else nodes[:, :0]
+        new = self.missing(nodes, bound) if nodes.numel() else nodes[:, :0]
         if self.prefilled and new.shape[1] == 0:
             return 0
         self._forward(new)
@@ -128,9 +143,10 @@ class TreeCache:
         t = self.prompts.width if first else 0
         valid = nodes >= 1
         n = nodes.clamp(min=0)
-        rows = self._rows(nodes)
         new_slots = s_past + t + torch.arange(q, device=dev)[None].expand(b, q)
-        self.slot_of_node[rows[valid], nodes[valid]] = new_slots[valid]  # first, so in-call ancestors resolve
+        # first, so in-call ancestors resolve; padding tokens rewrite the root's entry (never read: -1) with itself
+        # (a scatter, not a boolean-mask index: no host read)
+        self.slot_of_node.scatter_(1, n, torch.where(valid, new_slots, self.slot_of_node[:, :1].expand(b, q)))
         anc = self.trie.ancestors[n]  # [B, q, L] ancestors incl. the node itself
         anc_slots = self.slot_of_node.gather(1, anc.clamp(min=0).reshape(b, -1)).reshape(anc.shape)
         need = (anc >= 0) & valid[..., None]
@@ -139,12 +155,16 @@ class TreeCache:
         positions = self.prompts.lengths[:, None] + self.trie.depth[n] - 1  # [B, q]: prompt length + depth - 1
         ids = self.tokens_of(nodes)
         prompt_slot = torch.cat([self.prompt_slot, self.prompts.valid if first else self.prompt_slot[:, :0]], 1)
-        lengths = self.prompts.lengths.tolist() if first else []  # the prompts' key sets: first call only
-        groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t, lengths)
         if first:
             ids = torch.cat([self.prompts.ids, ids], 1)
             positions = torch.cat([self.prompts.positions(), positions], 1)
-        hidden = self.model.forward(self.cache, ids, positions, groups)  # [B, t + q, H]
+        if self.model.is_fast:  # the mask built directly: no host read (the mask ``tree_mask`` makes of _groups)
+            slots, visible = self._mask(prompt_slot, anc_slots, valid, s_past, t)
+            hidden = self.model.forward_masked(self.cache, ids, positions, slots, visible)  # [B, t + q, H]
+        else:
+            lengths = self.prompts.lengths.tolist() if first else []  # the prompts' key sets: first call only
+            groups = self._groups(prompt_slot, anc_slots, valid, self.trie.depth[n], t, lengths)
+            hidden = self.model.forward(self.cache, ids, positions, groups)  # [B, t + q, H]
         self.row_calls += (valid.any(1) | first).long()  # the first call runs every row's prompt
         self._append(hidden, nodes, valid, prompt_slot, first, t)
 
@@ -160,6 +180,31 @@ class TreeCache:
         filler = torch.full((b, t), -1, device=dev, dtype=torch.long)
         self.node_of_slot = torch.cat([self.node_of_slot, filler, torch.where(valid, nodes, -1)], 1)
         self.hidden = torch.cat([self.hidden, hidden], 1)
+
+    def _mask(self, prompt_slot: torch.Tensor, anc_slots: torch.Tensor, valid: torch.Tensor, s_past: int, t: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fast forward's (slots [B, t + q], visible [B, t + q, S]) of a feed, S = s_past + t + q: a first
+        call's prompt tokens attend their prompt causally (a padding token: the real prompt tokens and itself),
+        a tree token its request's prompt slots, its ancestors and itself (a padding token: itself), as
+        ``tree_mask`` builds them from ``_groups``, without reading the device.
+
+        prompt_slot [B, s_past + t], anc_slots [B, q, L] (unused levels: the token's own slot), valid [B, q]."""
+        b, q = valid.shape
+        width = s_past + t + q
+        dev = valid.device
+        keys = torch.arange(width, device=dev)
+        own = s_past + torch.arange(t + q, device=dev)  # [t + q] the new tokens' slots
+        vis_tree = torch.zeros(b, q, width, dtype=torch.bool, device=dev).scatter_(2, anc_slots, True)
+        vis_tree |= valid[..., None] & torch.cat([prompt_slot, prompt_slot.new_zeros(b, q)], 1)[:, None, :]
+        if t:  # the first call: prompts at slots 0..T_b - 1, causal (``tree_mask``'s prompt part)
+            lengths = self.prompts.lengths[:, None, None]
+            causal = (keys[None, None] <= own[None, :t, None]) & (keys[None, None] < lengths)
+            vis_prompt = causal | (keys[None, None] == own[None, :t, None])  # [B, t, S]
+            vis_tree |= (keys[None, None] < lengths)  # tree tokens of the first call: the prompt's real slots
+            visible = torch.cat([vis_prompt, vis_tree], 1)
+        else:
+            visible = vis_tree
+        return own[None].expand(b, t + q), visible
 
     def _groups(self, prompt_slot: torch.Tensor, anc_slots: torch.Tensor, valid: torch.Tensor, depth: torch.Tensor,
                 t: int, lengths: list[int]) -> TreeGroups:
@@ -199,7 +244,11 @@ class TreeCache:
         """Keep the prompt and the cached ancestors of ``keep_nodes`` ([B, m], -1 = none, nodes included; a row's
         nodes share one depth); with ``descendants`` also every cached node below them (a drafter's nodes under
         the target's new beams: the next round drafts from those beams and would feed them again). Drop every
-        other slot from the KV cache (an explicit gather along the sequence axis)."""
+        other slot from the KV cache (an explicit gather along the sequence axis). A sync-free model keeps every
+        slot instead (a node's keys / values stay valid; the width only grows, by bounded feeds, and reading the
+        new width would stall the host)."""
+        if self.model.sync_free:
+            return
         anc = self.trie.ancestors[keep_nodes.clamp(min=0)]  # [B, m, L]
         anc = torch.where((keep_nodes >= 1)[..., None], anc, torch.full_like(anc, -1)).reshape(len(anc), -1)
         anc_slots = self.slot_of_node.gather(1, anc.clamp(min=0))

@@ -43,6 +43,7 @@ class RecStats:
     draft_calls: int = 0  # drafter forward calls
     accepted_steps: int = 0  # draft depths accepted (AS), speculative modes only
     rounds: int = 0  # speculative rounds
+    host_reads: int = -1  # device-to-host reads of the engine call it was decoded in (-1: not counted; sampled)
 
 
 @dataclass(frozen=True)

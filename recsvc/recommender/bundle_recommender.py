@@ -26,6 +26,7 @@ import torch
 
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.host_reads import counted_decode
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.ports import Drafter
 from recsvc.engine.prior import prior_log_mass
@@ -323,8 +324,8 @@ class BundleRecommender:
             group_k = max(queries[i].k for i in idx)
             for part in self._split_cached(mode, listed, idx, queries):
                 batch = [queries[i] for i in part]
-                out = (self._decode_rules(batch, mode, width, ledger) if listed
-                       else self._decode(batch, mode, width, ledger))
+                out = counted_decode(self, lambda b=batch, m=mode, w=width, r=listed: (
+                    self._decode_rules(b, m, w, ledger) if r else self._decode(b, m, w, ledger)))
                 for i, res in zip(part, out, strict=True):
                     results[i] = replace(res, decoding=self._decoding(queries[i], mode, width, listed, group_k))
         return self._with_fresh(queries, [r for r in results if r is not None])

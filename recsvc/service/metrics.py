@@ -49,6 +49,8 @@ class ServiceMetrics:
         self.target_calls = Counter("recsvc_target_forward_calls", "Target model forward calls", registry=r)
         self.draft_calls = Counter("recsvc_draft_forward_calls", "Drafter forward calls", registry=r)
         self.accepted_steps = Counter("recsvc_accepted_steps", "Accepted speculative draft steps", registry=r)
+        self.host_reads = Counter("recsvc_host_reads", "Device-to-host reads of sampled engine calls (per request "
+                                  "answered from one; --count-host-reads)", registry=r)
         self.modes = Counter(
             "recsvc_recommend_modes",
             "Recommend requests answered, by decoding mode used (plain, strict, relaxed, sampling, popularity) and "

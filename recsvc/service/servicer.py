@@ -247,6 +247,8 @@ class RecommenderServicer:
         self.metrics.target_calls.inc(stats.target_calls)
         self.metrics.draft_calls.inc(stats.draft_calls)
         self.metrics.accepted_steps.inc(stats.accepted_steps)
+        if stats.host_reads >= 0:
+            self.metrics.host_reads.inc(stats.host_reads)
         fields.update(mode=args.mode, mode_used=used, k=args.k, items=len(result.item_ids), batch_size=batch_size)
         return response
 

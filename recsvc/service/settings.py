@@ -42,11 +42,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
     p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
-    p.add_argument("--forward", choices=["auto", "fast", "compiled", "lean"], default="auto",
+    p.add_argument("--forward", choices=["auto", "fast", "compiled", "lean", "bucketed", "graphs"], default="auto",
                    help="engine forward: fast (few ops per layer; fp32 models, fp32 attention), compiled (the fast "
                         "forward's layers exported and compiled by inductor at start-up: faster per forward, needs a "
-                        "C++ compiler, ~20-40 s more start-up), lean (the previous, bit-identical path) or auto (fast "
-                        "where it applies)")
+                        "C++ compiler, ~20-40 s more start-up), lean (the previous, bit-identical path), bucketed "
+                        "(the fast forward at bucketed shapes over a static KV cache, sync-free rounds), graphs "
+                        "(bucketed, each bucket a CUDA graph captured at start-up; CUDA only, else bucketed) or auto "
+                        "(fast where it applies)")
+    p.add_argument("--count-host-reads", type=int, default=0, metavar="N",
+                   help="count the device-to-host reads of every N-th engine call (0: off; the count costs a "
+                        "Python call per torch call): RecStats.host_reads, metric recsvc_host_reads")
     p.add_argument("--state-cache-mb", type=int, default=256,
                    help="user-state cache budget in MiB: a returning user's prompt KV is reused (fast forward "
                         "only; 0 = off; docs/SCALING.md)")
@@ -119,6 +124,7 @@ class ServeSettings:
     forward: str = "auto"  # the engine forward (recsvc.engine.engine_model.FORWARDS)
     state_cache_mb: int = 256  # the user-state cache budget (0: off)
     prefill_ahead: bool = False  # a user's prefill after a write, when the engine is idle
+    count_host_reads: int = 0  # every N-th engine call's device-to-host reads counted (0: off)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
@@ -134,7 +140,8 @@ class ServeSettings:
                    rules_strategy=args.rules_strategy, startup_budget_s=args.startup_budget_s,
                    recalibrate=args.recalibrate, fresh=not getattr(args, "no_fresh", False),
                    forward=getattr(args, "forward", "auto"), state_cache_mb=getattr(args, "state_cache_mb", 256),
-                   prefill_ahead=getattr(args, "prefill_ahead", False))
+                   prefill_ahead=getattr(args, "prefill_ahead", False),
+                   count_host_reads=getattr(args, "count_host_reads", 0))
 
     @classmethod
     def for_bundle(cls, bundle: str, flags: list[str] | None = None) -> ServeSettings:
@@ -164,6 +171,8 @@ class ServeSettings:
         out += ["--forward", self.forward, "--state-cache-mb", str(self.state_cache_mb)]
         if self.prefill_ahead:
             out.append("--prefill-ahead")
+        if self.count_host_reads:
+            out += ["--count-host-reads", str(self.count_host_reads)]
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -228,7 +237,7 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
 
         step("target_unused", reason=PRIOR_RANKED, forward_compiled=False, speculation_calibrated=False)
     else:
-        if rec.target.forward_name == "compiled":  # compile before calibration times anything
+        if rec.target.forward_name in ("compiled", "graphs"):  # compile / capture before calibration times anything
             step("compiling_forward")
             step("forward_compiled", seconds=round(rec.warm_up(), 3))
         configure_speculation(rec, settings.spec, settings.bundle, budget_s=settings.startup_budget_s, step=step,
@@ -238,4 +247,8 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
     # after calibration (its users are not the served ones); a reload builds a new recommender: an empty cache
     rec.enable_state_cache(settings.state_cache_mb << 20, version=f"{settings.bundle}@{time.time_ns()}")
     rec.ahead = settings.prefill_ahead
+    if settings.count_host_reads:
+        from recsvc.engine.host_reads import ReadSampler
+
+        rec.read_sampler = ReadSampler(settings.count_host_reads)
     return rec

@@ -1,0 +1,374 @@
+"""`make gpu-bench` (`python -m recsvc.bench.gpu_accept`, `recsvc bench gpu-accept`): the GPU acceptance figures
+in one prepared script of at most ~7 minutes, the smoke run first.
+
+Stages (OUT/gpu_accept.json is rewritten after each, ``"complete": false`` until the end, so a run stopped at
+its time limit keeps what it measured; every stage is skipped once the wall-time budget is spent):
+  smoke    -> the whole script at tiny presets on a tiny synthetic dataset, on the same device (OUT/smoke)
+  build    -> the bundle with the product's commands, resumable: ``recsvc build`` (the ``base`` target sized to
+              ``--target-minutes`` by ``--fit-budget`` at a larger training batch, the SFT ``llama-68m``
+              drafter), then AtSpeed alignment (``recsvc train teacher`` + ``train drafter --method
+              atspeed-s`` from the SFT drafter: BUNDLE/drafters/atspeed)
+  warm-up  -> the CUDA graphs of the buckets the stages use, captured by running every measured user's
+              searches once and the batch (bounded by ``warmup_seconds``, logged); ``graphs`` at the end: what
+              was captured in all, and the forwards that ran eagerly
+  plain    -> K = 10 of beam width 20, one request at a time: the engine (CUDA graphs; and the eager fast
+              forward) vs transformers ``generate(num_beams=20)`` under the same trie constraint; ms / request
+  strict   -> strict speculation with the (aligned) LLaMA drafter vs plain: WS, AS, target calls, same-list share
+  reads    -> device-to-host reads per strict round and per plain request (``recsvc.engine.host_reads``),
+              the sync-free path vs the eager fast forward's
+  batched  -> 16 requests decoded together vs one at a time: requests per second
+  relaxed  -> relaxed speculation with that drafter vs the target's own sampling beam search
+  quality  -> the target's test Recall@10 / NDCG@10 (plain beam search over up to 4,000 test users, batched)
+Every figure is labelled with the device, the precision and the target's validation Recall@10.
+
+The script imports neither gRPC nor the service (a GPU image without them runs it), reads semantic ids from
+DATA/reference_semantic_ids.json when present (no sentence-embedding model needed) and trains everything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from recsvc.errors import UserError
+
+TARGET_INFO = "train" + "ing.json"  # what the target's training wrote beside it (a file, not a module)
+FULL = {"preset": "base", "drafter": "llama-68m", "target_minutes": 2.5, "train_batch": 128, "drafter_epochs": 1,
+        "teacher_prefixes": 3000, "align_epochs": 1, "users": 30, "batch": 16, "k": 10, "width": 20, "n": 40,
+        "gamma": 3, "budget_minutes": 7.0, "warmup_seconds": 45.0, "calibration": 4, "quality_users": 4000}
+SMOKE = {"preset": "tiny", "drafter": "drafter-tiny", "target_minutes": 0.1, "train_batch": 32, "drafter_epochs": 1,
+         "teacher_prefixes": 48, "align_epochs": 1, "users": 3, "batch": 4, "k": 10, "width": 20, "n": 20,
+         "gamma": 3, "budget_minutes": 2.0, "warmup_seconds": 20.0, "calibration": 1, "quality_users": 16}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", help="split data directory (Beauty); not with --smoke")
+    p.add_argument("--out", default="artifacts/gpu-accept", help="work directory: bundle, JSON")
+    p.add_argument("--smoke", action="store_true", help="only the smoke run: tiny presets, synthetic data")
+    p.add_argument("--no-smoke", action="store_true", help="skip the smoke run before the real one")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when present")
+    p.add_argument("--forward", choices=["graphs", "bucketed", "fast"], default="graphs",
+                   help="the engine forward measured (graphs: CUDA graphs on CUDA, the bucketed path elsewhere)")
+    p.add_argument("--users", type=int, default=None, help="measured users per stage")
+    p.add_argument("--target-minutes", type=float, default=None, help="the target's training budget")
+    p.add_argument("--train-batch", type=int, default=None, help="training windows per batch (GPU: larger)")
+    p.add_argument("--budget-minutes", type=float, default=None, help="wall-time budget of the whole script")
+    p.add_argument("--preset", help="the target preset (default: base; smoke: tiny); a CPU rehearsal: tiny")
+    p.add_argument("--drafter-preset", dest="drafter", help="the drafter preset (default: llama-68m)")
+    p.add_argument("--no-align", action="store_true", help="the SFT drafter only (no teacher / AtSpeed-S)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", dest="json_path", help="default OUT/gpu_accept.json")
+
+
+def run_command(name: str, argv: list[str]) -> None:
+    """One ``recsvc`` subcommand, registering only its own module (the service's gRPC code is not imported)."""
+    from recsvc.cli.main import SUBCOMMANDS
+
+    print("$ recsvc " + name + " " + " ".join(argv), flush=True)
+    parser = argparse.ArgumentParser(prog="recsvc")
+    importlib.import_module(SUBCOMMANDS[name]).register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args([name, *argv])
+    if int(args.func(args) or 0) != 0:
+        raise UserError(f"`recsvc {name} {' '.join(argv)}` failed")
+
+
+def build(data: Path, bundle: Path, cfg: dict, device: str, align: bool, threads: int | None) -> dict:
+    """The bundle (resumable: finished stages are kept); returns what was trained and how long it took."""
+    thr = ["--threads", str(threads)] if threads else []
+    t0 = time.perf_counter()
+    ids = data / "reference_semantic_ids.json"
+    if not (bundle / "drafter" / "config.json").is_file():
+        run_command("build", ["--data", str(data), "--out", str(bundle), "--preset", cfg["preset"],
+                              *(["--ids", str(ids)] if ids.is_file() else []),
+                              "--drafter-preset", cfg["drafter"], "--drafter-epochs", str(cfg["drafter_epochs"]),
+                              "--epochs", "50", "--max-minutes", str(cfg["target_minutes"]), "--fit-budget",
+                              "--batch-size", str(cfg["train_batch"]), "--prompt", "compact", "--window-stride",
+                              "5", "--recall-users", "64", "--eval-users", "128", *thr])
+    built = time.perf_counter() - t0
+    aligned = bundle / "drafters" / "atspeed" / "config.json"
+    if align and not aligned.is_file():
+        run_command("train", ["teacher", "--bundle", str(bundle), "--k", str(cfg["width"]), "--max-prefixes",
+                              str(cfg["teacher_prefixes"]), "--batch-size", "64", *thr])
+        run_command("train", ["drafter", "--bundle", str(bundle), "--preset", cfg["drafter"], "--method",
+                              "atspeed-s", "--alpha", "0.5", "--out-name", "atspeed", "--init-from",
+                              str(bundle / "drafter"), "--epochs", str(cfg["align_epochs"]), "--as-users", "32",
+                              "--as-k", str(cfg["k"]), "--batch-size", str(cfg["train_batch"]), *thr])
+    return {"minutes": round((time.perf_counter() - t0) / 60, 2), "target_and_sft_minutes": round(built / 60, 2),
+            "aligned": aligned.is_file(), "device": device}
+
+
+def valid_recall(bundle: Path) -> dict:
+    """The target's validation figure its training selected on (BUNDLE/target/training.json)."""
+    path = bundle / "target" / TARGET_INFO
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    best = info.get("best") or {}
+    return {"metric": best.get("metric"), "value": best.get("value"), "best_epoch": info.get("best_epoch"),
+            "preset": info.get("preset"), "params": info.get("params"), "train_seconds": info.get("seconds"),
+            "train_tokens_per_s": info.get("train_tokens_per_s")}
+
+
+class _Rounds:
+    """A ledger counting strict rounds (one "verify" phase each)."""
+
+    def __init__(self) -> None:
+        from recsvc.engine.ledger import NO_LEDGER
+
+        self.rounds, self.inner = 0, NO_LEDGER
+
+    def phase(self, name: str):
+        self.rounds += name == "verify"
+        return self.inner.phase(name)
+
+
+def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
+    """Every timed stage on one loaded bundle; ``emit(stage, result)`` records a finished stage."""
+    from recsvc.bench.common import load_context, synchronize
+    from recsvc.bench.speculative import make_drafter
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.cuda_graphs import warm_up
+    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.reference import generate_topk
+    from recsvc.engine.relaxed import relaxed_speculative_search
+    from recsvc.engine.sampling import make_generators, sampling_beam_search
+    from recsvc.engine.speculative import speculative_search
+
+    k, width, n, gamma = cfg["k"], cfg["width"], cfg["n"], cfg["gamma"]
+    ctx = load_context(bundle, cfg["users"], "test", "auto", None, device=device)
+    off = ctx.builder.code_offset
+    target = EngineModel.build(ctx.model, "fp32", forward=forward)
+    eager = EngineModel.build(ctx.model, "fp32", forward="fast")
+    engine, engine_eager = BeamSearch(target, ctx.trie, off), BeamSearch(eager, ctx.trie, off)
+    aligned = (bundle / "drafters" / "atspeed" / "config.json").is_file()
+    drafter = make_drafter("llama", ctx, engine, width, "auto", "atspeed" if aligned else None, device=device)
+    drafter.model.set_forward(forward)
+    label = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+             "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,
+             "drafter": "llama (AtSpeed-S)" if aligned else "llama (SFT)", "target_valid": valid_recall(bundle),
+             "k": k, "width": width}
+    prompts = [PromptBatch.from_lists([ctx.builder.prompt_ids(u.history)]) for u in ctx.users]
+    temp = torch.tensor([1.0], device=device)
+
+    def timed(fn):
+        start = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        return out, 1000 * (time.perf_counter() - start)
+
+    def plain(pb, eng=engine):
+        return eng.search(pb, width, top=k)
+
+    def strict(pb, model=target, eng=engine, ledger=None):
+        from recsvc.engine.ledger import NO_LEDGER
+
+        return speculative_search(model, ctx.trie, off, pb, width, drafter.session(pb, [], None), n, gamma, None,
+                                  eng.select, ledger=ledger or NO_LEDGER)
+
+    def relaxed(pb, seed):
+        return relaxed_speculative_search(target, ctx.trie, off, pb, width, drafter.sampling_session(pb, [], None),
+                                          n, gamma, temp, make_generators([seed]))
+
+    def sampling(pb, seed):
+        return sampling_beam_search(target, ctx.trie, off, pb, width, temp, make_generators([seed]))
+
+    batch_pb = PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in ctx.users[:cfg["batch"]]])
+    # every measured user's searches once (their buckets' graphs captured before any clock runs), then the batch
+    searches = [lambda pb=pb: (plain(pb), strict(pb), relaxed(pb, 0), sampling(pb, 0)) for pb in prompts]
+    searches = [lambda: plain(batch_pb), lambda: strict(batch_pb), *searches,
+                *[lambda pb=pb: plain(pb, engine_eager) for pb in prompts[:cfg["calibration"]]]]
+    emit("warmup", {**label, **warm_up([target, drafter.model], searches, cfg["warmup_seconds"])})
+
+    def over() -> bool:
+        return time.perf_counter() > deadline
+
+    # plain decoding vs generate
+    def stage_plain() -> None:
+        rows, same, same_eager = [], 0, 0
+        for pb in prompts:
+            if over():
+                break
+            out, ms = timed(lambda pb=pb: plain(pb))
+            eager_out, ms_eager = timed(lambda pb=pb: plain(pb, engine_eager))
+            same_eager += torch.equal(out.leaves, eager_out.leaves)  # graphs vs the eager forward (bf16 near-ties)
+            (codes, _), ms_gen = timed(lambda pb=pb: generate_topk(ctx.model, ctx.trie, off, pb.ids[0].tolist(), width))
+            mine = [tuple(c) for c in ctx.trie.codes_of_nodes(out.leaves[0]).tolist() if c[0] >= 0]
+            same += mine == codes[:k]
+            rows.append((ms, ms_eager, ms_gen))
+        if rows:
+            p = statistics.mean(r[0] for r in rows)
+            emit("plain", {**label, "users": len(rows), "engine_ms": p,
+                           "engine_eager_ms": statistics.mean(r[1] for r in rows),
+                           "generate_ms": statistics.mean(r[2] for r in rows),
+                           "speedup_vs_generate": statistics.mean(r[2] for r in rows) / p,
+                           "same_as_generate": same / len(rows), "same_as_eager": same_eager / len(rows)})
+
+    # strict speculation vs plain
+    def stage_strict() -> None:
+        rows, same = [], 0
+        for pb in prompts:
+            if over():
+                break
+            ref, ms_p = timed(lambda pb=pb: plain(pb))
+            out, ms_s = timed(lambda pb=pb: strict(pb))
+            same += torch.equal(out.leaves[0, :k], ref.leaves[0])
+            rows.append((ms_p, ms_s, int(out.target_calls[0]), int(out.accepted[0])))
+        if rows:
+            p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
+            emit("strict", {**label, "users": len(rows), "N": n, "gamma": gamma, "plain_ms": p, "strict_ms": s,
+                            "WS": p / s, "AS": statistics.mean(r[3] for r in rows),
+                            "target_calls": statistics.mean(r[2] for r in rows), "same_lists": same,
+                            "same_share": same / len(rows), "differing": len(rows) - same})
+
+    # host reads (counting slows every torch call: separate, untimed runs)
+    def stage_host_reads() -> None:
+        if not over():
+            res = {**label}
+            for name, model, eng in (("sync_free", target, engine), ("eager_fast", eager, engine_eager)):
+                per_round, per_req, beyond, plain_reads = [], [], [], []
+                for pb in prompts[:5]:
+                    rounds = _Rounds()
+                    with HostReads(device) as reads:
+                        strict(pb, model, eng, rounds)
+                    per_round.append(reads.total / max(rounds.rounds, 1))
+                    per_req.append(reads.total)
+                    beyond.append(reads.total - rounds.rounds)  # reads beyond one per round
+                    with HostReads(device) as reads_p:
+                        plain(pb, eng)
+                    plain_reads.append(reads_p.total)
+                res[name] = {"strict_reads_per_round": statistics.mean(per_round),
+                             "strict_reads_per_round_max": max(per_round),
+                             "strict_reads_per_request": statistics.mean(per_req),
+                             "strict_reads_beyond_one_per_round_max": max(beyond),
+                             "plain_reads_per_request": statistics.mean(plain_reads), "where": reads.summary(8)}
+            emit("host_reads", res)
+
+    # batched vs one at a time
+    def stage_batched() -> None:
+        if not over():
+            singles = [timed(lambda pb=pb: plain(pb))[1] for pb in prompts[:cfg["batch"]]]
+            _, ms_batch = timed(lambda: plain(batch_pb))
+            _, ms_batch = timed(lambda: plain(batch_pb))  # the second run: every bucket captured
+            rps_one, rps_batch = 1000 / statistics.mean(singles), 1000 * len(batch_pb.lengths) / ms_batch
+            emit("batched", {**label, "batch": len(batch_pb.lengths), "one_at_a_time_rps": rps_one,
+                             "batched_rps": rps_batch, "ratio": rps_batch / rps_one, "batch_ms": ms_batch})
+
+    # relaxed speculation vs the target's own sampling beam search
+    def stage_relaxed() -> None:
+        rows = []
+        for i, pb in enumerate(prompts):
+            if over():
+                break
+            _, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
+            out, ms_s = timed(lambda pb=pb, i=i: relaxed(pb, i))
+            rows.append((ms_p, ms_s, int(out.target_calls[0])))
+        if rows:
+            p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
+            emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "sampling_ms": p, "relaxed_ms": s,
+                             "WS": p / s, "target_calls": statistics.mean(r[2] for r in rows)})
+
+    # the target's test quality (the served lists' quality: plain beam search, what strict returns too)
+    def stage_quality() -> None:
+        if not over():
+            from recsvc.data.metrics import evaluate_rankings
+            from recsvc.data.sampling import sample_users
+
+            users = sample_users(ctx.data.eval_users("test"), cfg["quality_users"], seed=0)
+            ranks: dict[int, list[int]] = {}
+            start = time.perf_counter()
+            for i in range(0, len(users), cfg["batch"]):
+                if over():
+                    break
+                group = users[i:i + cfg["batch"]]
+                out = plain(PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in group]))
+                for u, leaves in zip(group, out.leaves, strict=True):
+                    ranks[u.user_id] = ctx.trie.leaf_items(leaves[leaves >= 0])
+            scored = [u for u in users if u.user_id in ranks]
+            if scored:
+                metrics = evaluate_rankings(ranks, scored, [k])
+                emit("quality", {**label, "split": "test", "users": len(scored), "recall@10": metrics[f"recall@{k}"],
+                                 "ndcg@10": metrics[f"ndcg@{k}"], "seconds": round(time.perf_counter() - start, 2),
+                                 "decoding": f"plain beam search, width {width}, batches of {cfg['batch']}, "
+                                             "history not excluded"})
+
+    for name, fn in (("plain", stage_plain), ("strict", stage_strict), ("host_reads", stage_host_reads),
+                     ("batched", stage_batched), ("relaxed", stage_relaxed), ("quality", stage_quality)):
+        try:
+            fn()
+        except Exception as exc:  # one stage's failure is recorded; the others still run
+            emit(name, {**label, "error": repr(exc)[:1000]})
+    emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
+                                                                (target, drafter.model) if m.graph_runner]})
+
+
+def run(args: argparse.Namespace) -> dict:
+    from recsvc.bench.common import machine, set_threads, write_json
+
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: torch sees no CUDA GPU")
+    if not args.smoke and not args.data:
+        raise UserError("--data DIR is required (a prepared split, e.g. Beauty), or use --smoke")
+    set_threads(args.threads)
+    out = Path(args.out)
+    json_path = Path(args.json_path) if args.json_path else out / "gpu_accept.json"
+    start = time.perf_counter()
+    payload: dict = {"bench": "gpu-accept", "device": device, "machine": machine(), "stages": {}, "complete": False}
+    if not args.smoke and not args.no_smoke:  # the whole script at tiny sizes first, on the same device
+        sub = argparse.Namespace(**{**vars(args), "smoke": True, "out": str(out / "smoke"), "json_path": None,
+                                    "users": None, "target_minutes": None, "train_batch": None,
+                                    "budget_minutes": None, "preset": None, "drafter": None})
+        t0 = time.perf_counter()
+        try:
+            smoke = run(sub)
+            payload["stages"]["smoke"] = {"ok": smoke["complete"], "seconds": round(time.perf_counter() - t0, 1)}
+        except Exception as exc:  # the real run still goes ahead; the JSON says what broke
+            payload["stages"]["smoke"] = {"ok": False, "error": repr(exc)[:500]}
+        write_json(json_path, payload)
+    cfg = dict(SMOKE if args.smoke else FULL)
+    for key in ("users", "target_minutes", "train_batch", "budget_minutes", "preset", "drafter"):
+        if getattr(args, key, None):
+            cfg[key] = getattr(args, key)
+    payload["config"] = {**cfg, "forward": args.forward, "smoke": args.smoke}
+    deadline = start + 60 * cfg["budget_minutes"]
+    data = out / "data" if args.smoke else Path(args.data)
+    if args.smoke and not (data / "items.json").is_file():
+        run_command("data", ["synth", "--out", str(data), "--items", "80", "--users", "160", "--seed", "0"])
+    bundle = out / "bundle"
+
+    def emit(stage: str, result: dict) -> None:
+        payload["stages"][stage] = result
+        payload["last_stage"], payload["elapsed_s"] = stage, round(time.perf_counter() - start, 1)
+        if device == "cuda":
+            result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        write_json(json_path, payload)
+        print(json.dumps({stage: result}, default=str)[:2000], flush=True)
+
+    emit("build", build(data, bundle, cfg, device, not args.no_align, args.threads))
+    measure(bundle, cfg, device, args.forward, deadline, emit)
+    payload["complete"] = True
+    payload["elapsed_s"] = round(time.perf_counter() - start, 1)
+    write_json(json_path, payload)
+    return payload
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m recsvc.bench.gpu_accept", description=__doc__.splitlines()[0])
+    add_args(p)
+    try:
+        run(p.parse_args(argv))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Whole forwards of the fast forward as CUDA graphs, one per bucket (``recsvc.engine.buckets``).
+
+At batch 1 a forward of the engine is a few hundred small kernels launched from Python; on a GPU their launch
+costs more than their work. ``GraphRunner`` captures ``FastLlama.forward_static`` (embedding, rotary, every
+decoder layer, the final norm) once per bucket (rows, new tokens, visible slots, kept rows) with
+``torch.cuda.CUDAGraph`` and replays it: the inputs are copied into the bucket's static tensors, the keys /
+values are written into the static KV pool's buffers (fixed addresses), the output is copied out of the graph's
+static output. All graphs share one memory pool (they never run concurrently; each output is copied before the
+next replay).
+
+Capture happens on a bucket's first use (two eager warm-up runs on a side stream, then the capture); the
+number of graphs is bounded (``max_graphs``; past it, buckets run eagerly at their padded shapes) and every
+capture is logged with its time. ``warm_up`` runs a caller's representative searches once at start-up so the
+buckets they use are captured before the first request, within a time budget.
+
+Only on CUDA (``torch.cuda.is_available()`` and the model on a CUDA device); elsewhere the bucketed path runs
+the same code eagerly (``recsvc.engine.buckets``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from recsvc.engine.buckets import BucketedForward, PaddedInputs, StaticCache
+
+log = logging.getLogger(__name__)
+
+
+def cuda_graphs_available(device: torch.device) -> bool:
+    return torch.cuda.is_available() and device.type == "cuda"
+
+
+@dataclass
+class _Graph:
+    graph: object  # torch.cuda.CUDAGraph
+    inputs: PaddedInputs  # static input tensors
+    output: torch.Tensor  # static output
+    replays: int = 0
+
+
+@dataclass
+class GraphRunner:
+    max_graphs: int = 256
+    graphs: dict[tuple[int, int, int, int], _Graph] = field(default_factory=dict)
+    capture_s: float = 0.0  # seconds spent capturing
+    eager: int = 0  # forwards run eagerly (past max_graphs, or after a failed capture)
+    failed: str = ""  # the first capture's error, if one failed (every bucket then runs eagerly)
+    _pool: object = None
+
+    def run(self, fwd: BucketedForward, cache: StaticCache, x: PaddedInputs) -> torch.Tensor:
+        """The bucket's graph replayed on ``x`` (captured on first use); ``cache`` holds the pool's buffers."""
+        rows, tokens = x.ids.shape
+        width = x.visible.shape[2]
+        key = (rows, tokens, width, -1 if x.keep is None else int(x.keep.shape[1]))
+        g = self.graphs.get(key)
+        if g is None:
+            if len(self.graphs) < self.max_graphs and not self.failed:
+                try:
+                    g = self._capture(fwd, cache, key, x)
+                except RuntimeError as exc:  # an op the capture refuses: log it once, run eagerly from now on
+                    self.failed = repr(exc)[:500]
+                    log.warning("CUDA graph capture failed (%s); the bucketed forward runs eagerly", self.failed)
+            if g is None:
+                self.eager += 1
+                keys, values = cache.buffers_of(rows, width)
+                return fwd.fast.forward_static(keys, values, x.ids, x.positions, x.slots, x.visible, x.keep)
+        _copy_inputs(g.inputs, x)
+        g.graph.replay()  # type: ignore[attr-defined]
+        g.replays += 1
+        return g.output.clone()
+
+    def _capture(self, fwd: BucketedForward, cache: StaticCache, key: tuple[int, int, int, int],
+                 x: PaddedInputs) -> _Graph:
+        start = time.perf_counter()
+        rows, _, width, _ = key
+        static = PaddedInputs(x.ids.clone(), x.positions.clone(), x.slots.clone(), x.visible.clone(),
+                              None if x.keep is None else x.keep.clone())
+        keys, values = cache.buffers_of(rows, width)  # the pool's buffers: the same for every leasing cache
+
+        def step() -> torch.Tensor:
+            return fwd.fast.forward_static(keys, values, static.ids, static.positions, static.slots,
+                                           static.visible, static.keep)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up (cuBLAS handles, workspace): the inputs' own forward, twice
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):  # other threads' work
+            output = step()
+        g = _Graph(graph, static, output)
+        self.graphs[key] = g
+        took = time.perf_counter() - start
+        self.capture_s += took
+        log.info("captured CUDA graph %d (rows %d, tokens %d, slots %d, kept %d) in %.2f s", len(self.graphs),
+                 *key, took)
+        return g
+
+    def summary(self) -> dict:
+        return {"graphs": len(self.graphs), "capture_s": round(self.capture_s, 3), "eager_forwards": self.eager,
+                "replays": sum(g.replays for g in self.graphs.values()), "failed": self.failed}
+
+
+def _copy_inputs(dst: PaddedInputs, src: PaddedInputs) -> None:
+    dst.ids.copy_(src.ids)
+    dst.positions.copy_(src.positions)
+    dst.slots.copy_(src.slots)
+    dst.visible.copy_(src.visible)
+    if dst.keep is not None and src.keep is not None:
+        dst.keep.copy_(src.keep)
+
+
+def warm_up(models: list, searches: list[Callable[[], object]], budget_s: float) -> dict:
+    """Run representative searches once each (their buckets get captured) until ``budget_s`` seconds are
+    spent; returns and logs what the ``models``' (``EngineModel``) graph runners captured."""
+    start = time.perf_counter()
+    done = 0
+    for search in searches:
+        if time.perf_counter() - start > budget_s:
+            break
+        search()
+        done += 1
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    took = time.perf_counter() - start
+    runners = [m.graph_runner for m in models if m.graph_runner is not None]
+    graphs = sum(len(r.graphs) for r in runners)
+    log.info("CUDA graph warm-up: %d of %d searches, %d graphs, %.1f s (budget %.0f s)", done, len(searches),
+             graphs, took, budget_s)
+    return {"searches": done, "of": len(searches), "graphs": graphs, "seconds": round(took, 2),
+            "budget_s": budget_s, "runners": [r.summary() for r in runners]}
