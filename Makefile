@@ -305,5 +305,5 @@ image-smoke: install
 	@# safetensors writes weight files 0600: the image runs as uid 10001, which must read them (deploy/README.md)
 	chmod -R a+rX $(SMOKE_DIR)/bundle
 	$(DOCKER) image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
-	PYTHONPATH=$(CURDIR) $(PY) deploy/docker/image_smoke.py --image $(IMAGE) --bundle $(SMOKE_DIR)/bundle \
+	DOCKER=$(DOCKER) PYTHONPATH=$(CURDIR) $(PY) deploy/docker/image_smoke.py --image $(IMAGE) --bundle $(SMOKE_DIR)/bundle \
 	  --grace-s $(SMOKE_GRACE_S) --json $(SMOKE_DIR)/smoke.json

@@ -3,6 +3,7 @@ mounted read-only into the image, checked from outside through the published por
 
 Runs when a Docker daemon answers; skipped, with the reason, otherwise. A missing image is built with `make image`
 within RECSVC_IMAGE_BUILD_TIMEOUT_S (default 900 s; skipped past it, or where the Docker client has no BuildKit).
+The Docker client: $DOCKER (as the Makefile's), else `docker`; RECSVC_IMAGE names another image.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ BUILD_TIMEOUT_S = float(os.environ.get("RECSVC_IMAGE_BUILD_TIMEOUT_S", "900"))
 GRACE_S = 10
 
 sys.path.insert(0, str(SMOKE.parent))
-from image_smoke import daemon_answers  # noqa: E402
+from image_smoke import DOCKER, daemon_answers  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def _image_ready() -> None:
     version = daemon_answers()
     if version is None:
         pytest.skip("no Docker daemon answers (`docker version`): the image cannot be built or run here")
-    have = subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True, timeout=30)
+    have = subprocess.run([DOCKER, "image", "inspect", IMAGE], capture_output=True, timeout=30)
     if have.returncode == 0:
         return
     try:
@@ -103,7 +104,7 @@ def test_a_bundle_the_images_user_cannot_read_is_named_not_reported_missing(bund
     try:
         smoke = subprocess.run([sys.executable, str(SMOKE), "--image", IMAGE, "--bundle", str(bundle)], env=_env(),
                                capture_output=True, text=True, timeout=60)
-        serve = subprocess.run(["docker", "run", "--rm", "--volume", f"{bundle}:/models/bundle:ro", "--volume",
+        serve = subprocess.run([DOCKER, "run", "--rm", "--volume", f"{bundle}:/models/bundle:ro", "--volume",
                                 f"{REPO}:/src:ro", "--env", "PYTHONPATH=/src", "--entrypoint", "python", IMAGE,
                                 "-m", "recsvc.cli.main", "serve", "--bundle", "/models/bundle", "--port", "0"],
                                capture_output=True, text=True, timeout=120)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 CONTAINER_PORT = 50051
+DOCKER = os.environ.get("DOCKER") or "docker"  # the client (as the Makefile's DOCKER)
 SERVICE = "recsvc.v1.Recommender"
 
 
@@ -36,7 +37,7 @@ class Unavailable(Exception):
 
 def docker(*args: str, timeout_s: float = 60, check: bool = True) -> str:
     try:
-        out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout_s)
+        out = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout_s)
     except FileNotFoundError as exc:
         raise Unavailable("no docker client on PATH") from exc
     if check and out.returncode != 0:
@@ -47,7 +48,7 @@ def docker(*args: str, timeout_s: float = 60, check: bool = True) -> str:
 def daemon_answers(timeout_s: float = 10) -> str | None:
     """The daemon's version, or None when no daemon answers."""
     try:
-        out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
+        out = subprocess.run([DOCKER, "version", "--format", "{{.Server.Version}}"], capture_output=True,
                              text=True, timeout=timeout_s)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
@@ -56,7 +57,7 @@ def daemon_answers(timeout_s: float = 10) -> str | None:
 
 def container_logs(name: str, tail: int) -> str:
     """The container's last lines, stdout and stderr together (`docker logs` replays them on its own two)."""
-    out = subprocess.run(["docker", "logs", "--tail", str(tail), name], stdout=subprocess.PIPE,
+    out = subprocess.run([DOCKER, "logs", "--tail", str(tail), name], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=30)
     return out.stdout.strip()
 
