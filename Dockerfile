@@ -40,14 +40,23 @@ RUN --mount=type=bind,source=.whl,target=/tmp/wheels \
        else \
          pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; \
        fi
+# The project's dependencies (from pyproject.toml alone, so a change of the code does not download them again),
+# then the project itself.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=build-ca \
+    if [ -f /run/secrets/build-ca ]; then export PIP_CERT=/run/secrets/build-ca; fi \
+    && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+       > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+COPY README.md ./
 COPY recsvc ./recsvc
 COPY tokenizer_rqvae ./tokenizer_rqvae
 COPY training ./training
 RUN --mount=type=secret,id=build-ca \
     if [ -f /run/secrets/build-ca ]; then export PIP_CERT=/run/secrets/build-ca; fi \
-    && pip install . \
+    && pip install . --no-deps \
     && pip check \
     && python -c "import torch, recsvc.service.server; print('torch', torch.__version__)" \
     && rm -rf /src

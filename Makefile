@@ -264,8 +264,8 @@ gpu-bench:
 # debootstrap; root). The torch CPU wheel is taken from this host when pip finds it locally (copied into .whl/),
 # else the Dockerfile downloads it from torch's CPU index. BUILD_CA: a CA bundle pip trusts during the build
 # (a TLS-inspecting proxy; default: pip's own PIP_CERT). DOCKER: a client with BuildKit (buildx, or a 20.10 client).
-# `make image-smoke` runs the image with a tiny bundle (built here by the repository's commands) and checks it
-# from outside (deploy/docker/image_smoke.py).
+# `make image-smoke` builds the image of this checkout, runs it with a tiny bundle (target and drafter, built here
+# by the repository's commands) and checks it from outside (deploy/docker/image_smoke.py).
 IMAGE ?= recsvc:0.1.0-cpu
 BASE_IMAGE ?= python:3.11-slim
 LOCAL_BASE ?= recsvc-base:bookworm
@@ -299,11 +299,12 @@ image: image-wheels
 image-smoke: install
 	test -f $(SMOKE_DIR)/data/items.json || $(VENV)/bin/recsvc data synth --out $(SMOKE_DIR)/data --items 80 \
 	  --users 160 --seed 0
-	test -f $(SMOKE_DIR)/bundle/target/config.json || $(VENV)/bin/recsvc build --data $(SMOKE_DIR)/data \
+	test -f $(SMOKE_DIR)/bundle/drafter/config.json || $(VENV)/bin/recsvc build --data $(SMOKE_DIR)/data \
 	  --out $(SMOKE_DIR)/bundle --preset tiny --epochs 1 --prompt compact --window-stride 5 --recall-users 64 \
-	  --eval-users 64 --threads 1
+	  --eval-users 64 --drafter-preset drafter-tiny --drafter-epochs 1 --threads 1
 	@# safetensors writes weight files 0600: the image runs as uid 10001, which must read them (deploy/README.md)
 	chmod -R a+rX $(SMOKE_DIR)/bundle
-	$(DOCKER) image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
+	@# the image of this checkout (the build cache makes this quick when nothing changed)
+	$(MAKE) image
 	DOCKER=$(DOCKER) PYTHONPATH=$(CURDIR) $(PY) deploy/docker/image_smoke.py --image $(IMAGE) --bundle $(SMOKE_DIR)/bundle \
 	  --grace-s $(SMOKE_GRACE_S) --json $(SMOKE_DIR)/smoke.json

@@ -186,9 +186,25 @@ class Smoke:
                     last = status
                 if status == "SERVING":
                     self.summary["serving_after_s"] = round(time.monotonic() - self.t0, 1)
+                    self._startup_events()
                     return int(port)
                 time.sleep(0.5)
         raise SmokeFailure(f"not SERVING within {self.args.startup_timeout_s:g} s (last: {last})")
+
+    def _startup_events(self) -> None:
+        """The server's start-up steps (its JSON log lines), e.g. the speculation calibration on a bundle with a
+        drafter, and `calibration_not_stored` for the read-only mount."""
+        events = []
+        for line in container_logs(self.name, 200).splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and "event" in entry:
+                detail = entry.get("choice") and f"(K={entry.get('k')}: {entry['choice']})"
+                events.append(f"{entry['event']}{detail or ''}")
+        self.summary["startup_events"] = events
+        self.say(f"start-up log: {', '.join(events)}")
 
     def _calls(self, port: int) -> None:
         from recsvc.service.client import RecClient, response_to_dict
