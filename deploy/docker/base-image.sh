@@ -14,9 +14,9 @@ set -euo pipefail
 tag="${1:-recsvc-base:bookworm}"
 suite="${DEBIAN_SUITE:-bookworm}"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-# python3-venv brings ensurepip (the Dockerfile makes its virtualenv with it); libgomp1 is torch's OpenMP
-# runtime (the python image has it through its build dependencies; torch's CPU wheel links against it)
-packages="python3,python3-venv,ca-certificates,libgomp1"
+# python3-venv brings ensurepip (the Dockerfile makes its virtualenv with it); ca-certificates: pip's HTTPS.
+# Nothing else: the wheels bring their native libraries (torch and faiss their own OpenMP runtime).
+packages="python3,python3-venv,ca-certificates"
 
 if [[ $EUID -ne 0 ]]; then echo "error: debootstrap needs root" >&2; exit 2; fi
 command -v debootstrap >/dev/null || { echo "error: no debootstrap (apt-get install debootstrap)" >&2; exit 2; }
@@ -26,9 +26,11 @@ trap 'rm -rf "$root"' EXIT
 echo "debootstrap $suite from $mirror into $root (a few minutes)"
 debootstrap --variant=minbase --include="$packages" "$suite" "$root" "$mirror"
 
-# what the image does not need at run time: apt's package lists and caches, documentation, man pages
+# what the image does not need at run time: apt's package lists and caches, documentation (the packages'
+# copyright files stay), man pages
 chroot "$root" apt-get clean
-rm -rf "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
+find "$root"/usr/share/doc -mindepth 1 ! -type d ! -name copyright -delete
+rm -rf "$root"/var/lib/apt/lists/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
     "$root"/var/cache/debconf/*-old "$root"/var/log/*.log "$root"/tmp/*
 # `python` as in the python images (Debian only ships `python3`)
 ln -sf python3 "$root/usr/bin/python"
