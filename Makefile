@@ -263,3 +263,53 @@ gpu-bench:
 gpu-bench-long:
 	test -x $(PY) || (echo "no $(VENV): carry the venv or run make install (see docs/GPU.md)"; exit 2)
 	$(VENV)/bin/recsvc bench gpu $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) --out $(GPU_OUT)-long $(GPU_ARGS)
+
+# The container image (deploy/README.md, "Building the image"). `make image` builds IMAGE with BuildKit from
+# BASE_IMAGE, or, where that cannot be pulled, from LOCAL_BASE made by `make base-image` (Debian's packages via
+# debootstrap; root). The torch CPU wheel is taken from this host when pip finds it locally (copied into .whl/),
+# else the Dockerfile downloads it from torch's CPU index. BUILD_CA: a CA bundle pip trusts during the build
+# (a TLS-inspecting proxy; default: pip's own PIP_CERT). DOCKER: a client with BuildKit (buildx, or a 20.10 client).
+# `make image-smoke` builds the image of this checkout, runs it with a tiny bundle (target and drafter, built here
+# by the repository's commands) and checks it from outside (deploy/docker/image_smoke.py).
+IMAGE ?= recsvc:0.1.0-cpu
+BASE_IMAGE ?= python:3.11-slim
+LOCAL_BASE ?= recsvc-base:bookworm
+DOCKER ?= docker
+BUILD_CA ?= $(PIP_CERT)
+TORCH_WHEEL_PIN := torch==2.13.0+cpu
+comma := ,
+SMOKE_DIR ?= artifacts/image-smoke
+SMOKE_GRACE_S ?= 10
+DOCKER_BUILD = $(if $(shell $(DOCKER) buildx version 2>/dev/null),$(DOCKER) buildx build --load,DOCKER_BUILDKIT=1 $(DOCKER) build)
+PIP_WHEEL = $(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
+  --platform manylinux_2_28_x86_64 --dest .whl
+.PHONY: image base-image image-wheels image-smoke
+base-image:
+	$(DOCKER) image inspect $(LOCAL_BASE) >/dev/null 2>&1 || deploy/docker/base-image.sh $(LOCAL_BASE)
+
+image-wheels: install
+	@ls .whl/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 || $(PIP_WHEEL) --no-index $(TORCH_WHEEL_PIN) \
+	  || echo "no local $(TORCH_WHEEL_PIN) wheel: the build downloads it from torch's CPU index"
+
+image: image-wheels
+	@base=$(BASE_IMAGE); \
+	if ! $(DOCKER) image inspect $$base >/dev/null 2>&1 && ! $(DOCKER) pull $$base; then \
+	  echo "cannot pull $$base: building on $(LOCAL_BASE) (make base-image)"; \
+	  $(MAKE) base-image && base=$(LOCAL_BASE) || exit 1; \
+	fi; \
+	set -x; $(DOCKER_BUILD) --build-arg BASE_IMAGE=$$base $(if $(BUILD_CA),--secret id=build-ca$(comma)src=$(BUILD_CA)) \
+	  -t $(IMAGE) .
+	$(DOCKER) image ls $(IMAGE)
+
+image-smoke: install
+	test -f $(SMOKE_DIR)/data/items.json || $(VENV)/bin/recsvc data synth --out $(SMOKE_DIR)/data --items 80 \
+	  --users 160 --seed 0
+	test -f $(SMOKE_DIR)/bundle/drafter/config.json || $(VENV)/bin/recsvc build --data $(SMOKE_DIR)/data \
+	  --out $(SMOKE_DIR)/bundle --preset tiny --epochs 1 --prompt compact --window-stride 5 --recall-users 64 \
+	  --eval-users 64 --drafter-preset drafter-tiny --drafter-epochs 1 --threads 1
+	@# safetensors writes weight files 0600: the image runs as uid 10001, which must read them (deploy/README.md)
+	chmod -R a+rX $(SMOKE_DIR)/bundle
+	@# the image of this checkout (the build cache makes this quick when nothing changed)
+	$(MAKE) image
+	DOCKER=$(DOCKER) PYTHONPATH=$(CURDIR) $(PY) deploy/docker/image_smoke.py --image $(IMAGE) --bundle $(SMOKE_DIR)/bundle \
+	  --grace-s $(SMOKE_GRACE_S) --json $(SMOKE_DIR)/smoke.json

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import stat
 import sys
 
 from recsvc.cli.worker_exit import finish_worker
@@ -59,6 +60,21 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def missing_file_message(exc: FileNotFoundError | PermissionError) -> str:
+    """What the user is told about an input file that could not be opened. safetensors reports a file that exists
+    but cannot be read (e.g. written 0600 by another user, read by a container's user) as "No such file or
+    directory": such a file is named as unreadable, with its mode and owner."""
+    path = exc.filename or str(exc).rpartition("No such file or directory: ")[2]
+    if isinstance(exc, PermissionError) or (path and os.path.exists(path) and not os.access(path, os.R_OK)):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return f"permission denied: {path or exc}"
+        return (f"cannot read {path}: permission denied (mode {stat.filemode(st.st_mode)}, owner uid {st.st_uid}, "
+                f"gid {st.st_gid}; this process runs as uid {os.getuid()}, gid {os.getgid()})")
+    return f"file not found: {exc.filename or exc}"
+
+
 def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -73,8 +89,8 @@ def _run(argv: list[str] | None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
-        print(f"error: file not found: {exc.filename or exc}", file=sys.stderr)
+    except (FileNotFoundError, PermissionError) as exc:
+        print(f"error: {missing_file_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

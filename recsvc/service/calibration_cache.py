@@ -64,5 +64,8 @@ def save_choice(bundle: str | Path, key: dict[str, Any], choice: dict[int, tuple
         os.replace(tmp, path)
         return True
     except OSError:
-        tmp.unlink(missing_ok=True)
+        try:  # on a read-only bundle (a read-only volume) the temp file was never made and unlink fails too
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
         return False
