@@ -10,14 +10,14 @@ from collections.abc import Sequence
 import grpc
 import pytest
 
-from recsvc.recommender.api import RecQuery, RecResult
+from recsvc.recommender.api import RecQuery, RecResult, WithoutModel
 from recsvc.service.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.servicer import NO_DECODING_REASON, NO_HISTORY_REASON
 from recsvc.service.stores import open_store
 
 
-class DelayedRecommender:
+class DelayedRecommender(WithoutModel):
     """Wraps a recommender: each engine call takes ``delay_s`` longer (a slow model); records the queries."""
 
     def __init__(self, inner, delay_s: float, poison_item: int | None = None) -> None:

@@ -128,12 +128,14 @@ def run(args: argparse.Namespace) -> dict:
                         corrections=None if args.corrections < 0 else args.corrections, factor=args.factor)
     runs = [(name, rules, s) for name, rules in scenarios(args) for s in (strategies if rules else ["plain"])]
 
+    # one recommender per strategy, built from the loaded one (models shared)
+    by_strategy = {s: rec.variant(rules=replace(base, strategy=s)) for s in strategies}
+
     def once(history: list[int], rules: Rules | None, strategy: str, ledger: Ledger = NO_LEDGER
              ) -> tuple[list[int], float, int]:
-        if strategy != "plain":
-            rec.rule_settings = replace(base, strategy=strategy)
+        served = by_strategy[strategy] if strategy != "plain" else rec
         start = time.perf_counter()
-        (res,) = rec.recommend([RecQuery(history=history, k=k, mode="plain", rules=rules)], ledger)
+        (res,) = served.recommend([RecQuery(history=history, k=k, mode="plain", rules=rules)], ledger)
         return res.item_ids, 1000 * (time.perf_counter() - start), res.stats.target_calls
 
     for u in users[:3]:  # warm-up: every path once
