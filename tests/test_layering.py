@@ -13,6 +13,14 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   the benches and the CLI import no drafter (they use the ``Drafter`` port's capabilities).
 - the data layer (``recsvc/data``, ``recsvc/model``, ``recsvc/errors.py``, ``tokenizer_rqvae``) imports no
   engine, recommender, service, bench or CLI module; ``recsvc/service`` imports no bench or CLI module.
+- ``recsvc/rules/`` is two layers: the trie-level rules (``RULES_TRIE_LEVEL``: the Rules values, item attributes,
+  their compilation over the trie's leaves, the greedy cap filler) sit with the data layer and import no engine,
+  drafter or decoding-level rule; the decoding-level rules (``RULES_DECODING``: list-level search, look-ahead, the
+  strategies) sit above the engine and below the recommender.
+- the service reads a recommender only through the ``Recommender`` protocol: no ``getattr`` / ``hasattr`` on a
+  recommender in ``recsvc/service``.
+- no module is imported by a string (``importlib.import_module``, ``__import__``) but in the console script's
+  command tables (``COMMAND_TABLES``), which name commands whose package may not be installed.
 
 A new import that breaks one of these fails here with the file, line and module.
 """
@@ -42,6 +50,14 @@ ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "training")
 # the console script's command tables: module paths of commands, imported only when the package is installed
 COMMAND_TABLES = {"recsvc/cli/main.py", "recsvc/bench/cli.py"}
 MODULE_NAME = re.compile(r"^training(\.\w+)*$")
+# recsvc/rules/ in its two layers (every module of the folder is in exactly one)
+RULES_TRIE_LEVEL = ("recsvc/rules/spec.py", "recsvc/rules/attributes.py", "recsvc/rules/build.py",
+                    "recsvc/rules/derive.py", "recsvc/rules/source.py", "recsvc/rules/catalog.py",
+                    "recsvc/rules/greedy.py")
+RULES_DECODING = ("recsvc/rules/search.py", "recsvc/rules/lookahead.py", "recsvc/rules/decode.py")
+ABOVE_TRIE_RULES = ("recsvc.engine", "recsvc.drafters", "recsvc.recommender", "recsvc.service", "recsvc.bench",
+                    "recsvc.cli", "training", *(m.removesuffix(".py").replace("/", ".") for m in RULES_DECODING))
+RECOMMENDER_NAME = re.compile(r"(^|\.|_)(rec|recommender)$")
 
 
 def sources(*places: str) -> list[Path]:
@@ -149,3 +165,46 @@ def test_data_layer_imports_no_engine_service_or_cli() -> None:
 def test_service_imports_no_bench_or_cli() -> None:
     assert violations(("recsvc/service",), ABOVE_SERVICE) == []
 
+
+
+def test_rules_are_two_layers() -> None:
+    listed = {*RULES_TRIE_LEVEL, *RULES_DECODING}
+    present = {str(p.relative_to(ROOT)) for p in sources("recsvc/rules") if p.name != "__init__.py"}
+    assert present == listed, "every rules module belongs to one of the two layers"
+    assert violations(RULES_TRIE_LEVEL, ABOVE_TRIE_RULES) == []
+    assert violations(RULES_DECODING, ABOVE_RECOMMENDER + ("recsvc.recommender",)) == []
+
+
+def probes_of_a_recommender(path: Path) -> list[tuple[str, int, str]]:
+    """``getattr(x, ...)`` / ``hasattr(x, ...)`` where x names a recommender (``rec``, ``recommender``,
+    ``self.recommender``, ``base_rec``, ...)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and node.args and RECOMMENDER_NAME.search(ast.unparse(node.args[0]))):
+            out.append((str(path), node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_the_service_reads_a_recommender_through_its_protocol(tmp_path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("getattr(self.recommender, 'states', None)\nhasattr(rec, 'x')\ngetattr(args, 'k', 1)\n")
+    assert [line for _, line, _ in probes_of_a_recommender(probe)] == [1, 2]  # the reader sees them
+    assert [found for path in sources("recsvc/service") for found in probes_of_a_recommender(path)] == []
+
+
+def imports_by_string(path: Path) -> list[tuple[str, int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name in ("importlib.import_module", "import_module", "__import__", "importlib.__import__"):
+                out.append((str(path.relative_to(ROOT)), node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_no_module_is_imported_by_a_string_but_in_the_command_tables() -> None:
+    probe = ROOT / "recsvc" / "cli" / "main.py"
+    assert imports_by_string(probe), "the reader sees the command table's import"
+    found = [f for path in sources("recsvc", "training", "tokenizer_rqvae") for f in imports_by_string(path)]
+    assert [f for f in found if f[0] not in COMMAND_TABLES] == []
