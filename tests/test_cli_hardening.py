@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+from service_helpers import json_line
 
 from recsvc.cli.main import build_parser, main
 from recsvc.recommender.bundle_recommender import SpecSettings
@@ -195,13 +196,6 @@ def test_calibration_runs_at_the_served_widths_only():
 # --- the serve process: start-up steps, serving line, prompt exit after SIGTERM ---------------------------------
 
 
-def _json(line: str) -> dict:
-    try:
-        entry = json.loads(line)
-    except json.JSONDecodeError:
-        return {}
-    return entry if isinstance(entry, dict) else {}
-
 
 def test_serve_process_logs_start_up_and_exits_within_2s_of_sigterm(tmp_path):
     counts = tmp_path / "pop.json"
@@ -217,8 +211,8 @@ def test_serve_process_logs_start_up_and_exits_within_2s_of_sigterm(tmp_path):
             line = proc.stderr.readline()
             if not line:
                 break
-            if _json(line):
-                events.append(_json(line))
+            if json_line(line):
+                events.append(json_line(line))
             if events and events[-1].get("event") == "serving":
                 break
         names = [e.get("event") for e in events]
@@ -233,7 +227,7 @@ def test_serve_process_logs_start_up_and_exits_within_2s_of_sigterm(tmp_path):
             signalled = time.monotonic()
             assert proc.wait(20) == 0
             assert time.monotonic() - signalled < 2.0
-        tail = [_json(line).get("event") for line in proc.stderr.read().splitlines()]
+        tail = [json_line(line).get("event") for line in proc.stderr.read().splitlines()]
         assert "draining" in tail and [e for e in tail if e][-1] == "stopped"
     finally:
         if proc.poll() is None:

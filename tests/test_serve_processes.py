@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_service_cli import _json_line
+from service_helpers import json_line
 
 from recsvc.errors import UserError
 from recsvc.service.client import CHANNEL_OPTIONS, RecClient, channel_target
@@ -23,6 +23,16 @@ from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
 from recsvc.service.stores.redis_spawn import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _kill(proc: subprocess.Popen, pids) -> None:
+    """What a test leaves behind, killed: the parent process and any worker still alive."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
@@ -47,7 +57,7 @@ def test_serve_processes_2_share_the_port_and_drain_on_sigterm(tmp_path):
     def read() -> None:
         for line in proc.stderr:
             with lock:
-                entries.append(_json_line(line))
+                entries.append(json_line(line))
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -90,12 +100,7 @@ def test_serve_processes_2_share_the_port_and_drain_on_sigterm(tmp_path):
         assert events("workers_exited")[-1]["exitcodes"] == [0, 0]
         assert not [pid for pid in worker_pids if _alive(pid)]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in worker_pids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill(proc, worker_pids)
 
 
 def test_serve_processes_workers_exit_when_the_parent_is_killed(tmp_path):
@@ -111,7 +116,7 @@ def test_serve_processes_workers_exit_when_the_parent_is_killed(tmp_path):
         while len(pids) < 2:
             line = proc.stderr.readline()
             assert line and time.monotonic() < deadline
-            entry = _json_line(line)
+            entry = json_line(line)
             if entry.get("event") == "serving":
                 pids.add(entry["pid"])
         proc.kill()
@@ -121,12 +126,7 @@ def test_serve_processes_workers_exit_when_the_parent_is_killed(tmp_path):
             assert time.monotonic() < deadline, "orphaned workers still running"
             time.sleep(0.1)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in pids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill(proc, pids)
 
 
 def test_serve_processes_needs_an_explicit_port(tmp_path, capsys):
@@ -230,9 +230,9 @@ def _start_serve(counts: Path) -> tuple[subprocess.Popen, str]:
         if not line:
             break
         lines.append(line)
-        if _json_line(line).get("event") == "serving":
+        if json_line(line).get("event") == "serving":
             threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-            return proc, _json_line(line)["address"]
+            return proc, json_line(line)["address"]
     proc.kill()
     raise AssertionError("".join(lines))
 

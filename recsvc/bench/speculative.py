@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from recsvc.bench.common import (
-    add_device_arg,
+    add_bundle_bench_args,
     load_context,
     machine,
     markdown_table,
@@ -33,9 +33,7 @@ from recsvc.model.hardware import resolve_dtype
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--users", type=int, default=200)
-    p.add_argument("--k", default="1,3,5,10,20")
+    add_bundle_bench_args(p, "1,3,5,10,20", attention="fp32")
     p.add_argument("--mode", choices=["strict", "relaxed"], default="strict")
     p.add_argument("--drafter", choices=["llama", "oracle", "retrieval", "transition", "head"], default="llama",
                    help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior); "
@@ -51,15 +49,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, "
                    "e.g. 10:3,20:2")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
-    p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--calibration-users", type=int, default=8)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
-                   help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
-    add_device_arg(p)
-    p.add_argument("--json", dest="json_path")
 
 
 def make_drafter(kind: str, ctx, engine, k: int, dtype: str, drafter_name: str | None = None,

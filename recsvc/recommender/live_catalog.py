@@ -108,6 +108,9 @@ class LiveRecommender:
         dim = base.fresh.vectors.vectors.shape[1] if base.fresh is not None else 0
         self._state = CatalogState(base, LiveCatalog.empty(base.ids.levels, dim), ())
         self._apply_lock = threading.Lock()
+        # the settings no catalog changes (every state's recommender is built from ``base``)
+        self.max_k, self.max_history, self.exclude_history = base.max_k, base.max_history, base.exclude_history
+        self.facts: EngineFacts = base.facts
 
     @property
     def state(self) -> CatalogState:
@@ -142,8 +145,17 @@ class LiveRecommender:
             queries = [replace(q, exclude=tuple(q.exclude) + state.retired) for q in queries]
         return state.recommender.recommend(queries, ledger)
 
+    @property
+    def prefill_ahead_enabled(self) -> bool:
+        return self._state.recommender.prefill_ahead_enabled
+
     def prefill_ahead(self, history: Sequence[int]) -> None:
         self._state.recommender.prefill_ahead(history)
+
+    @property
+    def states(self) -> UserStateCache | None:
+        """The current state's user-state cache (each catalog state has its own)."""
+        return self._state.recommender.states
 
     def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
         state = self._state
@@ -159,27 +171,3 @@ class LiveRecommender:
     @property
     def rule_catalog(self) -> RuleCatalog | None:
         return self._state.recommender.rule_catalog
-
-    @property
-    def max_k(self) -> int:
-        return self._state.recommender.max_k
-
-    @property
-    def max_history(self) -> int:
-        return self._state.recommender.max_history
-
-    @property
-    def exclude_history(self) -> bool:
-        return self._state.recommender.exclude_history
-
-    @property
-    def states(self) -> UserStateCache | None:
-        return self._state.recommender.states
-
-    @property
-    def prefill_ahead_enabled(self) -> bool:
-        return self._state.recommender.prefill_ahead_enabled
-
-    @property
-    def facts(self) -> EngineFacts:
-        return self._state.recommender.facts
