@@ -74,7 +74,8 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
                            spec.draft_calls, Decoding("strict", width, n, gamma))
         return _plain(engine, batch, width, dead, prior, top, ledger, states, b, why)
     if mode == "relaxed":
-        temps = (temperatures if temperatures is not None else torch.ones(b)).to(engine.model.device)
+        device = engine.model.device
+        temps = temperatures.to(device) if temperatures is not None else torch.ones(b, device=device)
         gens = generators if generators is not None else make_generators([None] * b)
         sampler = drafter if drafter is not None and drafter.samples else None
         if sampler is None or n == 0:  # the target's own sampling beam search
