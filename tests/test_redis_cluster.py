@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _spawn(node_timeout_ms: int = 1000):
-    from recsvc.service.stores.redis_cluster_spawn import RedisClusterProcesses
+    from recsvc.bench.redis_cluster_spawn import RedisClusterProcesses
 
     return RedisClusterProcesses(node_timeout_ms=node_timeout_ms).start()
 

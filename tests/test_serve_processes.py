@@ -16,11 +16,11 @@ import grpc
 import pytest
 from service_helpers import json_line
 
+from recsvc.bench.redis_spawn import free_port
 from recsvc.errors import UserError
 from recsvc.service.client import CHANNEL_OPTIONS, RecClient, channel_target
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
-from recsvc.service.stores.redis_spawn import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

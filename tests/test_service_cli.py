@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from service_helpers import json_line
 
+from recsvc.bench.redis_spawn import free_port
 from recsvc.service import cli as serve_cli
 from recsvc.service import client_cli
 from recsvc.service.client import RecClient
-from recsvc.service.stores.redis_spawn import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,8 +8,8 @@ from contextlib import closing
 
 import pytest
 
+from recsvc.bench.redis_spawn import free_port
 from recsvc.service.stores import HistoryStoreUnavailable, InMemoryHistoryStore, open_store
-from recsvc.service.stores.redis_spawn import free_port
 
 
 def _hammer(store, users: int = 4, threads: int = 8, batches: int = 40) -> list[int]:

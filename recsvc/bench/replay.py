@@ -150,8 +150,8 @@ def _metrics(port: int) -> dict[str, float]:
 
 def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, workdir: Path) -> dict:
     from recsvc.bench.processes_server import ServeProcess
+    from recsvc.bench.redis_spawn import RedisProcess
     from recsvc.service.client import RecClient
-    from recsvc.service.stores.redis_spawn import RedisProcess
 
     cache_mb = 0 if config in ("off", "lean") else args.state_cache_mb
     name = f"{config}-{concurrency}"

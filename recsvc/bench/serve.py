@@ -281,9 +281,9 @@ def run_serve_bench(
     ``redis_url``: None (in-memory store), a URL, or ``"spawn"`` (a private redis-server; needed by
     ``outage``).
     """
+    from recsvc.bench.redis_spawn import RedisProcess
     from recsvc.service.server import RecServer, ServerConfig
     from recsvc.service.stores import open_store
-    from recsvc.service.stores.redis_spawn import RedisProcess
 
     if isinstance(target_or_bundle, (str, Path)) and Path(target_or_bundle).is_dir():
         settings = settings or ServeSettings.for_bundle(str(target_or_bundle))
