@@ -21,10 +21,10 @@ from service_helpers import json_line
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
+from recsvc.client.client import RecClient
 from recsvc.errors import UserError
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.service.catalog_watch import watch_catalog
-from recsvc.service.client import RecClient
 
 REPO = Path(__file__).resolve().parents[1]
 K = 5

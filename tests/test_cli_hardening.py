@@ -17,9 +17,9 @@ import pytest
 from service_helpers import json_line
 
 from recsvc.cli.main import build_parser, main
+from recsvc.client.client import RecClient
 from recsvc.recommender.bundle_recommender import SpecSettings
 from recsvc.service import calibration
-from recsvc.service.client import RecClient
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
 - drafters are built by name in ``recommender/drafter_registry.py``: the rest of the recommender, the service,
   the benches and the CLI import no drafter (they use the ``Drafter`` port's capabilities).
 - the data layer (``recsvc/data``, ``recsvc/model``, ``recsvc/errors.py``, ``tokenizer_rqvae``) imports no
-  engine, recommender, service, bench or CLI module; ``recsvc/service`` imports no bench or CLI module.
+  engine, recommender, service, bench or CLI module; ``recsvc/service`` imports no bench, CLI or client module.
 - ``recsvc/rules/`` is two layers: the trie-level rules (``RULES_TRIE_LEVEL``: the Rules values, item attributes,
   their compilation over the trie's leaves, the greedy cap filler) sit with the data layer and import no engine,
   drafter or decoding-level rule; the decoding-level rules (``RULES_DECODING``: list-level search, look-ahead, the
@@ -46,7 +46,7 @@ DRAFTER_REGISTRY = "recsvc/recommender/drafter_registry.py"  # the one place abo
 DATA_LAYER = ("recsvc/data", "recsvc/model", "recsvc/errors.py", "tokenizer_rqvae")
 ABOVE_DATA = ("recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.recommender", "recsvc.service",
               "recsvc.bench", "recsvc.cli", "training")
-ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "training")
+ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "recsvc.client", "training")
 # the console script's command tables: module paths of commands, imported only when the package is installed
 COMMAND_TABLES = {"recsvc/cli/main.py", "recsvc/bench/cli.py"}
 MODULE_NAME = re.compile(r"^training(\.\w+)*$")

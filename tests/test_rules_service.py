@@ -14,14 +14,14 @@ import torch
 from test_drafter_fixtures import tiny_bundle
 
 from recsvc.cli.main import main
+from recsvc.client import cli as client_cli
+from recsvc.client.client import RecClient, rules_message
 from recsvc.drafters.head_model import DraftHead, HeadConfig, save_head
 from recsvc.model.bundle import Bundle
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.rules.decode import RuleSettings
 from recsvc.rules.spec import STRATEGIES, Boost, Cap, Rules, ValueFilter
-from recsvc.service import client_cli
-from recsvc.service.client import RecClient, rules_message
 
 K = 5
 

@@ -17,8 +17,8 @@ import pytest
 from service_helpers import json_line
 
 from recsvc.bench.redis_spawn import free_port
+from recsvc.client.client import CHANNEL_OPTIONS, RecClient, channel_target
 from recsvc.errors import UserError
-from recsvc.service.client import CHANNEL_OPTIONS, RecClient, channel_target
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
 
@@ -154,7 +154,7 @@ def test_channel_target_lists():
 def test_client_cli_rejects_a_host_name_list(capsys):
     import argparse
 
-    from recsvc.service import client_cli
+    from recsvc.client import cli as client_cli
 
     parser = argparse.ArgumentParser()
     client_cli.register(parser.add_subparsers(dest="command"))
@@ -212,7 +212,7 @@ def test_record_interactions_is_not_retried():
 
 
 def test_readme_documents_the_service_config():
-    from recsvc.service.client import SERVICE_CONFIG
+    from recsvc.client.client import SERVICE_CONFIG
 
     readme = (REPO / "README.md").read_text()
     documented = readme.split("```json", 1)[1].split("```", 1)[0]

@@ -15,9 +15,9 @@ import pytest
 from service_helpers import json_line
 
 from recsvc.bench.redis_spawn import free_port
+from recsvc.client import cli as client_cli
+from recsvc.client.client import RecClient
 from recsvc.service import cli as serve_cli
-from recsvc.service import client_cli
-from recsvc.service.client import RecClient
 
 REPO = Path(__file__).resolve().parents[1]
 

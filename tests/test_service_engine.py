@@ -9,8 +9,8 @@ import grpc
 import pytest
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 
+from recsvc.client.client import RecClient
 from recsvc.recommender.bundle_recommender import BundleRecommender
-from recsvc.service.client import RecClient
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from service_helpers import status_of, wait_until
 from test_service_server import DelayedRecommender
 
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.popularity import PopularityRecommender
 from recsvc.service.server import STORE_HEALTH_NAME, RecServer, ServerConfig

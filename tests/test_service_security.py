@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from service_helpers import status_of
 
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
 
 

@@ -13,9 +13,9 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 from recsvc.cli.main import build_parser
+from recsvc.client.client import RecClient
 from recsvc.service import calibration, startup
 from recsvc.service.calibration_cache import calibration_key, save_choice
-from recsvc.service.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.settings import ServeSettings
 

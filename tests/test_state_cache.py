@@ -9,13 +9,13 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 
+from recsvc.client.client import RecClient
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.sampling import make_generators, sampling_beam_search
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.state_cache import UserStateCache
-from recsvc.service.client import RecClient
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

@@ -229,7 +229,7 @@ def _read_back(target: str, users: list[str], budget_s: float = 30.0) -> dict[st
     """Every user's final history (GetHistory, retried while the store answers UNAVAILABLE)."""
     import grpc
 
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
 
     out: dict[str, list[int]] = {}
     deadline = time.monotonic() + budget_s
@@ -267,7 +267,7 @@ class _Server:
     def start(self, timeout_s: float = 60.0) -> None:
         import grpc
 
-        from recsvc.service.client import RecClient
+        from recsvc.client.client import RecClient
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "wb") as log:

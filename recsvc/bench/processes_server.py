@@ -83,7 +83,7 @@ class ServeProcess:
         does not get there within ``timeout_s``."""
         import grpc
 
-        from recsvc.service.client import RecClient
+        from recsvc.client.client import RecClient
 
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         began = time.monotonic()

@@ -27,7 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "tune": "training.tune",
     "bench": "recsvc.bench.cli",
     "serve": "recsvc.service.cli",
-    "client": "recsvc.service.client_cli",
+    "client": "recsvc.client.cli",
     "demo": "recsvc.cli.demo",
 }
 
