@@ -20,7 +20,7 @@ from recsvc.drafters.head_model import DraftHead, HeadConfig, save_head
 from recsvc.model.bundle import Bundle
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
-from recsvc.rules.decode import RuleSettings
+from recsvc.rule_decoding.decode import RuleSettings
 from recsvc.rules.spec import STRATEGIES, Boost, Cap, Rules, ValueFilter
 
 K = 5

@@ -29,7 +29,7 @@ from recsvc.errors import UserError
 from recsvc.rules.attributes import ItemAttributes
 from recsvc.rules.spec import STRATEGIES, Cap, Rules, ValueFilter, normalize_value
 
-# list_search's phases (recsvc.rules.search), then plain beam search's, in the order a request meets them
+# list_search's phases (recsvc.rule_decoding.search), then plain beam search's, in the order a request meets them
 PHASES = ("compile", "forward", "head", "select", "lookahead", "other")
 
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.model.hardware import resolve_dtype
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
-    from recsvc.rules.decode import RuleSettings
+    from recsvc.rule_decoding.decode import RuleSettings
 
     set_threads(args.threads)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]

@@ -42,10 +42,10 @@ from recsvc.model.transition import TransitionPrior
 from recsvc.recommender.api import EngineFacts, RecQuery, RecResult, RecStats
 from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
 from recsvc.recommender.prior_ranked import prior_ranked, ranks_alone
+from recsvc.rule_decoding.decode import RuleSettings, decode_rules
+from recsvc.rule_decoding.search import item_ids
 from recsvc.rules.catalog import BatchRules, RuleCatalog
-from recsvc.rules.decode import RuleSettings, decode_rules
 from recsvc.rules.greedy import greedy_pick
-from recsvc.rules.search import item_ids
 from recsvc.rules.source import AttributeSource
 from recsvc.rules.spec import Rules
 from tokenizer_rqvae.ids import SemanticIds
@@ -480,7 +480,7 @@ class BundleRecommender:
 
     def _decode_rules(self, queries: list[RecQuery], mode: Mode, width: int, ledger: Ledger = NO_LEDGER
                       ) -> list[RecResult]:
-        """Queries of one k with caps or boosts (``recsvc.rules.decode``); k = the queries' own (one group per
+        """Queries of one k with caps or boosts (``recsvc.rule_decoding.decode``); k = the queries' own (one group per
         beam width, and a width is one k or the server's beam width)."""
         if mode == "relaxed":
             raise NotImplementedError("caps and boosts in relaxed (sampling) mode")

@@ -196,7 +196,7 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
     chosen (--spec: ``calibrate_speculation``), then the served one built with that choice, its user-state cache
     and prefill-ahead; nobody changes it afterwards. Each step is reported through ``step(event, level=INFO,
     **fields)`` (default: the JSON log)."""
-    from recsvc.rules.decode import RuleSettings
+    from recsvc.rule_decoding.decode import RuleSettings
 
     step = step or log_step
     try:
