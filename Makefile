@@ -200,8 +200,8 @@ drafters-beauty-alpha: install
 	  --methods sft,$$(for m in $(ALIGN_METHODS); do printf '%s,%s-a07,%s-a09,' $$m $$m $$m; done)atspeed-r-trie-a07,atspeed-r-trie-a09 \
 	  --json $(BENCH)/alpha_valid.json
 
-# the test comparison: each method at the alpha its validation AS@10 chose (BENCHMARKS.md, "Alpha chosen per
-# method"), 1,000 test users (seed 1), K = 10, N = K, strict and relaxed.
+# the test comparison: each method at the alpha its validation AS@10 chose (BENCHMARKS.md, "Drafter
+# alignment"), 1,000 test users (seed 1), K = 10, N = K, strict and relaxed.
 CHOSEN ?= sft,wordkd-a09,tvdkd-a09,seqkd-a09,atspeed-s-a09,atspeed-r-a09,atspeed-r-trie-a09
 drafters-beauty-test: install
 	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --methods $(CHOSEN) --k 10 --users 1000 --seed 1 \

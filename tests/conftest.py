@@ -36,7 +36,7 @@ def _isolated_recsvc_logging() -> Iterator[None]:
 def _redis_process(tmp_path, persistent: bool):
     if shutil.which("redis-server") is None:
         pytest.skip(REDIS_MISSING)
-    from recsvc.service.stores.redis_spawn import RedisProcess
+    from recsvc.bench.redis_spawn import RedisProcess
 
     data_dir = tmp_path / ("redis-aof" if persistent else "redis")
     data_dir.mkdir()

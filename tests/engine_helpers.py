@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.reference import generate_topk
+from recsvc.engine.speculative import speculative_search
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
 TEXT_VOCAB = 24  # text tokens before the code tokens; code_offset = TEXT_VOCAB
+# the random cases of strict == plain: catalog seed and codebook, k, N relative to k, gamma, batch size
+STRICT_CASES = dict(seed=st.integers(0, 10_000), codebook=st.sampled_from([8, 16]), k=st.integers(1, 20),
+                    n_rel=st.sampled_from(["less", "equal", "more"]), gamma=st.integers(1, 5),
+                    batch_size=st.integers(1, 4))
+SCORE_TOL = 1e-4  # scores of the tree forward vs step-by-step decoding differ only by float error (fp32)
 
 
 def tiny_llama(levels: int, codebook: int, seed: int, hidden: int = 32, layers: int = 2,
@@ -67,3 +75,34 @@ def common_item_gap(a, b) -> tuple[float, int]:
             if int(leaf) in mine:
                 worst, shared = max(worst, abs(mine[int(leaf)] - float(s))), shared + 1
     return worst, shared
+
+
+def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None, prior=None, drafter_prior=True):
+    """Strict speculation (N = n, ``gamma``) == plain beam search of k beams: the same leaves in the same order,
+    the same scores up to SCORE_TOL, 1..L target calls, on the model's device. ``prior`` [B, num_nodes]: fused
+    into both (``drafter_prior``: the drafter sees it too). Returns the speculative output."""
+    dead = trie.dead_nodes(excluded) if excluded else None
+    engine = BeamSearch(model, trie, TEXT_VOCAB)  # model: an EngineModel
+    plain = engine.search(batch(prompts), k, dead, prior)
+    session = drafter.session(batch(prompts), [], dead, prior if drafter_prior else None)
+    spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, dead, engine.select,
+                              prior)
+    assert torch.equal(spec.leaves, plain.leaves)  # same items, same order
+    finite = torch.isfinite(plain.scores)
+    assert torch.equal(torch.isfinite(spec.scores), finite)
+    torch.testing.assert_close(spec.scores[finite], plain.scores[finite], atol=SCORE_TOL, rtol=0)
+    assert (spec.target_calls >= 1).all() and (spec.target_calls <= trie.levels).all()
+    assert spec.leaves.device == plain.leaves.device == model.device  # the search stays on the model's device
+    return spec
+
+
+def catalog_with_sequences(seed: int, device: str = "cpu"):
+    """A random 150-item catalog (4 levels, codebook 16) on ``device``, a tiny target over it, and 40 training
+    sequences of 6 items: (trie, model, item ids, sequences) for the training-free drafters' tests."""
+    from recsvc.engine.engine_model import EngineModel
+
+    ids = random_catalog(150, 4, 16, seed=seed)
+    model = EngineModel.build(tiny_llama(4, 16, seed=seed, device=device))
+    items = ids.item_ids.tolist()
+    seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
+    return CatalogTrie(ids).to(device), model, items, seqs

@@ -55,5 +55,9 @@ def test_short_drill_with_wait_on(tmp_path, capsys):
     assert report["lost"] == 0 and report["acknowledged_writes"] > 0 and report["unread_users"] == 0
     assert report["timeline_s"]["promoted_after_kill"] is not None
     assert report["timeline_s"]["resynced_after_kill"] is not None
-    assert isinstance(report["recovery_after_kill_s"]["all"], (float, type(None)))  # recovered before the end
+    recovered = report["recovery_after_kill_s"]["all"]  # s from the kill to the last failed call
+    if recovered is None:  # nothing failed after the kill: the client's retries hid the failover
+        assert sum(report["errors_by_code"].values()) == sum(report["errors_before_kill"].values())
+    else:  # failures stopped before the end of the drill (not "not recovered"), after the kill
+        assert isinstance(recovered, float) and 0 <= recovered < 9 - 2, recovered
     assert "| record |" in capsys.readouterr().out

@@ -43,7 +43,7 @@ def test_processes_1_and_2_end_to_end(bundle, tmp_path, capsys):
         # in flight at its edges
         assert abs(sum(w["ok"] for w in row["workers"]) - row["ok"]) <= 2 * 6
     assert two["connections_per_worker"] == [3, 3]  # balanced: each worker has its share of the connections
-    assert one["speculation_per_k"] == two["speculation_per_k"] == {"1": [0, 0]}  # serve --spec off: plain
+    assert one["speculation_per_width"] == two["speculation_per_width"] == {"1": [0, 0]}  # serve --spec off: plain
     assert two["threads_per_worker"] == [1, 1]  # serve's default with --processes > 1: one torch thread each
     assert all(w["ok"] > 0 and w["cpu_s"] > 0 for w in two["workers"])
     assert len({w["pid"] for w in two["workers"]}) == 2

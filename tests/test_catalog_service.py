@@ -17,13 +17,14 @@ from pathlib import Path
 import grpc
 import pytest
 from catalog_fixtures import DIM, NEW, add_entry, free_codes, live_bundle, vector_of
+from service_helpers import json_line
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
+from recsvc.client.client import RecClient
 from recsvc.errors import UserError
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.service.catalog_watch import watch_catalog
-from recsvc.service.client import RecClient
 
 REPO = Path(__file__).resolve().parents[1]
 K = 5
@@ -197,13 +198,6 @@ def test_a_malformed_file_at_start_fails_before_serving(base, tmp_path) -> None:
         watch_catalog(base, path)
 
 
-def _json_line(line: str) -> dict:
-    try:
-        entry = json.loads(line)
-    except json.JSONDecodeError:
-        return {}
-    return entry if isinstance(entry, dict) else {}
-
 
 def test_recsvc_serve_follows_the_catalog_commands(bundle, tmp_path, monkeypatch) -> None:
     """`recsvc serve --catalog FILE` as a process; `recsvc catalog retire` writes the file it watches."""
@@ -222,8 +216,8 @@ def test_recsvc_serve_follows_the_catalog_commands(bundle, tmp_path, monkeypatch
             if not line:
                 break
             lines.append(line)
-            if _json_line(line).get("event") == name:
-                return _json_line(line)
+            if json_line(line).get("event") == name:
+                return json_line(line)
         raise AssertionError(f"no {name} event:\n" + "".join(lines[-30:]))
 
     try:

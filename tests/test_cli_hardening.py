@@ -10,14 +10,16 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+from service_helpers import json_line
 
 from recsvc.cli.main import build_parser, main
+from recsvc.client.client import RecClient
+from recsvc.recommender.bundle_recommender import SpecSettings
 from recsvc.service import calibration
-from recsvc.service.client import RecClient
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -116,76 +118,83 @@ def test_server_config_rejects_out_of_range_ports():
 
 
 @dataclass
-class _Spec:
-    draft_beams: int | None = None
-    gamma: int = 3
-    per_k: dict | None = None
-    why_plain: dict | None = None
-
-
-@dataclass
 class _SlowEngine:
-    """Stands in for BundleRecommender in calibration: each strict batch costs ``cost_s(k, n)`` seconds."""
+    """Stands in for BundleRecommender in calibration: each strict batch costs ``cost_s`` seconds (half when it
+    speculates); the served beam width 0 (each request's k), so the widths calibrated are the Ks."""
 
     cost_s: float = 0.05
     drafter: object = "drafter"
-    spec: _Spec = field(default_factory=_Spec)
-    calls: int = 0
+    spec: SpecSettings = field(default_factory=SpecSettings)
+    beam_width: int = 0  # B: requests of k items decode max(k, B) beams
+    calls: list = field(default_factory=lambda: [0])  # shared by the variants
+    widths: list = field(default_factory=list)  # the width of every batch timed (shared by the variants)
 
     def popular_items(self, k, exclude=()):
         return list(range(1, k + 1))
 
+    def served_widths(self, ks):
+        return sorted({max(k, self.beam_width) for k in ks})
+
+    def variant(self, *, spec):
+        return replace(self, spec=spec)
+
     def recommend(self, queries):
-        self.calls += 1
-        n = (self.spec.per_k or {}).get(queries[0].k, (0, 0))[0]
+        self.calls[0] += 1
+        self.widths.append(max(queries[0].k, self.beam_width))
+        n = self.spec.for_width(queries[0].k)[0]
         time.sleep(self.cost_s * (1.0 if n == 0 else 0.5))  # speculation pays on this fake hardware
         return []
 
 
-def test_calibration_within_budget_tunes_every_k():
+def test_calibration_within_budget_tunes_every_width():
     engine = _SlowEngine(cost_s=0.001)
     steps = []
-    choice = calibration.configure_speculation(
+    spec = calibration.calibrate_speculation(
         engine, "auto", None, budget_s=30, step=lambda event, *a, **f: steps.append((event, f))
     )
-    assert set(choice) == {1, 5, 10, 20} and all(n > 0 for n, _ in choice.values())
-    assert engine.spec.per_k == choice
+    assert set(spec.per_width) == {1, 5, 10, 20} and all(n > 0 for n, _ in spec.per_width.values())
+    assert engine.spec.per_width is None  # the engine it timed is not changed: the caller builds with the choice
     assert [e for e, _ in steps].count("calibrated") == 4
 
 
-def test_calibration_over_budget_serves_plain_for_the_untuned_k():
-    engine = _SlowEngine(cost_s=0.05)  # one K costs ~7 candidates x 3 runs x 25-50 ms ~ 0.6-1 s
+def test_calibration_over_budget_serves_plain_for_the_untuned_widths():
+    engine = _SlowEngine(cost_s=0.05)  # one width costs ~7 candidates x 3 runs x 25-50 ms ~ 0.6-1 s
     steps = []
     started = time.monotonic()
-    choice = calibration.configure_speculation(
+    spec = calibration.calibrate_speculation(
         engine, "auto", None, budget_s=1.2, step=lambda event, *a, **f: steps.append((event, f))
     )
     assert time.monotonic() - started < 1.2 + 0.2  # a run that would end past the budget is not started
     events = dict(steps)
     assert "calibration_budget_exhausted" in events
-    untuned = events["calibration_budget_exhausted"]["untuned_ks"]
+    untuned = events["calibration_budget_exhausted"]["untuned_widths"]
     assert untuned and untuned[-1] == 20 and 1 not in untuned
-    assert all(choice[k] == (0, 0) for k in untuned)  # plain decoding for the K not tuned in time
-    assert set(choice) == {1, 5, 10, 20} and engine.spec.per_k == choice
+    assert all(spec.per_width[w] == (0, 0) for w in untuned)  # plain decoding at the widths not tuned in time
+    assert all(spec.plain_reason(w).startswith("not calibrated within") for w in untuned)
+    assert set(spec.per_width) == {1, 5, 10, 20}
 
 
 def test_calibration_stops_on_a_signal():
     engine = _SlowEngine(cost_s=0.01)
-    choice = calibration.configure_speculation(
-        engine, "auto", None, budget_s=60, step=lambda *a, **f: None, should_stop=lambda: engine.calls >= 3
+    spec = calibration.calibrate_speculation(
+        engine, "auto", None, budget_s=60, step=lambda *a, **f: None, should_stop=lambda: engine.calls[0] >= 3
     )
-    assert choice == {1: (0, 0), 5: (0, 0), 10: (0, 0), 20: (0, 0)}
+    assert spec.per_width == {1: (0, 0), 5: (0, 0), 10: (0, 0), 20: (0, 0)}
+
+
+def test_calibration_runs_at_the_served_widths_only():
+    """A served width B >= every calibrated k: requests of k = 1, 5, 10, 20 all decode B beams, so B alone is
+    timed (its choice is the one every request reads)."""
+    engine = _SlowEngine(cost_s=0.001, beam_width=20)
+    steps = []
+    spec = calibration.calibrate_speculation(engine, "auto", None, budget_s=30,
+                                             step=lambda event, *a, **f: steps.append((event, f)))
+    assert set(engine.widths) == {20} and set(spec.per_width) == {20}
+    assert [f["width"] for e, f in steps if e == "calibrated"] == [20]
 
 
 # --- the serve process: start-up steps, serving line, prompt exit after SIGTERM ---------------------------------
 
-
-def _json(line: str) -> dict:
-    try:
-        entry = json.loads(line)
-    except json.JSONDecodeError:
-        return {}
-    return entry if isinstance(entry, dict) else {}
 
 
 def test_serve_process_logs_start_up_and_exits_within_2s_of_sigterm(tmp_path):
@@ -202,8 +211,8 @@ def test_serve_process_logs_start_up_and_exits_within_2s_of_sigterm(tmp_path):
             line = proc.stderr.readline()
             if not line:
                 break
-            if _json(line):
-                events.append(_json(line))
+            if json_line(line):
+                events.append(json_line(line))
             if events and events[-1].get("event") == "serving":
                 break
         names = [e.get("event") for e in events]
@@ -218,7 +227,7 @@ def test_serve_process_logs_start_up_and_exits_within_2s_of_sigterm(tmp_path):
             signalled = time.monotonic()
             assert proc.wait(20) == 0
             assert time.monotonic() - signalled < 2.0
-        tail = [_json(line).get("event") for line in proc.stderr.read().splitlines()]
+        tail = [json_line(line).get("event") for line in proc.stderr.read().splitlines()]
         assert "draining" in tail and [e for e in tail if e][-1] == "stopped"
     finally:
         if proc.poll() is None:

@@ -27,10 +27,10 @@ import yaml
 from kubernetes_validate.utils import all_versions, latest_version
 from packaging.version import Version
 
+from recsvc.bench.redis_spawn import free_port
 from recsvc.service import cli as serve_cli
 from recsvc.service.server import STORE_HEALTH_NAME
 from recsvc.service.servicer import SERVICE_NAME
-from recsvc.service.stores.redis_spawn import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "k8s"

@@ -1,4 +1,5 @@
-"""Device-clean engine: every tensor factory call in the engine, drafters, rules and the trie names its device.
+"""Device-clean engine: every tensor factory call in the engine, drafters, rules (both rooms) and the trie names its
+device.
 
 A factory call without ``device=`` allocates on the CPU whatever the model's device is, so on a GPU the search
 would mix devices (an error) or copy every step. The test walks the source with ``ast`` and fails on such a
@@ -13,8 +14,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [*sorted((ROOT / "recsvc" / "engine").glob("*.py")), *sorted((ROOT / "recsvc" / "drafters").glob("*.py")),
-           *sorted((ROOT / "recsvc" / "rules").glob("*.py")), ROOT / "tokenizer_rqvae" / "trie.py"]
+SOURCES = [*(f for folder in ("engine", "drafters", "rules", "rule_decoding")
+             for f in sorted((ROOT / "recsvc" / folder).glob("*.py"))), ROOT / "tokenizer_rqvae" / "trie.py"]
 FACTORIES = {"zeros", "ones", "empty", "full", "arange", "tensor", "as_tensor", "rand", "randn", "randint",
              "randperm", "linspace", "logspace", "eye", "from_numpy"}
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
-from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from engine_helpers import TEXT_VOCAB, batch, catalog_with_sequences, random_prompts
 
 from recsvc.drafters.transition import TransitionDrafter
 from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.speculative import speculative_search
 from recsvc.model.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.ids import SemanticIds
@@ -36,11 +35,7 @@ def test_worked_example_from_docstring() -> None:
 
 
 def test_transition_drafter_is_exact_under_strict_verification(device) -> None:
-    ids = random_catalog(150, 4, 16, seed=9)
-    trie = CatalogTrie(ids).to(device)
-    model = EngineModel.build(tiny_llama(4, 16, seed=9, device=device))
-    items = ids.item_ids.tolist()
-    seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
+    trie, model, items, seqs = catalog_with_sequences(seed=9, device=device)
     drafter = TransitionDrafter(TransitionPrior.fit(seqs, items), trie)
     engine = BeamSearch(model, trie, TEXT_VOCAB)
     prompts = random_prompts(3, seed=9)

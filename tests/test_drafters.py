@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import torch
-from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from engine_helpers import TEXT_VOCAB, batch, catalog_with_sequences, random_prompts
 
 from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
 from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.speculative import speculative_search
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
@@ -33,11 +32,7 @@ def test_retrieval_drafts_follow_candidates_in_the_trie() -> None:
 
 
 def test_retrieval_drafter_is_exact_under_strict_verification(device) -> None:
-    ids = random_catalog(150, 4, 16, seed=8)
-    trie = CatalogTrie(ids).to(device)
-    model = EngineModel.build(tiny_llama(4, 16, seed=8, device=device))
-    items = ids.item_ids.tolist()
-    seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
+    trie, model, items, seqs = catalog_with_sequences(seed=8, device=device)
     drafter = RetrievalDrafter(RetrievalDatastore(seqs), trie)
     engine = BeamSearch(model, trie, TEXT_VOCAB)
     prompts = random_prompts(3, seed=8)

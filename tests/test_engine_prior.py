@@ -7,7 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from engine_helpers import (
+    SCORE_TOL,
+    STRICT_CASES,
+    TEXT_VOCAB,
+    batch,
+    check_strict,
+    random_catalog,
+    random_prompts,
+    tiny_llama,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +33,6 @@ from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
 L = 4
-SCORE_TOL = 1e-4
 
 
 def item_step_sums(trie: CatalogTrie, prior: torch.Tensor) -> torch.Tensor:
@@ -144,18 +152,26 @@ def test_scores_are_model_log_probs_plus_weighted_log_prior(setup) -> None:
     assert (out.scores[:, :-1] >= out.scores[:, 1:]).all()
 
 
+def dominant_prior(ids, rows: int, k: int, seed: int) -> tuple[torch.Tensor, list[list[int]]]:
+    """[rows, n] item probabilities where k random items of row r (seeded ``seed + r``) hold 1/2, 1/4, ... and
+    every other item 1e-9; and those items per row, in that order."""
+    n = len(ids)
+    probs = torch.full((rows, n), 1e-9)
+    tops = []
+    for r in range(rows):
+        top = torch.randperm(n, generator=torch.Generator().manual_seed(seed + r))[:k]
+        probs[r, top] = 0.5 ** torch.arange(1, k + 1, dtype=torch.float32)
+        tops.append([int(ids.item_ids[i]) for i in top])
+    return probs, tops
+
+
 def test_a_dominant_prior_gives_the_priors_top_items_in_its_order(setup) -> None:
     """Top-K items of P far above the rest (each above the whole tail): every prefix holding one outranks every
     other prefix, so beam search keeps them and ranks them by P; the model's scores become negligible."""
     ids, trie, model = setup
-    n, k = len(ids), 6
+    k = 6
     prompts = random_prompts(3, seed=13)
-    probs = torch.full((3, n), 1e-9)
-    tops = []
-    for r in range(3):
-        top = torch.randperm(n, generator=torch.Generator().manual_seed(r))[:k]
-        probs[r, top] = 0.5 ** torch.arange(1, k + 1, dtype=torch.float32)
-        tops.append([int(ids.item_ids[i]) for i in top])
+    probs, tops = dominant_prior(ids, rows=3, k=k, seed=0)
     out = BeamSearch(model, trie, TEXT_VOCAB).search(batch(prompts), k, prior=prior_log_mass(trie, probs, 200.0))
     for r in range(3):
         assert trie.leaf_items(out.leaves[r]) == tops[r]
@@ -183,27 +199,12 @@ def test_exclusions_with_a_prior(setup) -> None:
 
 # ---- strict speculative == plain, with the prior ---------------------------------------------------------------
 def check_strict_with_prior(model, drafter, trie, prompts, k, n, gamma, prior, excluded=None, drafter_prior=True):
-    dead = trie.dead_nodes(excluded) if excluded else None
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
-    plain = engine.search(batch(prompts), k, dead, prior)
-    session = drafter.session(batch(prompts), [], dead, prior if drafter_prior else None)
-    spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, dead, engine.select,
-                              prior)
-    assert torch.equal(spec.leaves, plain.leaves)  # same items, same order
-    finite = torch.isfinite(plain.scores)
-    assert torch.equal(torch.isfinite(spec.scores), finite)
-    torch.testing.assert_close(spec.scores[finite], plain.scores[finite], atol=SCORE_TOL, rtol=0)
-    return spec
+    return check_strict(model, drafter, trie, prompts, k, n, gamma, excluded, prior, drafter_prior)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    seed=st.integers(0, 10_000),
-    codebook=st.sampled_from([8, 16]),
-    k=st.integers(1, 20),
-    n_rel=st.sampled_from(["less", "equal", "more"]),
-    gamma=st.integers(1, 5),
-    batch_size=st.integers(1, 4),
+    **STRICT_CASES,
     weight=st.sampled_from([0.3, 1.0, 4.0, 50.0]),
     with_exclusions=st.booleans(),
     drafter_prior=st.booleans(),
@@ -273,14 +274,10 @@ def test_fused_sampling_distributions_are_normalised(setup) -> None:
 
 def test_sampling_with_a_dominant_prior_returns_the_priors_items(setup) -> None:
     ids, trie, model = setup
-    n, k = len(ids), 4
+    k = 4
     prompts = random_prompts(2, seed=17)
-    probs = torch.full((2, n), 1e-9)
-    tops = []
-    for r in range(2):
-        top = torch.randperm(n, generator=torch.Generator().manual_seed(10 + r))[:k]
-        probs[r, top] = 0.5 ** torch.arange(1, k + 1, dtype=torch.float32)
-        tops.append({int(ids.item_ids[i]) for i in top})
+    probs, tops = dominant_prior(ids, rows=2, k=k, seed=10)
+    tops = [set(t) for t in tops]
     prior = prior_log_mass(trie, probs, 200.0)
     temp = torch.ones(2)
     smp = sampling_beam_search(model, trie, TEXT_VOCAB, batch(prompts), k, temp, make_generators([1, 2]), None,

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from engine_helpers import (
+    SCORE_TOL,
+    STRICT_CASES,
+    TEXT_VOCAB,
+    batch,
+    check_strict,
+    random_catalog,
+    random_prompts,
+    tiny_llama,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,32 +25,11 @@ from recsvc.engine.speculative import accepted_depth, speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
 L = 4
-SCORE_TOL = 1e-4  # scores of the tree forward vs step-by-step decoding differ only by float error (fp32)
-
-
-def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None):
-    dead = trie.dead_nodes(excluded) if excluded else None
-    engine = BeamSearch(model, trie, TEXT_VOCAB)  # model: an EngineModel
-    plain = engine.search(batch(prompts), k, dead)
-    session = drafter.session(batch(prompts), [], dead)
-    spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k, session, n, gamma, dead, engine.select)
-    assert torch.equal(spec.leaves, plain.leaves)  # same items, same order
-    finite = torch.isfinite(plain.scores)
-    assert torch.equal(torch.isfinite(spec.scores), finite)
-    torch.testing.assert_close(spec.scores[finite], plain.scores[finite], atol=SCORE_TOL, rtol=0)
-    assert (spec.target_calls >= 1).all() and (spec.target_calls <= L).all()
-    assert spec.leaves.device == plain.leaves.device == model.device  # the search stays on the model's device
-    return spec
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    seed=st.integers(0, 10_000),
-    codebook=st.sampled_from([8, 16]),
-    k=st.integers(1, 20),
-    n_rel=st.sampled_from(["less", "equal", "more"]),
-    gamma=st.integers(1, 5),
-    batch_size=st.integers(1, 4),
+    **STRICT_CASES,
     with_exclusions=st.booleans(),
 )
 def test_strict_equals_plain_on_random_models(device, seed, codebook, k, n_rel, gamma, batch_size, with_exclusions):

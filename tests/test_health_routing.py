@@ -10,7 +10,7 @@ import threading
 
 import grpc
 
-from recsvc.service.client import SERVICE_CONFIG
+from recsvc.client.client import SERVICE_CONFIG
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
 from recsvc.service.server import RecServer, ServerConfig

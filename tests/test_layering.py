@@ -13,7 +13,15 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   the benches and the CLI import no drafter (they use the ``Drafter`` port's capabilities).
 - the data layer (``recsvc/data``, ``recsvc/model``, ``recsvc/errors.py``, ``recsvc/progress.py``,
   ``tokenizer_rqvae``) imports no engine, recommender, service, bench or CLI module; ``recsvc/service`` imports
-  no bench or CLI module.
+  no bench, CLI or client module.
+- the rules are two rooms: the trie-level rules (``recsvc/rules``: the Rules values, item attributes,
+  their compilation over the trie's leaves, the greedy cap filler) sit with the data layer and import no engine,
+  drafter or decoding-level rule; the decoding-level rules (``recsvc/rule_decoding``: list-level search, look-ahead, the
+  strategies) sit above the engine and below the recommender.
+- the service reads a recommender only through the ``Recommender`` protocol: no ``getattr`` / ``hasattr`` on a
+  recommender in ``recsvc/service``.
+- no module is imported by a string (``importlib.import_module``, ``__import__``) but in the console script's
+  command tables (``COMMAND_TABLES``), which name commands whose package may not be installed.
 
 A new import that breaks one of these fails here with the file, line and module.
 """
@@ -30,19 +38,28 @@ GENERATED = ROOT / "recsvc" / "service" / "gen"
 # what recsvc/engine/ may not import: the layers above decoding
 ABOVE_ENGINE = (
     "recsvc.recommender", "recsvc.service", "recsvc.bench", "recsvc.cli", "recsvc.drafters", "recsvc.rules",
+    "recsvc.rule_decoding",
     "recsvc.model.bundle", "recsvc.model.loading",  # model loading
     "training",
 )
 ABOVE_RECOMMENDER = ("recsvc.service", "recsvc.bench", "recsvc.cli", "training")
-BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules")  # and the data layer
+BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules", "recsvc/rule_decoding")  # and the data layer
 DRAFTER_REGISTRY = "recsvc/recommender/drafter_registry.py"  # the one place above the drafters that builds them
 DATA_LAYER = ("recsvc/data", "recsvc/model", "recsvc/errors.py", "recsvc/progress.py", "tokenizer_rqvae")
-ABOVE_DATA = ("recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.recommender", "recsvc.service",
+ABOVE_DATA = ("recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.rule_decoding", "recsvc.recommender",
+              "recsvc.service",
               "recsvc.bench", "recsvc.cli", "training")
-ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "training")
+ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "recsvc.client", "training")
 # the console script's command tables: module paths of commands, imported only when the package is installed
 COMMAND_TABLES = {"recsvc/cli/main.py", "recsvc/bench/cli.py"}
 MODULE_NAME = re.compile(r"^training(\.\w+)*$")
+# the rules in their two rooms: the trie-level rules (below the engine, beside the data layer) and the
+# decoding-level rules (above the engine, below the recommender)
+RULES_TRIE_LEVEL = ("recsvc/rules",)
+RULES_DECODING = ("recsvc/rule_decoding",)
+ABOVE_TRIE_RULES = ("recsvc.engine", "recsvc.drafters", "recsvc.rule_decoding", "recsvc.recommender",
+                    "recsvc.service", "recsvc.bench", "recsvc.cli", "recsvc.client", "training")
+RECOMMENDER_NAME = re.compile(r"(^|\.|_)(rec|recommender)$")
 
 
 def sources(*places: str) -> list[Path]:
@@ -150,3 +167,44 @@ def test_data_layer_imports_no_engine_service_or_cli() -> None:
 def test_service_imports_no_bench_or_cli() -> None:
     assert violations(("recsvc/service",), ABOVE_SERVICE) == []
 
+
+
+def test_rules_are_two_layers() -> None:
+    assert sources(*RULES_TRIE_LEVEL) and sources(*RULES_DECODING)
+    assert violations(RULES_TRIE_LEVEL, ABOVE_TRIE_RULES) == []
+    assert violations(RULES_DECODING, ABOVE_RECOMMENDER + ("recsvc.recommender",)) == []
+
+
+def probes_of_a_recommender(path: Path) -> list[tuple[str, int, str]]:
+    """``getattr(x, ...)`` / ``hasattr(x, ...)`` where x names a recommender (``rec``, ``recommender``,
+    ``self.recommender``, ``base_rec``, ...)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and node.args and RECOMMENDER_NAME.search(ast.unparse(node.args[0]))):
+            out.append((str(path), node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_the_service_reads_a_recommender_through_its_protocol(tmp_path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("getattr(self.recommender, 'states', None)\nhasattr(rec, 'x')\ngetattr(args, 'k', 1)\n")
+    assert [line for _, line, _ in probes_of_a_recommender(probe)] == [1, 2]  # the reader sees them
+    assert [found for path in sources("recsvc/service") for found in probes_of_a_recommender(path)] == []
+
+
+def imports_by_string(path: Path) -> list[tuple[str, int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            if name in ("importlib.import_module", "import_module", "__import__", "importlib.__import__"):
+                out.append((str(path.relative_to(ROOT)), node.lineno, ast.unparse(node)))
+    return out
+
+
+def test_no_module_is_imported_by_a_string_but_in_the_command_tables() -> None:
+    probe = ROOT / "recsvc" / "cli" / "main.py"
+    assert imports_by_string(probe), "the reader sees the command table's import"
+    found = [f for path in sources("recsvc", "training", "tokenizer_rqvae") for f in imports_by_string(path)]
+    assert [f for f in found if f[0] not in COMMAND_TABLES] == []

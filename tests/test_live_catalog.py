@@ -17,7 +17,7 @@ from recsvc.errors import UserError
 from recsvc.model.live_catalog import LiveCatalog, parse_catalog, read_catalog
 from recsvc.model.transition import PriorSettings, TransitionPrior
 from recsvc.recommender.api import RecQuery
-from recsvc.recommender.bundle_recommender import BundleRecommender
+from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
 from recsvc.recommender.live_catalog import LiveRecommender, with_catalog
 from recsvc.rules.spec import Cap, Rules, ValueFilter
 from tokenizer_rqvae.ids import SemanticIds
@@ -180,8 +180,9 @@ def test_rules_see_new_items_once_the_attributes_file_lists_them(bundle, tmp_pat
 def test_the_user_state_cache_never_replays_steps_of_another_catalog(bundle) -> None:
     """The cache keeps decode steps by trie node ids, which a new trie numbers anew: each catalog state gets
     its own cache (the same budget), and the one swapped out is emptied."""
-    cached = BundleRecommender.from_bundle(bundle, dtype="fp32", use_drafter=False, use_prior=False)
-    if cached.enable_state_cache(64 << 20, "v") is None:
+    loaded = BundleRecommender.from_bundle(bundle, dtype="fp32", use_drafter=False, use_prior=False)
+    cached = loaded.variant(states=state_cache_for(loaded.target, 64 << 20, "v"))
+    if cached.states is None:
         pytest.skip("the user-state cache needs the fast forward")
     plain = BundleRecommender.from_bundle(bundle, dtype="fp32", use_drafter=False, use_prior=False)
     live = LiveRecommender(cached)

@@ -13,7 +13,7 @@ from recsvc.engine import state_cache
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.model.transition import PriorSettings
 from recsvc.recommender.api import RecQuery
-from recsvc.recommender.bundle_recommender import BundleRecommender
+from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,7 +23,8 @@ def test_single_history_prior_is_kept_and_served_bit_for_bit(bundle) -> None:  #
     assert rec.prior is not None and rec.prior_weight == WEIGHT
     hist = histories(bundle, 4)
     fresh = [rec.prior_for([h]) for h in hist]  # no state cache: computed every time
-    assert rec.enable_state_cache(64 << 20, "test") is not None
+    rec = rec.variant(states=state_cache_for(rec.target, 64 << 20, "test"))
+    assert rec.states is not None
     first = [rec.prior_for([h]) for h in hist]
     again = [rec.prior_for([h]) for h in hist]
     for f, a, b in zip(fresh, first, again, strict=True):
@@ -34,20 +35,15 @@ def test_single_history_prior_is_kept_and_served_bit_for_bit(bundle) -> None:  #
     both = rec.prior_for(hist[:2])
     assert both.shape == (2, rec.trie.num_nodes) and rec.states._prior_bytes == kept
     # another prior object (new weight) misses; requests with the cache on return what they return without
-    old = rec.prior
-    rec.prior = old.with_settings(PriorSettings(window=1, decay=0.5, beta=1.0, weight=WEIGHT / 2))
-    try:
-        other = rec.prior_for([hist[0]])
-        assert not torch.equal(other, first[0])
-        assert torch.allclose(other, first[0] / 2, atol=1e-5)
-    finally:
-        rec.prior = old
+    halved = rec.variant(prior=rec.prior.with_settings(PriorSettings(window=1, decay=0.5, beta=1.0,
+                                                                     weight=WEIGHT / 2)))
+    other = halved.prior_for([hist[0]])  # the same cache, another prior object
+    assert not torch.equal(other, first[0])
+    assert torch.allclose(other, first[0] / 2, atol=1e-5)
     cached = [rec.recommend([RecQuery(h, k=5, mode="plain")])[0] for h in hist]
     rec.states.clear()
     assert rec.states._prior_bytes == 0 and rec.states.prior(("anything",)) is None
-    states, rec.states = rec.states, None
-    plain = [rec.recommend([RecQuery(h, k=5, mode="plain")])[0] for h in hist]
-    rec.states = states
+    plain = [rec.variant(states=None).recommend([RecQuery(h, k=5, mode="plain")])[0] for h in hist]
     for c, p in zip(cached, plain, strict=True):
         assert c.item_ids == p.item_ids and c.scores == p.scores
 

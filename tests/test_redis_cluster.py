@@ -17,7 +17,7 @@ import pytest
 from redis.crc import key_slot
 from test_service_stores import _assert_whole_triples, _hammer
 
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
 from recsvc.service.server import STORE_HEALTH_NAME
 from recsvc.service.stores import HistoryStoreUnavailable, open_store
 from recsvc.service.stores.redis_urls import ClusterURL, parse_cluster_url, redacted
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _spawn(node_timeout_ms: int = 1000):
-    from recsvc.service.stores.redis_cluster_spawn import RedisClusterProcesses
+    from recsvc.bench.redis_cluster_spawn import RedisClusterProcesses
 
     return RedisClusterProcesses(node_timeout_ms=node_timeout_ms).start()
 

@@ -18,10 +18,10 @@ from recsvc.drafters.head_model import DraftHead, HeadConfig
 from recsvc.engine.beam_search import node_logprobs
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.tree_cache import TreeCache
+from recsvc.rule_decoding.lookahead import DraftLookahead, TargetLookahead
+from recsvc.rule_decoding.search import item_ids, list_search
 from recsvc.rules.attributes import ItemAttributes
 from recsvc.rules.catalog import RuleCatalog
-from recsvc.rules.lookahead import DraftLookahead, TargetLookahead
-from recsvc.rules.search import item_ids, list_search
 from recsvc.rules.spec import Boost, Cap, Rules, ValueFilter
 from tokenizer_rqvae.trie import CatalogTrie
 

@@ -14,14 +14,14 @@ import torch
 from test_drafter_fixtures import tiny_bundle
 
 from recsvc.cli.main import main
+from recsvc.client import cli as client_cli
+from recsvc.client.client import RecClient, rules_message
 from recsvc.drafters.head_model import DraftHead, HeadConfig, save_head
 from recsvc.model.bundle import Bundle
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
-from recsvc.rules.decode import RuleSettings
+from recsvc.rule_decoding.decode import RuleSettings
 from recsvc.rules.spec import STRATEGIES, Boost, Cap, Rules, ValueFilter
-from recsvc.service import client_cli
-from recsvc.service.client import RecClient, rules_message
 
 K = 5
 
@@ -65,21 +65,19 @@ def test_rules_with_no_effect_give_exactly_todays_output(rec, mode) -> None:
     histories = [[1, 2, 3], [7, 9], [30, 31, 32, 33, 2]]
     today = rec.recommend([RecQuery(history=h, k=K, mode=mode) for h in histories])
     for strategy in STRATEGIES:
-        rec.rule_settings = RuleSettings(strategy=strategy)
-        got = rec.recommend([RecQuery(history=h, k=K, mode=mode, rules=idle) for h in histories])
+        ruled = rec.variant(rules=RuleSettings(strategy=strategy))
+        got = ruled.recommend([RecQuery(history=h, k=K, mode=mode, rules=idle) for h in histories])
         for a, b in zip(today, got, strict=True):
             assert a.item_ids == b.item_ids and a.scores == b.scores, strategy
-    rec.rule_settings = RuleSettings()
 
 
 def test_every_exact_strategy_returns_k_items_under_a_brand_cap(rec) -> None:
     rules = Rules(caps=(Cap("brand", 1),), boosts=(Boost("brand", "kirra", 0.5),))
     for strategy in ("beam", "cdsl", "cdlh"):
-        rec.rule_settings = RuleSettings(strategy=strategy)
-        (res,) = rec.recommend([RecQuery(history=[1, 2, 3, 4], k=K, mode="plain", rules=rules)])
+        ruled = rec.variant(rules=RuleSettings(strategy=strategy))
+        (res,) = ruled.recommend([RecQuery(history=[1, 2, 3, 4], k=K, mode="plain", rules=rules)])
         assert len(res.item_ids) == K and len(set(brands(rec, res.item_ids))) == K, strategy
         assert res.scores == sorted(res.scores, reverse=True)
-    rec.rule_settings = RuleSettings()
 
 
 def test_attributes_are_reloaded_when_the_file_changes(bundle, tmp_path) -> None:

@@ -209,7 +209,7 @@ def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_rankin
         rows = [int(np.searchsorted(prior.item_ids, i)) for i in got[0].item_ids]
         assert got[0].scores == pytest.approx(np.log(p[rows]).tolist())
     # through a real gRPC server: the prior's items, reported as plain decoding that the prior ranked
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
 
     server = make_server(rec)
     with RecClient(f"127.0.0.1:{server.port}") as client:

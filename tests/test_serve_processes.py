@@ -14,15 +14,25 @@ from pathlib import Path
 
 import grpc
 import pytest
-from test_service_cli import _json_line
+from service_helpers import json_line
 
+from recsvc.bench.redis_spawn import free_port
+from recsvc.client.client import CHANNEL_OPTIONS, RecClient, channel_target
 from recsvc.errors import UserError
-from recsvc.service.client import CHANNEL_OPTIONS, RecClient, channel_target
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
-from recsvc.service.stores.redis_spawn import free_port
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _kill(proc: subprocess.Popen, pids) -> None:
+    """What a test leaves behind, killed: the parent process and any worker still alive."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
@@ -47,7 +57,7 @@ def test_serve_processes_2_share_the_port_and_drain_on_sigterm(tmp_path):
     def read() -> None:
         for line in proc.stderr:
             with lock:
-                entries.append(_json_line(line))
+                entries.append(json_line(line))
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -90,12 +100,7 @@ def test_serve_processes_2_share_the_port_and_drain_on_sigterm(tmp_path):
         assert events("workers_exited")[-1]["exitcodes"] == [0, 0]
         assert not [pid for pid in worker_pids if _alive(pid)]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in worker_pids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill(proc, worker_pids)
 
 
 def test_serve_processes_workers_exit_when_the_parent_is_killed(tmp_path):
@@ -111,7 +116,7 @@ def test_serve_processes_workers_exit_when_the_parent_is_killed(tmp_path):
         while len(pids) < 2:
             line = proc.stderr.readline()
             assert line and time.monotonic() < deadline
-            entry = _json_line(line)
+            entry = json_line(line)
             if entry.get("event") == "serving":
                 pids.add(entry["pid"])
         proc.kill()
@@ -121,12 +126,7 @@ def test_serve_processes_workers_exit_when_the_parent_is_killed(tmp_path):
             assert time.monotonic() < deadline, "orphaned workers still running"
             time.sleep(0.1)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in pids:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill(proc, pids)
 
 
 def test_serve_processes_needs_an_explicit_port(tmp_path, capsys):
@@ -154,7 +154,7 @@ def test_channel_target_lists():
 def test_client_cli_rejects_a_host_name_list(capsys):
     import argparse
 
-    from recsvc.service import client_cli
+    from recsvc.client import cli as client_cli
 
     parser = argparse.ArgumentParser()
     client_cli.register(parser.add_subparsers(dest="command"))
@@ -212,7 +212,7 @@ def test_record_interactions_is_not_retried():
 
 
 def test_readme_documents_the_service_config():
-    from recsvc.service.client import SERVICE_CONFIG
+    from recsvc.client.client import SERVICE_CONFIG
 
     readme = (REPO / "README.md").read_text()
     documented = readme.split("```json", 1)[1].split("```", 1)[0]
@@ -230,9 +230,9 @@ def _start_serve(counts: Path) -> tuple[subprocess.Popen, str]:
         if not line:
             break
         lines.append(line)
-        if _json_line(line).get("event") == "serving":
+        if json_line(line).get("event") == "serving":
             threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep the pipe drained
-            return proc, _json_line(line)["address"]
+            return proc, json_line(line)["address"]
     proc.kill()
     raise AssertionError("".join(lines))
 

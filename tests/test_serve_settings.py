@@ -67,7 +67,7 @@ def test_bench_serve_measures_the_served_configuration(bundle, tmp_path, capsys)
     assert {k: serving[k] for k in ServeSettings.__dataclass_fields__} == _resolved(["serve"], bundle,
                                                                                    flags).describe()
     assert serving["beam_width"] == served.beam_width == DEFAULT_BEAM_WIDTH
-    assert serving["precision"] == "fp32" and serving["speculation_per_k"] == {"1": [0, 0]}
+    assert serving["precision"] == "fp32" and serving["speculation_per_width"] == {"1": [0, 0]}
     rows = {r["mode"]: r for r in report["rows"]}
     assert set(rows) == {"strict", "plain"}
     for row in rows.values():  # what the server reported doing: --spec off answers strict requests plainly

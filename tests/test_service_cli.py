@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from service_helpers import json_line
 
+from recsvc.bench.redis_spawn import free_port
+from recsvc.client import cli as client_cli
+from recsvc.client.client import RecClient
 from recsvc.service import cli as serve_cli
-from recsvc.service import client_cli
-from recsvc.service.client import RecClient
-from recsvc.service.stores.redis_spawn import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,14 +71,6 @@ def test_serve_subcommand_registers():
     assert args.func is serve_cli.run_serve and args.max_batch == 16 and args.max_k == 50
 
 
-def _json_line(line: str) -> dict:
-    """The service logs one JSON object per line; other libraries' stray warnings are skipped."""
-    try:
-        entry = json.loads(line)
-    except json.JSONDecodeError:
-        return {}
-    return entry if isinstance(entry, dict) else {}
-
 
 def test_serve_process_drains_on_sigterm(tmp_path):
     counts = tmp_path / "pop.json"
@@ -107,7 +100,7 @@ def test_serve_process_drains_on_sigterm(tmp_path):
             if not line:
                 break
             lines.append(line)
-            entry = _json_line(line)
+            entry = json_line(line)
             if entry.get("event") == "serving":
                 address = entry["address"]
         assert address, "".join(lines)
@@ -116,7 +109,7 @@ def test_serve_process_drains_on_sigterm(tmp_path):
             assert [i.item_id for i in client.recommend("u", k=2, exclude_history=True).items] == [1, 2]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
-        events = [_json_line(line).get("event") for line in proc.stderr.read().splitlines()]
+        events = [json_line(line).get("event") for line in proc.stderr.read().splitlines()]
         assert "signal_received" in events and "draining" in events
         assert [e for e in events if e][-1] == "stopped"
     finally:

@@ -9,8 +9,8 @@ import grpc
 import pytest
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 
+from recsvc.client.client import RecClient
 from recsvc.recommender.bundle_recommender import BundleRecommender
-from recsvc.service.client import RecClient
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +93,18 @@ def test_concurrent_clients_are_batched(make_server, recommender) -> None:
     assert max(r.stats.batch_size for r in results) > 1
 
 
-def test_autotune_picks_a_setting_per_k_and_keeps_results_exact(recommender) -> None:
+def test_calibration_picks_a_setting_per_width_and_keeps_results_exact(recommender) -> None:
     from recsvc.recommender.api import RecQuery
+    from recsvc.service.calibration import calibrate_speculation
 
     histories = [[1, 2, 3], [4, 5]]
     before = [r.item_ids for r in recommender.recommend([RecQuery(h, k=5, mode="plain") for h in histories])]
-    choice = recommender.autotune(histories, ks=(5,))
-    assert set(choice) == {5} and (choice[5] == (0, 0) or choice[5][0] >= 1)
-    after = [r.item_ids for r in recommender.recommend([RecQuery(h, k=5, mode="strict") for h in histories])]
+    spec = calibrate_speculation(recommender, "auto", None, step=lambda *a, **f: None, ks=(5,))
+    choice = spec.per_width
+    assert recommender.spec.per_width is None  # the calibrated recommender is not changed
+    assert set(choice) == set(recommender.served_widths([5])) and all(n == 0 or n >= 1 for n, _ in choice.values())
+    served = recommender.variant(spec=spec)
+    after = [r.item_ids for r in served.recommend([RecQuery(h, k=5, mode="strict") for h in histories])]
     assert after == before
 
 
@@ -171,7 +175,7 @@ def test_serve_process_is_not_serving_until_loaded_and_bounds_calibration(tiny_b
     import time
     from pathlib import Path
 
-    from recsvc.service.stores.redis_spawn import free_port
+    from recsvc.bench.redis_spawn import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--bundle", str(tiny_bundle), "--dtype", "fp32",
@@ -209,10 +213,10 @@ def test_serve_process_is_not_serving_until_loaded_and_bounds_calibration(tiny_b
         for step in ("listening", "loading_bundle", "loading_models", "models_loaded", "calibrating", "serving"):
             assert step in events, (step, sorted(events))
         exhausted = events["calibration_budget_exhausted"]
-        assert exhausted["untuned_ks"] and exhausted["untuned_ks"][-1] == 20
+        assert exhausted["untuned_widths"] and exhausted["untuned_widths"][-1] == 20
         serving = events["serving"]
         assert serving["bundle"] == str(tiny_bundle) and serving["port"] == port and serving["spec"] == "auto"
-        assert all(serving["speculation_per_k"][str(k)] == [0, 0] for k in exhausted["untuned_ks"])
+        assert all(serving["speculation_per_width"][str(w)] == [0, 0] for w in exhausted["untuned_widths"])
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -223,7 +227,7 @@ def test_auto_calibration_is_stored_and_reused_on_the_same_hardware_models_and_s
     import json
     import shutil
 
-    from recsvc.service.calibration import configure_speculation
+    from recsvc.service.calibration import calibrate_speculation
 
     root = tmp_path / "b"
     shutil.copytree(tiny_bundle, root)
@@ -234,23 +238,23 @@ def test_auto_calibration_is_stored_and_reused_on_the_same_hardware_models_and_s
         events.append(event)
 
     settings = {"dtype": "fp32", "attention": "fp32", "drafter": None}
-    first = configure_speculation(rec, "auto", str(root), step=step, ks=(1, 5), cache_settings=settings)
+    first = calibrate_speculation(rec, "auto", str(root), step=step, ks=(1, 5), cache_settings=settings)
     assert "calibrated" in events and (root / "calibration.json").is_file()
     events.clear()
-    again = configure_speculation(rec, "auto", str(root), step=step, ks=(1, 5), cache_settings=settings)
-    assert again == first and events == ["calibration_reused"] and rec.spec.per_k == first
+    again = calibrate_speculation(rec, "auto", str(root), step=step, ks=(1, 5), cache_settings=settings)
+    assert again == first and events == ["calibration_reused"] and again.per_width
     # other settings, other K values or a retrained model: calibrate again
     for ks, other in (((1, 5), {**settings, "attention": "exact"}), ((1, 10), settings)):
         events.clear()
-        configure_speculation(rec, "auto", str(root), step=step, ks=ks, cache_settings=other)
+        calibrate_speculation(rec, "auto", str(root), step=step, ks=ks, cache_settings=other)
         assert "calibration_reused" not in events and "calibrated" in events
     weights = next((root / "target").glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes())  # same bytes, new mtime: counts as a new model
     events.clear()
-    configure_speculation(rec, "auto", str(root), step=step, ks=(1, 10), cache_settings=settings)
+    calibrate_speculation(rec, "auto", str(root), step=step, ks=(1, 10), cache_settings=settings)
     assert "calibration_reused" not in events
     # a damaged file is ignored, never an error
     (root / "calibration.json").write_text("{not json")
     events.clear()
-    configure_speculation(rec, "auto", str(root), step=step, ks=(1, 10), cache_settings=settings)
+    calibrate_speculation(rec, "auto", str(root), step=step, ks=(1, 10), cache_settings=settings)
     assert "calibrated" in events and json.loads((root / "calibration.json").read_text())["choice"]

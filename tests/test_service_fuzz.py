@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
 
 CATALOG = range(1, 2001)  # the `catalog` fixture's items

@@ -10,9 +10,10 @@ import time
 
 import grpc
 import pytest
+from service_helpers import status_of, wait_until
 from test_service_server import DelayedRecommender
 
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.popularity import PopularityRecommender
 from recsvc.service.server import STORE_HEALTH_NAME, RecServer, ServerConfig
@@ -42,19 +43,6 @@ def records():
     logger.setLevel(old_level)
 
 
-def _wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
-def _code(fn) -> tuple[grpc.StatusCode, str]:
-    try:
-        fn()
-    except grpc.RpcError as exc:
-        return exc.code(), exc.details()
-    return grpc.StatusCode.OK, ""
 
 
 def _sample(server, name: str, labels: dict | None = None) -> float:
@@ -70,7 +58,7 @@ def test_cancelled_and_expired_calls_are_counted_as_such_and_never_computed(cata
     with RecClient(server.address) as client:
         client.health()
         blocker = client.stub.Recommend.future(pb.RecommendRequest(user_id="b", history=[1], k=2), timeout=10)
-        _wait_until(lambda: slow.calls >= 1)  # the engine is busy: what follows queues up
+        wait_until(lambda: slow.calls >= 1)  # the engine is busy: what follows queues up
         expired = [
             client.stub.Recommend.future(pb.RecommendRequest(user_id="e", history=[8], k=3), timeout=0.001)
             for _ in range(12)
@@ -88,7 +76,7 @@ def test_cancelled_and_expired_calls_are_counted_as_such_and_never_computed(cata
         for call in cancelled:
             assert call.cancelled()
         # the queue drains: every queued cancelled / expired query is dropped before the engine call
-        _wait_until(lambda: _sample(server, "recsvc_queue_depth") == 0)
+        wait_until(lambda: _sample(server, "recsvc_queue_depth") == 0)
         after = client.recommend("d", history=[2], k=2)  # goes through the batcher after the dropped ones
         assert after.items
     assert not [q for q in slow.seen if list(q.history) in ([7], [8])], "cancelled / expired work was computed"
@@ -112,7 +100,7 @@ def test_extreme_temperatures_are_invalid_in_every_mode(catalog, make_server):
     with RecClient(server.address) as client:
         for temperature in (1e-45, 1e-38, 1e-20, 0.049, 10.01, 1e30):
             for mode in ("relaxed", "strict", "plain"):
-                code, details = _code(
+                code, details = status_of(
                     lambda t=temperature, m=mode: client.recommend(
                         "u", history=[1], k=5, mode=m, temperature=t
                     )
@@ -173,9 +161,9 @@ def test_health_is_not_serving_until_the_engine_is_attached(catalog, records):
         with RecClient(server.address) as client:
             assert client.health() == "NOT_SERVING"
             assert client.health("recsvc.v1.Recommender") == "NOT_SERVING"
-            code, details = _code(lambda: client.recommend("u", history=[1], k=2))
+            code, details = status_of(lambda: client.recommend("u", history=[1], k=2))
             assert (code, details) == (grpc.StatusCode.UNAVAILABLE, "server is starting up")
-            assert _code(lambda: client.history("u"))[0] == grpc.StatusCode.UNAVAILABLE
+            assert status_of(lambda: client.history("u"))[0] == grpc.StatusCode.UNAVAILABLE
             server.attach(catalog, bundle="test-bundle", spec="auto")
             assert client.health() == "SERVING" and client.health("recsvc.v1.Recommender") == "SERVING"
             assert client.recommend("u", history=[1], k=2).items
@@ -199,7 +187,7 @@ def test_history_store_health_follows_redis_and_hides_its_address(catalog, make_
             assert client.health(STORE_HEALTH_NAME) == "SERVING"
             assert client.record("alice", [1, 2]) == 2
             redis_server.stop()  # --- outage ---
-            _wait_until(lambda: client.health(STORE_HEALTH_NAME) == "NOT_SERVING")
+            wait_until(lambda: client.health(STORE_HEALTH_NAME) == "NOT_SERVING")
             assert client.health() == "SERVING" and client.health("recsvc.v1.Recommender") == "SERVING"
             inline = client.recommend("alice", history=[1, 2], k=2, exclude_history=True)
             assert [i.item_id for i in inline.items] == [3, 4]
@@ -208,10 +196,10 @@ def test_history_store_health_follows_redis_and_hides_its_address(catalog, make_
                 lambda: client.record("alice", [3]),
                 lambda: client.history("alice"),
             ):
-                code, details = _code(call)
+                code, details = status_of(call)
                 assert (code, details) == (grpc.StatusCode.UNAVAILABLE, "history store unavailable")
             redis_server.start()  # --- recovery ---
-            _wait_until(lambda: client.health(STORE_HEALTH_NAME) == "SERVING")
+            wait_until(lambda: client.health(STORE_HEALTH_NAME) == "SERVING")
             assert client.history("alice") == [1, 2]
     finally:
         store.close()
@@ -264,7 +252,7 @@ def test_reflection_v1_and_v1alpha_without_api_key(catalog, make_server):
                     for raw in found.file_descriptor_response.file_descriptor_proto
                 ]
                 assert file_name in [p.name for p in protos], (version, symbol)
-        assert _code(lambda: anonymous.recommend("u", history=[1], k=1))[0] == grpc.StatusCode.UNAUTHENTICATED
+        assert status_of(lambda: anonymous.recommend("u", history=[1], k=1))[0] == grpc.StatusCode.UNAUTHENTICATED
     for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_start_time_seconds",
                  "process_open_fds"):
         assert _sample(server, name) > 0, name
@@ -274,7 +262,7 @@ def test_k_above_int32_is_reported_as_sent(catalog, make_server):
     server = make_server(catalog)
     with RecClient(server.address) as client:
         for k in (2**31, 2**32, 2**32 + 5, 2**63 - 1):
-            code, details = _code(
+            code, details = status_of(
                 lambda k=k: client.stub.Recommend(pb.RecommendRequest(user_id="u", k=k), timeout=5)
             )
             assert code == grpc.StatusCode.INVALID_ARGUMENT

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 
-from recsvc.engine.host_reads import ReadSampler
+from recsvc.client.client import RecClient
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
-from recsvc.service.client import RecClient
 
 
 @pytest.fixture(scope="module")
@@ -18,15 +17,14 @@ def tiny_bundle(tmp_path_factory):
 
 
 def test_sampled_calls_report_their_host_reads_and_the_bucketed_forward_reads_less(tiny_bundle) -> None:
-    rec = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32")
+    rec = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32").variant(count_host_reads=2)  # every second call
     history = rec.popular_items(6)[:4]
     query = [RecQuery(history=history, k=5, mode="strict")]
-    rec.read_sampler = ReadSampler(2)  # every second engine call
     first, second = rec.recommend(query), rec.recommend(query)
     assert first[0].stats.host_reads == -1 and second[0].stats.host_reads > 0
     fast_reads = second[0].stats.host_reads
-    rec.set_forward("bucketed")
-    rec.read_sampler = ReadSampler(1)
+    rec = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32", forward="bucketed").variant(count_host_reads=1)
+    rec.recommend(query)  # the first call on a fresh model builds its static caches (reads while it does)
     out = rec.recommend(query)
     assert out[0].item_ids == first[0].item_ids  # the same list on the bucketed path
     # the engine's rounds read once each; the rest are the call's own, once per request (the lists read out)
@@ -34,8 +32,7 @@ def test_sampled_calls_report_their_host_reads_and_the_bucketed_forward_reads_le
 
 
 def test_the_metric_counts_sampled_reads(make_server, tiny_bundle) -> None:
-    rec = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32")
-    rec.read_sampler = ReadSampler(1)
+    rec = BundleRecommender.from_bundle(tiny_bundle, dtype="fp32").variant(count_host_reads=1)
     server = make_server(rec)
     with RecClient(f"127.0.0.1:{server.port}") as client:
         client.recommend("u1", history=rec.popular_items(4), k=5, mode="plain")

@@ -7,7 +7,7 @@ import time
 
 import grpc
 
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
 from recsvc.service.stores import open_store
 
 

@@ -8,27 +8,20 @@ import subprocess
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from service_helpers import status_of
 
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
-
-
-def _status(fn) -> tuple[grpc.StatusCode, str]:
-    try:
-        fn()
-    except grpc.RpcError as exc:
-        return exc.code(), exc.details()
-    return grpc.StatusCode.OK, ""
 
 
 def test_api_key_required_except_health_and_reflection(catalog, make_server):
     server = make_server(catalog, api_key="s3cret")
     with RecClient(server.address) as anonymous:
-        assert _status(lambda: anonymous.recommend("u", k=1)) == (
+        assert status_of(lambda: anonymous.recommend("u", k=1)) == (
             grpc.StatusCode.UNAUTHENTICATED,
             "missing API key (metadata 'x-api-key')",
         )
-        assert _status(lambda: anonymous.record("u", [1]))[0] == grpc.StatusCode.UNAUTHENTICATED
+        assert status_of(lambda: anonymous.record("u", [1]))[0] == grpc.StatusCode.UNAUTHENTICATED
         assert anonymous.health() == "SERVING"  # load balancers need no key
         from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
             ProtoReflectionDescriptorDatabase,
@@ -37,7 +30,7 @@ def test_api_key_required_except_health_and_reflection(catalog, make_server):
         # reflection describes the public schema only: reachable without the key, like health
         assert "recsvc.v1.Recommender" in ProtoReflectionDescriptorDatabase(anonymous.channel).get_services()
     with RecClient(server.address, api_key="wrong") as wrong:
-        assert _status(lambda: wrong.history("u")) == (grpc.StatusCode.UNAUTHENTICATED, "invalid API key")
+        assert status_of(lambda: wrong.history("u")) == (grpc.StatusCode.UNAUTHENTICATED, "invalid API key")
     with RecClient(server.address, api_key="s3cret") as good:
         assert good.record("u", [1]) == 1
         assert good.recommend("u", k=2).items
@@ -93,7 +86,7 @@ def test_tls_round_trip_and_plaintext_refused(catalog, make_server, tls_files):
     with RecClient(f"localhost:{server.port}", tls_ca=cert, api_key="k") as by_name:
         assert by_name.history("t") == [1, 2]
     with RecClient(server.address, api_key="k", timeout_s=2) as plaintext:
-        assert _status(lambda: plaintext.history("t"))[0] == grpc.StatusCode.UNAVAILABLE
+        assert status_of(lambda: plaintext.history("t"))[0] == grpc.StatusCode.UNAVAILABLE
 
 
 def test_tls_config_errors(catalog, make_server, tmp_path, tls_files):
@@ -108,7 +101,7 @@ def test_tls_config_errors(catalog, make_server, tmp_path, tls_files):
 def test_oversized_message_rejected_not_internal(catalog, make_server):
     server = make_server(catalog, max_message_bytes=4096)
     with RecClient(server.address) as client:
-        code, _ = _status(lambda: client.recommend("u", exclude_items=list(range(1, 3000)), k=1))
+        code, _ = status_of(lambda: client.recommend("u", exclude_items=list(range(1, 3000)), k=1))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert client.recommend("u", k=1).items  # the server is fine
         health = health_pb2_grpc.HealthStub(client.channel).Check(health_pb2.HealthCheckRequest(), timeout=5)

@@ -9,15 +9,16 @@ from collections.abc import Sequence
 
 import grpc
 import pytest
+from service_helpers import status_of, wait_until
 
-from recsvc.recommender.api import RecQuery, RecResult
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
+from recsvc.recommender.api import RecQuery, RecResult, WithoutModel
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.servicer import NO_DECODING_REASON, NO_HISTORY_REASON
 from recsvc.service.stores import open_store
 
 
-class DelayedRecommender:
+class DelayedRecommender(WithoutModel):
     """Wraps a recommender: each engine call takes ``delay_s`` longer (a slow model); records the queries."""
 
     def __init__(self, inner, delay_s: float, poison_item: int | None = None) -> None:
@@ -46,19 +47,6 @@ class DelayedRecommender:
         return self.inner.recommend(queries)
 
 
-def _wait_until(condition, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
-def _code(fn) -> tuple[grpc.StatusCode, str]:
-    try:
-        fn()
-    except grpc.RpcError as exc:
-        return exc.code(), exc.details()
-    return grpc.StatusCode.OK, ""
 
 
 def test_round_trips_and_fallback(catalog, make_server):
@@ -137,7 +125,7 @@ def test_bad_recommend_requests_are_invalid_argument(catalog, make_server, field
     server = make_server(catalog)
     request = pb.RecommendRequest(**{"user_id": "u", **fields})
     with RecClient(server.address) as client:
-        code, details = _code(lambda: client.stub.Recommend(request, timeout=5))
+        code, details = status_of(lambda: client.stub.Recommend(request, timeout=5))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     assert message in details
 
@@ -145,14 +133,14 @@ def test_bad_recommend_requests_are_invalid_argument(catalog, make_server, field
 def test_bad_record_and_history_requests(catalog, make_server):
     server = make_server(catalog)
     with RecClient(server.address) as client:
-        assert _code(lambda: client.record("u", [])) == (
+        assert status_of(lambda: client.record("u", [])) == (
             grpc.StatusCode.INVALID_ARGUMENT,
             "item_ids is empty",
         )
-        code, details = _code(lambda: client.record("u", [1, 99999]))
+        code, details = status_of(lambda: client.record("u", [1, 99999]))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and details == "unknown item ids in item_ids: 99999"
-        assert _code(lambda: client.history(""))[0] == grpc.StatusCode.INVALID_ARGUMENT
-        assert _code(lambda: client.record("u", list(range(1, 202))))[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert status_of(lambda: client.history(""))[0] == grpc.StatusCode.INVALID_ARGUMENT
+        assert status_of(lambda: client.record("u", list(range(1, 202))))[0] == grpc.StatusCode.INVALID_ARGUMENT
         assert client.history("u") == []  # nothing was stored by the rejected calls
 
 
@@ -189,8 +177,8 @@ def test_deadline_expired_while_queued_is_not_computed(catalog, make_server):
     with RecClient(server.address) as client:
         first = threading.Thread(target=lambda: client.recommend("a", history=[1], k=1, timeout_s=10))
         first.start()
-        _wait_until(lambda: slow.calls >= 1)  # the engine is now busy with the first query
-        code, _ = _code(lambda: client.recommend("b", history=[777], k=1, timeout_s=0.2))
+        wait_until(lambda: slow.calls >= 1)  # the engine is now busy with the first query
+        code, _ = status_of(lambda: client.recommend("b", history=[777], k=1, timeout_s=0.2))
         first.join()
         assert code == grpc.StatusCode.DEADLINE_EXCEEDED
         time.sleep(0.1)
@@ -205,7 +193,7 @@ def test_engine_failure_is_internal_generic_and_isolated(catalog, make_server):
 
     def call(user: str, history: list[int]) -> None:
         with RecClient(server.address) as client:
-            results[user] = _code(lambda: client.recommend(user, history=history, k=2))
+            results[user] = status_of(lambda: client.recommend(user, history=history, k=2))
 
     threads = [threading.Thread(target=call, args=(f"u{i}", [13] if i == 0 else [i + 20])) for i in range(4)]
     for t in threads:
@@ -229,13 +217,13 @@ def test_drain_finishes_in_flight_and_refuses_new(catalog, make_server):
 
     thread = threading.Thread(target=in_flight)
     thread.start()
-    _wait_until(lambda: slow.calls >= 1)  # the request is inside the engine
+    wait_until(lambda: slow.calls >= 1)  # the request is inside the engine
     stopper = threading.Thread(target=server.stop, kwargs={"grace_s": 5.0})
     stopper.start()
     with RecClient(server.address) as client:  # soon new calls are refused (one may slip in before stop;
         codes = []  # it is then served within the grace period, after the slow in-flight one: a long deadline)
         while not codes or codes[-1] == grpc.StatusCode.OK:
-            codes.append(_code(lambda: client.recommend("late", k=1, timeout_s=10))[0])
+            codes.append(status_of(lambda: client.recommend("late", k=1, timeout_s=10))[0])
             assert len(codes) < 100
     # grpc-core answers calls racing the shutdown with CANCELLED, later ones with UNAVAILABLE
     assert codes[-1] in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), codes
@@ -253,7 +241,7 @@ def test_health_reflection_and_metrics(catalog, make_server):
         assert client.health() == "SERVING"
         assert client.health("recsvc.v1.Recommender") == "SERVING"
         client.recommend("m", history=[1], k=2)
-        _code(lambda: client.recommend("m", k=0))
+        status_of(lambda: client.recommend("m", k=0))
         db = ProtoReflectionDescriptorDatabase(client.channel)
         assert "recsvc.v1.Recommender" in db.get_services()
         assert "grpc.health.v1.Health" in db.get_services()
@@ -279,7 +267,7 @@ class NoRelaxedRecommender(DelayedRecommender):
 def test_mode_the_engine_lacks_is_unimplemented(catalog, make_server):
     server = make_server(NoRelaxedRecommender(catalog, delay_s=0.0), default_mode="plain")
     with RecClient(server.address) as client:
-        code, details = _code(lambda: client.recommend("u", history=[1], mode="relaxed", temperature=0.7))
+        code, details = status_of(lambda: client.recommend("u", history=[1], mode="relaxed", temperature=0.7))
         assert code == grpc.StatusCode.UNIMPLEMENTED
         assert details == "not supported by this engine: decoding mode 'relaxed'"
         assert client.recommend("u", history=[1]).stats.requested_mode == pb.PLAIN  # the server's default

@@ -13,15 +13,15 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 from recsvc.cli.main import build_parser
+from recsvc.client.client import RecClient
 from recsvc.service import calibration, startup
 from recsvc.service.calibration_cache import calibration_key, save_choice
-from recsvc.service.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.settings import ServeSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # The choice a previous `--spec auto` start stored for this host, models and settings (BUNDLE/calibration.json):
-# speculate at K = 5 with N = 5, gamma = 2; plain decoding for every other K.
+# speculate at beam width 5 with N = 5, gamma = 2; plain decoding at every other width.
 STORED = {1: (0, 0), 5: (5, 2), 10: (0, 0), 20: (0, 0)}
 # beam width 0: each K searches K beams (its own calibration); no user-state cache: the forward counts asserted
 # are those of a decode from scratch (a cached prompt or repeated request runs fewer)
@@ -50,7 +50,7 @@ def _store_calibration(bundle, tmp_path):
     shutil.copytree(bundle, root)
     settings = ServeSettings.from_args(_serve_args(root))
     key = calibration_key(root, {**settings.calibration_settings(settings.beam_width, torch.get_num_threads()),
-                                 "ks": list(calibration.CALIBRATION_KS)})
+                                 "widths": list(calibration.CALIBRATION_KS)})  # width 0: the widths are the Ks
     assert save_choice(root, key, STORED)
     return root
 
@@ -58,7 +58,7 @@ def _store_calibration(bundle, tmp_path):
 def test_strict_request_reports_the_mode_the_calibration_chose(bundle, tmp_path, make_server) -> None:
     calibrated = _store_calibration(bundle, tmp_path)
     rec, events = _recommender(_serve_args(calibrated))
-    assert "calibration_reused" in events and rec.spec.per_k == STORED  # serve's --spec auto took the stored choice
+    assert "calibration_reused" in events and rec.spec.per_width == STORED  # serve's --spec auto took the stored choice
     server = make_server(rec)
     history = rec.popular_items(6)[1:5]
     with RecClient(server.address) as client:
@@ -80,7 +80,7 @@ def test_strict_request_reports_the_mode_the_calibration_chose(bundle, tmp_path,
         t = reply.stats
         assert (t.mode, t.requested_mode, t.draft_beams, t.gamma, t.beam_width) == (
             pb.PLAIN, pb.STRICT_SPECULATIVE, 0, 0, 10)
-        assert t.mode_fallback_reason == "calibration: speculation does not pay at K=10"
+        assert t.mode_fallback_reason == "calibration: speculation does not pay at beam width 10"
         assert t.draft_forward_calls == 0 and t.target_forward_calls == 4
     counted = server.metrics.registry.get_sample_value
     assert counted("recsvc_recommend_modes_total", {"mode": "strict", "requested": "strict"}) == 1

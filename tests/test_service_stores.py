@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import closing
 
 import pytest
 
+from recsvc.bench.redis_spawn import free_port
 from recsvc.service.stores import HistoryStoreUnavailable, InMemoryHistoryStore, open_store
-from recsvc.service.stores.redis_spawn import free_port
 
 
 def _hammer(store, users: int = 4, threads: int = 8, batches: int = 40) -> list[int]:
@@ -64,8 +65,7 @@ def test_in_memory_is_thread_safe_and_bounded():
 def test_redis_append_trim_ttl_prefix(redis_server):
     import redis
 
-    store = open_store(redis_server.url, max_len=5, ttl_s=100, prefix="t:")
-    try:
+    with closing(open_store(redis_server.url, max_len=5, ttl_s=100, prefix="t:")) as store:
         assert store.get("u") == []
         assert store.append("u", [1, 2, 3]) == 3
         assert store.append("u", [4, 5, 6, 7]) == 5
@@ -75,39 +75,30 @@ def test_redis_append_trim_ttl_prefix(redis_server):
         assert raw.lrange("t:u", 0, -1) == [b"3", b"4", b"5", b"6", b"7"]
         raw.close()
         assert store.ping()
-    finally:
-        store.close()
 
 
 def test_redis_concurrent_appends_are_atomic(redis_server):
-    store = open_store(redis_server.url, max_len=30)
-    try:
+    with closing(open_store(redis_server.url, max_len=30)) as store:
         lengths = _hammer(store, users=3, threads=6, batches=20)
         assert max(lengths) == 30, "append must trim in the same transaction (length never above max_len)"
         for u in range(3):
             items = store.get(f"u{u}")
             assert len(items) == 30
             _assert_whole_triples(items)
-    finally:
-        store.close()
 
 
 def test_redis_ttl_expires(redis_server):
-    store = open_store(redis_server.url, max_len=10, ttl_s=1)
-    try:
+    with closing(open_store(redis_server.url, max_len=10, ttl_s=1)) as store:
         store.append("short", [1, 2])
         assert store.get("short") == [1, 2]
         deadline = time.monotonic() + 5
         while store.get("short") and time.monotonic() < deadline:
             time.sleep(0.1)
         assert store.get("short") == []
-    finally:
-        store.close()
 
 
 def test_redis_unreachable_raises_unavailable_quickly():
-    store = open_store(f"redis://127.0.0.1:{free_port()}/0", retries=2, backoff_s=0.01)
-    try:
+    with closing(open_store(f"redis://127.0.0.1:{free_port()}/0", retries=2, backoff_s=0.01)) as store:
         started = time.monotonic()
         with pytest.raises(HistoryStoreUnavailable, match="redis get failed"):
             store.get("u")
@@ -115,13 +106,10 @@ def test_redis_unreachable_raises_unavailable_quickly():
             store.append("u", [1])
         assert time.monotonic() - started < 2.0
         assert not store.ping()
-    finally:
-        store.close()
 
 
 def test_redis_store_recovers_after_restart(persistent_redis_server):
-    store = open_store(persistent_redis_server.url, retries=1, backoff_s=0.01)
-    try:
+    with closing(open_store(persistent_redis_server.url, retries=1, backoff_s=0.01)) as store:
         store.append("u", [1, 2])
         persistent_redis_server.stop()
         with pytest.raises(HistoryStoreUnavailable):
@@ -131,5 +119,3 @@ def test_redis_store_recovers_after_restart(persistent_redis_server):
         persistent_redis_server.start()
         assert store.get("u") == [1, 2]  # same store object: stale pooled connections are replaced
         assert store.append("u", [3]) == 3
-    finally:
-        store.close()

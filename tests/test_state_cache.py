@@ -9,13 +9,13 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 
+from recsvc.client.client import RecClient
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.sampling import make_generators, sampling_beam_search
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.state_cache import UserStateCache
-from recsvc.service.client import RecClient
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16
@@ -116,11 +116,12 @@ def test_strict_and_sampling_use_it(setup) -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from recsvc.recommender.bundle_recommender import BundleRecommender
+    from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
 
     rec = BundleRecommender.from_bundle(make_tiny_bundle(tmp_path_factory.mktemp("bundle"), n_users=40),
                                         dtype="fp32")
-    assert rec.enable_state_cache(64 << 20, "test") is not None
+    rec = rec.variant(states=state_cache_for(rec.target, 64 << 20, "test"))
+    assert rec.states is not None
     return rec
 
 
@@ -145,31 +146,24 @@ def test_prefill_ahead_after_a_write_makes_the_next_request_a_hit(make_server, s
 
     from recsvc.recommender.api import RecQuery
 
-    served.ahead, served.beam_width = True, 5  # a served width: the whole plain request is computed ahead
-    try:
-        server = make_server(served)
-        items = served.popular_items(8)
-        with RecClient(f"127.0.0.1:{server.port}") as client:
-            client.record("u-ahead", items[4:7])
-            deadline = time.monotonic() + 10
-            before = served.states.stats()
-            while served.states.stats()["entries"] == before["entries"] and time.monotonic() < deadline:
-                time.sleep(0.02)  # the prefill runs on the batcher thread once it is idle
-            got = client.recommend("u-ahead", k=5, mode="plain")
-        after = served.states.stats()
-        assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]  # ahead: not counted
-        assert got.stats.target_forward_calls == 0  # the prompt and every decode step were computed ahead
-        states, served.states = served.states, None
-        try:
-            ref = served.recommend([RecQuery(history=items[4:7], k=5, mode="plain")])[0]
-        finally:
-            served.states = states
-        assert [i.item_id for i in got.items] == ref.item_ids
-        assert [i.score for i in got.items] == pytest.approx(ref.scores, abs=1e-6)
-        # a request of another k (up to the served width) is the same beams: also no forward
-        assert served.recommend([RecQuery(history=items[4:7], k=2, mode="plain")])[0].stats.target_calls == 0
-    finally:
-        served.ahead, served.beam_width = False, 0
+    served = served.variant(prefill_ahead=True, beam_width=5)  # a served width: the whole request computed ahead
+    server = make_server(served)
+    items = served.popular_items(8)
+    with RecClient(f"127.0.0.1:{server.port}") as client:
+        client.record("u-ahead", items[4:7])
+        deadline = time.monotonic() + 10
+        before = served.states.stats()
+        while served.states.stats()["entries"] == before["entries"] and time.monotonic() < deadline:
+            time.sleep(0.02)  # the prefill runs on the batcher thread once it is idle
+        got = client.recommend("u-ahead", k=5, mode="plain")
+    after = served.states.stats()
+    assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]  # ahead: not counted
+    assert got.stats.target_forward_calls == 0  # the prompt and every decode step were computed ahead
+    ref = served.variant(states=None).recommend([RecQuery(history=items[4:7], k=5, mode="plain")])[0]
+    assert [i.item_id for i in got.items] == ref.item_ids
+    assert [i.score for i in got.items] == pytest.approx(ref.scores, abs=1e-6)
+    # a request of another k (up to the served width) is the same beams: also no forward
+    assert served.recommend([RecQuery(history=items[4:7], k=2, mode="plain")])[0].stats.target_calls == 0
 
 
 def test_recommender_runs_cached_prompts_apart_from_the_batch(served) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from recsvc.service.routing import HashRing
-from recsvc.service.sticky_client import StickyClient, split_targets
+from recsvc.client.routing import HashRing
+from recsvc.client.sticky import StickyClient, split_targets
 
 
 def test_ring_spreads_users_and_moves_only_a_removed_servers_users():
@@ -57,7 +57,7 @@ def test_a_users_calls_reach_one_server(catalog, make_server):
 def _client_cli(argv: list[str]) -> int:
     import argparse
 
-    from recsvc.service import client_cli
+    from recsvc.client import cli as client_cli
 
     parser = argparse.ArgumentParser(prog="recsvc")
     client_cli.register(parser.add_subparsers(dest="command"))

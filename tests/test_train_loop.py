@@ -9,6 +9,7 @@ import torch
 from test_train_fixtures import one_thread, random_ids, small_tokenizer  # noqa: F401 (one_thread: a fixture)
 
 from recsvc.data.split import EvalUser
+from recsvc.model.hardware import native_bf16
 from recsvc.model.presets import new_model
 from recsvc.model.prompt import PromptBuilder
 from training.sequences import collate, eval_examples, train_examples
@@ -40,9 +41,20 @@ def cfg(**kw) -> TrainConfig:
 def test_resolve_bf16() -> None:
     cpu = torch.device("cpu")
     assert resolve_bf16("on", cpu) and not resolve_bf16("off", cpu)
-    assert isinstance(resolve_bf16("auto", cpu), bool)
+    assert resolve_bf16("auto", cpu) == native_bf16("cpu")  # the hardware's own answer (recsvc.model.hardware)
     with pytest.raises(Exception, match="auto, on or off"):
         resolve_bf16("maybe", cpu)
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [
+    (True, False, True),  # AVX512-BF16 (this project's dev CPU): bf16 autocast
+    (False, True, True),  # AMX tiles
+    (False, False, False),  # neither: fp32
+])
+def test_auto_bf16_follows_the_cpu_flags(monkeypatch, avx512_bf16, amx, expected) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert resolve_bf16("auto", torch.device("cpu")) is expected
 
 
 def test_bf16_autocast_loop_runs(tmp_path) -> None:

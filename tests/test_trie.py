@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
-BEAUTY = Path(os.environ.get("RECSVC_BEAUTY_DIR", Path(__file__).resolve().parents[2] / "shared/data/amazon-beauty"))
+# the Amazon Beauty split directory (with its reference_semantic_ids.json), when RECSVC_BEAUTY_DIR names one
+BEAUTY = Path(os.environ["RECSVC_BEAUTY_DIR"]) if os.environ.get("RECSVC_BEAUTY_DIR") else None
 
 
 @st.composite
@@ -72,18 +73,32 @@ def test_unknown_prefix_has_no_codes() -> None:
     assert trie.node_of_prefix([9]) == -1
 
 
-@pytest.mark.skipif(not (BEAUTY / "reference_semantic_ids.json").is_file(), reason="shared Beauty data absent")
-def test_accepts_reference_ids_with_collisions() -> None:
-    ids = SemanticIds.load(BEAUTY / "reference_semantic_ids.json")
+def check_collisions(ids: SemanticIds, collisions: int) -> None:
+    """A catalog whose ids collide: one leaf per distinct id, answered by the group's lowest item id, the next
+    one when that is excluded; excluding the whole group kills its leaf."""
     trie = CatalogTrie(ids)
-    assert ids.collisions() == 12
-    assert len(trie.enumerate_ids()) == len(ids) - 12
+    assert ids.collisions() == collisions
+    assert len(trie.enumerate_ids()) == len(ids) - collisions
     group = ids.collision_groups()[0]
     leaf = trie.item_path[ids.index_of(group[0]), -1]
     assert trie.leaf_items(leaf[None]) == [min(group)]
     assert trie.leaf_items(leaf[None], excluded=[min(group)]) == [sorted(group)[1]]
     dead = trie.dead_nodes([group])[0]
     assert bool(dead[leaf]) and int(np.asarray(dead).sum()) >= 1
+
+
+def test_accepts_ids_with_collisions() -> None:
+    # items 5, 9 and 12 share (1, 2); 3 and 4 share (0, 1); 7 is alone: 3 collisions, 3 leaves
+    ids = SemanticIds.from_mapping({12: (1, 2), 9: (1, 2), 5: (1, 2), 4: (0, 1), 3: (0, 1), 7: (2, 3)},
+                                   codebook_size=4)
+    check_collisions(ids, 3)
+
+
+@pytest.mark.skipif(BEAUTY is None, reason="set RECSVC_BEAUTY_DIR to the Amazon Beauty split directory to check "
+                                           "its reference ids (the small catalog above checks the same behaviour)")
+def test_accepts_reference_ids_with_collisions() -> None:
+    assert BEAUTY is not None
+    check_collisions(SemanticIds.load(BEAUTY / "reference_semantic_ids.json"), 12)
 
 
 def test_parent_ancestors_and_codes_of_nodes() -> None:

@@ -143,16 +143,15 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
     drafter "target" (the target's own decoding: its recall@R / ndcg@R). N = max(K, round(n_mult * K)), or
     max(K, ``draft_beams``) when given (a fixed N for every K, as in the AtSpeed paper: N = 40)."""
     from recsvc.data.metrics import evaluate_rankings, standard_error
+    from recsvc.engine.decode import decode
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.engine.relaxed import relaxed_speculative_search
-    from recsvc.engine.sampling import make_generators, sampling_beam_search
-    from recsvc.engine.speculative import speculative_search
+    from recsvc.engine.sampling import make_generators
     from recsvc.progress import progress_bar
 
     bad = [m for m in modes if m not in MODES]
     if bad or not users:
         raise UserError(f"modes must be among {MODES} and users non-empty (got {bad}, {len(users)} users)")
-    t, trie, off, engine = setup.target, setup.trie, setup.builder.code_offset, setup.engine
+    trie, engine = setup.trie, setup.engine
     temp = torch.tensor([temperature])
     rows: list[dict[str, Any]] = []
     for mode in modes:
@@ -165,26 +164,20 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
             for i, u in enumerate(progress_bar(users, desc=f"{mode} K={k}", enabled=progress, leave=False)):
                 pb = PromptBatch.from_lists([setup.builder.prompt_ids(u.history)])
                 runs = 2 if i == 0 else 1  # the first user warms up
-                for _ in range(runs):
+                for _ in range(runs):  # the target alone (relaxed: its own sampling beam search)
                     start = time.perf_counter()
-                    if relaxed:
-                        plain = sampling_beam_search(t, trie, off, pb, k, temp, make_generators([i])).leaves[0]
-                    else:
-                        plain = engine.search(pb, k).leaves[0]
+                    plain = decode(engine, None, pb, [u.history], mode, k, (0, 0), temperatures=temp,
+                                   generators=make_generators([i])).leaves[0]
                     ms = 1000 * (time.perf_counter() - start)
                 plain_ms.append(ms)
                 rank_plain[u.user_id] = trie.leaf_items(plain[plain >= 0])
                 for name, drafter in usable.items():
                     for _ in range(runs):
-                        if relaxed:
-                            sampler = drafter.sampling_session(pb, [u.history], None)
-                            start = time.perf_counter()
-                            out = relaxed_speculative_search(t, trie, off, pb, k, sampler, n, gamma, temp,
-                                                             make_generators([i]))
-                        else:
-                            session = drafter.session(pb, [u.history], None)
-                            start = time.perf_counter()
-                            out = speculative_search(t, trie, off, pb, k, session, n, gamma, None, engine.select)
+                        session = (drafter.sampling_session(pb, [u.history], None) if relaxed  # untimed
+                                   else drafter.session(pb, [u.history], None))
+                        start = time.perf_counter()
+                        out = decode(engine, drafter, pb, [u.history], mode, k, (n, gamma), temperatures=temp,
+                                     generators=make_generators([i]), session=session)
                         ms = 1000 * (time.perf_counter() - start)
                     s = stats[name]
                     s["ms"].append(ms)

@@ -15,7 +15,7 @@ Methods (docs/DRAFTER_ALIGNMENT.md; losses in ``training/drafter_losses.py``), a
   ground-truth prefixes; the teacher data supplies the target's distributions there).
 
 Validation: the next-item loss on validation users, and (``select_by="as"``, the CLI default) AS@K: the mean
-number of accepted draft depths per request under strict verification (``speculative_search`` with this
+number of accepted draft depths per request under strict verification (``recsvc.engine.decode``, strict, with this
 drafter, N = K, gamma 3; key ``as@K``) and under relaxed sampling verification (``relaxed_speculative_search``,
 temperature 1, one seeded generator per user so epochs see the same draws; key ``as_relaxed@K``) on a fixed
 sample of validation users. The best epoch by the AS of ``verify`` is kept: "auto" = relaxed for atspeed-r
@@ -72,11 +72,10 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
     from recsvc.data.sampling import sample_users
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.decode import decode
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.engine.relaxed import relaxed_speculative_search
     from recsvc.engine.sampling import make_generators
-    from recsvc.engine.speculative import speculative_search
     from recsvc.model.loading import torch_dtype
 
     users = sample_users(data.eval_users("valid"), max_users, seed)
@@ -97,16 +96,13 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
             chunk = users[i : i + batch_size]
             hist = [u.history for u in chunk]
             pb = PromptBatch.from_lists([builder.prompt_ids(h) for h in hist])
-            out = speculative_search(engine.model, trie, builder.code_offset, pb, k, drafter.session(pb, hist, None),
-                                     n_draft, gamma, None, engine.select)
-            accepted += out.accepted.tolist()
-            calls += out.target_calls.tolist()
+            out = decode(engine, drafter, pb, hist, "strict", k, (n_draft, gamma))
+            accepted += out.accepted
+            calls += out.target_calls
             gens = make_generators([seed + i + j for j in range(len(chunk))])
-            rel = relaxed_speculative_search(engine.model, trie, builder.code_offset, pb, k,
-                                             drafter.sampling_session(pb, hist, None), n_draft, gamma,
-                                             torch.ones(len(chunk)), gens)
-            acc_r += rel.accepted.tolist()
-            calls_r += rel.target_calls.tolist()
+            rel = decode(engine, drafter, pb, hist, "relaxed", k, (n_draft, gamma), generators=gens)
+            acc_r += rel.accepted
+            calls_r += rel.target_calls
         n = max(len(accepted), 1)
         return {f"as@{k}": sum(accepted) / n, f"calls@{k}": sum(calls) / n,
                 f"as_relaxed@{k}": sum(acc_r) / n, f"calls_relaxed@{k}": sum(calls_r) / n}

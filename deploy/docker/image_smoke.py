@@ -162,7 +162,7 @@ class Smoke:
     def _wait_serving(self) -> int:
         import grpc
 
-        from recsvc.service.client import RecClient
+        from recsvc.client.client import RecClient
 
         published = docker("port", self.name, f"{CONTAINER_PORT}/tcp")
         host, _, port = published.splitlines()[0].rpartition(":")
@@ -207,7 +207,7 @@ class Smoke:
         self.say(f"start-up log: {', '.join(events)}")
 
     def _calls(self, port: int) -> None:
-        from recsvc.service.client import RecClient, response_to_dict
+        from recsvc.client.client import RecClient, response_to_dict
 
         user = f"smoke-{os.getpid()}"
         with RecClient(f"127.0.0.1:{port}", timeout_s=30) as client:

@@ -166,13 +166,17 @@ def run(args: argparse.Namespace) -> dict:
     paths = tuple(p for p in PATHS if p != "compiled") if args.no_compiled else PATHS
     uncached = tuple(p for p in UNCACHED if p in paths)
     state_forward = "fast" if args.no_compiled else args.state_forward
+    # the variants compared, built from the one loaded recommender (models shared): each path's cache and prior
+    variants = {path: rec.variant(states=caches.get(path), prior=lean_prior if path == "lean" else served_prior)
+                for path in paths}
+    repeat = rec.variant(states=caches["repeat"])  # the user's earlier request: identical
+    wider = rec.variant(states=caches["cached"], beam_width=args.beam_width + 5)  # ... with other beams
 
     def one(path: str, history: list[int]):
         target.set_forward(path if path in uncached else state_forward)
-        rec.states, rec.prior = caches.get(path), lean_prior if path == "lean" else served_prior
         target.forward_ledger = ledger = ForwardLedger()  # the tokens each forward ran
         start = time.perf_counter()
-        out = rec.recommend([RecQuery(history=history, k=args.k, mode="plain")])[0]
+        out = variants[path].recommend([RecQuery(history=history, k=args.k, mode="plain")])[0]
         elapsed = 1000.0 * (time.perf_counter() - start)
         target.forward_ledger = None
         tokens[path].append(sum(t for t, _ in ledger.calls))
@@ -190,11 +194,8 @@ def run(args: argparse.Namespace) -> dict:
     for i, h in enumerate(progress_bar(histories, desc="bench cache", leave=False)):
         order = paths[i % len(paths):] + paths[: i % len(paths)]  # rotate: no path always runs first
         target.set_forward(state_forward)
-        rec.states, rec.prior = caches["repeat"], served_prior  # the user's earlier request: identical
-        rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])
-        rec.states, rec.beam_width = caches["cached"], args.beam_width + 5  # ... with other beams
-        rec.recommend([RecQuery(history=h, k=args.k, mode="plain")])
-        rec.beam_width = args.beam_width
+        repeat.recommend([RecQuery(history=h, k=args.k, mode="plain")])
+        wider.recommend([RecQuery(history=h, k=args.k, mode="plain")])
         res = {}
         for path in order:
             res[path], t = one(path, h)
@@ -208,7 +209,6 @@ def run(args: argparse.Namespace) -> dict:
         for path in ("cached", "repeat"):
             same[path] += (res[path].item_ids == res[state_forward].item_ids
                            and res[path].scores == res[state_forward].scores)
-    rec.states, rec.prior = None, served_prior
     sweep = [rec.prompts.prompt_ids(h) for h in histories[: args.sweep_users]]
     fixed = {}
     for name in uncached:

@@ -68,6 +68,22 @@ def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype:
                         sample_users(data.eval_users(split), users, seed), data)
 
 
+def add_bundle_bench_args(p, ks: str, attention: str) -> None:
+    """The flags every bench over a bundle's users shares: the bundle, users, K values, split, dtype, data,
+    threads, attention (``attention``: its default), device, JSON output."""
+    p.add_argument("--bundle", required=True)
+    p.add_argument("--users", type=int, default=200)
+    p.add_argument("--k", default=ks)
+    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--data", help="data directory (default: the bundle's)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--attention", choices=["exact", "fp32"], default=attention,
+                   help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
+    add_device_arg(p)
+    p.add_argument("--json", dest="json_path")
+
+
 def add_device_arg(p) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="where the target and drafters run (cuda: bf16 with --dtype auto)")

@@ -14,35 +14,16 @@ import statistics
 
 import torch
 
-from recsvc.bench.common import (
-    add_device_arg,
-    load_context,
-    machine,
-    markdown_table,
-    parse_int_list,
-    set_threads,
-    timed,
-    write_json,
-)
+from recsvc.bench import common
 from recsvc.model.hardware import resolve_dtype
 from recsvc.progress import progress_bar
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--users", type=int, default=200)
-    p.add_argument("--k", default="1,5,10,20")
-    p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
-    p.add_argument("--data", help="data directory (default: the bundle's)")
+    common.add_bundle_bench_args(p, "1,5,10,20", attention="exact")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--attention", choices=["exact", "fp32"], default="exact",
-                   help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
     p.add_argument("--cold", action="store_true",
                    help="no warm-up per prompt length (the first request of each length then pays the header)")
-    add_device_arg(p)
-    p.add_argument("--json", dest="json_path")
 
 
 @torch.inference_mode()
@@ -52,10 +33,10 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.reference import generate_topk
 
-    set_threads(args.threads)
-    ks = parse_int_list(args.k, "--k")
+    common.set_threads(args.threads)
+    ks = common.parse_int_list(args.k, "--k")
     device = getattr(args, "device", "cpu")
-    ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data, device=device)
+    ctx = common.load_context(args.bundle, args.users, args.split, args.dtype, args.data, device=device)
     engine = BeamSearch(EngineModel.build(ctx.model, args.attention), ctx.trie, ctx.builder.code_offset)
     prompts = [ctx.builder.prompt_ids(u.history) for u in ctx.users]
     warm = warmup_prompts(ctx, args.warmup, args.cold)
@@ -68,8 +49,8 @@ def run(args: argparse.Namespace) -> dict:
             generate_topk(ctx.model, ref_trie, ctx.builder.code_offset, p, k)
         eng_ms, gen_ms, same = [], [], 0
         for p in progress_bar(prompts, desc=f"decode K={k}", leave=False):
-            out, ms_e = timed(engine.search, PromptBatch.from_lists([p], device), k, device=device)
-            (ref_codes, _), ms_g = timed(generate_topk, ctx.model, ref_trie, ctx.builder.code_offset, p, k,
+            out, ms_e = common.timed(engine.search, PromptBatch.from_lists([p], device), k, device=device)
+            (ref_codes, _), ms_g = common.timed(generate_topk, ctx.model, ref_trie, ctx.builder.code_offset, p, k,
                                          device=device)
             codes = ctx.trie.codes_of_nodes(out.leaves[0][out.leaves[0] >= 0]).tolist()
             same += [tuple(c) for c in codes] == ref_codes
@@ -83,10 +64,10 @@ def run(args: argparse.Namespace) -> dict:
                "device": device,
                "split": args.split,
                "attention": args.attention, "warm_per_length": not args.cold,
-               "machine": machine(), "rows": rows}
-    print(markdown_table(rows, [("k", "K"), ("engine_ms", "engine ms/req"), ("generate_ms", "generate ms/req"),
+               "machine": common.machine(), "rows": rows}
+    print(common.markdown_table(rows, [("k", "K"), ("engine_ms", "engine ms/req"), ("generate_ms", "generate ms/req"),
                                 ("speedup", "speedup"), ("identical_rate", "identical"), ("users", "users")]))
-    write_json(args.json_path, payload)
+    common.write_json(args.json_path, payload)
     return payload
 
 

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> None:
 def run_drill(*, duration: float, concurrency: int, wait_replicas: int = 0, wait_timeout_ms: int = 500,
               kill_at: float, rejoin_after: float = 10.0, node_timeout_ms: int = 2000, users_per_thread: int = 8,
               seed: int = 0) -> dict:
-    from recsvc.service.stores.redis_cluster_spawn import RedisClusterProcesses
+    from recsvc.bench.redis_cluster_spawn import RedisClusterProcesses
 
     with tempfile.TemporaryDirectory(prefix="recsvc-drill-") as tmp, \
             RedisClusterProcesses(node_timeout_ms=node_timeout_ms, data_dir=Path(tmp) / "cluster") as cluster:
@@ -229,7 +229,7 @@ def _read_back(target: str, users: list[str], budget_s: float = 30.0) -> dict[st
     """Every user's final history (GetHistory, retried while the store answers UNAVAILABLE)."""
     import grpc
 
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
 
     out: dict[str, list[int]] = {}
     deadline = time.monotonic() + budget_s
@@ -251,7 +251,7 @@ class _Server:
     """``recsvc serve --popularity`` on the cluster, a child process; its JSON log goes to a file."""
 
     def __init__(self, tmp: Path, redis_url: str, wait_replicas: int, wait_timeout_ms: int) -> None:
-        from recsvc.service.stores.redis_spawn import free_port
+        from recsvc.bench.redis_spawn import free_port
 
         self.port, self.metrics_port = free_port(), free_port()
         self.target = f"127.0.0.1:{self.port}"
@@ -267,7 +267,7 @@ class _Server:
     def start(self, timeout_s: float = 60.0) -> None:
         import grpc
 
-        from recsvc.service.client import RecClient
+        from recsvc.client.client import RecClient
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "wb") as log:

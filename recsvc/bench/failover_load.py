@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from recsvc.service.client import RecClient
+from recsvc.client.client import RecClient
 
 CALL_TYPES = ("record", "recommend_stored", "history", "recommend_inline")
 STORED = frozenset(CALL_TYPES[:3])  # the calls that need the history store

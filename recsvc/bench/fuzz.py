@@ -86,8 +86,8 @@ def hostile_call(rng: random.Random, stub, request) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from recsvc.client.client import RecClient
     from recsvc.errors import UserError
-    from recsvc.service.client import RecClient
     from recsvc.service.gen import recommender_pb2 as pb
 
     if args.requests < 1 or args.concurrency < 1:

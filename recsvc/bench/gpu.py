@@ -94,7 +94,7 @@ def batched(bundle: Path, device: str, users, k: int, batch: int) -> dict:
 
     rec = BundleRecommender.from_bundle(bundle, device=device, attention="exact",
                                         drafter_name=str(bundle / "drafter"))
-    rec.spec = SpecSettings(draft_beams=k, gamma=3)
+    rec = rec.variant(spec=SpecSettings(draft_beams=k, gamma=3))
     groups = [users[i:i + batch] for i in range(0, len(users), batch)]
     out: dict = {"k": k, "batch": batch, "users": len(users)}
     items: dict[str, list] = {}

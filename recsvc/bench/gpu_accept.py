@@ -28,7 +28,6 @@ DATA/reference_semantic_ids.json when present (no sentence-embedding model neede
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 import sys
@@ -69,11 +68,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run_command(name: str, argv: list[str]) -> None:
     """One ``recsvc`` subcommand, registering only its own module (the service's gRPC code is not imported)."""
-    from recsvc.cli.main import SUBCOMMANDS
+    from recsvc.cli.main import register_command
 
     print("$ recsvc " + name + " " + " ".join(argv), flush=True)
     parser = argparse.ArgumentParser(prog="recsvc")
-    importlib.import_module(SUBCOMMANDS[name]).register(parser.add_subparsers(dest="command"))
+    register_command(name, parser.add_subparsers(dest="command"))
     args = parser.parse_args([name, *argv])
     if int(args.func(args) or 0) != 0:
         raise UserError(f"`recsvc {name} {' '.join(argv)}` failed")

@@ -236,7 +236,7 @@ def measure(bundle: str, processes: int, serve_options: list[str], requests: lis
             "client_cpu_s": round(client_cpu, 3),
             "client_cpu_ms_per_request": round(1000 * client_cpu / ok, 3) if ok else None,
             "host_cpu_busy": round((busy1 - busy0) / (total1 - total0), 3) if total1 > total0 else None,
-            "speculation_per_k": serving[0].get("speculation_per_k"),
+            "speculation_per_width": serving[0].get("speculation_per_width"),
             "precision": serving[0].get("precision"),
             "beam_width": serving[0].get("beam_width"),
             **stopped,

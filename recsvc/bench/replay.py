@@ -80,7 +80,7 @@ def replay(target: str, trace: list[tuple[str, list[int], list[int]]], r: int, k
     """Runs the trace against ``target`` (histories already written); latencies and counts."""
     import grpc
 
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
 
     users: queue.Queue = queue.Queue()
     for item in trace:
@@ -150,8 +150,8 @@ def _metrics(port: int) -> dict[str, float]:
 
 def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, workdir: Path) -> dict:
     from recsvc.bench.processes_server import ServeProcess
-    from recsvc.service.client import RecClient
-    from recsvc.service.stores.redis_spawn import RedisProcess
+    from recsvc.bench.redis_spawn import RedisProcess
+    from recsvc.client.client import RecClient
 
     cache_mb = 0 if config in ("off", "lean") else args.state_cache_mb
     name = f"{config}-{concurrency}"

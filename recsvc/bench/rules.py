@@ -29,7 +29,7 @@ from recsvc.progress import progress_bar
 from recsvc.rules.attributes import ItemAttributes
 from recsvc.rules.spec import STRATEGIES, Cap, Rules, ValueFilter, normalize_value
 
-# list_search's phases (recsvc.rules.search), then plain beam search's, in the order a request meets them
+# list_search's phases (recsvc.rule_decoding.search), then plain beam search's, in the order a request meets them
 PHASES = ("compile", "forward", "head", "select", "lookahead", "other")
 
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.model.hardware import resolve_dtype
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
-    from recsvc.rules.decode import RuleSettings
+    from recsvc.rule_decoding.decode import RuleSettings
 
     set_threads(args.threads)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
@@ -128,12 +128,14 @@ def run(args: argparse.Namespace) -> dict:
                         corrections=None if args.corrections < 0 else args.corrections, factor=args.factor)
     runs = [(name, rules, s) for name, rules in scenarios(args) for s in (strategies if rules else ["plain"])]
 
+    # one recommender per strategy, built from the loaded one (models shared)
+    by_strategy = {s: rec.variant(rules=replace(base, strategy=s)) for s in strategies}
+
     def once(history: list[int], rules: Rules | None, strategy: str, ledger: Ledger = NO_LEDGER
              ) -> tuple[list[int], float, int]:
-        if strategy != "plain":
-            rec.rule_settings = replace(base, strategy=strategy)
+        served = by_strategy[strategy] if strategy != "plain" else rec
         start = time.perf_counter()
-        (res,) = rec.recommend([RecQuery(history=history, k=k, mode="plain", rules=rules)], ledger)
+        (res,) = served.recommend([RecQuery(history=history, k=k, mode="plain", rules=rules)], ledger)
         return res.item_ids, 1000 * (time.perf_counter() - start), res.stats.target_calls
 
     for u in users[:3]:  # warm-up: every path once

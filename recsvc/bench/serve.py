@@ -178,7 +178,7 @@ def _load_level(
     """``concurrency`` threads send stored-history Recommends for ``duration`` seconds."""
     import grpc
 
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
     from recsvc.service.gen import recommender_pb2 as pb
 
     tallies = [_Tally() for _ in range(concurrency)]
@@ -230,7 +230,7 @@ def _load_level(
 def _item_pool(source: Any, target: str | None, client_kwargs: dict) -> list[int]:
     if target is None:
         return list(source.popular_items(1000))
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
 
     with RecClient(target, **client_kwargs) as client:  # a user without history gets the popular items
         reply = client.recommend(f"bench-cold-{random.getrandbits(48):x}", k=20)
@@ -240,7 +240,7 @@ def _item_pool(source: Any, target: str | None, client_kwargs: dict) -> list[int
 def _seed_histories(
     target: str, client_kwargs: dict, users: list[str], pool: list[int], n: int, seed: int
 ) -> None:
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
 
     rng = random.Random(seed)
     with RecClient(target, **client_kwargs) as client:
@@ -281,9 +281,9 @@ def run_serve_bench(
     ``redis_url``: None (in-memory store), a URL, or ``"spawn"`` (a private redis-server; needed by
     ``outage``).
     """
+    from recsvc.bench.redis_spawn import RedisProcess
     from recsvc.service.server import RecServer, ServerConfig
     from recsvc.service.stores import open_store
-    from recsvc.service.stores.redis_spawn import RedisProcess
 
     if isinstance(target_or_bundle, (str, Path)) and Path(target_or_bundle).is_dir():
         settings = settings or ServeSettings.for_bundle(str(target_or_bundle))
@@ -382,7 +382,7 @@ def _run_outage(
     restart can end OK. ``write_during_outage``: the code of one RecordInteractions sent once Redis has exited."""
     import grpc
 
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
 
     phase = ["before"]
     codes: dict[str, Counter] = {"before": Counter(), "during": Counter(), "after": Counter()}
@@ -465,7 +465,7 @@ def _probe_write(target: str, client_kwargs: dict, item: int, acked: dict[str, l
     """One RecordInteractions while Redis is down: its status code name (an acknowledged one is verified too)."""
     import grpc
 
-    from recsvc.service.client import RecClient
+    from recsvc.client.client import RecClient
 
     with RecClient(target, **client_kwargs) as client:
         try:

@@ -17,7 +17,7 @@ import time
 import torch
 
 from recsvc.bench.common import (
-    add_device_arg,
+    add_bundle_bench_args,
     load_context,
     machine,
     markdown_table,
@@ -33,9 +33,7 @@ from recsvc.progress import progress_bar
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--users", type=int, default=200)
-    p.add_argument("--k", default="1,3,5,10,20")
+    add_bundle_bench_args(p, "1,3,5,10,20", attention="fp32")
     p.add_argument("--mode", choices=["strict", "relaxed"], default="strict")
     p.add_argument("--drafter", choices=["llama", "oracle", "retrieval", "transition", "head"], default="llama",
                    help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior); "
@@ -51,15 +49,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, "
                    "e.g. 10:3,20:2")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
-    p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--calibration-users", type=int, default=8)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
-                   help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
-    add_device_arg(p)
-    p.add_argument("--json", dest="json_path")
 
 
 def make_drafter(kind: str, ctx, engine, k: int, dtype: str, drafter_name: str | None = None,
@@ -104,11 +94,10 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.data.sampling import sample_users
     from recsvc.engine.autotune import DEFAULT_GRID, autotune, resolve_grid
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.decode import decode
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.engine.relaxed import relaxed_speculative_search
-    from recsvc.engine.sampling import make_generators, sampling_beam_search
-    from recsvc.engine.speculative import speculative_search
+    from recsvc.engine.sampling import make_generators
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")
@@ -117,7 +106,6 @@ def run(args: argparse.Namespace) -> dict:
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data, device=device)
     target = EngineModel.build(ctx.model, args.attention)
     engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
-    off = ctx.builder.code_offset
     calib = sample_users(ctx.data.eval_users("valid"), args.calibration_users, seed=1)
     relaxed = args.mode == "relaxed"
     temp = torch.tensor([args.temperature], device=device)
@@ -128,11 +116,14 @@ def run(args: argparse.Namespace) -> dict:
             return None
         return prior_log_mass(ctx.trie, fused.probs([history]), fused.settings.weight)
 
+    mode = "relaxed" if relaxed else "strict"
+
     def spec_once(user_history, k, n, gamma, drafter, seed=0, ledger=NO_LEDGER):
         if n == 0:  # autotune chose not to speculate: plain (or sampling) beam search
             leaves, ms, calls = plain_once(user_history, k, seed, ledger)
             return leaves, ms, calls, 0, 0
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
+        session = None
         if args.drafter == "oracle" and not relaxed:  # its plain search happens in session(): untimed
             session = drafter.session(pb, [user_history], None, prior_for(user_history))
         start = time.perf_counter()
@@ -140,29 +131,22 @@ def run(args: argparse.Namespace) -> dict:
         if args.drafter != "oracle" and not relaxed:  # setting up the draft (retrieval lookups, prior masses)
             with ledger.phase("draft"):  # is drafting time
                 session = drafter.session(pb, [user_history], None, pr)
-        if relaxed:
-            sampler = drafter.sampling_session(pb, [user_history], None, pr)  # UserError: a drafter that can't
-            out = relaxed_speculative_search(target, ctx.trie, off, pb, k, sampler, n, gamma, temp,
-                                             make_generators([seed]), prior=pr)
-            leaves = out.leaves
-        else:
-            out = speculative_search(target, ctx.trie, off, pb, k, session, n, gamma, None, engine.select,
-                                     prior=pr, ledger=ledger)
-            leaves = out.leaves
+        if relaxed and not drafter.samples:  # else decode would answer with the target's own sampling
+            drafter.sampling_session(pb, [user_history], None, pr)  # the drafter's UserError
+        out = decode(engine, drafter, pb, [user_history], mode, k, (n, gamma), prior=pr, temperatures=temp,
+                     generators=make_generators([seed]), session=session, ledger=ledger)
         synchronize(device)  # CUDA: the request's work is done before the clock is read
         ms = 1000 * (time.perf_counter() - start)
-        return leaves[0], ms, int(out.target_calls[0]), int(out.accepted[0]), int(out.draft_calls)
+        return out.leaves[0], ms, out.target_calls[0], out.accepted[0], out.draft_calls
 
     def plain_once(user_history, k, seed=0, ledger=NO_LEDGER):
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
         start = time.perf_counter()
-        pr = prior_for(user_history)
-        if relaxed:
-            out = sampling_beam_search(target, ctx.trie, off, pb, k, temp, make_generators([seed]), prior=pr)
-        else:
-            out = engine.search(pb, k, prior=pr, ledger=ledger)
+        pr = prior_for(user_history)  # relaxed without a drafter: the target's own sampling beam search
+        out = decode(engine, None, pb, [user_history], "relaxed" if relaxed else "plain", k, (0, 0), prior=pr,
+                     temperatures=temp, generators=make_generators([seed]), ledger=ledger)
         synchronize(device)
-        return out.leaves[0], 1000 * (time.perf_counter() - start), out.target_calls
+        return out.leaves[0], 1000 * (time.perf_counter() - start), out.target_calls[0]
 
     rows = []
     for k in ks:

@@ -52,7 +52,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _serve_and_query(bundle: Path, startup_budget_s: float = 20.0) -> None:
-    from recsvc.service.client import RecClient, response_to_dict
+    from recsvc.client.client import RecClient, response_to_dict
     from recsvc.service.server import ServerConfig, serve
     from recsvc.service.settings import ServeSettings, build_recommender
 

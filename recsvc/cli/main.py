@@ -30,9 +30,14 @@ SUBCOMMANDS: dict[str, str] = {
     "tune": "training.tune",
     "bench": "recsvc.bench.cli",
     "serve": "recsvc.service.cli",
-    "client": "recsvc.service.client_cli",
+    "client": "recsvc.client.cli",
     "demo": "recsvc.cli.demo",
 }
+
+
+def register_command(name: str, sub: argparse._SubParsersAction) -> None:
+    """Registers the one subcommand ``name`` (its module alone, e.g. without the service's gRPC code)."""
+    importlib.import_module(SUBCOMMANDS[name]).register(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -111,15 +111,14 @@ class ReadSampler:
         return self.calls % self.every == 0
 
 
-def counted_decode(recommender: Any, decode: Callable[[], list]) -> list:
-    """``decode()`` -> its results; when the recommender's ``read_sampler`` is due, counted under ``HostReads``
-    on its target's device, the count set on each result's stats (a dataclass ``replace``)."""
-    sampler = getattr(recommender, "read_sampler", None)
+def counted_decode(sampler: ReadSampler | None, device: torch.device, decode: Callable[[], list]) -> list:
+    """``decode()`` -> its results; when ``sampler`` is due, counted under ``HostReads`` on ``device`` (the
+    target's), the count set on each result's stats (a dataclass ``replace``)."""
     if sampler is None or not sampler.due():
         return decode()
     from dataclasses import replace
 
-    with HostReads(recommender.target.device) as reads:
+    with HostReads(device) as reads:
         out = decode()
     return [replace(r, stats=replace(r.stats, host_reads=reads.total)) for r in out]
 

@@ -3,24 +3,21 @@
 A ``Recommender`` (``bundle_recommender.BundleRecommender``: a bundle decoded by the engine) answers batches of
 ``RecQuery``.
 Everything here is plain data; timers and counters live in ``RecStats``, outside the algorithms' results.
+``Mode``, ``MODES``, ``DecodedMode`` and ``Decoding`` are the engine's (``recsvc.engine.decoding``), named here too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from recsvc.engine.decoding import MODES, DecodedMode, Decoding, Mode
 from recsvc.rules.spec import Rules
 
 if TYPE_CHECKING:
+    from recsvc.engine.state_cache import UserStateCache
     from recsvc.rules.catalog import RuleCatalog
-
-Mode = Literal["plain", "strict", "relaxed"]
-MODES: tuple[Mode, ...] = ("plain", "strict", "relaxed")
-# what ran: a requested mode, or "sampling" (relaxed asked for, the target's own sampling beam search answered)
-DecodedMode = Literal["plain", "strict", "relaxed", "sampling"]
-
 
 @dataclass(frozen=True)
 class RecQuery:
@@ -47,14 +44,15 @@ class RecStats:
 
 
 @dataclass(frozen=True)
-class Decoding:
-    """How the engine decoded one query: what it did, which may differ from what the query asked for."""
+class EngineFacts:
+    """What a served engine resolved, for the serving log line and the benches' reports (no model: defaults)."""
 
-    mode: DecodedMode  # plain beam search / strict or relaxed speculation / the target's own sampling
-    beam_width: int  # beams searched (plain, strict: >= k, the first k returned; sampling modes: k)
-    draft_beams: int = 0  # N, beams drafted per round (speculating only)
-    gamma: int = 0  # draft depths per round (speculating only)
-    fallback: str = ""  # why the query's mode did not run ("" when it did), e.g. "no drafter"
+    precision: str | None = None  # the weights' dtype as a --dtype name ("fp32", "bf16"); None: no model
+    beam_width: int | None = None  # the served beam width B (0: each request's k); None: no beam search
+    drafter_loaded: bool = False
+    prior_weight: float = 0.0  # the fused prior's weight (0: none)
+    fresh_slots: int = 0  # fresh items' tail slots
+    speculation_per_width: dict[int, tuple[int, int]] | None = None  # calibrated {width: (N, gamma)}; (0, 0): plain
 
 
 @dataclass(frozen=True)
@@ -69,10 +67,31 @@ class RecResult:
 
 
 class Recommender(Protocol):
-    """Anything that answers batches of queries (the real engine; tests may add a popularity fallback)."""
+    """What the service calls: anything that answers batches of queries (a bundle's engine, a popularity table).
 
-    max_k: int
-    max_history: int
+    Everything a caller reads is declared here, typed: a rename fails at import and in the type checker, not
+    silently at a default."""
+
+    @property
+    def max_k(self) -> int: ...  # the longest list it returns
+
+    @property
+    def max_history(self) -> int: ...  # history items a prompt uses (the last ones)
+
+    @property
+    def exclude_history(self) -> bool: ...  # the served choice for queries that do not say (RecQuery.exclude_history)
+
+    @property
+    def rule_catalog(self) -> RuleCatalog | None: ...  # item attributes for rules (None: rules refused)
+
+    @property
+    def states(self) -> UserStateCache | None: ...  # the user-state cache (None: none; /metrics reads its stats)
+
+    @property
+    def prefill_ahead_enabled(self) -> bool: ...  # whether the server should call prefill_ahead after writes
+
+    @property
+    def facts(self) -> EngineFacts: ...  # what the engine resolved (the serving log line, benches' reports)
 
     def known_item(self, item_id: int) -> bool: ...
 
@@ -80,7 +99,24 @@ class Recommender(Protocol):
 
     def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]: ...
 
-    @property
-    def rule_catalog(self) -> RuleCatalog | None: ...  # item attributes for rules (None: rules refused)
-
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]: ...
+
+    def prefill_ahead(self, history: Sequence[int]) -> None: ...  # a user's next request computed ahead
+
+
+class WithoutModel:
+    """The engine's part of the ``Recommender`` contract for a recommender without a model (a popularity table,
+    a test's stand-in): history kept unless asked, no rules, no state cache, nothing computed ahead."""
+
+    exclude_history = False
+    rule_catalog: RuleCatalog | None = None
+    states: UserStateCache | None = None
+    prefill_ahead_enabled = False
+    facts = EngineFacts()
+
+    def prefill_ahead(self, history: Sequence[int]) -> None:
+        return None
+
+
+__all__ = ["MODES", "DecodedMode", "Decoding", "EngineFacts", "Mode", "RecQuery", "RecResult", "RecStats",
+           "Recommender", "WithoutModel"]

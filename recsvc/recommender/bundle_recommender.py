@@ -15,6 +15,7 @@ exclusions; caps and boosts are decoded by ``RuleSettings.strategy``.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Sequence
@@ -25,28 +26,27 @@ import numpy as np
 import torch
 
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.decode import Decoding, Mode, decode
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.host_reads import counted_decode
+from recsvc.engine.host_reads import ReadSampler, counted_decode
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.ports import Drafter
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.relaxed import relaxed_speculative_search
-from recsvc.engine.sampling import make_generators, sampling_beam_search
-from recsvc.engine.speculative import speculative_search
+from recsvc.engine.sampling import make_generators
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.errors import UserError
 from recsvc.model.fresh import FreshItems
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, load_prior
 from recsvc.model.transition import TransitionPrior
-from recsvc.recommender.api import Decoding, RecQuery, RecResult, RecStats
+from recsvc.recommender.api import EngineFacts, RecQuery, RecResult, RecStats
 from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
 from recsvc.recommender.prior_ranked import prior_ranked, ranks_alone
+from recsvc.rule_decoding.decode import RuleSettings, decode_rules
+from recsvc.rule_decoding.search import item_ids
 from recsvc.rules.catalog import BatchRules, RuleCatalog
-from recsvc.rules.decode import RuleSettings, decode_rules
 from recsvc.rules.greedy import greedy_pick
-from recsvc.rules.search import item_ids
 from recsvc.rules.source import AttributeSource
 from recsvc.rules.spec import Rules
 from tokenizer_rqvae.ids import SemanticIds
@@ -55,29 +55,37 @@ from tokenizer_rqvae.trie import CatalogTrie
 
 @dataclass(frozen=True)
 class SpecSettings:
-    draft_beams: int | None = None  # N; None = K
+    """Strict speculation's (N, gamma) per beam width: calibrated per width (``per_width``), else fixed."""
+
+    draft_beams: int | None = None  # N; None = the beam width
     gamma: int = 3  # draft depths per round (3 finishes a 4-token id in one round when all are accepted)
-    per_k: dict[int, tuple[int, int]] | None = None  # autotuned {K: (N, gamma)}; (0, 0) = do not speculate
-    why_plain: dict[int, str] | None = None  # why per_k holds (0, 0) for a K (default: calibration chose plain)
+    per_width: dict[int, tuple[int, int]] | None = None  # calibrated {beam width: (N, gamma)}; (0, 0): plain
+    why_plain: dict[int, str] | None = None  # why per_width holds (0, 0) for a width (default: calibration chose)
 
-    def _tuned(self, k: int) -> int:
-        """The per_k entry that serves K: the nearest tuned K at or above, else the largest."""
-        assert self.per_k
-        above = [kk for kk in sorted(self.per_k) if kk >= k]
-        return above[0] if above else max(self.per_k)
+    def _tuned(self, width: int) -> int:
+        """The calibrated width that serves ``width``: the nearest at or above, else the largest."""
+        assert self.per_width
+        above = [w for w in sorted(self.per_width) if w >= width]
+        return above[0] if above else max(self.per_width)
 
-    def for_k(self, k: int) -> tuple[int, int]:
-        """(N, gamma) for K: the autotuned choice (``_tuned``), else the fixed setting."""
-        if self.per_k:
-            return self.per_k[self._tuned(k)]
-        return (self.draft_beams or k, self.gamma)
+    def for_width(self, width: int) -> tuple[int, int]:
+        """(N, gamma) at this beam width: the calibrated choice (``_tuned``), else the fixed setting."""
+        if self.per_width:
+            return self.per_width[self._tuned(width)]
+        return (self.draft_beams or width, self.gamma)
 
-    def plain_reason(self, k: int) -> str:
-        """Why K is not decoded speculatively ("" when it is)."""
-        if not self.per_k or self.for_k(k)[0] > 0:
+    def plain_reason(self, width: int) -> str:
+        """Why this beam width is not decoded speculatively ("" when it is)."""
+        if not self.per_width or self.for_width(width)[0] > 0:
             return ""
-        tuned = self._tuned(k)
-        return (self.why_plain or {}).get(tuned) or f"calibration: speculation does not pay at K={tuned}"
+        tuned = self._tuned(width)
+        return (self.why_plain or {}).get(tuned) or f"calibration: speculation does not pay at beam width {tuned}"
+
+
+def state_cache_for(target: EngineModel, budget_bytes: int, version: str = "") -> UserStateCache | None:
+    """A user-state cache (``recsvc.engine.state_cache``) of ``budget_bytes`` for this target, None when off (0)
+    or when its forward keeps no states (only the fast forward does: fp32 target, "fp32" attention)."""
+    return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.is_fast else None
 
 
 def load_popularity(bundle_dir: Path, data_dir: Path | None) -> dict[int, int] | None:
@@ -114,11 +122,15 @@ class BundleRecommender:
         attributes: AttributeSource | None = None,
         rules: RuleSettings | None = None,
         fresh: FreshItems | None = None,
+        trie: CatalogTrie | None = None,
+        states: UserStateCache | None = None,
+        prefill_ahead: bool = False,
     ) -> None:
         """``target``: ``EngineModel.build(model, attention)`` (it holds the attention mode; a LLaMA drafter's
         model is built the same way). ``beam_width`` B: plain and strict decoding search B >= k beams and return
         the first k, so the top-k of a request is a prefix of its top-k' for every k <= k' <= B (0: B = k,
-        transformers' num_beams = k)."""
+        transformers' num_beams = k). ``states``: the user-state cache (``state_cache_for``; None: off);
+        ``prefill_ahead``: compute a user's next request after a write, when the server is idle."""
         if beam_width < 0:
             raise UserError(f"beam width must be >= 0 (0 = k), got {beam_width}")
         self.target, self.prompts, self.ids = target, prompts, ids
@@ -130,7 +142,8 @@ class BundleRecommender:
         # the prior answers every request on its own (recsvc tune mix found the fused target worse on validation)
         self.prior_ranks = ranks_alone(prior)
         self.exclude_history = exclude_history
-        self.trie = CatalogTrie(ids).to(target.device)  # once: every search reads it on the model's device
+        # once: every search reads it on the model's device (``trie``: the same ids' trie, built by the caller)
+        self.trie = trie if trie is not None else CatalogTrie(ids).to(target.device)
         self.engine = BeamSearch(target, self.trie, prompts.code_offset)
         self.drafter = drafter
         self.spec = spec or SpecSettings()
@@ -141,8 +154,9 @@ class BundleRecommender:
         self._popular_rows = np.array([ids.index_of(i) for i in self._popular], dtype=np.int64)  # [n]
         self.attributes = attributes  # item attributes for rules (None: requests with rules are refused)
         self.rule_settings = rules or RuleSettings()
-        self.states: UserStateCache | None = None  # the user-state cache (enable_state_cache)
-        self.ahead = False  # compute a user's next request after a write, when the server is idle (prefill_ahead)
+        self.states = states  # the user-state cache (None: off)
+        self.ahead = prefill_ahead  # compute a user's next request after a write, when the server is idle
+        self.read_sampler: ReadSampler | None = None  # counts the host reads of every N-th decode (None: off)
         self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
 
     @property
@@ -161,7 +175,7 @@ class BundleRecommender:
                     drafter_name: str | None = None, use_prior: bool = True,
                     exclude_history: bool = False, beam_width: int | None = None,
                     attributes: str | Path | None = None, rules: RuleSettings | None = None,
-                    use_fresh: bool = True) -> BundleRecommender:
+                    use_fresh: bool = True, forward: str = "auto") -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: a name of
         ``recsvc.recommender.drafter_registry``: BUNDLE/drafters/NAME (or a model directory) instead of
@@ -174,7 +188,8 @@ class BundleRecommender:
         recommend a query's history items (and fuse BUNDLE/prior-excl, the prior tuned for that, when present).
         ``attributes``: the item attributes file for rules (None:
         BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded. ``use_fresh``: give
-        fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present."""
+        fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present. ``forward``: the
+        engine forward of the target and a LLaMA drafter ("auto", "fast", "compiled", "lean")."""
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(path)
@@ -182,6 +197,7 @@ class BundleRecommender:
         tokenizer = bundle.load_tokenizer()
         prompts = bundle.prompt_builder(tokenizer, ids)
         target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention)
+        target.set_forward(forward)
         stored_prior = (load_prior(bundle.prior_dir_for(exclude_history))  # read once (mixed with SASRec if tuned)
                         if bundle.has_prior(exclude_history) else None)
         popularity = load_popularity(Path(path), bundle.data_dir())
@@ -189,39 +205,61 @@ class BundleRecommender:
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
         fresh = FreshItems.load(bundle.fresh_dir) if use_fresh and bundle.has_fresh() else None
-        rec = cls(target, prompts, ids, None, popularity, prior=prior, exclude_history=exclude_history,
-                  beam_width=width, rules=rules, fresh=fresh)
-        if attributes is not None or attr_path.is_file():
-            rec.attributes = AttributeSource(attr_path, rec.trie)
+        trie = CatalogTrie(ids).to(target.device)  # one trie for the searches, the drafter and the attributes
+        source = AttributeSource(attr_path, trie) if attributes is not None or attr_path.is_file() else None
         name = (drafter_name or default_drafter(bundle)) if use_drafter else None
-        if name is not None:  # over the recommender's trie (on the target's device): one trie for both
-            rec.drafter = build_drafter(name, DraftSource(bundle, target, rec.trie, prompts.code_offset, dtype,
-                                                          device, prior=stored_prior))
+        drafter = None
+        if name is not None:  # over the recommender's trie (on the target's device)
+            drafter = build_drafter(name, DraftSource(bundle, target, trie, prompts.code_offset, dtype, device,
+                                                      prior=stored_prior))
+            if drafter.model is not None:  # a LLaMA drafter runs the target's forward
+                drafter.model.set_forward(forward)
+        return cls(target, prompts, ids, drafter, popularity, prior=prior, exclude_history=exclude_history,
+                   beam_width=width, attributes=source, rules=rules, fresh=fresh, trie=trie)
+
+    def variant(self, *, spec: SpecSettings | None = None, states: UserStateCache | None | bool = False,
+                prefill_ahead: bool | None = None, prior: TransitionPrior | MixedPrior | None | bool = False,
+                beam_width: int | None = None, rules: RuleSettings | None = None,
+                count_host_reads: int | None = None) -> BundleRecommender:
+        """A recommender that differs from this one in the settings given (the rest, models included, shared):
+        speculation (calibration's choice), the user-state cache (``state_cache_for``; None: off), prefill-ahead,
+        the fused prior (None: none), the served beam width, the rules' decoding, host-read sampling (every N-th
+        decode counted; 0: off). This one is not modified.
+        (``False``: unchanged, for the settings that may be None.)"""
+        rec = copy.copy(self)
+        if spec is not None:
+            rec.spec = spec
+        if states is not False:
+            rec.states = states if isinstance(states, UserStateCache) else None
+        if prefill_ahead is not None:
+            rec.ahead = prefill_ahead
+        if prior is not False:
+            rec.prior = prior if not isinstance(prior, bool) else None
+            rec.prior_ranks = ranks_alone(rec.prior)
+        if beam_width is not None:
+            if beam_width < 0:
+                raise UserError(f"beam width must be >= 0 (0 = k), got {beam_width}")
+            rec.beam_width = beam_width
+        if rules is not None:
+            rec.rule_settings = rules
+        if count_host_reads is not None:
+            rec.read_sampler = ReadSampler(count_host_reads) if count_host_reads > 0 else None
         return rec
 
-    def autotune(self, histories: Sequence[Sequence[int]], ks: Sequence[int] = (1, 5, 10, 20)) -> dict:
-        """Measure strict speculative decoding for the default (N, gamma) grid (and plain) on these calibration
-        histories, per K, and keep the fastest (``SpecSettings.per_k``). Returns the choice."""
-        from dataclasses import replace
+    def served_widths(self, ks: Sequence[int]) -> list[int]:
+        """The beam widths that plain and strict requests of these list lengths decode (``width_for``), ascending:
+        what speculation is calibrated at. Example: B = 20, ks = (1, 5, 10, 20) -> [20]; B = 0 -> [1, 5, 10, 20]."""
+        return sorted({self.width_for(k, "strict") for k in ks})
 
-        from recsvc.engine.autotune import autotune
-
-        if self.drafter is None:
-            return {}
-
-        def run(k: int, n: int, gamma: int) -> None:
-            self.spec = replace(self.spec, per_k={k: (n, gamma)})
-            self.recommend([RecQuery(history=h, k=k, mode="strict") for h in histories])
-
-        choice = autotune(run, ks)
-        self.spec = replace(self.spec, per_k=choice)
-        return choice
-
-    def enable_state_cache(self, budget_bytes: int, version: str = "") -> UserStateCache | None:
-        """Keep users' prompt states (``recsvc.engine.state_cache``) within ``budget_bytes`` (0: off). Only
-        the fast forward uses it (fp32 target, "fp32" attention)."""
-        self.states = UserStateCache(budget_bytes, version) if budget_bytes > 0 and self.target.is_fast else None
-        return self.states
+    @property
+    def facts(self) -> EngineFacts:
+        """What this engine resolved (precision, beam width, drafter, prior weight, fresh slots, speculation)."""
+        name = str(self.target.dtype).removeprefix("torch.")
+        return EngineFacts(precision={"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name),
+                           beam_width=self.beam_width, drafter_loaded=self.drafter is not None,
+                           prior_weight=self.prior_weight,
+                           fresh_slots=self.fresh.settings.slots if self.fresh is not None else 0,
+                           speculation_per_width=dict(self.spec.per_width) if self.spec.per_width else None)
 
     @property
     def prefill_ahead_enabled(self) -> bool:
@@ -251,15 +289,6 @@ class BundleRecommender:
             if not pre.full[0]:
                 last = pre.run()
                 pre.remember(last, pre.first_logprobs(last, self.prompts.code_offset, self.trie.codebook_size))
-
-    def set_forward(self, forward: str) -> None:
-        """"fast" / "lean" / "auto" for the target and a LLaMA drafter (benches compare them in one run); the
-        user-state cache is emptied (its entries were computed by the other forward)."""
-        self.target.set_forward(forward)
-        if self.drafter is not None and self.drafter.model is not None:
-            self.drafter.model.set_forward(forward)
-        if self.states is not None:
-            self.states.clear()
 
     def warm_up(self) -> float:
         """Run the kinds of forward a server meets (one request and a batch of two; a wide search and K = 1;
@@ -311,24 +340,35 @@ class BundleRecommender:
             assert self.prior is not None
             return self._with_fresh(queries, prior_ranked(self.prior, queries, self._excluded(queries), self._catalog))
         results: list[RecResult | None] = [None] * len(queries)
-        groups: dict[tuple[str, int, bool], list[int]] = {}
+        groups: dict[tuple[Mode, int, bool], list[int]] = {}
+        plain_because: dict[int, str] = {}  # strict queries decoded plainly (they share the plain queries' batch)
         for i, q in enumerate(queries):
             mode = q.mode
             width = self.width_for(q.k, mode)
             if mode == "strict" and self.no_speculation(width):
-                mode = "plain"  # no drafter, or autotuned: speculation does not pay at this K on this hardware
+                plain_because[i] = self.no_speculation(width)  # no drafter, or speculation does not pay here
+                mode = "plain"
             listed = q.rules is not None and (q.rules.effective(q.k).list_level or (
                 self.rule_settings.strategy == "postfilter" and self._filters_remove_items(q.rules)))
             groups.setdefault((mode, width, listed), []).append(i)
         for (mode, width, listed), idx in groups.items():
-            group_k = max(queries[i].k for i in idx)
             for part in self._split_cached(mode, listed, idx, queries):
                 batch = [queries[i] for i in part]
-                out = counted_decode(self, lambda b=batch, m=mode, w=width, r=listed: (
+                out = counted_decode(self.read_sampler, self.target.device, lambda b=batch, m=mode, w=width, r=listed: (
                     self._decode_rules(b, m, w, ledger) if r else self._decode(b, m, w, ledger)))
                 for i, res in zip(part, out, strict=True):
-                    results[i] = replace(res, decoding=self._decoding(queries[i], mode, width, listed, group_k))
+                    results[i] = self._explained(res, queries[i], plain_because.get(i, ""), listed)
         return self._with_fresh(queries, [r for r in results if r is not None])
+
+    def _explained(self, res: RecResult, query: RecQuery, plain_because: str, listed: bool) -> RecResult:
+        """``res`` with its decoding's fallback said: why a strict query was decoded plainly (``plain_because``),
+        or that caps and boosts were decoded by the rules' list-level search."""
+        decoding = res.decoding
+        assert decoding is not None
+        why = plain_because or decoding.fallback
+        if listed and not why and query.mode == "strict" and self.rule_settings.strategy != "postfilter":
+            why = f"caps and boosts are decoded by the rules' list-level search ({self.rule_settings.strategy})"
+        return replace(res, decoding=replace(decoding, fallback=why)) if why != decoding.fallback else res
 
     def _with_fresh(self, queries: Sequence[RecQuery], results: list[RecResult]) -> list[RecResult]:
         """The tails of the lists given to fresh items (``FreshItems.merge``); requests with rules are left as
@@ -370,35 +410,11 @@ class BundleRecommender:
         """Why strict speculation does not run at this beam width ("" when it does)."""
         return "no drafter" if self.drafter is None else self.spec.plain_reason(width)
 
-    def _decoding(self, q: RecQuery, mode: str, width: int, listed: bool, group_k: int) -> Decoding:
-        """What decoded ``q`` in its group (``mode``: the group's, after the strict -> plain fallback; the
-        choices mirror ``_decode`` and ``_decode_rules``)."""
-        fallback = self.no_speculation(width) if q.mode == "strict" and mode == "plain" else ""
-        if listed:  # caps or boosts (or filters that post-filtering applies): recsvc.rules.decode
-            strategy = self.rule_settings.strategy
-            if strategy != "postfilter":
-                why = f"caps and boosts are decoded by the rules' list-level search ({strategy})"
-                return Decoding("plain", width, fallback=fallback or (why if q.mode == "strict" else ""))
-            wide = max(self.rule_settings.factor * group_k, width)
-            if mode == "strict" and not self.no_speculation(wide):
-                return Decoding("strict", wide, *self.spec.for_k(wide))
-            return Decoding("plain", wide, fallback=fallback or (self.no_speculation(wide) if mode == "strict"
-                                                                 else ""))
-        if mode == "strict":
-            return Decoding("strict", width, *self.spec.for_k(width))
-        if mode == "relaxed":
-            n, gamma = self.spec.for_k(width)
-            if self.sampler is None or n == 0:
-                why = "no drafter that samples" if self.sampler is None else self.spec.plain_reason(width)
-                return Decoding("sampling", width, fallback=why)
-            return Decoding("relaxed", width, max(n, width), max(gamma, 1))
-        return Decoding("plain", width, fallback=fallback)
-
     def _filters_remove_items(self, rules: Rules) -> bool:
         """Whether the allow / deny lists rule out any catalog item (postfilter applies them after decoding)."""
         return rules.has_filters and not bool(self._catalog().alive_rows(rules, ()).all())
 
-    def width_for(self, k: int, mode: str) -> int:
+    def width_for(self, k: int, mode: Mode) -> int:
         """Beams searched for a request of k items: max(k, B) for plain / strict (deterministic top-k), k for
         relaxed (a sample has no ranking to keep consistent)."""
         return max(k, self.beam_width) if mode in ("plain", "strict") else k
@@ -441,7 +457,9 @@ class BundleRecommender:
     def _compiled(catalog: RuleCatalog, queries: Sequence[RecQuery], excluded: list[list[int]]) -> BatchRules:
         return catalog.compile([(q.rules or Rules()).effective(q.k) for q in queries], excluded)
 
-    def _decode(self, queries: list[RecQuery], mode: str, k: int, ledger: Ledger = NO_LEDGER) -> list[RecResult]:
+    def _decode(self, queries: list[RecQuery], mode: Mode, width: int, ledger: Ledger = NO_LEDGER
+                ) -> list[RecResult]:
+        """Queries of one mode and beam width, decoded by the engine's one entry (``recsvc.engine.decode``)."""
         batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries], self.target.device)
         excluded = self._excluded(queries)
         if any(q.rules is not None and q.rules.has_filters for q in queries):  # filters: dead nodes, as exclusions
@@ -449,50 +467,26 @@ class BundleRecommender:
             dead, excluded = compiled.dead, compiled.excluded
         else:
             dead = self.trie.dead_nodes(excluded) if any(excluded) else None
-        prior = self.prior_for([q.history for q in queries])
-        if mode == "plain":
-            out = self.engine.search(batch, k, dead, prior, ledger, states=self.states,
-                                     top=max(q.k for q in queries))  # the first k of the width-k beams are read
-            calls = [out.target_calls] * len(queries)
-            accepted = [0] * len(queries)
-            leaves, scores, draft_calls = out.leaves, out.scores, 0
-        elif mode == "strict":
-            assert self.drafter is not None
-            session = self.drafter.session(batch, [q.history for q in queries], dead, prior)
-            n, gamma = self.spec.for_k(k)
-            out = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k, session,
-                                     n, gamma, dead, self.engine.select, prior, states=self.states)
-            calls, accepted = out.target_calls.tolist(), out.accepted.tolist()
-            leaves, scores, draft_calls = out.leaves, out.scores, out.draft_calls
-        elif mode == "relaxed":
-            temps = torch.tensor([float(q.temperature) for q in queries], device=self.target.device)
-            gens = make_generators([q.seed for q in queries])
-            n, gamma = self.spec.for_k(k)
-            session = (self.sampler.sampling_session(batch, [q.history for q in queries], dead, prior)
-                       if self.sampler is not None and n > 0 else None)
-            if session is None:  # no sampling drafter (or autotuned off): the target's own sampling beam search
-                smp = sampling_beam_search(self.target, self.trie, self.prompts.code_offset, batch, k, temps, gens,
-                                           dead, prior, states=self.states)
-                calls, accepted = [smp.target_calls] * len(queries), [0] * len(queries)
-                leaves, scores, draft_calls = smp.leaves, smp.logp, 0
-            else:
-                rel = relaxed_speculative_search(self.target, self.trie, self.prompts.code_offset, batch, k,
-                                                 session, max(n, k), max(gamma, 1), temps, gens, dead, prior,
-                                                 states=self.states)
-                calls, accepted = rel.target_calls.tolist(), rel.accepted.tolist()
-                leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
-        else:
-            raise NotImplementedError(f"decoding mode {mode!r}")
-        return [  # the first k of the width-k beams, best first
-            self._result(leaves[r][: queries[r].k], scores[r][: queries[r].k], excluded[r],
-                         RecStats(target_calls=calls[r], draft_calls=draft_calls, accepted_steps=accepted[r],
-                                  rounds=calls[r]))
-            for r in range(len(queries))
+        histories = [q.history for q in queries]
+        sampling = mode == "relaxed"
+        out = decode(self.engine, self.drafter, batch, histories, mode, width, self.spec.for_width(width),
+                     why_plain=self.spec.plain_reason(width), dead=dead, prior=self.prior_for(histories),
+                     temperatures=(torch.tensor([float(q.temperature) for q in queries], device=self.target.device)
+                                   if sampling else None),
+                     generators=make_generators([q.seed for q in queries]) if sampling else None,
+                     top=max(q.k for q in queries),  # the first k of the width beams are read
+                     ledger=ledger, states=self.states)
+        return [  # the first k of the width's beams, best first
+            replace(self._result(out.leaves[r][: q.k], out.scores[r][: q.k], excluded[r],
+                                 RecStats(target_calls=out.target_calls[r], draft_calls=out.draft_calls,
+                                          accepted_steps=out.accepted[r], rounds=out.target_calls[r])),
+                    decoding=out.decoding)
+            for r, q in enumerate(queries)
         ]
 
-    def _decode_rules(self, queries: list[RecQuery], mode: str, width: int, ledger: Ledger = NO_LEDGER
+    def _decode_rules(self, queries: list[RecQuery], mode: Mode, width: int, ledger: Ledger = NO_LEDGER
                       ) -> list[RecResult]:
-        """Queries of one k with caps or boosts (``recsvc.rules.decode``); k = the queries' own (one group per
+        """Queries of one k with caps or boosts (``recsvc.rule_decoding.decode``); k = the queries' own (one group per
         beam width, and a width is one k or the server's beam width)."""
         if mode == "relaxed":
             raise NotImplementedError("caps and boosts in relaxed (sampling) mode")
@@ -502,20 +496,18 @@ class BundleRecommender:
         excluded = self._excluded(queries)
         with ledger.phase("compile"):
             compiled = self._compiled(catalog, queries, excluded)
-        prior = self.prior_for([q.history for q in queries])
+        histories = [q.history for q in queries]
+        prior = self.prior_for(histories)
+        decoded = [Decoding("plain", width)]  # caps and boosts: the rules' list-level search, plain
 
         def wide(w: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
             """postfilter: the mode's own decoding of w beams, exclusions as dead nodes, filters applied after"""
             w = max(w, width)
             dead = self.trie.dead_nodes(excluded) if any(excluded) else None
-            if mode == "strict" and self.drafter is not None and self.spec.for_k(w)[0] > 0:
-                session = self.drafter.session(batch, [q.history for q in queries], dead, prior)
-                n, gamma = self.spec.for_k(w)
-                spec = speculative_search(self.target, self.trie, self.prompts.code_offset, batch, w, session,
-                                          n, gamma, dead, self.engine.select, prior)
-                return spec.leaves, spec.scores, spec.target_calls.tolist()
-            out = self.engine.search(batch, w, dead, prior, ledger)
-            return out.leaves, out.scores, [out.target_calls] * len(queries)
+            out = decode(self.engine, self.drafter, batch, histories, mode, w, self.spec.for_width(w),
+                         why_plain=self.spec.plain_reason(w), dead=dead, prior=prior, ledger=ledger)
+            decoded[0] = out.decoding
+            return out.leaves, out.scores, out.target_calls
 
         head = self.drafter.draft_head if self.drafter is not None else None  # cdsl's look-ahead
         out = decode_rules(self.rule_settings, self.target, catalog, self.prompts.code_offset, batch, k, width,
@@ -525,7 +517,7 @@ class BundleRecommender:
             scores = out.scores[r][: len(items)][: q.k].tolist()
             stats = RecStats(target_calls=out.target_calls[r], draft_calls=0, accepted_steps=0,
                              rounds=out.target_calls[r])
-            results.append(RecResult(item_ids=items[: q.k], scores=scores, stats=stats))
+            results.append(RecResult(item_ids=items[: q.k], scores=scores, stats=stats, decoding=decoded[0]))
         return results
 
     def _result(self, leaves: torch.Tensor, scores: torch.Tensor, excluded: list[int], stats: RecStats) -> RecResult:

@@ -28,16 +28,17 @@ import copy
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.ledger import NO_LEDGER, Ledger
+from recsvc.engine.state_cache import UserStateCache
 from recsvc.model.fresh import FreshItems
 from recsvc.model.live_catalog import LiveCatalog
 from recsvc.model.prompt import PromptBuilder
-from recsvc.recommender.api import RecQuery, RecResult
-from recsvc.recommender.bundle_recommender import BundleRecommender
+from recsvc.recommender.api import EngineFacts, RecQuery, RecResult
+from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
 from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.source import AttributeSource
 from recsvc.rules.spec import Rules
@@ -79,7 +80,7 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
     rec.drafter = base.drafter.over(rec.trie) if base.drafter is not None else None
     states = base.states
     if states is not None:  # a cache of its own (conservative: the old entries, keyed by code paths, would hold)
-        rec.enable_state_cache(states.budget, f"{states.version}+catalog-{catalog.version}")
+        rec.states = state_cache_for(base.target, states.budget, f"{states.version}+catalog-{catalog.version}")
     return rec
 
 
@@ -99,14 +100,17 @@ class CatalogState:
 
 class LiveRecommender:
     """A ``Recommender`` (``recsvc.recommender.api``) over a bundle's recommender whose catalog :meth:`apply`
-    replaces while it serves. Configure the bundle's recommender (speculation, rules, caches) before wrapping
-    it: other attributes are read from the current state's recommender."""
+    replaces while it serves. It holds the current state (composition): every member of the contract reads the
+    current state's recommender, built with its settings (speculation, rules, caches) before it is wrapped."""
 
     def __init__(self, base: BundleRecommender) -> None:
         self.base = base
         dim = base.fresh.vectors.vectors.shape[1] if base.fresh is not None else 0
         self._state = CatalogState(base, LiveCatalog.empty(base.ids.levels, dim), ())
         self._apply_lock = threading.Lock()
+        # the settings no catalog changes (every state's recommender is built from ``base``)
+        self.max_k, self.max_history, self.exclude_history = base.max_k, base.max_history, base.exclude_history
+        self.facts: EngineFacts = base.facts
 
     @property
     def state(self) -> CatalogState:
@@ -135,11 +139,23 @@ class LiveRecommender:
             return state
 
     # ---- Recommender --------------------------------------------------------------------------------------
-    def recommend(self, queries: Sequence[RecQuery], *args: Any, **kwargs: Any) -> list[RecResult]:
+    def recommend(self, queries: Sequence[RecQuery], ledger: Ledger = NO_LEDGER) -> list[RecResult]:
         state = self._state  # read once: the whole batch is decoded over one catalog
         if state.retired:
             queries = [replace(q, exclude=tuple(q.exclude) + state.retired) for q in queries]
-        return state.recommender.recommend(queries, *args, **kwargs)
+        return state.recommender.recommend(queries, ledger)
+
+    @property
+    def prefill_ahead_enabled(self) -> bool:
+        return self._state.recommender.prefill_ahead_enabled
+
+    def prefill_ahead(self, history: Sequence[int]) -> None:
+        self._state.recommender.prefill_ahead(history)
+
+    @property
+    def states(self) -> UserStateCache | None:
+        """The current state's user-state cache (each catalog state has its own)."""
+        return self._state.recommender.states
 
     def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
         state = self._state
@@ -155,17 +171,3 @@ class LiveRecommender:
     @property
     def rule_catalog(self) -> RuleCatalog | None:
         return self._state.recommender.rule_catalog
-
-    @property
-    def max_k(self) -> int:
-        return self._state.recommender.max_k
-
-    @property
-    def max_history(self) -> int:
-        return self._state.recommender.max_history
-
-    def __getattr__(self, name: str) -> Any:
-        """Everything else (target, spec, drafter, fresh, beam width, ...) is the current recommender's."""
-        if name.startswith("__") or name in ("_state", "base", "_apply_lock"):
-            raise AttributeError(name)
-        return getattr(self._state.recommender, name)

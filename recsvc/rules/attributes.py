@@ -28,6 +28,16 @@ VERSION = 1
 FILE_NAME = "attributes.json"
 
 
+def read_json_file(path: Path, missing: str) -> Any:
+    """The JSON document at ``path``; UserError ``missing`` when there is no file, or one naming the JSON error."""
+    if not path.is_file():
+        raise UserError(missing)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class ItemAttributes:
     values: Mapping[str, Mapping[int, tuple[str, ...]]]  # attribute -> item id -> its normalised values
@@ -80,12 +90,7 @@ class ItemAttributes:
     @classmethod
     def load(cls, path: str | Path) -> ItemAttributes:
         path = Path(path)
-        if not path.is_file():
-            raise UserError(f"no item attributes at {path}: run `recsvc bundle attributes --bundle BUNDLE`")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path} is not valid JSON: {exc}") from exc
+        raw = read_json_file(path, f"no item attributes at {path}: run `recsvc bundle attributes --bundle BUNDLE`")
         if not isinstance(raw, dict) or raw.get("version") != VERSION or not isinstance(raw.get("items"), dict):
             raise UserError(f"{path}: expected {{\"version\": {VERSION}, \"items\": {{...}}}}")
         items: dict[int, Mapping[str, Any]] = {}

@@ -15,14 +15,13 @@ title's words (``recsvc.rules.derive``).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
-from recsvc.rules.attributes import ItemAttributes
+from recsvc.rules.attributes import ItemAttributes, read_json_file
 from recsvc.rules.derive import title_brand, title_category
 
 SKIPPED = frozenset({"asin", "title", "description"})
@@ -90,12 +89,7 @@ def build_attributes(items: Mapping[int, Mapping[str, Any]], from_title: bool = 
 def read_items_json(path: str | Path) -> dict[int, Mapping[str, Any]]:
     """``{"<item_id>": {...}}`` -> {item id: entry}; UserError for anything else."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"no items file at {path}")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not valid JSON: {exc}") from exc
+    raw = read_json_file(path, f"no items file at {path}")
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected an object {{item_id: {{...}}}}")
     out: dict[int, Mapping[str, Any]] = {}

@@ -2,7 +2,7 @@
 
 A calibration times plain and speculative decoding on the running machine; its result depends on the machine
 (CPU model and vector flags, torch threads, device, precision), the models (target, drafter / head, prior) and
-the serving settings (attention, beam width, exclusion, K values). All of these form the key. BUNDLE/
+the serving settings (attention, beam width, exclusion, the beam widths calibrated). All of these form the key. BUNDLE/
 calibration.json holds the last complete calibration and its key; a start whose key is equal reuses the
 choice, any difference calibrates again (and overwrites it). A read-only bundle (a mounted volume) simply
 calibrates at every start.
@@ -41,7 +41,7 @@ def calibration_key(bundle: str | Path, settings: dict[str, Any], device: str = 
 
 
 def load_choice(bundle: str | Path, key: dict[str, Any]) -> dict[int, tuple[int, int]] | None:
-    """The stored per-K choice when it was made under exactly ``key``, else None."""
+    """The stored choice per beam width when it was made under exactly ``key``, else None."""
     path = Path(bundle) / FILE
     try:
         stored = json.loads(path.read_text())

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from recsvc.errors import UserError
-from recsvc.recommender.api import RecQuery, RecResult, RecStats
+from recsvc.recommender.api import RecQuery, RecResult, RecStats, WithoutModel
 from recsvc.rules.spec import Rules
 
 
-class PopularityRecommender:
+class PopularityRecommender(WithoutModel):
     """Most popular items first (ties: smaller item id first); thread-safe (read-only after construction)."""
 
     def __init__(
@@ -70,8 +70,6 @@ class PopularityRecommender:
 
     def semantic_id(self, item_id: int) -> list[str]:
         return list(self._semantic_ids.get(item_id, ()))
-
-    rule_catalog = None  # no item attributes: requests with rules are refused (INVALID_ARGUMENT)
 
     def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
         excluded = set(exclude)

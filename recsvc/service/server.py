@@ -106,7 +106,7 @@ class RecServer:
             store if store is not None else InMemoryHistoryStore(max_len=self.config.limits.max_history)
         )
         self.metrics = ServiceMetrics()
-        self.metrics.state_cache_source = lambda: getattr(self.recommender, "states", None)
+        self.metrics.state_cache_source = lambda: self.recommender.states if self.recommender is not None else None
         self.health = health.HealthServicer(experimental_non_blocking=True)
         self.batcher: Batcher | None = None
         self.servicer: RecommenderServicer | None = None
@@ -160,7 +160,7 @@ class RecServer:
         )
         assert self.servicer is not None
         self.servicer.attach(recommender, self.batcher)
-        if getattr(recommender, "prefill_ahead_enabled", False):  # a user's prefill, ahead, when idle
+        if recommender.prefill_ahead_enabled:  # a user's prefill, ahead, when idle
             self.servicer.after_record = self._prefill_ahead
         self.probe_store()
         if cfg.store_probe_s > 0:

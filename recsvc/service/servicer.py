@@ -187,7 +187,7 @@ class RecommenderServicer:
             history, fields["history"] = self._stored_history(args.user_id), "stored"
         exclude = set(args.exclude)
         excluding = (args.exclude_history if args.exclude_history is not None  # asked, else as served
-                     else bool(getattr(self.recommender, "exclude_history", False)))
+                     else self.recommender.exclude_history)
         if excluding:
             exclude.update(history)
         response = pb.RecommendResponse()

@@ -14,16 +14,19 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recsvc.errors import UserError
 from recsvc.model.bundle import DEFAULT_BEAM_WIDTH  # the service's default width (re-exported)
-from recsvc.recommender.api import MODES, Mode
+from recsvc.recommender.api import MODES, Mode, Recommender
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
 from .arg_types import add_history_flags, positive_float
-from .calibration import configure_speculation, torch_threads
+from .calibration import calibrate_speculation, torch_threads
 from .logs import Step, log_step
+
+if TYPE_CHECKING:
+    from recsvc.recommender.bundle_recommender import BundleRecommender
 
 MAX_BEAM_WIDTH = 100
 
@@ -138,10 +141,9 @@ class ServeSettings:
                    spec=args.spec, dtype=args.dtype, attention=args.attention, drafter=args.drafter_name,
                    prior=not args.no_prior, exclude_history=exclude, attributes=args.attributes,
                    rules_strategy=args.rules_strategy, startup_budget_s=args.startup_budget_s,
-                   recalibrate=args.recalibrate, fresh=not getattr(args, "no_fresh", False),
-                   forward=getattr(args, "forward", "auto"), state_cache_mb=getattr(args, "state_cache_mb", 256),
-                   prefill_ahead=getattr(args, "prefill_ahead", False),
-                   count_host_reads=getattr(args, "count_host_reads", 0))
+                   recalibrate=args.recalibrate, fresh=not args.no_fresh, forward=args.forward,
+                   state_cache_mb=args.state_cache_mb, prefill_ahead=args.prefill_ahead,
+                   count_host_reads=args.count_host_reads)
 
     @classmethod
     def for_bundle(cls, bundle: str, flags: list[str] | None = None) -> ServeSettings:
@@ -181,74 +183,66 @@ class ServeSettings:
 
     def calibration_settings(self, beam_width: int, torch_threads: int) -> dict[str, Any]:
         """What a stored --spec auto calibration depends on besides hardware and model files (the key of
-        ``recsvc.service.calibration_cache``; unchanged names, so stored choices stay valid)."""
+        ``recsvc.service.calibration_cache``; with the beam widths calibrated)."""
         return {"dtype": self.dtype, "attention": self.attention, "drafter": self.drafter, "prior": self.prior,
                 "beam_width": beam_width, "exclude_history": self.exclude_history, "torch_threads": torch_threads}
 
 
-def precision(rec: Any) -> str | None:
-    """The engine's weights dtype as a --dtype name ("fp32", "bf16", ...; None without a model)."""
-    target = getattr(rec, "target", None)
-    if target is None:
-        return None
-    name = str(target.dtype).removeprefix("torch.")
-    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name)
-
-
-def engine_fields(rec: Any) -> dict[str, Any]:
-    """What the loaded engine resolved: precision, beam width, drafter loaded, prior weight, and the
-    speculation choice per K ({K: [N, gamma]}, [0, 0] = plain decoding; None: fixed N:gamma or no drafter)."""
-    per_k = getattr(getattr(rec, "spec", None), "per_k", None)
-    return {"precision": precision(rec), "beam_width": getattr(rec, "beam_width", None),
-            "drafter_loaded": getattr(rec, "drafter", None) is not None,
-            "prior_weight": getattr(rec, "prior_weight", 0.0),
-            "fresh_slots": (rec.fresh.settings.slots if getattr(rec, "fresh", None) is not None else 0),
-            "speculation_per_k": {str(k): list(v) for k, v in sorted((per_k or {}).items())} or None}
+def engine_fields(rec: Recommender) -> dict[str, Any]:
+    """What the loaded engine resolved (``Recommender.facts``) as JSON: precision, beam width, drafter loaded,
+    prior weight, fresh slots and the speculation choice per beam width ({width: [N, gamma]}, [0, 0] = plain
+    decoding; None: fixed N:gamma or no drafter)."""
+    facts = rec.facts
+    per_width = facts.speculation_per_width
+    return {"precision": facts.precision, "beam_width": facts.beam_width, "drafter_loaded": facts.drafter_loaded,
+            "prior_weight": facts.prior_weight, "fresh_slots": facts.fresh_slots,
+            "speculation_per_width": {str(w): list(v) for w, v in sorted((per_width or {}).items())} or None}
 
 
 def build_recommender(settings: ServeSettings, *, step: Step | None = None,
-                      should_stop: Callable[[], bool] | None = None):
-    """The served ``BundleRecommender``: loaded and its speculation configured (--spec), each step reported
-    through ``step(event, level=INFO, **fields)`` (default: the JSON log)."""
-    from recsvc.rules.decode import RuleSettings
+                      should_stop: Callable[[], bool] | None = None) -> BundleRecommender:
+    """The served ``BundleRecommender``, built once from ``settings``: loaded with its forward, its speculation
+    chosen (--spec: ``calibrate_speculation``), then the served one built with that choice, its user-state cache
+    and prefill-ahead; nobody changes it afterwards. Each step is reported through ``step(event, level=INFO,
+    **fields)`` (default: the JSON log)."""
+    from recsvc.rule_decoding.decode import RuleSettings
 
     step = step or log_step
     try:
-        from recsvc.recommender.bundle_recommender import BundleRecommender
+        from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
     except ImportError as exc:
         raise UserError(f"the model engine is not available (recsvc.recommender.bundle_recommender): {exc}") from exc
+    if settings.state_cache_mb < 0:
+        raise UserError(f"--state-cache-mb must be >= 0, got {settings.state_cache_mb}")
     started = time.monotonic()
     step("loading_models", bundle=settings.bundle, dtype=settings.dtype, attention=settings.attention,
          drafter=settings.drafter or "default", prior=settings.prior)
-    rec = BundleRecommender.from_bundle(settings.bundle, dtype=settings.dtype, attention=settings.attention,
-                                        drafter_name=settings.drafter, use_prior=settings.prior,
-                                        exclude_history=settings.exclude_history, beam_width=settings.beam_width,
-                                        attributes=settings.attributes,
-                                        rules=RuleSettings(strategy=settings.rules_strategy),
-                                        use_fresh=settings.fresh)
-    step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=rec.drafter is not None,
-         prior_weight=rec.prior_weight, precision=precision(rec))
-    if rec.prior_weight > 0:
-        print(f"{'ranking by' if rec.prior_ranks else 'fusing'} the transition prior {rec.prior.settings}", flush=True)
-    cache = None if settings.recalibrate else settings.calibration_settings(rec.beam_width, torch_threads())
-    rec.set_forward(settings.forward)
-    if rec.prior_ranks:  # every request is the prior's ranking: nothing to compile, no speculation to time
+    loaded = BundleRecommender.from_bundle(settings.bundle, dtype=settings.dtype, attention=settings.attention,
+                                           drafter_name=settings.drafter, use_prior=settings.prior,
+                                           exclude_history=settings.exclude_history, beam_width=settings.beam_width,
+                                           attributes=settings.attributes,
+                                           rules=RuleSettings(strategy=settings.rules_strategy),
+                                           use_fresh=settings.fresh, forward=settings.forward)
+    facts = loaded.facts
+    step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=facts.drafter_loaded,
+         prior_weight=facts.prior_weight, precision=facts.precision)
+    if loaded.prior is not None and facts.prior_weight > 0:
+        print(f"{'ranking by' if loaded.prior_ranks else 'fusing'} the transition prior {loaded.prior.settings}",
+              flush=True)
+    cache = None if settings.recalibrate else settings.calibration_settings(loaded.beam_width, torch_threads())
+    spec = loaded.spec
+    if loaded.prior_ranks:  # every request is the prior's ranking: nothing to compile, no speculation to time
         from recsvc.recommender.prior_ranked import PRIOR_RANKED
 
         step("target_unused", reason=PRIOR_RANKED, forward_compiled=False, speculation_calibrated=False)
     else:
-        if rec.target.forward_name in ("compiled", "graphs"):  # compile / capture before calibration times anything
+        if loaded.target.forward_name in ("compiled", "graphs"):  # compile / capture before calibration times anything
             step("compiling_forward")
-            step("forward_compiled", seconds=round(rec.warm_up(), 3))
-        configure_speculation(rec, settings.spec, settings.bundle, budget_s=settings.startup_budget_s, step=step,
-                              should_stop=should_stop, cache_settings=cache)
-    if settings.state_cache_mb < 0:
-        raise UserError(f"--state-cache-mb must be >= 0, got {settings.state_cache_mb}")
-    # after calibration (its users are not the served ones); a reload builds a new recommender: an empty cache
-    rec.enable_state_cache(settings.state_cache_mb << 20, version=f"{settings.bundle}@{time.time_ns()}")
-    rec.ahead = settings.prefill_ahead
-    if settings.count_host_reads:
-        from recsvc.engine.host_reads import ReadSampler
-
-        rec.read_sampler = ReadSampler(settings.count_host_reads)
-    return rec
+            step("forward_compiled", seconds=round(loaded.warm_up(), 3))
+        spec = calibrate_speculation(loaded, settings.spec, settings.bundle, budget_s=settings.startup_budget_s,
+                                     step=step, should_stop=should_stop, cache_settings=cache)
+    # the cache is new here, after calibration (its users are not the served ones); a reload builds a new
+    # recommender: an empty cache
+    states = state_cache_for(loaded.target, settings.state_cache_mb << 20, f"{settings.bundle}@{time.time_ns()}")
+    return loaded.variant(spec=spec, states=states, prefill_ahead=settings.prefill_ahead,
+                          count_host_reads=settings.count_host_reads)

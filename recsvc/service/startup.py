@@ -59,12 +59,12 @@ def serving_fields(args: argparse.Namespace, rec: Recommender) -> dict:
         "bundle": args.bundle,
         "dtype": args.dtype,
         "attention": args.attention,
-        "drafter": args.drafter_name or ("default" if getattr(rec, "drafter", None) is not None else None),
+        "drafter": args.drafter_name or ("default" if rec.facts.drafter_loaded else None),
         "spec": args.spec,
-        "exclude_history": getattr(rec, "exclude_history", bool(args.exclude_history)),  # flags or the bundle's
+        "exclude_history": rec.exclude_history,  # the flags or the bundle's
         "rules_strategy": args.rules_strategy,
         "torch_threads": torch_threads(),
-        **engine_fields(rec),  # precision, beam_width, speculation_per_k, prior_weight, drafter_loaded
+        **engine_fields(rec),  # precision, beam_width, speculation_per_width, prior_weight, drafter_loaded
     }
 
 

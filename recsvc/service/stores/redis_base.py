@@ -41,12 +41,8 @@ class RedisStoreBase(HistoryStore):
                  backoff_s: float, max_backoff_s: float) -> None:
         if max_len < 1 or ttl_s < 1:
             raise ValueError("max_len and ttl_s must be >= 1")
-        self.max_len = max_len
-        self.ttl_s = ttl_s
-        self.prefix = prefix
-        self.wait = wait
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.max_len, self.ttl_s, self.prefix, self.wait = max_len, ttl_s, prefix, wait
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s  # the retry loop's first and longest waits
         # WAIT blocks the connection up to its timeout: the socket must wait longer than WAIT does
         self.socket_timeout_s = (socket_timeout_s if wait is None
                                  else max(socket_timeout_s, wait.timeout_ms / 1000.0 + 0.25))

@@ -1,10 +1,10 @@
 """Sticky routing by user id over several servers, for deployments that keep per-user state in process.
 
 :class:`StickyClient` holds one :class:`RecClient` (one channel) per server and a consistent-hash ring
-(:class:`recsvc.service.routing.HashRing`) over them: every call for a user goes to that user's server.
+(:class:`recsvc.client.routing.HashRing`) over them: every call for a user goes to that user's server.
 Recommend and GetHistory answered UNAVAILABLE there (server down, draining, starting) go to the next server on
 the ring; RecordInteractions is not moved (not idempotent: an UNAVAILABLE write may have been stored), which
-matches the round_robin retry policy of :data:`recsvc.service.client.SERVICE_CONFIG`.
+matches the round_robin retry policy of :data:`recsvc.client.client.SERVICE_CONFIG`.
 
     with StickyClient("10.0.0.1:50051,10.0.0.2:50051") as client:
         client.record("alice", [1, 2])
@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from .client import RecClient
+from recsvc.client.client import RecClient
+
 from .routing import HashRing
 
 T = TypeVar("T")

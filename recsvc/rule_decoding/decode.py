@@ -20,9 +20,9 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
+from recsvc.rule_decoding.lookahead import DraftLookahead, Lookahead, TargetLookahead
+from recsvc.rule_decoding.search import list_search, rank_list
 from recsvc.rules.catalog import BatchRules, RuleCatalog
-from recsvc.rules.lookahead import DraftLookahead, Lookahead, TargetLookahead
-from recsvc.rules.search import list_search, rank_list
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
 

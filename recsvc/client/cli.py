@@ -108,9 +108,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run_client(args: argparse.Namespace) -> int:
     import grpc
 
-    from .client import RecClient, response_to_dict, rules_message
-    from .security import api_key_from
-    from .sticky_client import StickyClient
+    from recsvc.client.client import RecClient, response_to_dict, rules_message
+    from recsvc.service.security import api_key_from
+
+    from .sticky import StickyClient
 
     options = {"api_key": api_key_from(args.api_key), "tls_ca": args.tls_ca, "server_name": args.tls_server_name,
                "timeout_s": args.timeout}

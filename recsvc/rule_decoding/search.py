@@ -31,9 +31,9 @@ from recsvc.engine.expand import candidate_scores
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache
+from recsvc.rule_decoding.lookahead import Lookahead, reorder
 from recsvc.rules.catalog import BatchRules, RuleCatalog
 from recsvc.rules.greedy import capacity_prefix, greedy_pick
-from recsvc.rules.lookahead import Lookahead, reorder
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from .gen import recommender_pb2 as pb
-from .gen import recommender_pb2_grpc as pb_grpc
-from .security import API_KEY_HEADER, channel_credentials
+from recsvc.service.gen import recommender_pb2 as pb
+from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
+from recsvc.service.security import API_KEY_HEADER, channel_credentials
 
 # The channel's service config (gRPC option "grpc.service_config", with "grpc.enable_retries" 1): any gRPC
 # client of the service can use the same JSON (README, "Several servers").
