@@ -80,6 +80,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "every item of the catalog of the period the model serves (selection: the items "
                         "interacted with by the end of valid; deploy refit: the whole catalog), so that items "
                         "without interactions have learnt code paths too")
+    p.add_argument("--dense-head", type=float, default=0.0, metavar="WEIGHT",
+                   help="> 0: also train the dense head (LIGER-style: the last hidden state predicts the next "
+                        "item's text embedding; a softmax over the fitting period's items at this weight beside the "
+                        "LM loss); served beside the beams once `recsvc tune dense` has chosen how to merge them")
+    p.add_argument("--dense-temperature", type=float, default=0.07, help="the dense head's softmax temperature")
 
 
 DRAFTER_METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
@@ -185,7 +190,19 @@ def target_settings(args: argparse.Namespace) -> dict:
     header = args.prompt if args.prompt != "auto" else ("lcrec" if args.base_model else "compact")
     return {"prompt_header": header, "max_history": args.max_history, "protocol": args.protocol,
             "refit_epochs": refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode,
-            "align": getattr(args, "align", "none")}
+            "align": getattr(args, "align", "none"), "dense": dense_settings(args)}
+
+
+def dense_settings(args: argparse.Namespace):
+    """``DenseSettings`` of --dense-head / --dense-temperature, None when the head is off."""
+    weight = getattr(args, "dense_head", 0.0)
+    if weight is None or weight == 0:
+        return None
+    from recsvc.model.dense_head import DenseSettings
+
+    if weight < 0 or args.dense_temperature <= 0:
+        raise UserError("--dense-head must be >= 0 and --dense-temperature > 0")
+    return DenseSettings(weight=weight, temperature=args.dense_temperature)
 
 
 

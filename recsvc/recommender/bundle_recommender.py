@@ -35,6 +35,7 @@ from recsvc.engine.sampling import make_generators, sampling_beam_search
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.errors import UserError
+from recsvc.model.dense_head import DenseRetriever, has_dense_head, last_hidden
 from recsvc.model.fresh import FreshItems
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, load_prior
@@ -113,6 +114,7 @@ class BundleRecommender:
         attributes: AttributeSource | None = None,
         rules: RuleSettings | None = None,
         fresh: FreshItems | None = None,
+        dense: DenseRetriever | None = None,
     ) -> None:
         """``target``: ``EngineModel.build(model, attention)`` (it holds the attention mode; a LLaMA drafter's
         model is built the same way). ``beam_width`` B: plain and strict decoding search B >= k beams and return
@@ -143,6 +145,9 @@ class BundleRecommender:
         self.states: UserStateCache | None = None  # the user-state cache (enable_state_cache)
         self.ahead = False  # compute a user's next request after a write, when the server is idle (prefill_ahead)
         self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
+        # the target's dense head: its nearest items ranked with the beams (plain and strict requests without
+        # rules; off until `recsvc tune dense` set a blend > 0)
+        self.dense = dense if dense is not None and dense.active else None
 
     @property
     def rule_catalog(self) -> RuleCatalog | None:
@@ -160,7 +165,7 @@ class BundleRecommender:
                     drafter_name: str | None = None, use_prior: bool = True,
                     exclude_history: bool = False, beam_width: int | None = None,
                     attributes: str | Path | None = None, rules: RuleSettings | None = None,
-                    use_fresh: bool = True) -> BundleRecommender:
+                    use_fresh: bool = True, use_dense: bool = True) -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: a name of
         ``recsvc.recommender.drafter_registry``: BUNDLE/drafters/NAME (or a model directory) instead of
@@ -173,7 +178,8 @@ class BundleRecommender:
         recommend a query's history items (and fuse BUNDLE/prior-excl, the prior tuned for that, when present).
         ``attributes``: the item attributes file for rules (None:
         BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded. ``use_fresh``: give
-        fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present."""
+        fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present. ``use_dense``: rank
+        the target's dense head's nearest items with the beams (``recsvc.model.dense_head``) when it has one."""
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(path)
@@ -188,8 +194,10 @@ class BundleRecommender:
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
         fresh = FreshItems.load(bundle.fresh_dir) if use_fresh and bundle.has_fresh() else None
+        dense = (DenseRetriever.load(bundle.target_dir, len(ids))
+                 if use_dense and has_dense_head(bundle.target_dir) else None)
         rec = cls(target, prompts, ids, None, popularity, prior=prior, exclude_history=exclude_history,
-                  beam_width=width, rules=rules, fresh=fresh)
+                  beam_width=width, rules=rules, fresh=fresh, dense=dense)
         if attributes is not None or attr_path.is_file():
             rec.attributes = AttributeSource(attr_path, rec.trie)
         name = (drafter_name or default_drafter(bundle)) if use_drafter else None
@@ -449,9 +457,10 @@ class BundleRecommender:
         else:
             dead = self.trie.dead_nodes(excluded) if any(excluded) else None
         prior = self.prior_for([q.history for q in queries])
+        merging = self.dense is not None and mode in ("plain", "strict") and not any(q.rules for q in queries)
         if mode == "plain":
-            out = self.engine.search(batch, k, dead, prior, ledger, states=self.states,
-                                     top=max(q.k for q in queries))  # the first k of the width-k beams are read
+            out = self.engine.search(batch, k, dead, prior, ledger, states=self.states,  # the first k are read
+                                     top=None if merging else max(q.k for q in queries))
             calls = [out.target_calls] * len(queries)
             accepted = [0] * len(queries)
             leaves, scores, draft_calls = out.leaves, out.scores, 0
@@ -482,12 +491,33 @@ class BundleRecommender:
                 leaves, scores, draft_calls = rel.leaves, rel.logp, rel.draft_calls
         else:
             raise NotImplementedError(f"decoding mode {mode!r}")
+        if merging:
+            return self._merged(queries, leaves, scores, excluded, calls, draft_calls, accepted)
         return [  # the first k of the width-k beams, best first
             self._result(leaves[r][: queries[r].k], scores[r][: queries[r].k], excluded[r],
                          RecStats(target_calls=calls[r], draft_calls=draft_calls, accepted_steps=accepted[r],
                                   rounds=calls[r]))
             for r in range(len(queries))
         ]
+
+    def _merged(self, queries: list[RecQuery], leaves: torch.Tensor, scores: torch.Tensor, excluded: list[list[int]],
+                calls: list[int], draft_calls: int, accepted: list[int]) -> list[RecResult]:
+        """Every beam of the width and the dense head's nearest items, ranked by one score
+        (``DenseRetriever.merge``): one extra forward of the prompts for the head's queries."""
+        assert self.dense is not None
+        with torch.inference_mode():
+            hidden = last_hidden(self.target.model, [self.prompts.prompt_ids(q.history) for q in queries])
+        sims = self.dense.similarities(hidden)  # [B, n]
+        out = []
+        for r, q in enumerate(queries):
+            ok = leaves[r] >= 0
+            items = self.trie.leaf_items(leaves[r][ok], excluded[r])
+            merged, merged_scores = self.dense.merge(items, scores[r][ok].tolist(), sims[r], self.ids, q.k,
+                                                     excluded[r])
+            out.append(RecResult(item_ids=merged, scores=merged_scores,
+                                 stats=RecStats(target_calls=calls[r], draft_calls=draft_calls,
+                                                accepted_steps=accepted[r], rounds=calls[r])))
+        return out
 
     def _decode_rules(self, queries: list[RecQuery], mode: str, width: int, ledger: Ledger = NO_LEDGER
                       ) -> list[RecResult]:

@@ -1,0 +1,184 @@
+"""The dense head (LIGER-style): its targets and loss, `recsvc build --dense-head` end to end, the served merge."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_train_fixtures import make_data, one_thread, small_tokenizer, write_ids  # noqa: F401
+
+import recsvc.cli.main as cli
+from recsvc.data.split import load_split_dir
+from recsvc.model.bundle import Bundle
+from recsvc.model.dense_head import DenseHead, DenseRetriever, DenseSettings, has_dense_head, read_settings
+from recsvc.model.prompt import PromptBuilder
+from tokenizer_rqvae.ids import SemanticIds
+from training.dense_loss import DenseLoss
+from training.sequences import collate, train_examples
+
+
+@pytest.fixture(autouse=True)
+def only_our_commands(monkeypatch, tmp_path_factory):
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"train": "training.cli", "build": "training.build_cli",
+                                             "tune": "training.tune", "eval": "training.eval_cli"})
+    monkeypatch.setenv("RECSVC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "emb-cache"))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dense")
+    d = make_data(root, n_users=40)
+    return d, write_ids(d, root / "ids.json")
+
+
+def test_targets_name_the_item_each_first_code_starts(data) -> None:
+    d, ids_path = data
+    ids = SemanticIds.load(ids_path)
+    builder = PromptBuilder(small_tokenizer(), ids, max_history=5, header="compact")
+    split = load_split_dir(d)
+    examples = train_examples(builder, split.train, stride=2)[:6]
+    batch = collate(examples, 0)
+    known = list(range(len(ids)))
+    loss = DenseLoss(builder, torch.randn(len(ids), 8), known, DenseSettings())
+    b, p, tgt = loss.targets(batch["input_ids"], batch["labels"])
+    labelled_items = sum(sum(1 for t in e.labels if t != -100) // 4 for e in examples)
+    assert len(b) == labelled_items > 0  # one per labelled item
+    for r, pos, t in zip(b.tolist(), p.tolist(), tgt.tolist(), strict=True):
+        item = int(ids.item_ids[t])
+        assert batch["input_ids"][r, pos + 1 : pos + 5].tolist() == builder.item_token_ids(item)
+    # items outside the known set are no target
+    half = DenseLoss(builder, torch.randn(len(ids), 8), known[: len(ids) // 2], DenseSettings())
+    b2, _, tgt2 = half.targets(batch["input_ids"], batch["labels"])
+    assert len(b2) < len(b) and int(tgt2.max()) < len(ids) // 2
+
+
+def test_merge_ranks_beams_and_nearest_items_by_one_score() -> None:
+    ids = SemanticIds.from_mapping({10: (0, 0, 0, 0), 20: (0, 0, 0, 1), 30: (0, 0, 1, 0), 40: (1, 0, 0, 0)})
+    items = torch.eye(4)
+    head = DenseHead(4, 4)
+    ret = DenseRetriever(head, items, DenseSettings(blend=0.0, candidates=2))
+    sims = torch.tensor([0.1, 0.2, 0.9, 0.8])
+    assert not ret.active
+    assert ret.merge([10, 20], [-1.0, -2.0], sims, ids, 2)[0] == [10, 20]  # blend 0: the beams' order
+    ret = ret.with_settings(blend=2.0, floor=0.5)
+    # 10: -1 + 0.2 = -0.8; 20: -2 + 0.4 = -1.6; 30: -2.5 + 1.8 = -0.7; 40: -2.5 + 1.6 = -0.9
+    got, scores = ret.merge([10, 20], [-1.0, -2.0], sims, ids, 4)
+    assert got == [30, 10, 40, 20]
+    assert scores == pytest.approx([-0.7, -0.8, -0.9, -1.6])
+    assert ret.merge([10, 20], [-1.0, -2.0], sims, ids, 4, excluded=[30])[0] == [10, 40, 20]  # excluded stays out
+    assert ret.merge([10, 20], [-1.0, -2.0], sims, ids, 2)[0] == [30, 10]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_build_with_dense_head_saves_and_serves_it(data, tmp_path) -> None:
+    d, ids_path = data
+    out = tmp_path / "bundle"
+    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids_path), "--preset", "tiny", "--epochs", "2",
+            "--batch-size", "8", "--eval-users", "10", "--recall-users", "10", "--bf16", "off", "--protocol",
+            "deploy", "--refit", "scratch", "--refit-epochs", "1", "--patience", "0", "--dense-head", "1.0"]
+    assert cli.main(argv) == 0
+    b = Bundle.open(out)
+    info = json.loads((b.target_dir / "training.json").read_text())
+    assert info["dense_head"]["weight"] == 1.0 and info["dense_head"]["temperature"] == 0.07
+    for directory in (b.target_dir, b.train_only_target_dir):
+        assert has_dense_head(directory)
+        keys = json.loads((directory / "model.safetensors.index.json").read_text())["weight_map"] if (
+            directory / "model.safetensors.index.json").is_file() else None
+        assert keys is None  # one file
+        from safetensors import safe_open
+
+        with safe_open(str(directory / "model.safetensors"), "pt") as f:
+            assert not any(k.startswith("dense_head") for k in f.keys())  # the LM file holds the LM only
+    ret = DenseRetriever.load(b.target_dir, catalog_size=len(b.load_ids()))
+    assert ret.items.shape[0] == len(b.load_ids())
+    assert np.allclose(ret.items.norm(dim=1).numpy(), 1.0, atol=1e-5)
+    assert read_settings(b.target_dir).blend == 0.0  # not merged until tuned
+
+    # the dense loss trained: the head's query ranks a valid target above a random item more often than not
+    from recsvc.model.dense_head import last_hidden
+    from recsvc.model.loading import load_causal_lm
+
+    model = load_causal_lm(b.train_only_target_dir, dtype="fp32")
+    split = load_split_dir(d)
+    builder = b.prompt_builder(ids=b.load_ids())
+    users = split.eval_users("valid")
+    hidden = last_hidden(model, [builder.prompt_ids(u.history) for u in users])
+    ret_train = DenseRetriever.load(b.train_only_target_dir)
+    sims = ret_train.similarities(hidden)
+    assert sims.shape == (len(users), len(b.load_ids()))
+
+
+@pytest.fixture(scope="module")
+def dense_bundle(data, tmp_path_factory):
+    """A deploy bundle whose targets carry a dense head (tiny preset, one epoch each phase)."""
+    d, ids_path = data
+    out = tmp_path_factory.mktemp("dense-bundle") / "bundle"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids_path), "--preset", "tiny", "--epochs", "1",
+            "--batch-size", "8", "--eval-users", "10", "--select-by", "loss", "--bf16", "off", "--protocol",
+            "deploy", "--refit", "scratch", "--refit-epochs", "1", "--patience", "0", "--dense-head", "0.5"]
+    try:
+        assert cli.main(argv) == 0
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_tune_dense_chooses_on_validation_and_records_it(dense_bundle, tmp_path) -> None:
+    b = Bundle.open(dense_bundle)
+    report_file = tmp_path / "dense.json"
+    argv = ["tune", "dense", "--bundle", str(dense_bundle), "--users", "8", "--blends", "0,4,64", "--floors", "0,1",
+            "--threads", "1", "--json", str(report_file)]
+    assert cli.main(argv) == 0
+    report = json.loads(report_file.read_text())
+    assert [(g["blend"], g["floor"]) for g in report["grid"]] == [(0.0, 0.0), (4.0, 0.0), (4.0, 1.0), (64.0, 0.0),
+                                                                   (64.0, 1.0)]
+    best = max(report["grid"], key=lambda g: (g["ndcg@10"], -g["blend"]))
+    assert report["chosen"]["blend"] == best["blend"] and report["chosen"]["floor"] == best["floor"]
+    assert report["tuning_users"] == 8 and report["all"]["users"] == report["tuning_users"] + report["held_out"]["users"]
+    for directory in (b.target_dir, b.train_only_target_dir):  # both targets serve the choice
+        s = read_settings(directory)
+        assert (s.blend, s.floor) == (best["blend"], best["floor"]) and s.tuned["chosen"] == report["chosen"]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_served_and_evaluated_lists_merge_the_head_items(dense_bundle, tmp_path) -> None:
+    """With a large blend the head's nearest items lead the list: the recommender and `recsvc eval` both merge."""
+    from dataclasses import replace
+
+    from recsvc.model.dense_head import write_settings
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender
+
+    b = Bundle.open(dense_bundle)
+    for directory in (b.target_dir, b.train_only_target_dir):
+        write_settings(directory, replace(read_settings(directory), blend=1000.0, floor=0.0, candidates=5))
+    split = load_split_dir(b.data_dir())
+    history = next(iter(split.train.values()))
+    rec = BundleRecommender.from_bundle(dense_bundle, dtype="fp32", use_drafter=False, beam_width=10)
+    plain = BundleRecommender.from_bundle(dense_bundle, dtype="fp32", use_drafter=False, beam_width=10,
+                                          use_dense=False)
+    assert rec.dense is not None and plain.dense is None
+    (res,) = rec.recommend([RecQuery(history=history, k=5, mode="plain")])
+    (base,) = plain.recommend([RecQuery(history=history, k=5, mode="plain")])
+    ret = DenseRetriever.load(b.target_dir)
+    from recsvc.model.dense_head import last_hidden
+
+    sims = ret.similarities(last_hidden(rec.target.model, [rec.prompts.prompt_ids(history)]))[0]
+    ids = b.load_ids()
+    by_sim = sorted(res.item_ids, key=lambda i: -float(sims[ids.index_of(i)]))
+    assert res.item_ids == by_sim  # a blend this large orders the list by the head's cosine
+    assert len(res.item_ids) == 5 and res.item_ids != base.item_ids
+
+    out = tmp_path / "eval.json"
+    assert cli.main(["eval", "--bundle", str(dense_bundle), "--split", "test", "--k", "5", "--baselines", "none",
+                     "--json", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["dense"]["active"] and merged["dense"]["blend"] == 1000.0
+    assert cli.main(["eval", "--bundle", str(dense_bundle), "--split", "test", "--k", "5", "--baselines", "none",
+                     "--no-dense", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["dense"] is None
