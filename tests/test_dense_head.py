@@ -69,6 +69,8 @@ def test_merge_ranks_beams_and_nearest_items_by_one_score() -> None:
     assert scores == pytest.approx([-0.7, -0.8, -0.9, -1.6])
     assert ret.merge([10, 20], [-1.0, -2.0], sims, ids, 4, excluded=[30])[0] == [10, 40, 20]  # excluded stays out
     assert ret.merge([10, 20], [-1.0, -2.0], sims, ids, 2)[0] == [30, 10]
+    # a past period's catalog without item 30: the head adds 40 only; a beam item outside it stays
+    assert ret.within([0, 3]).merge([10, 20], [-1.0, -2.0], sims, ids, 4)[0] == [10, 40, 20]
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -139,7 +141,8 @@ def test_tune_dense_chooses_on_validation_and_records_it(dense_bundle, tmp_path)
                                                                    (64.0, 1.0)]
     best = max(report["grid"], key=lambda g: (g["ndcg@10"], -g["blend"]))
     assert report["chosen"]["blend"] == best["blend"] and report["chosen"]["floor"] == best["floor"]
-    assert report["tuning_users"] == 8 and report["all"]["users"] == report["tuning_users"] + report["held_out"]["users"]
+    assert report["tuning_users"] == 8
+    assert report["all"]["users"] == report["tuning_users"] + report["held_out"]["users"]
     for directory in (b.target_dir, b.train_only_target_dir):  # both targets serve the choice
         s = read_settings(directory)
         assert (s.blend, s.floor) == (best["blend"], best["floor"]) and s.tuned["chosen"] == report["chosen"]

@@ -93,6 +93,16 @@ def rank_users(
     return out
 
 
+def period_catalog_rows(data: SplitData, split: str, ids) -> list[int]:
+    """The rows of the items the catalog holds when ``split`` is served: the whole catalog for test, the items
+    interacted with by the end of the period otherwise (``training.fresh_eval.fresh_candidates``' rule)."""
+    if split == "test":
+        return list(range(len(ids)))
+    present = {i for seq in data.sequences("train").values() for i in seq} | {i for seq in data.valid.values()
+                                                                               for i in seq}
+    return sorted(ids.index_of(i) for i in present if i in ids)
+
+
 def dist_rank_world() -> tuple[int, int]:
     """(rank, world size) of an initialised torch.distributed group, else (0, 1)."""
     import torch.distributed as dist
@@ -183,6 +193,8 @@ def evaluate_bundle(
     model = load_causal_lm(model_dir, dtype=dtype)
     # the dense head beside the beams, when trained and tuned (``recsvc tune dense``)
     dense = DenseRetriever.load(model_dir, len(ids)) if use_dense and has_dense_head(model_dir) else None
+    if dense is not None and split != "test":  # the catalog of that time (the rule of ``fresh_candidates``)
+        dense = dense.within(period_catalog_rows(data, split, ids))
     users = sample_users(data.eval_users(split), max_users, seed)
     start = time.perf_counter()
     prior_dir = bundle.prior_dir_for(exclude_history)  # as the service fuses it (BUNDLE/prior-excl when excluding)

@@ -96,7 +96,7 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     from recsvc.model.dense_head import DenseRetriever, has_dense_head, write_settings
     from recsvc.model.loading import load_causal_lm
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.evaluate import serving_model
+    from training.evaluate import period_catalog_rows, serving_model
     from training.fresh_eval import cold_items
     from training.lead import paired_lead, per_user
     from training.studies import validation_model
@@ -117,6 +117,7 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     ids = bundle.load_ids()
     exclude = bool(bundle.read().get("exclude_history", False)) if args.exclude_history is None else True
     retriever = DenseRetriever.load(model_dir, len(ids)).with_settings(candidates=args.candidates)
+    retriever = retriever.within(period_catalog_rows(data, "valid", ids))  # the catalog of the valid period
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
     builder = bundle.prompt_builder(ids=ids)
     prior = train_period_prior(bundle, data, ids, exclude)
@@ -154,6 +155,7 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
         report[name] = entry
     if not args.no_write:
         settings = {**asdict(chosen.settings), "tuned": {k: v for k, v in report.items() if k != "grid"}}
+        settings["tuned"]["grid"] = [{k: v for k, v in g.items()} for g in grid]
         for directory in {model_dir, bundle.target_dir}:
             if has_dense_head(directory):
                 write_settings(directory, type(chosen.settings)(**settings))

@@ -104,8 +104,10 @@ def last_hidden(model, prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tor
 class DenseRetriever:
     """The served side: a head, the catalog's unit text embeddings and the merge settings."""
 
-    def __init__(self, head: DenseHead, items: torch.Tensor, settings: DenseSettings) -> None:
+    def __init__(self, head: DenseHead, items: torch.Tensor, settings: DenseSettings,
+                 absent: torch.Tensor | None = None) -> None:
         self.head, self.items, self.settings = head.eval(), items.float(), settings  # items [n, D]
+        self.absent = absent  # [n] bool: rows the head may not add (not in the catalog of the period served)
 
     @classmethod
     def load(cls, target_dir: str | Path, catalog_size: int | None = None) -> DenseRetriever:
@@ -122,7 +124,14 @@ class DenseRetriever:
         return cls(head, items, read_settings(target_dir))
 
     def with_settings(self, **changes) -> DenseRetriever:
-        return DenseRetriever(self.head, self.items, replace(self.settings, **changes))
+        return DenseRetriever(self.head, self.items, replace(self.settings, **changes), self.absent)
+
+    def within(self, rows: Sequence[int]) -> DenseRetriever:
+        """The same head adding only these catalog rows (an evaluation of a past period: the items its catalog
+        held; a beam item is never removed)."""
+        absent = torch.ones(len(self.items), dtype=torch.bool)
+        absent[torch.as_tensor(list(rows), dtype=torch.long)] = False
+        return DenseRetriever(self.head, self.items, self.settings, absent)
 
     @property
     def active(self) -> bool:
@@ -146,6 +155,8 @@ class DenseRetriever:
         merged = {i: float(sc) + s.blend * float(sims[r]) for i, sc, r in zip(items, scores, beam_rows, strict=True)}
         base = float(scores[-1]) - s.floor
         masked = sims.clone()
+        if self.absent is not None:
+            masked[self.absent] = -torch.inf
         if beam_rows:
             masked[torch.tensor(beam_rows)] = -torch.inf
         ex = [rows_of.index_of(i) for i in excluded if i in rows_of]
