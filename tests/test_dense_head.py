@@ -154,6 +154,7 @@ def test_served_and_evaluated_lists_merge_the_head_items(dense_bundle, tmp_path)
     from dataclasses import replace
 
     from recsvc.model.dense_head import write_settings
+    from recsvc.model.loading import load_causal_lm
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
@@ -176,6 +177,16 @@ def test_served_and_evaluated_lists_merge_the_head_items(dense_bundle, tmp_path)
     by_sim = sorted(res.item_ids, key=lambda i: -float(sims[ids.index_of(i)]))
     assert res.item_ids == by_sim  # a blend this large orders the list by the head's cosine
     assert len(res.item_ids) == 5 and res.item_ids != base.item_ids
+
+    # the validation searches (tune history / fresh) rank the lists the bundle serves: merged too
+    from training.validation_lists import ValidationLists
+
+    user = split.eval_users("valid")[0]
+    listed = ValidationLists(b, split, ids, "fp32").rank([user], exclude_history=False, k=5)[user.user_id]
+    model = load_causal_lm(b.train_only_target_dir, dtype="fp32")
+    train_sims = DenseRetriever.load(b.train_only_target_dir).similarities(
+        last_hidden(model, [rec.prompts.prompt_ids(user.history)]))[0]
+    assert listed == sorted(listed, key=lambda i: -float(train_sims[ids.index_of(i)]))
 
     out = tmp_path / "eval.json"
     assert cli.main(["eval", "--bundle", str(dense_bundle), "--split", "test", "--k", "5", "--baselines", "none",
