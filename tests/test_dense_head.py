@@ -196,3 +196,34 @@ def test_served_and_evaluated_lists_merge_the_head_items(dense_bundle, tmp_path)
     assert cli.main(["eval", "--bundle", str(dense_bundle), "--split", "test", "--k", "5", "--baselines", "none",
                      "--no-dense", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["dense"] is None
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_train_dense_head_on_a_frozen_target(data, tmp_path) -> None:
+    """`recsvc train dense-head`: a head per target, fitted on its own period; the target's weights unchanged."""
+    from safetensors.torch import load_file
+
+    d, ids_path = data
+    out = tmp_path / "bundle"
+    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids_path), "--preset", "tiny", "--epochs", "1",
+            "--batch-size", "8", "--eval-users", "10", "--select-by", "loss", "--bf16", "off", "--protocol",
+            "deploy", "--refit", "scratch", "--refit-epochs", "1", "--patience", "0"]
+    assert cli.main(argv) == 0
+    b = Bundle.open(out)
+    assert not has_dense_head(b.target_dir)
+    before = {n: t.clone() for n, t in load_file(str(b.target_dir / "model.safetensors")).items()}
+    assert cli.main(["train", "dense-head", "--bundle", str(out), "--epochs", "2", "--threads", "1",
+                     "--dtype", "fp32"]) == 0
+    after = load_file(str(b.target_dir / "model.safetensors"))
+    assert all(torch.equal(before[n], after[n]) for n in before)
+    meta = b.read()["dense_head"]
+    assert set(meta["targets"]) == {b.target_dir.name, b.train_only_target_dir.name}
+    split = load_split_dir(d)
+    n_train = len({i for s in split.sequences("train").values() for i in s})
+    n_both = len({i for s in split.sequences("train+valid").values() for i in s})
+    assert meta["targets"][b.train_only_target_dir.name]["items"] == n_train
+    assert meta["targets"][b.target_dir.name]["items"] == n_both
+    losses = [h["loss"] for h in meta["targets"][b.target_dir.name]["history"]]
+    assert losses[1] < losses[0]  # the head learns
+    for directory in (b.target_dir, b.train_only_target_dir):
+        assert has_dense_head(directory) and read_settings(directory).backbone == "frozen"

@@ -93,15 +93,21 @@ class DenseLoss:
         n = int((target != IGNORE_INDEX).sum())
         lm = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX,
                              reduction="sum") / max(n, 1)
-        b, p, tgt = self.targets(batch["input_ids"], batch["labels"])
-        if len(b) == 0 or self.settings.weight == 0:
+        if self.settings.weight == 0:
             return lm, n
-        hidden = out.hidden_states[-1][b, p]  # [P, H] after the final norm
-        head = _head_of(model)
-        query = head(hidden.float())  # [P, D]
+        dense = self.dense_term(_head_of(model), out.hidden_states[-1], batch["input_ids"], batch["labels"])
+        return (lm + self.settings.weight * dense, n) if dense is not None else (lm, n)
+
+    def dense_term(self, head: DenseHead, hidden: torch.Tensor, input_ids: torch.Tensor, labels: torch.Tensor
+                   ) -> torch.Tensor | None:
+        """The head's mean cross-entropy over the batch's item starts (None when it has none); ``hidden``
+        [B, T, H]: the model's final hidden states."""
+        b, p, tgt = self.targets(input_ids, labels)
+        if len(b) == 0:
+            return None
+        query = head(hidden[b, p].float())  # [P, D]
         sims = query @ self.known_items.to(query.device).T / self.settings.temperature  # [P, m]
-        dense = F.cross_entropy(sims, tgt)
-        return lm + self.settings.weight * dense, n
+        return F.cross_entropy(sims, tgt)
 
 
 def _head_of(model: Any) -> DenseHead:

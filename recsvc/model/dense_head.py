@@ -43,6 +43,7 @@ class DenseSettings:
     blend: float = 0.0  # the cosine's weight in the served score (0: the beams' order)
     floor: float = 0.0  # how far below the last beam a non-beam item starts
     candidates: int = 20  # the head's nearest items added to the beams per request
+    backbone: str = "joint"  # joint: trained with the target (--dense-head); frozen: on a trained target
     tuned: dict | None = None  # ``recsvc tune dense``'s record
 
     def __post_init__(self) -> None:
