@@ -69,6 +69,10 @@ def test_merge_ranks_beams_and_nearest_items_by_one_score() -> None:
     assert scores == pytest.approx([-0.7, -0.8, -0.9, -1.6])
     assert ret.merge([10, 20], [-1.0, -2.0], sims, ids, 4, excluded=[30])[0] == [10, 40, 20]  # excluded stays out
     assert ret.merge([10, 20], [-1.0, -2.0], sims, ids, 2)[0] == [30, 10]
+    # pool "fresh": only the items the target was not trained on (here 40)
+    known = torch.tensor([True, True, True, False])
+    fresh = DenseRetriever(head, items, DenseSettings(blend=2.0, floor=0.5, candidates=2, pool="fresh"), known=known)
+    assert fresh.merge([10, 20], [-1.0, -2.0], sims, ids, 4)[0] == [10, 40, 20]
     # a past period's catalog without item 30: the head adds 40 only; a beam item outside it stays
     assert ret.within([0, 3]).merge([10, 20], [-1.0, -2.0], sims, ids, 4)[0] == [10, 40, 20]
 
@@ -137,10 +141,12 @@ def test_tune_dense_chooses_on_validation_and_records_it(dense_bundle, tmp_path)
             "--threads", "1", "--json", str(report_file)]
     assert cli.main(argv) == 0
     report = json.loads(report_file.read_text())
-    assert [(g["blend"], g["floor"]) for g in report["grid"]] == [(0.0, 0.0), (4.0, 0.0), (4.0, 1.0), (64.0, 0.0),
-                                                                   (64.0, 1.0)]
+    trials = [(4.0, 0.0), (4.0, 1.0), (64.0, 0.0), (64.0, 1.0)]
+    assert [(g["pool"], g["blend"], g["floor"]) for g in report["grid"]] == (
+        [("all", 0.0, 0.0)] + [("all", *t) for t in trials] + [("fresh", *t) for t in trials])
     best = max(report["grid"], key=lambda g: (g["ndcg@10"], -g["blend"]))
     assert report["chosen"]["blend"] == best["blend"] and report["chosen"]["floor"] == best["floor"]
+    assert report["chosen"]["pool"] == best["pool"]
     assert report["tuning_users"] == 8
     assert report["all"]["users"] == report["tuning_users"] + report["held_out"]["users"]
     for directory in (b.target_dir, b.train_only_target_dir):  # both targets serve the choice

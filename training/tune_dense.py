@@ -29,6 +29,9 @@ def register_dense(sub) -> None:
     p.add_argument("--blends", default="0,0.5,1,2,4,8,16,32", help="comma-separated cosine weights (0: beams alone)")
     p.add_argument("--floors", default="0,1,2,4", help="comma-separated starts of non-beam items below the last beam")
     p.add_argument("--candidates", type=int, default=20, help="the head's nearest items added per request")
+    p.add_argument("--pools", default="all,fresh",
+                   help="comma-separated pools the head adds from: all (every catalog item), fresh (only the items "
+                        "its target was not trained on: LIGER's cold-start candidates)")
     p.add_argument("--exclude-history", action="store_true", default=None,
                    help="leave history items out (default: the bundle's choice, bundle.json 'exclude_history')")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
@@ -109,6 +112,9 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     if args.users < 1 or args.candidates < 1:
         raise UserError("--users and --candidates must be >= 1")
     blends, floors = _floats(args.blends, "blends"), _floats(args.floors, "floors")
+    pools = [x.strip() for x in args.pools.split(",") if x.strip()]
+    if not pools or set(pools) - {"all", "fresh"}:
+        raise UserError(f"--pools takes all and/or fresh, got {args.pools!r}")
     bundle = Bundle.open(args.bundle)
     _, model_dir = validation_model(bundle, "the dense head's merge")
     if not has_dense_head(model_dir):
@@ -126,21 +132,30 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     tuning_ids = {u.user_id for u in tuning}
     held_out = [u for u in users if u.user_id not in tuning_ids]
     width = max(10, bundle.served_beam_width() or 20)
+    cold = cold_items(data, "train", ids.item_ids.tolist())
     cache = beams_and_similarities(model, builder, CatalogTrie(ids), users, width, retriever, exclude, prior)
 
+    if retriever.known is None:
+        pools = ["all"]  # a head saved without its target's items
     grid = []
-    for blend in blends:
-        for floor in floors if blend > 0 else [0.0]:
-            lists = merged_lists(cache, tuning, retriever.with_settings(blend=blend, floor=floor), ids, 10, exclude)
-            grid.append({"blend": blend, "floor": floor, **evaluate_rankings(lists, tuning, (10,))})
+    for pool in pools:
+        for blend in blends:
+            for floor in floors if blend > 0 else [0.0]:
+                if blend == 0 and pool != pools[0]:
+                    continue
+                trial = retriever.with_settings(blend=blend, floor=floor, pool=pool)
+                lists = merged_lists(cache, tuning, trial, ids, 10, exclude)
+                grid.append({"pool": pool, "blend": blend, "floor": floor,
+                             **evaluate_rankings(lists, tuning, (10,)),
+                             "cold": evaluate_slices(lists, tuning, (10,), cold)["cold"]})
     best = max(grid, key=lambda g: (g["ndcg@10"], -g["blend"]))  # ties: the smaller blend
-    chosen = retriever.with_settings(blend=best["blend"], floor=best["floor"])
+    chosen = retriever.with_settings(blend=best["blend"], floor=best["floor"], pool=best["pool"])
     plain = retriever.with_settings(blend=0.0)
-    cold = cold_items(data, "train", ids.item_ids.tolist())
     report: dict[str, Any] = {"bundle": str(bundle.root), "model": str(model_dir), "exclude_history": exclude,
                               "prior": prior is not None, "width": width, "tuning_users": len(tuning),
                               "grid": grid, "chosen": {"blend": chosen.settings.blend, "floor": chosen.settings.floor,
-                                                       "candidates": chosen.settings.candidates}}
+                                                       "candidates": chosen.settings.candidates,
+                                                       "pool": chosen.settings.pool}}
     for name, part in (("all", users), ("held_out", held_out)):
         if not part:
             continue
@@ -164,7 +179,8 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text)
     a = report["all"]
-    print(f"dense: blend {chosen.settings.blend:g}, floor {chosen.settings.floor:g} (tuning NDCG@10 "
+    print(f"dense: pool {chosen.settings.pool}, blend {chosen.settings.blend:g}, floor {chosen.settings.floor:g} "
+          f"(tuning NDCG@10 "
           f"{best['ndcg@10']:.4f}); all {len(users)} validation users: Recall@10 {a['merged']['recall@10']:.4f} "
           f"vs beams {a['beams']['recall@10']:.4f}, NDCG@10 {a['merged']['ndcg@10']:.4f} vs "
           f"{a['beams']['ndcg@10']:.4f}; cold Recall@10 {a['merged']['cold'].get('recall@10', 0):.4f}, "

@@ -44,10 +44,12 @@ class DenseSettings:
     floor: float = 0.0  # how far below the last beam a non-beam item starts
     candidates: int = 20  # the head's nearest items added to the beams per request
     backbone: str = "joint"  # joint: trained with the target (--dense-head); frozen: on a trained target
+    pool: str = "all"  # the items the head may add: all, or fresh (those its target never saw: LIGER's cold items)
     tuned: dict | None = None  # ``recsvc tune dense``'s record
 
     def __post_init__(self) -> None:
-        if self.weight < 0 or self.temperature <= 0 or self.blend < 0 or self.floor < 0 or self.candidates < 0:
+        if self.weight < 0 or self.temperature <= 0 or self.blend < 0 or self.floor < 0 or self.candidates < 0 or (
+                self.pool not in ("all", "fresh")):
             raise UserError(f"dense head settings out of range: {self}")
 
 
@@ -66,14 +68,19 @@ def has_dense_head(target_dir: str | Path) -> bool:
     return (Path(target_dir) / WEIGHTS).is_file() and (Path(target_dir) / SETTINGS).is_file()
 
 
-def save_dense_head(target_dir: str | Path, head: DenseHead, items: torch.Tensor, settings: DenseSettings) -> None:
-    """``items``: [n, D] text embeddings in the semantic ids' row order (unit-normalised here)."""
+def save_dense_head(target_dir: str | Path, head: DenseHead, items: torch.Tensor, settings: DenseSettings,
+                    known: Sequence[int] = ()) -> None:
+    """``items``: [n, D] text embeddings in the semantic ids' row order (unit-normalised here); ``known``: the rows
+    of the items the target was trained on (its fitting period's; the others are fresh to it)."""
     from safetensors.torch import save_file
 
     target_dir = Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
     tensors = {f"proj.{k}": v.detach().float().cpu().contiguous() for k, v in head.proj.state_dict().items()}
     tensors["items"] = F.normalize(items.float(), dim=-1).cpu().contiguous()
+    mask = torch.zeros(len(items), dtype=torch.uint8)
+    mask[torch.as_tensor(sorted(known), dtype=torch.long)] = 1
+    tensors["known"] = mask
     save_file(tensors, str(target_dir / WEIGHTS))
     write_settings(target_dir, settings)
 
@@ -106,9 +113,10 @@ class DenseRetriever:
     """The served side: a head, the catalog's unit text embeddings and the merge settings."""
 
     def __init__(self, head: DenseHead, items: torch.Tensor, settings: DenseSettings,
-                 absent: torch.Tensor | None = None) -> None:
+                 absent: torch.Tensor | None = None, known: torch.Tensor | None = None) -> None:
         self.head, self.items, self.settings = head.eval(), items.float(), settings  # items [n, D]
         self.absent = absent  # [n] bool: rows the head may not add (not in the catalog of the period served)
+        self.known = known  # [n] bool: the rows the target was trained on (pool "fresh" adds only the others)
 
     @classmethod
     def load(cls, target_dir: str | Path, catalog_size: int | None = None) -> DenseRetriever:
@@ -116,23 +124,24 @@ class DenseRetriever:
 
         tensors = load_file(str(Path(target_dir) / WEIGHTS))
         items = tensors.pop("items")
+        known = tensors.pop("known").bool() if "known" in tensors else None
         if catalog_size is not None and items.shape[0] != catalog_size:
             raise UserError(f"the dense head embeds {items.shape[0]} items, the catalog has {catalog_size}: "
                             "retrain the target (a live catalog's new items have no dense embedding)")
         weight = tensors["proj.weight"]
         head = DenseHead(weight.shape[1], weight.shape[0])
         head.proj.load_state_dict({"weight": weight, "bias": tensors["proj.bias"]})
-        return cls(head, items, read_settings(target_dir))
+        return cls(head, items, read_settings(target_dir), known=known)
 
     def with_settings(self, **changes) -> DenseRetriever:
-        return DenseRetriever(self.head, self.items, replace(self.settings, **changes), self.absent)
+        return DenseRetriever(self.head, self.items, replace(self.settings, **changes), self.absent, self.known)
 
     def within(self, rows: Sequence[int]) -> DenseRetriever:
         """The same head adding only these catalog rows (an evaluation of a past period: the items its catalog
         held; a beam item is never removed)."""
         absent = torch.ones(len(self.items), dtype=torch.bool)
         absent[torch.as_tensor(list(rows), dtype=torch.long)] = False
-        return DenseRetriever(self.head, self.items, self.settings, absent)
+        return DenseRetriever(self.head, self.items, self.settings, absent, self.known)
 
     @property
     def active(self) -> bool:
@@ -158,6 +167,8 @@ class DenseRetriever:
         masked = sims.clone()
         if self.absent is not None:
             masked[self.absent] = -torch.inf
+        if s.pool == "fresh" and self.known is not None:
+            masked[self.known] = -torch.inf
         if beam_rows:
             masked[torch.tensor(beam_rows)] = -torch.inf
         ex = [rows_of.index_of(i) for i in excluded if i in rows_of]
