@@ -152,6 +152,18 @@ def test_tune_dense_chooses_on_validation_and_records_it(dense_bundle, tmp_path)
     for directory in (b.target_dir, b.train_only_target_dir):  # both targets serve the choice
         s = read_settings(directory)
         assert (s.blend, s.floor) == (best["blend"], best["floor"]) and s.tuned["chosen"] == report["chosen"]
+    # the cold guard: the most cold recall within one paired SE of the best NDCG@10; --no-write keeps the choice
+    guard_file = tmp_path / "guard.json"
+    assert cli.main(argv[:-2] + ["--rule", "cold-guard", "--no-write", "--json", str(guard_file)]) == 0
+    guard = json.loads(guard_file.read_text())
+    assert guard["rule"] == "cold-guard"
+    allowed = [g for g in guard["grid"] if g["ndcg_gap_se"] >= -1.0]
+    assert best["ndcg@10"] == max(g["ndcg@10"] for g in guard["grid"]) and allowed
+    most = max(g["cold"].get("recall@10", 0.0) for g in allowed)
+    picked = next(g for g in guard["grid"] if (g["pool"], g["blend"], g["floor"]) == (
+        guard["chosen"]["pool"], guard["chosen"]["blend"], guard["chosen"]["floor"]))
+    assert picked in allowed and picked["cold"].get("recall@10", 0.0) == most
+    assert read_settings(b.target_dir).tuned["rule"] == "ndcg"  # not written
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -34,6 +34,9 @@ def register_dense(sub) -> None:
                         "its target was not trained on: LIGER's cold-start candidates)")
     p.add_argument("--exclude-history", action="store_true", default=None,
                    help="leave history items out (default: the bundle's choice, bundle.json 'exclude_history')")
+    p.add_argument("--rule", choices=("ndcg", "cold-guard"), default="ndcg",
+                   help="ndcg: the best NDCG@10; cold-guard: the most cold-slice Recall@10 among the settings whose "
+                        "NDCG@10 is within one paired standard error of the best")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
@@ -137,7 +140,8 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
 
     if retriever.known is None:
         pools = ["all"]  # a head saved without its target's items
-    grid = []
+    grid: list[dict[str, Any]] = []
+    per_trial = []
     for pool in pools:
         for blend in blends:
             for floor in floors if blend > 0 else [0.0]:
@@ -148,14 +152,23 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
                 grid.append({"pool": pool, "blend": blend, "floor": floor,
                              **evaluate_rankings(lists, tuning, (10,)),
                              "cold": evaluate_slices(lists, tuning, (10,), cold)["cold"]})
+                per_trial.append(per_user(lists, tuning, 10, "ndcg"))
     best = max(grid, key=lambda g: (g["ndcg@10"], -g["blend"]))  # ties: the smaller blend
+    if args.rule == "cold-guard":  # the most cold recall among the settings within one paired SE of the best NDCG
+        top = per_trial[grid.index(best)]
+        for g, scores in zip(grid, per_trial, strict=True):
+            lead = paired_lead(scores, top, resamples=0)
+            g["ndcg_gap_se"] = lead["diff"] / lead["diff_se"] if lead["diff_se"] else 0.0
+        best = max((g for g in grid if g["ndcg_gap_se"] >= -1.0),
+                   key=lambda g: (g["cold"].get("recall@10", 0.0), g["ndcg@10"], -g["blend"]))
     chosen = retriever.with_settings(blend=best["blend"], floor=best["floor"], pool=best["pool"])
     plain = retriever.with_settings(blend=0.0)
     report: dict[str, Any] = {"bundle": str(bundle.root), "model": str(model_dir), "exclude_history": exclude,
                               "prior": prior is not None, "width": width, "tuning_users": len(tuning),
                               "grid": grid, "chosen": {"blend": chosen.settings.blend, "floor": chosen.settings.floor,
                                                        "candidates": chosen.settings.candidates,
-                                                       "pool": chosen.settings.pool}}
+                                                       "pool": chosen.settings.pool},
+                              "rule": args.rule}
     for name, part in (("all", users), ("held_out", held_out)):
         if not part:
             continue
