@@ -97,7 +97,7 @@ def test_build_with_dense_head_saves_and_serves_it(data, tmp_path) -> None:
 
         with safe_open(str(directory / "model.safetensors"), "pt") as f:
             assert not any(k.startswith("dense_head") for k in f.keys())  # the LM file holds the LM only
-    ret = DenseRetriever.load(b.target_dir, catalog_size=len(b.load_ids()))
+    ret = DenseRetriever.load(b.target_dir, b.load_ids())
     assert ret.items.shape[0] == len(b.load_ids())
     assert np.allclose(ret.items.norm(dim=1).numpy(), 1.0, atol=1e-5)
     assert read_settings(b.target_dir).blend == 0.0  # not merged until tuned
@@ -245,3 +245,23 @@ def test_train_dense_head_on_a_frozen_target(data, tmp_path) -> None:
     assert losses[1] < losses[0]  # the head learns
     for directory in (b.target_dir, b.train_only_target_dir):
         assert has_dense_head(directory) and read_settings(directory).backbone == "frozen"
+
+
+def test_a_growing_catalog_keeps_each_items_embedding_and_joins_new_ones() -> None:
+    """``over``: the rows follow the new catalog by item id; new items are fresh to the target and the head can add
+    them; without text vectors it never does."""
+    ids = SemanticIds.from_mapping({10: (0, 0, 0, 0), 20: (0, 0, 0, 1), 30: (0, 0, 1, 0)})
+    grown = SemanticIds.from_mapping({10: (0, 0, 0, 0), 15: (2, 0, 0, 0), 20: (0, 0, 0, 1), 30: (0, 0, 1, 0)})
+    items = torch.eye(4)[:3]
+    ret = DenseRetriever(DenseHead(4, 4), items, DenseSettings(blend=2.0, candidates=2, pool="fresh"),
+                         known=torch.tensor([True, True, False]))
+    ret.item_ids = ids.item_ids.astype(np.int64)
+    over = ret.over(grown, np.array([15]), np.array([[0.0, 0.0, 0.0, 3.0]]))
+    assert over.item_ids.tolist() == [10, 15, 20, 30]
+    assert torch.equal(over.items[[0, 2, 3]], items) and torch.allclose(over.items[1], torch.tensor([0., 0, 0, 1]))
+    assert over.known.tolist() == [True, False, True, False]
+    sims = torch.tensor([0.1, 0.9, 0.2, 0.3])  # rows of the grown catalog
+    # 10: -1 + 0.2; 15: -1 + 1.8; 30: -1 + 0.6 (floor 0)
+    assert over.merge([10], [-1.0], sims, grown, 3)[0] == [15, 30, 10]  # the new item 15 leads
+    blind = ret.over(grown, np.array([15]), np.zeros((1, 0)))  # no vectors: 15 is never added
+    assert blind.merge([10], [-1.0], sims, grown, 3)[0] == [30, 10]

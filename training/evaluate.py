@@ -192,7 +192,7 @@ def evaluate_bundle(
     model_dir = bundle.train_only_target_dir if train_only else bundle.target_dir
     model = load_causal_lm(model_dir, dtype=dtype)
     # the dense head beside the beams, when trained and tuned (``recsvc tune dense``)
-    dense = DenseRetriever.load(model_dir, len(ids)) if use_dense and has_dense_head(model_dir) else None
+    dense = DenseRetriever.load(model_dir, ids) if use_dense and has_dense_head(model_dir) else None
     if dense is not None and split != "test":  # the catalog of that time (the rule of ``fresh_candidates``)
         dense = dense.within(period_catalog_rows(data, split, ids))
     users = sample_users(data.eval_users(split), max_users, seed)

@@ -82,7 +82,7 @@ def train_dense_head(bundle_dir: str | Path, epochs: int = 1, lr: float = 1e-3, 
                 bar.set_postfix(loss=f"{total / count:.3f}")
             history.append({"epoch": epoch + 1, "loss": total / max(count, 1)})
             log(f"dense head ({directory.name}, {period}) epoch {epoch + 1}: loss {total / max(count, 1):.4f}")
-        save_dense_head(directory, head, items, settings, known)
+        save_dense_head(directory, head, items, settings, known, ids.item_ids.tolist())
         report["targets"][directory.name] = {"period": period, "windows": len(examples), "items": len(known),
                                              "history": history, "seconds": round(time.monotonic() - start, 1)}
     stage = bundle.read().get("stages", {}).get("target", {})

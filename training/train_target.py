@@ -580,7 +580,7 @@ def train_target(
 
             train_only = copy.deepcopy(best)
             save_target(merge_lora(train_only) if is_peft(train_only) else train_only, bundle.train_only_target_dir,
-                        dense_items, dense, known_rows(ids, data.sequences("train").values()))
+                        dense_items, dense, known_rows(ids, data.sequences("train").values()), ids.item_ids.tolist())
         if refit_epochs == 0:  # auto: the chosen epoch count (scratch), one more epoch (continue)
             refit_epochs = max(1, result.best_epoch) if refit_mode == "scratch" else 1
         if refit_mode == "scratch":
@@ -611,7 +611,8 @@ def train_target(
     if main_process:
         final = merge_lora(best) if is_peft(best) else best
         save_target(final, bundle.target_dir, dense_items, dense,
-                    known_rows(ids, data.sequences("train+valid" if protocol == "deploy" else "train").values()))
+                    known_rows(ids, data.sequences("train+valid" if protocol == "deploy" else "train").values()),
+                    ids.item_ids.tolist())
         (bundle.target_dir / "training.json").write_text(
             json.dumps({**info, "history": result.history}, indent=1, default=str))
         bundle.update(target_preset=preset_name, protocol=protocol)
@@ -669,8 +670,8 @@ def known_rows(ids, sequences) -> set[int]:
     return {ids.index_of(i) for seq in sequences for i in seq if i in ids}
 
 
-def save_target(model, directory: Path, dense_items: torch.Tensor | None, dense, known: set[int] | None = None
-                ) -> None:
+def save_target(model, directory: Path, dense_items: torch.Tensor | None, dense, known: set[int] | None = None,
+                item_ids: Sequence[int] | None = None) -> None:
     """The causal LM to ``directory``; its dense head (taken off the model) beside it when it has one."""
     from recsvc.model.dense_head import save_dense_head
     from recsvc.model.loading import save_causal_lm
@@ -679,5 +680,5 @@ def save_target(model, directory: Path, dense_items: torch.Tensor | None, dense,
     head = detach_head(model)
     save_causal_lm(model, directory)
     if head is not None and dense_items is not None and dense is not None:
-        save_dense_head(directory, head, dense_items, dense, sorted(known or ()))
+        save_dense_head(directory, head, dense_items, dense, sorted(known or ()), item_ids)
         model.dense_head = head  # the caller's model keeps its head

@@ -125,7 +125,7 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     data = load_split_dir(bundle.resolve_data_dir(args.data))
     ids = bundle.load_ids()
     exclude = bool(bundle.read().get("exclude_history", False)) if args.exclude_history is None else True
-    retriever = DenseRetriever.load(model_dir, len(ids)).with_settings(candidates=args.candidates)
+    retriever = DenseRetriever.load(model_dir, ids).with_settings(candidates=args.candidates)
     retriever = retriever.within(period_catalog_rows(data, "valid", ids))  # the catalog of the valid period
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
     builder = bundle.prompt_builder(ids=ids)

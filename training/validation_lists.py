@@ -69,7 +69,7 @@ class ValidationLists:
 
             dense = None  # the dense head's items ranked with the beams, as served (once `recsvc tune dense` ran)
             if has_dense_head(self.model_dir):
-                dense = DenseRetriever.load(self.model_dir, len(self.ids)).within(
+                dense = DenseRetriever.load(self.model_dir, self.ids).within(
                     period_catalog_rows(self.data, "valid", self.ids))
             self._model = (serving_model(load_causal_lm(self.model_dir, dtype=self.dtype)),
                            self.bundle.prompt_builder(ids=self.ids), CatalogTrie(self.ids), dense)

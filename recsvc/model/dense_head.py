@@ -69,7 +69,7 @@ def has_dense_head(target_dir: str | Path) -> bool:
 
 
 def save_dense_head(target_dir: str | Path, head: DenseHead, items: torch.Tensor, settings: DenseSettings,
-                    known: Sequence[int] = ()) -> None:
+                    known: Sequence[int] = (), item_ids: Sequence[int] | None = None) -> None:
     """``items``: [n, D] text embeddings in the semantic ids' row order (unit-normalised here); ``known``: the rows
     of the items the target was trained on (its fitting period's; the others are fresh to it)."""
     from safetensors.torch import save_file
@@ -81,6 +81,8 @@ def save_dense_head(target_dir: str | Path, head: DenseHead, items: torch.Tensor
     mask = torch.zeros(len(items), dtype=torch.uint8)
     mask[torch.as_tensor(sorted(known), dtype=torch.long)] = 1
     tensors["known"] = mask
+    if item_ids is not None:  # the item of each row: a catalog that grows later is re-laid out by item id
+        tensors["item_ids"] = torch.as_tensor(list(item_ids), dtype=torch.long)
     save_file(tensors, str(target_dir / WEIGHTS))
     write_settings(target_dir, settings)
 
@@ -117,31 +119,86 @@ class DenseRetriever:
         self.head, self.items, self.settings = head.eval(), items.float(), settings  # items [n, D]
         self.absent = absent  # [n] bool: rows the head may not add (not in the catalog of the period served)
         self.known = known  # [n] bool: the rows the target was trained on (pool "fresh" adds only the others)
+        self.item_ids: np.ndarray | None = None  # [n] the item of each row, when known (``over`` needs it)
 
     @classmethod
-    def load(cls, target_dir: str | Path, catalog_size: int | None = None) -> DenseRetriever:
+    def load(cls, target_dir: str | Path, ids=None) -> DenseRetriever:
+        """``ids``: the catalog served now (``SemanticIds``): the head's rows are laid out in its order, by item id;
+        an item the head has no embedding for (added to a live catalog since) is never added by it."""
         from safetensors.torch import load_file
 
         tensors = load_file(str(Path(target_dir) / WEIGHTS))
         items = tensors.pop("items")
         known = tensors.pop("known").bool() if "known" in tensors else None
-        if catalog_size is not None and items.shape[0] != catalog_size:
-            raise UserError(f"the dense head embeds {items.shape[0]} items, the catalog has {catalog_size}: "
-                            "retrain the target (a live catalog's new items have no dense embedding)")
+        saved_ids = tensors.pop("item_ids", None)
         weight = tensors["proj.weight"]
         head = DenseHead(weight.shape[1], weight.shape[0])
         head.proj.load_state_dict({"weight": weight, "bias": tensors["proj.bias"]})
-        return cls(head, items, read_settings(target_dir), known=known)
+        absent = None
+        if ids is not None and saved_ids is not None:
+            row_of = {int(i): r for r, i in enumerate(saved_ids.tolist())}
+            rows = torch.tensor([row_of.get(int(i), -1) for i in ids.item_ids.tolist()], dtype=torch.long)
+            absent = rows < 0
+            items = torch.where(absent[:, None], torch.zeros(()), items[rows.clamp(min=0)])
+            if known is not None:
+                known = known[rows.clamp(min=0)] & ~absent
+        elif ids is not None and items.shape[0] != len(ids):
+            raise UserError(f"the dense head embeds {items.shape[0]} items, the catalog has {len(ids)}: retrain "
+                            "the target")
+        out = cls(head, items, read_settings(target_dir), known=known)
+        out.absent = absent if absent is not None and bool(absent.any()) else None
+        out.item_ids = (ids.item_ids.astype(np.int64) if ids is not None
+                        else saved_ids.numpy() if saved_ids is not None else None)
+        return out
+
+    def over(self, ids, new_items: np.ndarray, new_vectors: np.ndarray) -> DenseRetriever:
+        """The head over a grown catalog ``ids`` (``SemanticIds``): ``new_items`` [m] joined with their text
+        vectors [m, D] (the embedder the ids use, as ``recsvc catalog add`` computes them). A new item is fresh to
+        the target, so pool "fresh" can add it."""
+        if self.item_ids is None:
+            raise UserError("the dense head has no item ids: retrain the target to serve a growing catalog")
+        vec = torch.as_tensor(np.asarray(new_vectors, dtype=np.float32)).reshape(len(new_items), -1)
+        embedded = vec.shape[1] == self.items.shape[1]  # else (no text vectors given): the head never adds them
+        vec = F.normalize(vec, dim=-1) if embedded else vec
+        old = {int(i): r for r, i in enumerate(self.item_ids.tolist())}
+        new = {int(i): r for r, i in enumerate(np.asarray(new_items).tolist())}
+        n = len(ids.item_ids)
+        items = torch.zeros((n, self.items.shape[1]))
+        known = torch.zeros(n, dtype=torch.bool)
+        absent = torch.zeros(n, dtype=torch.bool)
+        for r, item in enumerate(ids.item_ids.tolist()):
+            if int(item) in new:
+                if embedded:
+                    items[r] = vec[new[int(item)]]
+                else:
+                    absent[r] = True
+            elif int(item) in old:
+                o = old[int(item)]
+                items[r] = self.items[o]
+                known[r] = bool(self.known[o]) if self.known is not None else False
+                absent[r] = bool(self.absent[o]) if self.absent is not None else False
+            else:
+                absent[r] = True
+        out = DenseRetriever(self.head, items, self.settings, absent if bool(absent.any()) else None,
+                             known if self.known is not None else None)
+        out.item_ids = ids.item_ids.astype(np.int64)
+        return out
 
     def with_settings(self, **changes) -> DenseRetriever:
-        return DenseRetriever(self.head, self.items, replace(self.settings, **changes), self.absent, self.known)
+        out = DenseRetriever(self.head, self.items, replace(self.settings, **changes), self.absent, self.known)
+        out.item_ids = self.item_ids
+        return out
 
     def within(self, rows: Sequence[int]) -> DenseRetriever:
         """The same head adding only these catalog rows (an evaluation of a past period: the items its catalog
         held; a beam item is never removed)."""
         absent = torch.ones(len(self.items), dtype=torch.bool)
         absent[torch.as_tensor(list(rows), dtype=torch.long)] = False
-        return DenseRetriever(self.head, self.items, self.settings, absent, self.known)
+        if self.absent is not None:
+            absent |= self.absent
+        out = DenseRetriever(self.head, self.items, self.settings, absent, self.known)
+        out.item_ids = self.item_ids
+        return out
 
     @property
     def active(self) -> bool:

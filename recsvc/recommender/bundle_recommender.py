@@ -194,7 +194,7 @@ class BundleRecommender:
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
         fresh = FreshItems.load(bundle.fresh_dir) if use_fresh and bundle.has_fresh() else None
-        dense = (DenseRetriever.load(bundle.target_dir, len(ids))
+        dense = (DenseRetriever.load(bundle.target_dir, ids)
                  if use_dense and has_dense_head(bundle.target_dir) else None)
         rec = cls(target, prompts, ids, None, popularity, prior=prior, exclude_history=exclude_history,
                   beam_width=width, rules=rules, fresh=fresh, dense=dense)
