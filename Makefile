@@ -49,6 +49,9 @@ TARGET_MINUTES ?= 25
 # continue: one more epoch of the chosen model over train + valid, cheaper on large catalogs)
 TARGET_THREADS ?= 2
 REFIT ?= scratch
+# the dense head's loss weight beside the LM loss (LIGER-style: the last hidden state predicts the next item's text
+# embedding; chosen on validation, docs/QUALITY.md "A dense head beside the codes"; 0: off)
+DENSE_HEAD ?= 1.0
 # the target's seed (its initialisation and batch order)
 SEED ?= 0
 # SASRec's time bound (early stopping ends it first on an idle 2-core machine); tune mix and eval share its fits
@@ -72,7 +75,8 @@ beauty-ids: install
 beauty-target: install
 	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids $(IDS)/semantic_ids.json \
 	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit $(REFIT) --refit-epochs auto \
-	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --seed $(SEED)
+	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --seed $(SEED) \
+	  --dense-head $(DENSE_HEAD)
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1
 	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 20 --users 1000 --threads 1 \
 	  --exclude-history
@@ -81,6 +85,7 @@ beauty-target: install
 	$(VENV)/bin/recsvc tune mix --bundle $(BUNDLE) --trials 25 --budget-minutes 20 --users 1000 --threads 1 \
 	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --exclude-history
 	$(VENV)/bin/recsvc tune history --bundle $(BUNDLE) --threads 1
+	$(VENV)/bin/recsvc tune dense --bundle $(BUNDLE) --users 1000 --threads 1 --rule cold-guard
 	$(VENV)/bin/recsvc tune fresh --bundle $(BUNDLE) --threads 1 --gate rate
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
 

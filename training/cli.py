@@ -80,6 +80,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "every item of the catalog of the period the model serves (selection: the items "
                         "interacted with by the end of valid; deploy refit: the whole catalog), so that items "
                         "without interactions have learnt code paths too")
+    p.add_argument("--dense-head", type=float, default=0.0, metavar="WEIGHT",
+                   help="> 0: also train the dense head (LIGER-style: the last hidden state predicts the next "
+                        "item's text embedding; a softmax over the fitting period's items at this weight beside the "
+                        "LM loss); served beside the beams once `recsvc tune dense` has chosen how to merge them")
+    p.add_argument("--dense-temperature", type=float, default=0.07, help="the dense head's softmax temperature")
 
 
 DRAFTER_METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
@@ -156,6 +161,19 @@ def register(subparsers) -> None:
     h.add_argument("--force", action="store_true", help="discard the head's checkpoints and start over")
     h.set_defaults(func=cmd_head)
 
+    dh = sub.add_parser("dense-head", help="fit the dense head on the bundle's trained targets, their weights "
+                                           "unchanged (each on its own period; docs/QUALITY.md)")
+    dh.add_argument("--bundle", type=Path, required=True, help="bundle with a trained target")
+    dh.add_argument("--epochs", type=int, default=1)
+    dh.add_argument("--lr", type=float, default=1e-3)
+    dh.add_argument("--temperature", type=float, default=0.07, help="of the softmax over cosine similarities")
+    dh.add_argument("--batch-size", type=int, default=32, help="windows per step")
+    dh.add_argument("--window-stride", type=int, default=5, help="as the target's windows (the recipe's 5)")
+    dh.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto", help="the target's precision")
+    dh.add_argument("--seed", type=int, default=0)
+    dh.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    dh.set_defaults(func=cmd_dense_head)
+
     s = sub.add_parser("sasrec", help="fit a SASRec on a period (its item table feeds `tokenizer build "
                                       "--cf-embeddings`)")
     s.add_argument("--data", type=Path, required=True, help="split data directory")
@@ -185,7 +203,19 @@ def target_settings(args: argparse.Namespace) -> dict:
     header = args.prompt if args.prompt != "auto" else ("lcrec" if args.base_model else "compact")
     return {"prompt_header": header, "max_history": args.max_history, "protocol": args.protocol,
             "refit_epochs": refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode,
-            "align": getattr(args, "align", "none")}
+            "align": getattr(args, "align", "none"), "dense": dense_settings(args)}
+
+
+def dense_settings(args: argparse.Namespace):
+    """``DenseSettings`` of --dense-head / --dense-temperature, None when the head is off."""
+    weight = getattr(args, "dense_head", 0.0)
+    if weight is None or weight == 0:
+        return None
+    from recsvc.model.dense_head import DenseSettings
+
+    if weight < 0 or args.dense_temperature <= 0:
+        raise UserError("--dense-head must be >= 0 and --dense-temperature > 0")
+    return DenseSettings(weight=weight, temperature=args.dense_temperature)
 
 
 
@@ -288,6 +318,20 @@ def cmd_head(args: argparse.Namespace) -> int:
                       epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
                       out_name=args.out_name, force=args.force, resume=args.resume)
     print(json.dumps({k: v for k, v in info.items() if k != "history"}, indent=1, default=str))
+    return 0
+
+
+def cmd_dense_head(args: argparse.Namespace) -> int:
+    from training.train_dense_head import train_dense_head
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, args.threads))
+    info = train_dense_head(args.bundle, epochs=args.epochs, lr=args.lr, temperature=args.temperature,
+                            batch_size=args.batch_size, window_stride=args.window_stride, seed=args.seed,
+                            dtype=args.dtype)
+    print(json.dumps(info, indent=1, default=str))
     return 0
 
 

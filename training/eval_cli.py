@@ -51,6 +51,8 @@ def register(subparsers) -> None:
                          "bundle: keep them)",
                       "every method may recommend history items (overrides the bundle's choice)")
     p.add_argument("--no-prior", action="store_true", help="do not fuse the bundle's transition prior (BUNDLE/prior)")
+    p.add_argument("--no-dense", action="store_true",
+                   help="rank with the beams alone, without the target's dense head (when it has one)")
     p.add_argument("--no-fresh", action="store_true",
                    help="do not give fresh items (BUNDLE/fresh, `recsvc tune fresh`) the tails of the lists")
     p.add_argument("--baselines", default=",".join(DEFAULT_BASELINES),
@@ -127,7 +129,7 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
     exclude = bundle.excludes_history(args.exclude_history)
     result = evaluate_bundle(args.bundle, args.split, ks, args.data, args.dtype, args.batch_size,
                              args.max_users, exclude, use_prior=not args.no_prior,
-                             use_fresh=not args.no_fresh,
+                             use_fresh=not args.no_fresh, use_dense=not args.no_dense,
                              baselines=names, protocol=protocol,
                              baseline_options=_baseline_options(args, Path(args.bundle) / "baselines"))
     if result is None:  # a sharded run's other ranks: rank 0 reports

@@ -25,6 +25,7 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
+from recsvc.model.dense_head import DenseRetriever, has_dense_head, last_hidden
 from recsvc.model.fresh import FreshItems
 from recsvc.model.hardware import resolve_dtype
 from recsvc.model.prompt import PromptBuilder
@@ -43,7 +44,7 @@ def rank_users(
     model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], k: int,
     batch_size: int = 32, exclude_history: bool = False, progress: bool = True,
     prior: TransitionPrior | MixedPrior | None = None, shard: tuple[int, int] | None = None,
-    beam_width: int = 0,
+    beam_width: int = 0, dense: DenseRetriever | None = None,
 ) -> dict[int, list[int]]:
     """user_id -> the engine's top-k item ids (plain constrained beam search; with ``prior`` of weight > 0 the
     prior is fused, each user's from its history). ``model``: ``EngineModel.build(model, "fp32")`` is what the
@@ -52,7 +53,10 @@ def rank_users(
 
     ``shard=(rank, world)``: rank only the batches ``i`` with ``i % world == rank``, the batches built exactly as
     without sharding (same order, same composition, so the same padding), so the union over ranks equals the
-    single-process result user for user."""
+    single-process result user for user.
+
+    ``dense``: the target's dense head (``recsvc.model.dense_head``), active when its blend is > 0: the search's
+    whole width and the head's nearest items are ranked together (``DenseRetriever.merge``), as the service does."""
     engine = BeamSearch(model, trie, builder.code_offset)
     fuse = prior is not None and prior.settings.weight > 0
     if fuse and not np.array_equal(prior.item_ids, trie.ids.item_ids):
@@ -66,6 +70,9 @@ def rank_users(
         batches = batches[rank::world]
     width = max(k, beam_width)
     top = k if width > k else None  # the first k of a wider search, as a server reads its top-k
+    merging = dense is not None and dense.active
+    if merging:
+        top = None  # every beam of the width competes with the head's items
     for chunk in progress_bar(batches, desc=f"rank@{k}", unit="batch", enabled=progress, leave=False):
         prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
         excluded = [u.history for u in chunk] if exclude_history else None
@@ -73,10 +80,27 @@ def rank_users(
         fused = (prior_log_mass(trie, torch.from_numpy(prior.probs([u.history for u in chunk])),
                                 prior.settings.weight) if fuse else None)
         res = engine.search(prompts, width, dead, fused, top=top)  # leaves [B, k]
+        sims = (dense.similarities(last_hidden(model.model, [builder.prompt_ids(u.history) for u in chunk]))
+                if merging else None)
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
-            out[u.user_id] = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())
+            items = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())
+            if sims is not None:
+                assert dense is not None
+                items = dense.merge(items, res.scores[r][ok].tolist(), sims[r], trie.ids, k,
+                                    excluded[r] if excluded else ())[0]
+            out[u.user_id] = items
     return out
+
+
+def period_catalog_rows(data: SplitData, split: str, ids) -> list[int]:
+    """The rows of the items the catalog holds when ``split`` is served: the whole catalog for test, the items
+    interacted with by the end of the period otherwise (``training.fresh_eval.fresh_candidates``' rule)."""
+    if split == "test":
+        return list(range(len(ids)))
+    present = {i for seq in data.sequences("train").values() for i in seq} | {i for seq in data.valid.values()
+                                                                               for i in seq}
+    return sorted(ids.index_of(i) for i in present if i in ids)
 
 
 def dist_rank_world() -> tuple[int, int]:
@@ -135,7 +159,7 @@ def evaluate_bundle(
     dtype: str = "auto", batch_size: int = 32, max_users: int | None = None, exclude_history: bool = False,
     seed: int = 0, use_prior: bool = True,
     baselines: Sequence[str] = (), protocol: str | None = None, baseline_options: dict[str, Any] | None = None,
-    use_fresh: bool = True,
+    use_fresh: bool = True, use_dense: bool = True,
 ) -> dict[str, Any] | None:
     """Model and popularity metrics on a split: {"model": {...}, "popularity": {...}, "users": n, ...,
     "prior": {settings..., "fitted_on"} of the fused BUNDLE/prior, or None (none, weight 0, or not use_prior)}.
@@ -165,7 +189,12 @@ def evaluate_bundle(
         raise UserError(f"bundle {bundle.root} was trained on the train period only (paper protocol): build it with "
                         "--protocol deploy to evaluate the deploy protocol")
     train_only = protocol == "paper" and trained == "deploy"
-    model = load_causal_lm(bundle.train_only_target_dir, dtype=dtype) if train_only else bundle.load_target(dtype=dtype)
+    model_dir = bundle.train_only_target_dir if train_only else bundle.target_dir
+    model = load_causal_lm(model_dir, dtype=dtype)
+    # the dense head beside the beams, when trained and tuned (``recsvc tune dense``)
+    dense = DenseRetriever.load(model_dir, ids) if use_dense and has_dense_head(model_dir) else None
+    if dense is not None and split != "test":  # the catalog of that time (the rule of ``fresh_candidates``)
+        dense = dense.within(period_catalog_rows(data, split, ids))
     users = sample_users(data.eval_users(split), max_users, seed)
     start = time.perf_counter()
     prior_dir = bundle.prior_dir_for(exclude_history)  # as the service fuses it (BUNDLE/prior-excl when excluding)
@@ -192,7 +221,7 @@ def evaluate_bundle(
     else:
         rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
                               exclude_history, progress=rank == 0, prior=prior,
-                              shard=(rank, world) if world > 1 else None, beam_width=width)
+                              shard=(rank, world) if world > 1 else None, beam_width=width, dense=dense)
     rankings = gather_rankings(rankings)
     seconds = time.perf_counter() - start
     if rank != 0:
@@ -247,6 +276,7 @@ def evaluate_bundle(
         "lead": leads(lists.__getitem__, compared, users, ks),
         "cold_items": len(cold), "fit_on": fit_on,
         "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),
+        "dense": ({**asdict(dense.settings), "active": dense.active} if dense is not None else None),
         "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),
         "processes": world,
         "prior": ({**asdict(prior.settings), "fitted_on": prior.fitted_on, "dir": prior_dir.name,

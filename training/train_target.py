@@ -472,6 +472,7 @@ def train_target(
     refit_lr: float | None = None,
     refit_mode: str = "continue",
     align: str = "none",
+    dense=None,  # recsvc.model.dense_head.DenseSettings | None: train the dense head beside the LM
 ) -> dict[str, Any]:
     """The ``target`` stage: train, save the best model to BUNDLE/target, mark the stage done.
 
@@ -481,7 +482,9 @@ def train_target(
     same shape trained ``refit_epochs`` epochs on train + valid at the full lr instead, the classic refit; with
     ``cfg.epochs == 0`` the selection phase is skipped and ``refit_epochs`` comes from an earlier selection
     run, e.g. a paper-protocol bundle's best epoch): a deployed model must know the most
-    recent period before it serves the next one. ``align="text2id"`` adds LC-Rec's text -> id alignment examples
+    recent period before it serves the next one. ``dense``: also train the dense head (its loss beside the LM
+    loss, over the fitting period's items; saved beside the target, ``recsvc.model.dense_head``).
+    ``align="text2id"`` adds LC-Rec's text -> id alignment examples
     (``training.sequences.alignment_examples``) of the catalog of the period each phase serves: the items
     interacted with by the end of valid for the selection phase, the whole catalog for the deploy refit. The
     prompt header style and history length are recorded in
@@ -495,7 +498,6 @@ def train_target(
 
     from recsvc.data.split import load_split_dir
     from recsvc.model.bundle import Bundle
-    from recsvc.model.loading import save_causal_lm
     from recsvc.model.presets import get_preset, new_model
     from recsvc.model.prompt import MAX_HISTORY, PromptBuilder
     from training.lora import is_peft, load_base_model, merge_lora, wrap_lora
@@ -560,22 +562,40 @@ def train_target(
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"target: {preset_name}, {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trained)")
 
-    best, result = fit_causal_lm(model, train, valid, cfg, ckpt, tok.pad_token_id, evaluator, desc="target")
+    dense_items = None
+    source: Any = train
+    if dense is not None:
+        from training.dense_loss import attach_head
+
+        dense_items = catalog_text_embeddings(data_dir, ids)
+        attach_head(model, dense_items.shape[1], seed=cfg.seed)
+        source = dense_source(train, builder, dense_items, data.sequences("train").values(), dense, tok.pad_token_id)
+        log(f"target: dense head {model.config.hidden_size} -> {dense_items.shape[1]} (weight {dense.weight:g}, "
+            f"temperature {dense.temperature:g})")
+
+    best, result = fit_causal_lm(model, source, valid, cfg, ckpt, tok.pad_token_id, evaluator, desc="target")
     refit = None
     if protocol == "deploy":
         if main_process and cfg.epochs > 0:  # the train-only model: validation-time tuning and paper-protocol figures
             import copy
 
-            save_causal_lm(merge_lora(copy.deepcopy(best)) if is_peft(best) else best, bundle.train_only_target_dir)
+            train_only = copy.deepcopy(best)
+            save_target(merge_lora(train_only) if is_peft(train_only) else train_only, bundle.train_only_target_dir,
+                        dense_items, dense, known_rows(ids, data.sequences("train").values()), ids.item_ids.tolist())
         if refit_epochs == 0:  # auto: the chosen epoch count (scratch), one more epoch (continue)
             refit_epochs = max(1, result.best_epoch) if refit_mode == "scratch" else 1
         if refit_mode == "scratch":
             best = load_base_model(base_model, tok) if base_model else new_model(get_preset(preset), tok, seed=cfg.seed)
             best = wrap_lora(best, lora) if (base_model and lora is not None) else best
             refit_lr = refit_lr if refit_lr is not None else cfg.lr
+            if dense is not None:
+                from training.dense_loss import attach_head
+
+                attach_head(best, dense_items.shape[1], seed=cfg.seed)
         best, refit = _refit(best, builder, data, cfg, ckpt / "refit", tok.pad_token_id, window_stride,
                              refit_epochs, refit_lr, log,
-                             alignment_examples(builder, texts, data.items) if align == "text2id" else [])
+                             alignment_examples(builder, texts, data.items) if align == "text2id" else [],
+                             dense=None if dense is None else (builder, dense_items, dense))
         refit["mode"] = refit_mode
     info = {
         "seconds": round(result.seconds, 1), "preset": preset_name, "params": n_params,
@@ -585,12 +605,15 @@ def train_target(
         "train_tokens_per_s": round(result.train_tokens_per_s, 1), "tokens_per_epoch": tokens,
         "labelled_tokens_per_epoch": labelled, "prompt_header": prompt_header, "protocol": protocol,
         "refit": refit, "align": align, "align_examples": aligned,
+        "dense_head": asdict(dense) if dense is not None else None,
         "lora": asdict(lora) if lora is not None else None, "window_stride": window_stride,
         "config": asdict(cfg), "main_process": main_process,
     }
     if main_process:
         final = merge_lora(best) if is_peft(best) else best
-        save_causal_lm(final, bundle.target_dir)
+        save_target(final, bundle.target_dir, dense_items, dense,
+                    known_rows(ids, data.sequences("train+valid" if protocol == "deploy" else "train").values()),
+                    ids.item_ids.tolist())
         (bundle.target_dir / "training.json").write_text(
             json.dumps({**info, "history": result.history}, indent=1, default=str))
         bundle.update(target_preset=preset_name, protocol=protocol)
@@ -599,7 +622,7 @@ def train_target(
 
 
 def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, window_stride: int, epochs: int,
-           lr: float | None, log, extra: list | None = None) -> tuple[Any, dict[str, Any]]:
+           lr: float | None, log, extra: list | None = None, dense=None) -> tuple[Any, dict[str, Any]]:
     """The deployment protocol's second phase: continue ``model`` over train + valid sequences (no selection:
     the valid period is now training data; the epoch count was chosen before), plus ``extra`` examples (the
     alignment task's). Resumable (``ckpt``)."""
@@ -614,7 +637,49 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
     log(f"refit (deploy protocol): {len(examples)} windows, {tokens} tokens ({labelled} labelled) per epoch, "
         f"{epochs} epoch(s) at peak lr {rcfg.lr:g}")
     model.train()
-    best, result = fit_causal_lm(model, examples, [], rcfg, ckpt, pad_id, None, desc="refit")
+    source: Any = examples
+    if dense is not None:  # (builder, item embeddings, settings): the head over train + valid's items
+        source = dense_source(examples, dense[0], dense[1], data.sequences("train+valid").values(), dense[2], pad_id)
+    best, result = fit_causal_lm(model, source, [], rcfg, ckpt, pad_id, None, desc="refit")
     return best, {"epochs": result.epochs, "lr": rcfg.lr, "extra_examples": len(extra or []),
                   "seconds": round(result.seconds, 1),
                   "tokens_per_epoch": tokens, "train_tokens_per_s": round(result.train_tokens_per_s, 1)}
+
+
+def catalog_text_embeddings(data_dir: str | Path, ids) -> torch.Tensor:
+    """[n, D] every catalog item's text embedding (the one its semantic id was made from), in ``ids``' row order."""
+    from recsvc.model.dense_head import item_embeddings
+    from training.tune_fresh import item_vectors
+
+    vectors = item_vectors(Path(data_dir))
+    return item_embeddings(ids.item_ids, dict(zip(vectors.item_ids.tolist(), vectors.vectors, strict=True)),
+                           vectors.vectors.shape[1])
+
+
+def dense_source(examples: Sequence[Example], builder, items: torch.Tensor, sequences, settings, pad_id: int
+                 ) -> BatchSource:
+    """The windows trained with the LM loss + the dense head's (``training.dense_loss.DenseLoss``), its softmax
+    over the items of ``sequences`` (the fitting period's)."""
+    from training.dense_loss import DenseLoss
+
+    loss = DenseLoss(builder, items, known_rows(builder.ids, sequences), settings)
+    return BatchSource([len(e) for e in examples], lambda idx: collate([examples[i] for i in idx], pad_id), loss)
+
+
+def known_rows(ids, sequences) -> set[int]:
+    """The rows of the items of ``sequences`` (a fitting period's): the items a target trained on them knows."""
+    return {ids.index_of(i) for seq in sequences for i in seq if i in ids}
+
+
+def save_target(model, directory: Path, dense_items: torch.Tensor | None, dense, known: set[int] | None = None,
+                item_ids: Sequence[int] | None = None) -> None:
+    """The causal LM to ``directory``; its dense head (taken off the model) beside it when it has one."""
+    from recsvc.model.dense_head import save_dense_head
+    from recsvc.model.loading import save_causal_lm
+    from training.dense_loss import detach_head
+
+    head = detach_head(model)
+    save_causal_lm(model, directory)
+    if head is not None and dense_items is not None and dense is not None:
+        save_dense_head(directory, head, dense_items, dense, sorted(known or ()), item_ids)
+        model.dense_head = head  # the caller's model keeps its head

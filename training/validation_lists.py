@@ -44,7 +44,7 @@ class ValidationLists:
 
         self.bundle, self.data, self.ids, self.dtype = bundle, data, ids, dtype
         self.protocol, self.model_dir = validation_model(bundle, what)  # ``what``: named in its error
-        self._model: Any = None  # (serving model, prompt builder, catalog trie) once a search needs them
+        self._model: Any = None  # (serving model, prompt builder, catalog trie, dense head) once a search needs them
 
     def priors(self, exclude_history: bool) -> Any:
         return train_period_prior(self.bundle, self.data, self.ids, exclude_history)
@@ -63,10 +63,16 @@ class ValidationLists:
         if ranks_alone(prior):
             return prior_rankings(prior, users, k, exclude_history)
         if self._model is None:  # the model, its prompts and the catalog trie, once
+            from recsvc.model.dense_head import DenseRetriever, has_dense_head
             from recsvc.model.loading import load_causal_lm
+            from training.evaluate import period_catalog_rows
 
+            dense = None  # the dense head's items ranked with the beams, as served (once `recsvc tune dense` ran)
+            if has_dense_head(self.model_dir):
+                dense = DenseRetriever.load(self.model_dir, self.ids).within(
+                    period_catalog_rows(self.data, "valid", self.ids))
             self._model = (serving_model(load_causal_lm(self.model_dir, dtype=self.dtype)),
-                           self.bundle.prompt_builder(ids=self.ids), CatalogTrie(self.ids))
-        model, builder, trie = self._model
+                           self.bundle.prompt_builder(ids=self.ids), CatalogTrie(self.ids), dense)
+        model, builder, trie, dense = self._model
         return rank_users(model, builder, trie, users, k, 64, exclude_history=exclude_history, prior=prior,
-                          beam_width=self.bundle.served_beam_width())
+                          beam_width=self.bundle.served_beam_width(), dense=dense)

@@ -36,6 +36,7 @@ from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import make_generators
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.errors import UserError
+from recsvc.model.dense_head import DenseRetriever, has_dense_head, last_hidden
 from recsvc.model.fresh import FreshItems
 from recsvc.model.prompt import PromptBuilder
 from recsvc.model.sequence_prior import MixedPrior, load_prior
@@ -125,6 +126,7 @@ class BundleRecommender:
         trie: CatalogTrie | None = None,
         states: UserStateCache | None = None,
         prefill_ahead: bool = False,
+        dense: DenseRetriever | None = None,
     ) -> None:
         """``target``: ``EngineModel.build(model, attention)`` (it holds the attention mode; a LLaMA drafter's
         model is built the same way). ``beam_width`` B: plain and strict decoding search B >= k beams and return
@@ -158,6 +160,9 @@ class BundleRecommender:
         self.ahead = prefill_ahead  # compute a user's next request after a write, when the server is idle
         self.read_sampler: ReadSampler | None = None  # counts the host reads of every N-th decode (None: off)
         self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
+        # the target's dense head: its nearest items ranked with the beams (plain and strict requests without
+        # rules; off until `recsvc tune dense` set a blend > 0)
+        self.dense = dense if dense is not None and dense.active else None
 
     @property
     def rule_catalog(self) -> RuleCatalog | None:
@@ -175,7 +180,8 @@ class BundleRecommender:
                     drafter_name: str | None = None, use_prior: bool = True,
                     exclude_history: bool = False, beam_width: int | None = None,
                     attributes: str | Path | None = None, rules: RuleSettings | None = None,
-                    use_fresh: bool = True, forward: str = "auto") -> BundleRecommender:
+                    use_fresh: bool = True, forward: str = "auto", use_dense: bool = True
+                    ) -> BundleRecommender:
         """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
         speculation reproduces plain beam search bit for bit in both. ``drafter_name``: a name of
         ``recsvc.recommender.drafter_registry``: BUNDLE/drafters/NAME (or a model directory) instead of
@@ -189,7 +195,9 @@ class BundleRecommender:
         ``attributes``: the item attributes file for rules (None:
         BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded. ``use_fresh``: give
         fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present. ``forward``: the
-        engine forward of the target and a LLaMA drafter ("auto", "fast", "compiled", "lean")."""
+        engine forward of the target and a LLaMA drafter ("auto", "fast", "compiled", "lean", "bucketed",
+        "graphs"). ``use_dense``: rank the target's dense head's nearest items with the beams
+        (``recsvc.model.dense_head``) when it has one."""
         from recsvc.model.bundle import Bundle
 
         bundle = Bundle.open(path)
@@ -207,6 +215,8 @@ class BundleRecommender:
         fresh = FreshItems.load(bundle.fresh_dir) if use_fresh and bundle.has_fresh() else None
         trie = CatalogTrie(ids).to(target.device)  # one trie for the searches, the drafter and the attributes
         source = AttributeSource(attr_path, trie) if attributes is not None or attr_path.is_file() else None
+        dense = (DenseRetriever.load(bundle.target_dir, ids)
+                 if use_dense and has_dense_head(bundle.target_dir) else None)
         name = (drafter_name or default_drafter(bundle)) if use_drafter else None
         drafter = None
         if name is not None:  # over the recommender's trie (on the target's device)
@@ -215,7 +225,7 @@ class BundleRecommender:
             if drafter.model is not None:  # a LLaMA drafter runs the target's forward
                 drafter.model.set_forward(forward)
         return cls(target, prompts, ids, drafter, popularity, prior=prior, exclude_history=exclude_history,
-                   beam_width=width, attributes=source, rules=rules, fresh=fresh, trie=trie)
+                   beam_width=width, attributes=source, rules=rules, fresh=fresh, trie=trie, dense=dense)
 
     def variant(self, *, spec: SpecSettings | None = None, states: UserStateCache | None | bool = False,
                 prefill_ahead: bool | None = None, prior: TransitionPrior | MixedPrior | None | bool = False,
@@ -469,13 +479,19 @@ class BundleRecommender:
             dead = self.trie.dead_nodes(excluded) if any(excluded) else None
         histories = [q.history for q in queries]
         sampling = mode == "relaxed"
+        # the dense head's nearest items ranked with every beam of the width (plain and strict, no rules)
+        merging = self.dense is not None and mode in ("plain", "strict") and not any(q.rules for q in queries)
         out = decode(self.engine, self.drafter, batch, histories, mode, width, self.spec.for_width(width),
                      why_plain=self.spec.plain_reason(width), dead=dead, prior=self.prior_for(histories),
                      temperatures=(torch.tensor([float(q.temperature) for q in queries], device=self.target.device)
                                    if sampling else None),
                      generators=make_generators([q.seed for q in queries]) if sampling else None,
-                     top=max(q.k for q in queries),  # the first k of the width beams are read
+                     top=None if merging else max(q.k for q in queries),  # the first k of the width are read
                      ledger=ledger, states=self.states)
+        if merging:
+            return [replace(r, decoding=out.decoding)
+                    for r in self._merged(queries, out.leaves, out.scores, excluded, out.target_calls,
+                                          out.draft_calls, out.accepted)]
         return [  # the first k of the width's beams, best first
             replace(self._result(out.leaves[r][: q.k], out.scores[r][: q.k], excluded[r],
                                  RecStats(target_calls=out.target_calls[r], draft_calls=out.draft_calls,
@@ -483,6 +499,25 @@ class BundleRecommender:
                     decoding=out.decoding)
             for r, q in enumerate(queries)
         ]
+
+    def _merged(self, queries: list[RecQuery], leaves: torch.Tensor, scores: torch.Tensor, excluded: list[list[int]],
+                calls: list[int], draft_calls: int, accepted: list[int]) -> list[RecResult]:
+        """Every beam of the width and the dense head's nearest items, ranked by one score
+        (``DenseRetriever.merge``): one extra forward of the prompts for the head's queries."""
+        assert self.dense is not None
+        with torch.inference_mode():
+            hidden = last_hidden(self.target.model, [self.prompts.prompt_ids(q.history) for q in queries])
+        sims = self.dense.similarities(hidden)  # [B, n]
+        out = []
+        for r, q in enumerate(queries):
+            ok = leaves[r] >= 0
+            items = self.trie.leaf_items(leaves[r][ok], excluded[r])
+            merged, merged_scores = self.dense.merge(items, scores[r][ok].tolist(), sims[r], self.ids, q.k,
+                                                     excluded[r])
+            out.append(RecResult(item_ids=merged, scores=merged_scores,
+                                 stats=RecStats(target_calls=calls[r], draft_calls=draft_calls,
+                                                accepted_steps=accepted[r], rounds=calls[r])))
+        return out
 
     def _decode_rules(self, queries: list[RecQuery], mode: Mode, width: int, ledger: Ledger = NO_LEDGER
                       ) -> list[RecResult]:

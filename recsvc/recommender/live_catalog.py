@@ -74,6 +74,8 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
     rec._popular_rows = np.array([ids.index_of(i) for i in rec._popular], dtype=np.int64)  # [n + m]
     if base.fresh is not None:
         rec.fresh = fresh_with(base.fresh, catalog.item_ids, catalog.vectors)
+    if base.dense is not None:  # the dense head ranks the new items too (they are fresh to the target)
+        rec.dense = base.dense.over(ids, catalog.item_ids, catalog.vectors)
     source = attributes or base.attributes
     if source is not None:
         rec.attributes = source.over(rec.trie)
