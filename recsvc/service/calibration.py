@@ -132,7 +132,10 @@ def calibrate_speculation(rec: BundleRecommender, spec: str, bundle: str | None 
         n, gamma = choice[width]
         step("calibrated", width=width, choice="plain" if n == 0 else f"N={n} gamma={gamma}",
              seconds=round(time.monotonic() - began, 3))
-    print(f"speculation autotuned per beam width on {source}: {choice}", flush=True)
+    said = {w: (f"plain ({why_plain[w]})" if w in why_plain else "plain (calibration chose it)" if n == 0
+                else f"N={n} gamma={g}") for w, (n, g) in choice.items()}
+    print(f"speculation per beam width, calibrated on {source}: "
+          + ", ".join(f"width {w}: {v}" for w, v in said.items()), flush=True)
     if key is not None and complete:
         from .calibration_cache import save_choice
 
