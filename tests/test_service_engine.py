@@ -179,7 +179,7 @@ def test_serve_process_is_not_serving_until_loaded_and_bounds_calibration(tiny_b
 
     port = free_port()
     cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--bundle", str(tiny_bundle), "--dtype", "fp32",
-           "--port", str(port), "--spec", "auto", "--startup-budget-s", "0.3"]
+           "--port", str(port), "--spec", "auto", "--startup-budget-s", "0.001"]  # too short for a width
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stderr=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, text=True)

@@ -158,7 +158,6 @@ def run(args: argparse.Namespace) -> None:
     from recsvc.recommender.bundle_recommender import BundleRecommender
     from recsvc.service.catalog_watch import watch_catalog
     from recsvc.service.server import RecServer, ServerConfig
-    from recsvc.service.settings import precision
 
     if args.items < 1 or args.dim < 1 or args.callers < 1 or args.seconds <= 0:
         raise UserError("--items, --dim, --callers and --seconds must be positive")
@@ -260,7 +259,7 @@ def run(args: argparse.Namespace) -> None:
         top = max(pauses, key=lambda p: p[1], default=None)
         row["server_longest_pause_s"] = None if top is None else [round(top[0] - start, 2), round(top[1], 3)]
         phases.append(row)
-    report = {"bench": "catalog", "bundle": str(args.bundle), "machine": machine(), "precision": precision(rec),
+    report = {"bench": "catalog", "bundle": str(args.bundle), "machine": machine(), "precision": rec.facts.precision,
               "threads": args.threads, "callers": args.callers, "k": args.k, "items": args.items,
               "dim": args.dim, "file_mb": round(size / MB, 1), "default_limit_mb": max_catalog_bytes() / MB,
               "budget_ms": args.budget_ms, "phases": phases,
