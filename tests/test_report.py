@@ -6,8 +6,11 @@ input exits 2 with a message naming it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from recsvc.cli.main import main
 from recsvc.model.hardware import cpu_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +110,7 @@ def test_report_plots_every_kind_from_real_runs(runs, tmp_path, capsys) -> None:
                "returning user: prompt state cached", "latency (ms per request, median)", "precision: fp32")
     check_pair(out, "serve_throughput", "the gRPC service under load", "max batch 1, mode plain (baseline)",
                "max batch 16, mode plain", "concurrent callers", "p99 latency (ms per call)",
-               "throughput (successful Recommend calls per second)", f"machine: {cpu_model()}", "precision: fp32")
+               "throughput (successful Recommend calls/s)", f"machine: {cpu_model()}", "precision: fp32")
     record = json.loads((runs["bundle"] / "target" / "training.json").read_text())
     assert len(record["history"]) == 2
     check_pair(out, "target_training_curves", "training curves of the target (target/training.json)",
@@ -134,7 +138,7 @@ def test_replay_throughput_against_concurrency(runs, tmp_path) -> None:
     out = tmp_path / "img"
     assert main(["report", "--out", str(out), str(replay)]) == 0
     check_pair(out, "replay_throughput", "per state-cache configuration", "state cache off (baseline)",
-               "state cache on", "throughput (calls per second: Recommend + RecordInteractions)",
+               "state cache on", "throughput (calls/s: Recommend + Record)",
                "p99 latency (ms per call)", "concurrent callers", f"machine: {cpu_model()}", "precision: fp32")
 
 
@@ -174,3 +178,32 @@ def test_bad_inputs_exit_2_with_a_message_and_write_nothing(runs, tmp_path, caps
     assert main(["report", "--out", str(out), str(bad(tmp_path, "partial.json", json.dumps(gone)))]) == 2
     err = capsys.readouterr().err
     assert "partial.json: malformed eval JSON (KeyError: 'recall@5')" in err and "Traceback" not in err
+
+
+def test_make_report_plots_the_files_the_bench_targets_write(runs, tmp_path) -> None:
+    """`make report` over a BENCH folder holding some of the files the Beauty targets write (the others are
+    skipped) and the bundle's training record; with none of them, exit 2 and say which targets write them."""
+    venv = Path(sys.executable).parent.parent
+    if shutil.which("make") is None or not (venv / "bin" / "recsvc").exists():
+        pytest.skip("needs make and the recsvc console script beside this interpreter")
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    for key, name in (("eval", "quality_deploy.json"), ("decode", "decode.json"), ("cache", "cache.json")):
+        shutil.copy(runs[key], bench / name)
+    out = tmp_path / "img"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    make = ["make", "-s", "-o", f"{venv}/.installed-stamp", "report", f"VENV={venv}", f"BENCH={bench}",
+            f"REPORT_OUT={out}", "REPORT_LABEL=tiny synthetic", "REPORT_MACHINE=test CPU"]
+    done = subprocess.run([*make, f"BUNDLE={runs['bundle']}"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.glob("*.png")) == [
+        "cache_latency.png", "decode_latency.png", "quality_deploy_cold_warm.png", "quality_deploy_quality.png",
+        "target_training_curves.png"]
+    check_pair(out, "quality_deploy_quality", "tiny synthetic: recommendation quality", "machine: test CPU")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = subprocess.run([*make[:-4], f"BENCH={empty}", f"BUNDLE={empty}", f"REPORT_OUT={tmp_path / 'none'}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "make report: no eval / bench JSON" in done.stderr
+    assert not (tmp_path / "none").exists()

@@ -27,7 +27,8 @@ def plot_curves(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, n
     history = sorted(data["history"], key=lambda r: float(r["epoch"]))
     keys = [k for k in dict.fromkeys(k for r in history for k in r) if k != "epoch" and _numeric(history, k)]
     losses = [k for k in keys if "loss" in k or k == "val_align"]
-    metrics = [k for k in keys if k not in losses]
+    # the 0..1 metrics (Recall@10, NDCG@10, containment); counts such as the users evaluated are not curves
+    metrics = [k for k in keys if k not in losses and all(0 <= r[k] <= 1 for r in history)]
     fig, axes = plt.subplots(1, 2 if metrics else 1, figsize=(11 if metrics else 6.5, 4.6), squeeze=False)
     epochs = [float(r["epoch"]) for r in history]
     ax = axes[0][0]
@@ -50,6 +51,8 @@ def plot_curves(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, n
         if isinstance(best, int) and best > 0:
             a.axvline(best, color="black", linestyle=":", linewidth=0.8, label=f"selected: epoch {best}")
         a.set_xlabel("epoch (passes over the training windows)")
+        if all(e == int(e) for e in epochs):
+            a.set_xticks(sorted(set(epochs)))
         a.legend(fontsize=7)
     conf = data.get("config") or {}
     chosen = data.get("best") or {}

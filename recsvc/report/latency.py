@@ -29,6 +29,8 @@ def _k_axis(ax: Any, ks: list[int]) -> None:
     ax.set_xlabel("K (items per request; beams searched)")
     if len(ks) == 1:
         ax.set_xlim(ks[0] - 1, ks[0] + 1)
+    else:  # room for the last point's note
+        ax.margins(x=0.15, y=0.12)
 
 
 def plot_decode(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, name: str,

@@ -113,7 +113,7 @@ def plot_replay(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, n
     groups = _by_config(data["rows"], "cache")
     baseline = next((c for c in ("off", "lean") if c in groups), None)
     fig, ax = _load_panels(plt, groups, baseline, REPLAY, "requests_per_s")
-    ax.set_ylabel("throughput (calls per second: Recommend + RecordInteractions)")
+    ax.set_ylabel("throughput (calls/s: Recommend + Record)")
     title(fig, "a test period replayed against recsvc serve + redis-server, per state-cache configuration", ctx,
           data.get("machine"), data.get("dtype"),
           f"{data.get('users', '?')} users, {data.get('events', '?')} interactions, R = {data.get('r', '?')} "
@@ -128,7 +128,7 @@ def plot_serve(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, na
     baseline = next((c for c in ("batch1/plain", "server/plain") if c in groups), None)
     legend = {c: c.replace("batch", "max batch ").replace("/", ", mode ") for c in groups}
     fig, ax = _load_panels(plt, groups, baseline, legend, "throughput_rps")
-    ax.set_ylabel("throughput (successful Recommend calls per second)")
+    ax.set_ylabel("throughput (successful Recommend calls/s)")
     serving = data.get("serving") or {}
     title(fig, "the gRPC service under load, per batching and decoding mode", ctx, data.get("machine"),
           serving.get("precision") or serving.get("dtype"),
