@@ -207,3 +207,13 @@ def test_make_report_plots_the_files_the_bench_targets_write(runs, tmp_path) -> 
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "make report: no eval / bench JSON" in done.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_draft_head_curves_from_its_config(runs, tmp_path) -> None:
+    """A draft head's record (BUNDLE/heads/NAME/config.json, written by `recsvc train head`) plots as curves."""
+    assert main(["train", "head", "--bundle", str(runs["bundle"]), "--method", "wordkd", "--alpha", "0.5",
+                 "--k", "3", "--prefixes", "60", "--epochs", "2", "--threads", "1", "--out-name", "wk"]) == 0
+    out = tmp_path / "img"
+    assert main(["report", "--out", str(out), str(runs["bundle"] / "heads" / "wk" / "config.json")]) == 0
+    check_pair(out, "wk_config_curves", "training curves of the draft head (wordkd)", "validation loss",
+               "validation alignment loss", "top-K containment", "selected: epoch")

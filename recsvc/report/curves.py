@@ -15,6 +15,7 @@ from recsvc.report.figure import BASELINE_STYLE, MODEL_COLOR, PALETTE, Context, 
 
 LOSS_LABELS = {"train_loss": "train loss (running mean of the last batches)", "valid_loss": "validation loss",
                "val_loss": "validation loss", "val_align": "validation alignment loss"}
+METRIC_LABELS = {"val_topk_containment": "top-K containment: the target's beams among the head's (validation)"}
 
 
 def _numeric(history: list[dict[str, Any]], key: str) -> bool:
@@ -43,10 +44,10 @@ def plot_curves(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, n
         for i, key in enumerate(metrics):
             ax_m.plot(epochs, [r[key] for r in history], marker="o",
                       color=MODEL_COLOR if i == 0 else PALETTE[i % len(PALETTE)],
-                      label=key.replace("recall", "Recall").replace("ndcg", "NDCG"))
+                      label=METRIC_LABELS.get(key, key.replace("recall", "Recall").replace("ndcg", "NDCG")))
         ax_m.set_ylabel("validation metric (0 to 1)")
         ax_m.set_title("validation metrics per epoch (the selection's)", fontsize=8)
-    best = data.get("best_epoch")
+    best = data.get("best_epoch") or (data.get("best") or {}).get("epoch")  # a draft head records its best row
     for a in axes[0]:
         if isinstance(best, int) and best > 0:
             a.axvline(best, color="black", linestyle=":", linewidth=0.8, label=f"selected: epoch {best}")
@@ -56,8 +57,9 @@ def plot_curves(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, n
         a.legend(fontsize=7)
     conf = data.get("config") or {}
     chosen = data.get("best") or {}
-    what = data.get("method") or "target"
-    parts = [f"{data.get('preset', '?')} preset"]
+    what = (f"draft head ({data.get('method', '?')})" if "head" in data
+            else f"drafter ({data['method']})" if data.get("method") else "target")
+    parts = [f"{data['preset']} preset"] if data.get("preset") else []
     if isinstance(data.get("params"), (int, float)):
         parts.append(f"{data['params'] / 1e6:.2f}M parameters")
     if chosen.get("metric"):

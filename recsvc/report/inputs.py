@@ -4,8 +4,9 @@
   ``"lead"``);
 - ``decode`` / ``speculative`` / ``cache`` / ``replay``: `recsvc bench NAME --json` (``"bench": NAME``, ``"rows"``);
 - ``serve``: `recsvc bench serve --json` (``"rows"``, ``"serving"``, ``"duration_s"``);
-- ``curves``: a training record, ``BUNDLE/target/training.json`` or a drafter's (``"history"``: one row per
-  evaluation, each with its ``"epoch"``); a bundle directory stands for its target's record.
+- ``curves``: a training record, ``BUNDLE/target/training.json``, a drafter's ``training.json`` or a draft head's
+  ``config.json`` (``"history"``: one row per evaluation, each with its ``"epoch"``); a bundle directory stands for
+  its target's record.
 
 Anything else (not a file, not JSON, another layout) is a :class:`recsvc.errors.UserError` (exit 2) naming the file.
 """
@@ -33,10 +34,10 @@ class Input:
 
     @property
     def stem(self) -> str:
-        """The output files' prefix: the file's name, or for a training record the folder it lies in
-        (``target_training``, ``sft_training``)."""
-        if self.kind == "curves" and self.path.name == "training.json":
-            return f"{self.path.parent.name}_training"
+        """The output files' prefix: the file's name, after the folder it lies in for a record's generic name
+        (``target_training``, ``sft_training``, ``head_config``)."""
+        if self.kind == "curves" and self.path.name in ("training.json", "config.json"):
+            return f"{self.path.parent.name}_{self.path.stem}"
         return self.path.stem
 
 
