@@ -49,7 +49,8 @@ def plot_decode(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, n
     _k_axis(ax, ks)
     ax2.plot(ks, [r["speedup"] for r in rows], marker="o", color=MODEL_COLOR, label="generate ms / engine ms")
     for k, r in zip(ks, rows, strict=True):
-        ax2.annotate(f"{r['speedup']:.2f}x, identical {r['identical_rate']:.0%}", (k, r["speedup"]),
+        same = f", identical {r['identical_rate']:.0%}" if r.get("identical_rate") is not None else ""
+        ax2.annotate(f"{r['speedup']:.2f}x{same}", (k, r["speedup"]),
                      textcoords="offset points", xytext=(4, 4), fontsize=6)
     ax2.axhline(1.0, color="black", linewidth=0.8, linestyle=":", label="parity (1.0x)")
     ax2.set_ylabel("speedup over generate (x)")
@@ -79,7 +80,7 @@ def plot_speculative(path: Path, data: dict[str, Any], ctx: Context, out_dir: Pa
     series: dict[str, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
     for k in ks:
         for r in by_k[k]:
-            label = ("auto (chosen on validation users)" if r["setting"] == "auto"
+            label = ("auto (chosen on validation users)" if r.get("setting") == "auto"
                      else f"N = {_n_label(int(r['N']), k)}, gamma = {r['gamma']}")
             series[label].append((k, r))
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.8))
@@ -95,7 +96,8 @@ def plot_speculative(path: Path, data: dict[str, Any], ctx: Context, out_dir: Pa
         if label.startswith("auto"):
             for k, r in pts:
                 chosen = "plain" if int(r["N"]) == 0 else f"N={r['N']}, gamma={r['gamma']}"
-                ax2.annotate(f"{r['WS']:.2f}x ({chosen}), AS {r['AS']:.2f}", (k, r["WS"]),
+                accepted = f", AS {r['AS']:.2f}" if r.get("AS") is not None else ""
+                ax2.annotate(f"{r['WS']:.2f}x ({chosen}){accepted}", (k, r["WS"]),
                              textcoords="offset points", xytext=(4, 4), fontsize=6)
     ax.set_ylabel(LATENCY)
     ax.set_ylim(bottom=0)

@@ -50,8 +50,9 @@ def plot_cache(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, na
     bars = ax.bar(range(len(rows)), [r["p50_ms"] for r in rows], color=colours,
                   hatch=None, edgecolor="black", linewidth=0.3)
     for b, r in zip(bars, rows, strict=True):
-        ax.annotate(f"{r['p50_ms']:.1f} ms\n{r['p50_ms'] / base['p50_ms']:.2f}x lean\n"
-                    f"{r['forwards_per_request']:.1f} forwards/req",
+        forwards = (f"\n{r['forwards_per_request']:.1f} forwards/req"
+                    if r.get("forwards_per_request") is not None else "")
+        ax.annotate(f"{r['p50_ms']:.1f} ms\n{r['p50_ms'] / base['p50_ms']:.2f}x lean{forwards}",
                     (b.get_x() + b.get_width() / 2, b.get_height()), textcoords="offset points", xytext=(0, 3),
                     ha="center", fontsize=7)
     for key, text, style in (("floor_uncached_ms", "linear floor, uncached request", "--"),
@@ -124,7 +125,8 @@ def plot_replay(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, n
 def plot_serve(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, name: str,
                formats: list[str]) -> list[Path]:
     plt = pyplot()
-    groups = _by_config(data["rows"], "config")
+    rows = [{**r, "config": r.get("config") or f"batch{r['max_batch']}/{r['mode']}"} for r in data["rows"]]
+    groups = _by_config(rows, "config")
     baseline = next((c for c in ("batch1/plain", "server/plain") if c in groups), None)
     legend = {c: c.replace("batch", "max batch ").replace("/", ", mode ") for c in groups}
     fig, ax = _load_panels(plt, groups, baseline, legend, "throughput_rps")
