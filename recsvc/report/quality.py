@@ -32,8 +32,17 @@ def methods(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
 def _details(data: dict[str, Any]) -> str:
     hist = "history items excluded" if data.get("exclude_history") else "history items kept"
     users = data.get("users")
+    served = []  # what the model's lists hold besides the target's beams (recorded by recsvc eval)
+    if "prior" in data:
+        prior = data["prior"]
+        served.append(f"prior weight {prior.get('weight', '?')} fused" if isinstance(prior, dict) else "no prior")
+    if "fresh" in data:
+        fresh = data["fresh"]
+        served.append(f"{fresh.get('slots', '?')} fresh slots" if isinstance(fresh, dict) else "no fresh slots")
     return (f"{data.get('split', '?')} split, {int(users) if isinstance(users, (int, float)) else '?'} users, protocol "
-            f"{data.get('protocol', data.get('bundle_protocol', '?'))}, {hist}, every method on the same users")
+            f"{data.get('protocol', data.get('bundle_protocol', '?'))}, {hist}"
+            + (f"; the model: {data.get('target', 'target')}, {', '.join(served)}" if served else "")
+            + "; every method on the same users")
 
 
 def _bars(ax: Any, ks: list[int], rows: list[tuple[str, dict[str, Any], str]], metric: str, ylabel: str) -> None:
@@ -98,7 +107,7 @@ def plot_quality(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, 
         ax.legend(fontsize=7, loc="upper left")
         if has_lead:
             _leads(axes[1][col], ks, data, metric, "Recall@K" if metric == "recall" else "NDCG@K")
-    title(fig, "recommendation quality, the model beside its baselines", ctx, None, data.get("dtype"),
+    title(fig, "recommendation quality, the model beside its baselines", ctx, data.get("machine"), data.get("dtype"),
           _details(data))
     return save(fig, out_dir, f"{name}_quality", formats)
 
@@ -129,7 +138,8 @@ def plot_cold_warm(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path
             _bars(ax, ks, [(label, values[part], colour) for label, values, colour in rows], metric, ylabel)
             ax.legend(fontsize=7, loc="upper left")
     extra = f"; {data['cold_items']} cold items" if data.get("cold_items") is not None else ""
-    title(fig, "quality on cold and warm targets, the model beside its baselines", ctx, None, data.get("dtype"),
+    title(fig, "quality on cold and warm targets, the model beside its baselines", ctx, data.get("machine"),
+          data.get("dtype"),
           _details(data) + extra)
     return save(fig, out_dir, f"{name}_cold_warm", formats)
 
