@@ -90,7 +90,7 @@ def test_report_plots_every_kind_from_real_runs(runs, tmp_path, capsys) -> None:
     ev = json.loads(runs["eval"].read_text())
     # quality: every method's bars, the lead over each baseline with its interval, the data and precision
     quality = check_pair(out, "eval_test_quality", "tiny synthetic: recommendation quality",
-                         "Recall@K per method", "NDCG@K per method", "model (as served)", "popularity", "transition",
+                         "Recall@K per method", "NDCG@K per method", "popularity", "transition",
                          "model / popularity", "model / transition", "95% paired bootstrap interval",
                          "cutoff K (items recommended)", "Recall@K (share of the held-out items in the top K)",
                          f"test split, {int(ev['users'])} users", "no prior, no fresh slots",

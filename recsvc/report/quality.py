@@ -16,7 +16,7 @@ from recsvc.report.figure import BASELINE_COLOR, MODEL_COLOR, PALETTE, Context, 
 
 METRICS = (("recall", "Recall@K (share of the held-out items in the top K)"),
            ("ndcg", "NDCG@K (0 to 1)"))
-MODEL = "model (as served)"
+MODEL = "model"  # the title says what its lists held (prior, fresh slots)
 
 
 def methods(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
@@ -47,9 +47,11 @@ def _details(data: dict[str, Any]) -> str:
 
 def _bars(ax: Any, ks: list[int], rows: list[tuple[str, dict[str, Any], str]], metric: str, ylabel: str) -> None:
     width = 0.8 / len(rows)
+    top = 0.0
     for i, (label, values, colour) in enumerate(rows):
         xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(ks))]
         ys = [float(values[f"{metric}@{k}"]) for k in ks]
+        top = max(top, *ys)
         bars = ax.bar(xs, ys, width, label=label, color=colour, hatch=None if label == MODEL else "//",
                       edgecolor="white" if label == MODEL else "black", linewidth=0.3)
         ax.bar_label(bars, fmt="%.3f", fontsize=6, rotation=90, padding=2)
@@ -57,7 +59,11 @@ def _bars(ax: Any, ks: list[int], rows: list[tuple[str, dict[str, Any], str]], m
     ax.set_xticklabels([f"K = {k}" for k in ks])
     ax.set_xlabel("cutoff K (items recommended)")
     ax.set_ylabel(ylabel)
-    ax.margins(y=0.2)
+    if top > 0:
+        ax.set_ylim(0, top * 1.2)
+    else:  # nothing hit: say so rather than draw an empty axis around 0
+        ax.set_ylim(0, 0.01)
+        ax.text(0.5, 0.6, "every method scores 0 here", ha="center", transform=ax.transAxes)
 
 
 def _leads(ax: Any, ks: list[int], data: dict[str, Any], metric: str, label: str) -> None:
@@ -87,6 +93,7 @@ def _leads(ax: Any, ks: list[int], data: dict[str, Any], metric: str, label: str
         ax.set_yscale("log")
     ax.set_xticks(range(len(ks)))
     ax.set_xticklabels([f"K = {k}" for k in ks])
+    ax.set_xlim(-0.5, len(ks) - 0.5)
     ax.set_xlabel("cutoff K (items recommended)")
     ax.set_ylabel(f"{label}: model / baseline (ratio of means)")
     ax.set_title(f"{label}: the model's lead, 95% paired bootstrap interval", fontsize=8)
