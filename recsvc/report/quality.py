@@ -20,12 +20,15 @@ MODEL = "model"  # the title says what its lists held (prior, fresh slots)
 
 
 def methods(data: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
-    """(label, metrics, colour): the model, then each plain baseline (not the ``+fresh`` variants)."""
+    """(label, metrics, colour): the model, then each baseline, followed by its ``+fresh`` variant (the same fresh
+    slots as the model's lists) where the evaluation scored one."""
     base = data.get("baselines") or {}
     out = [(MODEL, data["model"], MODEL_COLOR)]
-    plain = [name for name in base if "+" not in name]
     colours = (BASELINE_COLOR, *PALETTE)
-    out += [(name, base[name], colours[i % len(colours)]) for i, name in enumerate(plain)]
+    for i, name in enumerate(n for n in base if "+" not in n):
+        out.append((name, base[name], colours[i % len(colours)]))
+        if isinstance(base.get(f"{name}+fresh"), dict):
+            out.append((f"{name}+fresh", base[f"{name}+fresh"], colours[i % len(colours)]))
     return out
 
 
@@ -52,15 +55,17 @@ def _bars(ax: Any, ks: list[int], rows: list[tuple[str, dict[str, Any], str]], m
         xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(ks))]
         ys = [float(values[f"{metric}@{k}"]) for k in ks]
         top = max(top, *ys)
-        bars = ax.bar(xs, ys, width, label=label, color=colour, hatch=None if label == MODEL else "//",
-                      edgecolor="white" if label == MODEL else "black", linewidth=0.3)
+        hatch = None if label == MODEL else "xx" if label.endswith("+fresh") else "//"
+        bars = ax.bar(xs, ys, width, label=label, color=colour, hatch=hatch,
+                      edgecolor="white" if label == MODEL else "black", linewidth=0.3,
+                      alpha=0.6 if hatch == "xx" else 1.0)
         ax.bar_label(bars, fmt="%.3f", fontsize=6, rotation=90, padding=2)
     ax.set_xticks(range(len(ks)))
     ax.set_xticklabels([f"K = {k}" for k in ks])
     ax.set_xlabel("cutoff K (items recommended)")
     ax.set_ylabel(ylabel)
     if top > 0:
-        ax.set_ylim(0, top * 1.2)
+        ax.set_ylim(0, top * 1.4)  # room for the legend above the bars
     else:  # nothing hit: say so rather than draw an empty axis around 0
         ax.set_ylim(0, 0.01)
         ax.text(0.5, 0.6, "every method scores 0 here", ha="center", transform=ax.transAxes)
@@ -68,8 +73,9 @@ def _bars(ax: Any, ks: list[int], rows: list[tuple[str, dict[str, Any], str]], m
 
 def _leads(ax: Any, ks: list[int], data: dict[str, Any], metric: str, label: str) -> None:
     lead = data.get("lead") or {}
-    names = [name for name in lead if "+" not in name and name in (data.get("baselines") or {})]
+    names = [name for name in lead if name in (data.get("baselines") or {})]  # not the prior read alone
     colours = (BASELINE_COLOR, *PALETTE)
+    plain = [n for n in names if "+" not in n]
     width = 0.8 / max(len(names), 1)
     for i, name in enumerate(names):
         pts = [(j + (i - (len(names) - 1) / 2) * width, lead[name].get(f"{metric}@{k}") or {})
@@ -83,8 +89,8 @@ def _leads(ax: Any, ks: list[int], data: dict[str, Any], metric: str, label: str
               for y, (_, r) in zip(ys, pts, strict=True)]
         hi = [float(r["ratio_hi"]) - y if r.get("ratio_hi") is not None else 0.0
               for y, (_, r) in zip(ys, pts, strict=True)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, color=colours[i % len(colours)],
-                    label=f"model / {name}")
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="D" if name.endswith("+fresh") else "o", capsize=3,
+                    color=colours[plain.index(name.split("+")[0]) % len(colours)], label=f"model / {name}")
         for x, y in zip(xs, ys, strict=True):
             ax.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(4, 0), fontsize=6, va="center")
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":", label="parity (1.0x)")
@@ -105,7 +111,7 @@ def plot_quality(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, 
     plt = pyplot()
     ks = [int(k) for k in data["ks"]]
     rows = methods(data)
-    has_lead = any("+" not in n for n in (data.get("lead") or {}))
+    has_lead = any(n in (data.get("baselines") or {}) for n in (data.get("lead") or {}))
     fig, axes = plt.subplots(2 if has_lead else 1, 2, figsize=(11, 8.5 if has_lead else 4.8), squeeze=False)
     for col, (metric, ylabel) in enumerate(METRICS):
         ax = axes[0][col]
