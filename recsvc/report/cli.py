@@ -17,15 +17,16 @@ import argparse
 from pathlib import Path
 
 from recsvc.errors import UserError
+from recsvc.report import curves, latency, quality, serving
 
-PLOTS = {  # kind -> (module, function)
-    "eval": ("recsvc.report.quality", "plot_eval"),
-    "decode": ("recsvc.report.latency", "plot_decode"),
-    "speculative": ("recsvc.report.latency", "plot_speculative"),
-    "cache": ("recsvc.report.serving", "plot_cache"),
-    "replay": ("recsvc.report.serving", "plot_replay"),
-    "serve": ("recsvc.report.serving", "plot_serve"),
-    "curves": ("recsvc.report.curves", "plot_curves"),
+PLOTS = {  # kind -> the function drawing it (matplotlib itself is imported when a figure is drawn)
+    "eval": quality.plot_eval,
+    "decode": latency.plot_decode,
+    "speculative": latency.plot_speculative,
+    "cache": serving.plot_cache,
+    "replay": serving.plot_replay,
+    "serve": serving.plot_serve,
+    "curves": curves.plot_curves,
 }
 FORMATS = ("png", "svg")
 
@@ -51,8 +52,6 @@ def parse_formats(text: str) -> list[str]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import importlib
-
     from recsvc.report.figure import Context
     from recsvc.report.inputs import read_input
 
@@ -70,8 +69,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     ctx = Context(label=args.label, machine=args.machine, precision=args.precision)
     written: list[Path] = []
     for item in inputs:
-        module, function = PLOTS[item.kind]
-        plot = getattr(importlib.import_module(module), function)
+        plot = PLOTS[item.kind]
         try:
             paths = plot(item.path, item.data, ctx, args.out, item.stem, formats)
         except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
