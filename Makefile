@@ -251,6 +251,23 @@ drafters-beauty-alpha10: install
 	$(VENV)/bin/recsvc bench seeds --json $(BENCH)/seeds/strict.json,$(BENCH)/seeds/strict_a10.json --mode strict \
 	  --k 10 --reference atspeed-s-a09 --out $(BENCH)/seeds/summary_a10_strict.json
 
+# Plots of the JSON above (`recsvc report`; docs/QUALITY.md, BENCHMARKS.md): whichever of these files exist under
+# $(BENCH), and the target's training record, as PNG + SVG under REPORT_OUT. REPORT_MACHINE names the machine where a
+# file does not record it (recsvc eval JSON, training records); the benches record their own.
+REPORT_OUT ?= docs/img
+REPORT_LABEL ?= Amazon Beauty
+REPORT_MACHINE ?=
+REPORT_JSON := quality_deploy quality_paper eval_test decode spec_oracle spec_identical spec_llama spec_retrieval \
+	spec_relaxed spec_head_k10 spec_head spec_head_noopener spec_transition spec_head_relaxed cache cache_bf16 \
+	cache_drafter replay serve
+REPORT_FILES = $(wildcard $(REPORT_JSON:%=$(BENCH)/%.json) $(BUNDLE)/target/training.json)
+.PHONY: report
+report: install
+	@test -n "$(strip $(REPORT_FILES))" || { echo "make report: no eval / bench JSON (REPORT_JSON) under $(BENCH) and \
+	no $(BUNDLE)/target/training.json: make quality-beauty, spec-beauty, engine-beauty or bench-beauty first" >&2; exit 2; }
+	$(VENV)/bin/recsvc report --out $(REPORT_OUT) --label "$(REPORT_LABEL)" \
+	  $(if $(REPORT_MACHINE),--machine "$(REPORT_MACHINE)") $(REPORT_FILES)
+
 # The engine on a GPU (docs/GPU.md). `make gpu-bench`: the acceptance figures in one prepared script of <= 7
 # minutes (recsvc/bench/gpu_accept.py): the smoke run first (tiny presets, same device), then a Beauty bundle
 # (bf16 base target, llama-68m drafter aligned with AtSpeed-S) and plain / strict / relaxed / batched / host-read

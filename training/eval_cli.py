@@ -144,9 +144,12 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
         print(format_leads(result, ks))
     if args.json_path:
         # the model's figures flat (as before) and whole under "model" (with its cold / warm slices)
-        flat = {**{k: v for k, v in result.items() if k not in ("model", "popularity")},
+        from recsvc.bench.common import machine
+
+        flat = {"machine": machine(), **{k: v for k, v in result.items() if k not in ("model", "popularity")},
                 **{k: v for k, v in result["model"].items() if not isinstance(v, dict)}, "model": result["model"],
                 **{f"popularity_{k}": v for k, v in result["popularity"].items()}}
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(flat, indent=1))
     return 0
 

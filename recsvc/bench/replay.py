@@ -214,7 +214,8 @@ def run(args: argparse.Namespace) -> dict:
                       f"{row['p99_ms']} ms, {row['requests_per_s']:.1f} req/s, hit rate {row['hit_rate']:.2f} "
                       f"(+{row['partial_hit_rate']:.2f} partial), RSS {row['rss_mb']:.0f} MB", flush=True)
     payload = {"bench": "replay", "bundle": str(args.bundle), "users": len(trace), "r": args.r, "k": args.k,
-               "split": args.split, "events": sum(len(e) for _, _, e in trace), "machine": machine(), "rows": rows}
+               "split": args.split, "events": sum(len(e) for _, _, e in trace), "machine": machine(),
+               "dtype": args.dtype, "rows": rows}
     print(markdown_table(rows, [("cache", "cache"), ("concurrency", "conc."), ("p50_ms", "p50 ms"),
                                 ("p99_ms", "p99 ms"), ("requests_per_s", "req/s"), ("hit_rate", "hit rate"),
                                 ("partial_hit_rate", "partial"), ("rss_mb", "RSS MB")]))

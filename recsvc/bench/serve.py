@@ -345,8 +345,10 @@ def run_serve_bench(
             redis_proc.close()
     serving = ({"target": remote} if remote else
                {**(settings.describe() if settings is not None else {}), **engine_fields(target_or_bundle)})
+    from recsvc.bench.common import machine
+
     report = {"duration_s": duration, "k": k, "users": users, "serving": serving, "rows": rows,
-              "outage": outage_report}
+              "outage": outage_report, "machine": None if remote else machine()}  # a remote server's: unknown
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "recsvc.service.cli",
     "client": "recsvc.client.cli",
     "demo": "recsvc.cli.demo",
+    "report": "recsvc.report.cli",
 }
 
 
