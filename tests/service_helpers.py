@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -33,3 +34,14 @@ def json_line(line: str) -> dict:
     except json.JSONDecodeError:
         return {}
     return entry if isinstance(entry, dict) else {}
+
+
+class Records(logging.Handler):
+    """Collects the records of the ``recsvc`` loggers (they may not propagate to the root)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

@@ -77,14 +77,20 @@ def test_merge_ranks_beams_and_nearest_items_by_one_score() -> None:
     assert ret.within([0, 3]).merge([10, 20], [-1.0, -2.0], sims, ids, 4)[0] == [10, 40, 20]
 
 
+
+def _build(data_dir, ids_path, out, *extra: str) -> None:
+    """A tiny deploy-protocol bundle (a 1-epoch scratch refit), with ``extra`` build flags."""
+    argv = ["build", "--data", str(data_dir), "--out", str(out), "--ids", str(ids_path), "--preset", "tiny",
+            "--batch-size", "8", "--eval-users", "10", "--bf16", "off", "--protocol", "deploy", "--refit", "scratch",
+            "--refit-epochs", "1", "--patience", "0", *extra]
+    assert cli.main(argv) == 0
+
+
 @pytest.mark.usefixtures("one_thread")
 def test_build_with_dense_head_saves_and_serves_it(data, tmp_path) -> None:
     d, ids_path = data
     out = tmp_path / "bundle"
-    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids_path), "--preset", "tiny", "--epochs", "2",
-            "--batch-size", "8", "--eval-users", "10", "--recall-users", "10", "--bf16", "off", "--protocol",
-            "deploy", "--refit", "scratch", "--refit-epochs", "1", "--patience", "0", "--dense-head", "1.0"]
-    assert cli.main(argv) == 0
+    _build(d, ids_path, out, "--epochs", "2", "--recall-users", "10", "--dense-head", "1.0")
     b = Bundle.open(out)
     info = json.loads((b.target_dir / "training.json").read_text())
     assert info["dense_head"]["weight"] == 1.0 and info["dense_head"]["temperature"] == 0.07
@@ -223,10 +229,7 @@ def test_train_dense_head_on_a_frozen_target(data, tmp_path) -> None:
 
     d, ids_path = data
     out = tmp_path / "bundle"
-    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids_path), "--preset", "tiny", "--epochs", "1",
-            "--batch-size", "8", "--eval-users", "10", "--select-by", "loss", "--bf16", "off", "--protocol",
-            "deploy", "--refit", "scratch", "--refit-epochs", "1", "--patience", "0"]
-    assert cli.main(argv) == 0
+    _build(d, ids_path, out, "--epochs", "1", "--select-by", "loss")
     b = Bundle.open(out)
     assert not has_dense_head(b.target_dir)
     before = {n: t.clone() for n, t in load_file(str(b.target_dir / "model.safetensors")).items()}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from service_helpers import Records
 from test_train_fixtures import make_data, write_ids
 
 from recsvc.progress import LineProgress, progress_bar, progress_mode
@@ -145,17 +146,8 @@ def test_tqdm_disable_silences_a_build_even_when_bars_are_asked_for(data, tmp_pa
 # --- rejections: counted every time, logged once a second --------------------------------------------------
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def test_a_burst_of_rejected_calls_is_counted_every_time_and_logged_once_a_second() -> None:
-    handler = _Records()
+    handler = Records()
     logger = logging.getLogger("recsvc")
     old = logger.level
     logger.addHandler(handler)

@@ -10,7 +10,7 @@ import time
 
 import grpc
 import pytest
-from service_helpers import status_of, wait_until
+from service_helpers import Records, status_of, wait_until
 from test_service_server import DelayedRecommender
 
 from recsvc.client.client import RecClient
@@ -20,20 +20,9 @@ from recsvc.service.server import STORE_HEALTH_NAME, RecServer, ServerConfig
 from recsvc.service.stores import open_store
 
 
-class _Records(logging.Handler):
-    """Collects the records of the ``recsvc`` loggers (they may not propagate to the root)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @pytest.fixture
 def records():
-    handler = _Records()
+    handler = Records()
     logger = logging.getLogger("recsvc")
     old_level = logger.level
     logger.addHandler(handler)
