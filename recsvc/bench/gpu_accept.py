@@ -46,6 +46,11 @@ SMOKE = {"preset": "tiny", "drafter": "drafter-tiny", "target_minutes": 0.1, "tr
          "teacher_prefixes": 48, "align_epochs": 1, "users": 3, "batch": 4, "k": 10, "width": 20, "n": 20,
          "gamma": 3, "budget_minutes": 2.0, "warmup_seconds": 20.0, "calibration": 1, "quality_users": 16}
 
+# one line of `recsvc bench --help`
+HELP = ("the GPU acceptance figures in one <= 7 minute script (make gpu-bench): smoke first; bf16 base target, K "
+        "10 of width 20: plain vs generate, strict / relaxed with the AtSpeed-aligned llama-68m drafter, 16 "
+        "batched vs one at a time, host reads per strict round")
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="split data directory (Beauty); not with --smoke")
