@@ -7,14 +7,15 @@ import pytest
 
 from recsvc import commands
 
+DECLARED = commands.declared  # the real table (a later call replaces an earlier limit, as a test's own may)
+
 
 def only_commands(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     """``recsvc`` registers only the declared commands ``names`` (each must be declared in pyproject.toml)."""
-    declared = commands.declared
-    found = {ep.name: ep for ep in declared(commands.COMMANDS)}
+    found = {ep.name: ep for ep in DECLARED(commands.COMMANDS)}
     assert set(names) <= found.keys(), f"not declared in pyproject.toml: {sorted(set(names) - found.keys())}"
 
     def limited(group: str):
-        return [found[n] for n in names] if group == commands.COMMANDS else declared(group)
+        return [found[n] for n in names] if group == commands.COMMANDS else DECLARED(group)
 
     monkeypatch.setattr(commands, "declared", limited)
