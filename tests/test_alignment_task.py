@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_commands import only_commands
 from test_train_fixtures import N_ITEMS, make_data, one_thread, random_ids, small_tokenizer  # noqa: F401
 
 import recsvc.cli.main as cli
@@ -82,7 +83,7 @@ EXTRA_WITHOUT_IDS = [N_ITEMS + 4, N_ITEMS + 5]  # ... and without (no alignment 
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch):
     """The real entry point, limited to the groups under test (others may be mid-edit)."""
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"train": "training.cli", "build": "training.build_cli"})
+    only_commands(monkeypatch, "train", "build")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_commands import only_commands
 from test_train_fixtures import make_data, one_thread  # noqa: F401 (one_thread: a fixture)
 
 import recsvc.cli.main as cli
@@ -197,7 +198,7 @@ def test_sasrec_deploy_refits_on_train_and_valid(chain, tmp_path) -> None:
 # ---- CLI -------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def run_cli(monkeypatch):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"eval": "training.eval_cli"})
+    only_commands(monkeypatch, "eval")
     return cli.main
 
 

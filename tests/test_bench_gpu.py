@@ -56,8 +56,13 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
         assert row["target_valid"]["metric"] == "recall@10" and 0 <= row["target_valid"]["value"] <= 1
         assert row["forward"] == "bucketed" and (row["k"], row["width"]) == (10, 20)
     assert stages["strict"]["same_share"] == 1.0 and stages["plain"]["engine_ms"] > 0  # lossless on a CPU
+    assert stages["strict"]["decoded"] == ["strict"]  # decode() says the path that ran: it speculated
+    assert stages["relaxed"]["decoded"] == ["relaxed", "sampling"]  # the drafter's sampling vs the target's own
     assert stages["batched"]["batched_rps"] > 0 and stages["relaxed"]["relaxed_ms"] > 0
     assert stages["quality"]["users"] > 0 and 0 <= stages["quality"]["recall@10"] <= 1
     reads = stages["host_reads"]
     assert reads["sync_free"]["strict_reads_beyond_one_per_round_max"] <= 1  # + one per search (its bound check)
+    for path in ("sync_free", "eager_fast"):  # decode() reads its two counter lists once, at the end of a request
+        assert reads[path]["strict_reads_at_request_end"] == 2 and reads[path]["plain_reads_at_request_end"] == 0
+        assert reads[path]["strict_reads_per_request"] >= reads[path]["strict_reads_per_round"] + 2
     assert reads["eager_fast"]["strict_reads_per_round"] > reads["sync_free"]["strict_reads_per_round"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"prior": "training.prior_cli", "bench": "recsvc.bench.cli"})
+    only_commands(monkeypatch, "prior", "bench")
 
 
 def test_transition_drafter_bench_with_phases(tmp_path) -> None:

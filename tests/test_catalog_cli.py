@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_commands import only_commands
 from test_rqvae_build import HashEmbedder, _catalog
 
 import recsvc.cli.main as cli
@@ -26,7 +27,7 @@ RQVAE_FILES = ("rqvae.safetensors", "rqvae_config.json", "report.json")
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch):
     """The real entry point, limited to the groups under test (others may be mid-edit)."""
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"catalog": "recsvc.cli.catalog", "build": "training.build_cli"})
+    only_commands(monkeypatch, "catalog", "build")
 
 
 @pytest.fixture(scope="module")

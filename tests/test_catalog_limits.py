@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from catalog_fixtures import NEW, add_entry, free_codes, live_bundle, vector_of
+from cli_commands import only_commands
 from test_train_fixtures import one_thread, random_ids  # noqa: F401 (one_thread: a fixture)
 
 import recsvc.cli.main as cli
@@ -143,7 +144,7 @@ def test_a_running_server_rejects_an_oversized_file_and_keeps_serving(bundle, ma
 
 
 def test_recsvc_catalog_commands_read_with_the_limit(bundle, tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"catalog": "recsvc.cli.catalog"})
+    only_commands(monkeypatch, "catalog")
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"version": 1, "add": [], "retire": [1]}) + " " * 3000)
     monkeypatch.setenv(MAX_MB_ENV, "0.002")
@@ -157,7 +158,7 @@ def test_recsvc_catalog_commands_read_with_the_limit(bundle, tmp_path, monkeypat
 def test_bench_catalog_reports_each_phase_with_its_outcome(bundle, tmp_path, monkeypatch, capsys) -> None:
     """`recsvc bench catalog`, small: a file over a small limit is rejected with the reason, the same file under
     a raised limit is applied by the child reader, each phase's latencies are measured against the baseline."""
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"bench": "recsvc.bench.cli"})
+    only_commands(monkeypatch, "bench")
     out = tmp_path / "catalog.json"
     assert cli.main(["bench", "catalog", "--bundle", str(bundle), "--items", "300", "--dim", "8", "--seconds", "1",
                      "--after-s", "0.2", "--users", "20", "--max-mb", "0.02", "--accept-mb", "10", "--callers", "2",

@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 from catalog_fixtures import DIM, NEW, add_entry, free_codes, live_bundle, vector_of
+from cli_commands import only_commands
 from service_helpers import json_line
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
@@ -201,7 +202,7 @@ def test_a_malformed_file_at_start_fails_before_serving(base, tmp_path) -> None:
 
 def test_recsvc_serve_follows_the_catalog_commands(bundle, tmp_path, monkeypatch) -> None:
     """`recsvc serve --catalog FILE` as a process; `recsvc catalog retire` writes the file it watches."""
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"catalog": "recsvc.cli.catalog"})
+    only_commands(monkeypatch, "catalog")
     catalog = tmp_path / "live.json"
     cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--bundle", str(bundle), "--dtype", "fp32", "--port",
            "0", "--spec", "off", "--catalog", str(catalog), "--threads", "1", "--grace-s", "1"]

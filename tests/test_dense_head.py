@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from cli_commands import only_commands
 from test_train_fixtures import make_data, one_thread, small_tokenizer, write_ids  # noqa: F401
 
 import recsvc.cli.main as cli
@@ -21,8 +22,7 @@ from training.sequences import collate, train_examples
 
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch, tmp_path_factory):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"train": "training.cli", "build": "training.build_cli",
-                                             "tune": "training.tune", "eval": "training.eval_cli"})
+    only_commands(monkeypatch, "train", "build", "tune", "eval")
     monkeypatch.setenv("RECSVC_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "emb-cache"))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"train": "training.cli", "bench": "recsvc.bench.cli"})
+    only_commands(monkeypatch, "train", "bench")
 
 
 @pytest.fixture(scope="module")

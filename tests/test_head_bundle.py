@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
@@ -22,15 +23,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"prior": "training.prior_cli", "bench": "recsvc.bench.cli",
-                                             "train": "training.cli"})
+    only_commands(monkeypatch, "prior", "bench", "train")
 
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     root = make_tiny_bundle(tmp_path_factory.mktemp("head"), n_users=60)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "SUBCOMMANDS", {"prior": "training.prior_cli", "train": "training.cli"})
+        only_commands(mp, "prior", "train")
         assert cli.main(["prior", "fit", "--bundle", str(root), "--weight", "1.0"]) == 0
         assert cli.main(["train", "head", "--bundle", str(root), "--prefixes", "200", "--epochs", "2", "--k", "4",
                          "--dtype", "fp32", "--method", "wordkd", "--alpha", "1.0"]) == 0

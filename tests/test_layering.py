@@ -1,9 +1,9 @@
 """The package layering, read from the source with ``ast`` (every import statement, also the lazy ones inside
 functions and ``TYPE_CHECKING`` blocks; nothing is imported):
 
-- ``recsvc/`` never imports ``training/``: a service image ships without it. The ``recsvc`` console script's
-  command tables name training's commands by module path and skip them when ``training`` is not installed; no
-  other string in ``recsvc/`` names a ``training`` module.
+- ``recsvc/`` never imports ``training/``: a service image ships without it. Training's commands and bench
+  declare themselves as entry points in pyproject.toml (``recsvc/commands.py`` loads them and skips them when
+  ``training`` is not installed); no string in ``recsvc/`` names a ``training`` module.
 - ``recsvc/engine/`` (decoding) imports nothing above it: not the recommender, the service, the benches, the
   CLI, the drafters (they implement ``engine/ports.py``), the rules nor model loading.
 - ``recsvc/recommender/`` (the composition root: a bundle as a ``Recommender``) may import the engine, the
@@ -20,8 +20,8 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   strategies) sit above the engine and below the recommender.
 - the service reads a recommender only through the ``Recommender`` protocol: no ``getattr`` / ``hasattr`` on a
   recommender in ``recsvc/service``.
-- no module is imported by a string (``importlib.import_module``, ``__import__``) but in the console script's
-  command tables (``COMMAND_TABLES``), which name commands whose package may not be installed.
+- no module of the project is imported by a string (``importlib.import_module``, ``__import__``): commands and
+  benches are entry points, loaded through the packaging metadata's table.
 
 A new import that breaks one of these fails here with the file, line and module.
 """
@@ -50,8 +50,6 @@ ABOVE_DATA = ("recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.rule_d
               "recsvc.service",
               "recsvc.bench", "recsvc.cli", "training")
 ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "recsvc.client", "training")
-# the console script's command tables: module paths of commands, imported only when the package is installed
-COMMAND_TABLES = {"recsvc/cli/main.py", "recsvc/bench/cli.py"}
 MODULE_NAME = re.compile(r"^training(\.\w+)*$")
 # the rules in their two rooms: the trie-level rules (below the engine, beside the data layer) and the
 # decoding-level rules (above the engine, below the recommender)
@@ -133,7 +131,7 @@ def test_recsvc_never_imports_training() -> None:
     assert violations(("recsvc",), ("training",)) == []
 
 
-def test_recsvc_names_training_modules_only_in_the_command_tables() -> None:
+def test_recsvc_names_no_training_module() -> None:
     named = []
     for path in sources("recsvc"):
         rel = str(path.relative_to(ROOT))
@@ -141,7 +139,7 @@ def test_recsvc_names_training_modules_only_in_the_command_tables() -> None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.match(node.value) \
                     and not DATA_FILE.search(node.value):
                 named.append((rel, node.lineno, node.value))
-    assert [n for n in named if n[0] not in COMMAND_TABLES] == []
+    assert named == []
 
 
 def test_engine_imports_nothing_above_it() -> None:
@@ -195,18 +193,20 @@ def test_the_service_reads_a_recommender_through_its_protocol(tmp_path) -> None:
     assert [found for path in sources("recsvc/service") for found in probes_of_a_recommender(path)] == []
 
 
-def imports_by_string(path: Path) -> list[tuple[str, int, str]]:
+def imports_by_string(path: Path, root: Path = ROOT) -> list[tuple[str, int, str]]:
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Call):
             name = ast.unparse(node.func)
             if name in ("importlib.import_module", "import_module", "__import__", "importlib.__import__"):
-                out.append((str(path.relative_to(ROOT)), node.lineno, ast.unparse(node)))
+                out.append((str(path.relative_to(root)), node.lineno, ast.unparse(node)))
     return out
 
 
-def test_no_module_is_imported_by_a_string_but_in_the_command_tables() -> None:
-    probe = ROOT / "recsvc" / "cli" / "main.py"
-    assert imports_by_string(probe), "the reader sees the command table's import"
+def test_no_module_is_imported_by_a_string(tmp_path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import importlib\nfrom importlib import import_module\nimportlib.import_module('training.cli')\n"
+                     "import_module(name)\n__import__('recsvc.bench.' + name)\n")
+    assert [line for _, line, _ in imports_by_string(probe, tmp_path)] == [3, 4, 5]  # the reader sees each form
     found = [f for path in sources("recsvc", "training", "tokenizer_rqvae") for f in imports_by_string(path)]
-    assert [f for f in found if f[0] not in COMMAND_TABLES] == []
+    assert found == []

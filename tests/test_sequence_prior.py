@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
@@ -93,7 +94,7 @@ def test_a_live_catalogs_new_items_extend_the_mixed_prior() -> None:
 
 
 def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
+    only_commands(monkeypatch, "tune", "eval")
     root = tiny_bundle(tmp_path, n_users=60)
     base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
     assert cli.main(["tune", "mix", *base, "--trials", "2"]) == 2  # no transition prior yet: a clear error
@@ -139,7 +140,7 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
 
 
 def test_tune_mix_exclude_history_writes_the_excluding_services_prior(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
+    only_commands(monkeypatch, "tune", "eval")
     root = tiny_bundle(tmp_path, n_users=60)
     base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
     mix_excl = ["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2", "--exclude-history"]
@@ -176,8 +177,7 @@ def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_rankin
     from recsvc.service.settings import ServeSettings, build_recommender
     from training.prior_alone import prior_rankings
 
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli",
-                                             "bundle": "recsvc.cli.bundle", "serve": "recsvc.service.cli"})
+    only_commands(monkeypatch, "tune", "eval", "bundle", "serve")
     root = tiny_bundle(tmp_path, n_users=60)
     base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
     assert cli.main(["tune", "prior", *base, "--trials", "2"]) == 0

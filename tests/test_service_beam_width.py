@@ -4,6 +4,7 @@ plain under it, B = 0 keeps today's num_beams = k, and the serve flag is validat
 from __future__ import annotations
 
 import pytest
+from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
@@ -54,7 +55,7 @@ def test_serve_rejects_a_bad_beam_width(bundle, capsys) -> None:
 def test_bench_prefix_counts_every_user(bundle, tmp_path, monkeypatch) -> None:
     import json
 
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"bench": "recsvc.bench.cli"})
+    only_commands(monkeypatch, "bench")
     out = tmp_path / "prefix.json"
     assert cli.main(["bench", "prefix", "--bundle", str(bundle), "--users", "4", "--k", "1,3", "--beam-width", "6",
                      "--dtype", "fp32", "--split", "valid", "--json", str(out)]) == 0

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
@@ -28,7 +29,7 @@ WEIGHT = 4.0
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch):
     """The real entry point, limited to the groups under test (others may be mid-edit)."""
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"prior": "training.prior_cli", "serve": "recsvc.service.cli"})
+    only_commands(monkeypatch, "prior", "serve")
 
 
 @pytest.fixture(scope="module")

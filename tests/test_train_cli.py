@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_commands import only_commands
 from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401 (one_thread: a fixture)
 
 import recsvc.cli.main as cli
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch):
     """The real entry point, limited to the groups under test (others may be mid-edit)."""
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"train": "training.cli", "build": "training.build_cli"})
+    only_commands(monkeypatch, "train", "build")
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401 (one_thread: a fixture)
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture(autouse=True)
 def only_our_commands(monkeypatch):
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune"})
+    only_commands(monkeypatch, "tune")
 
 
 def test_tune_prior_writes_the_best_trial_and_resumes(tmp_path, capsys) -> None:
@@ -132,7 +133,7 @@ def _hold_out_items(data_dir, items: set[int]) -> None:
 
 
 def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
+    only_commands(monkeypatch, "tune", "eval")
     root = make_tiny_bundle(tmp_path, n_users=60)
     _hold_out_items(tmp_path / "data", {3, 4, 5})
     assert cli.main(["tune", "fresh", "--bundle", str(root), "--dtype", "fp32",
@@ -174,7 +175,7 @@ def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, mo
 
 
 def test_tune_fresh_gate_rate_resolves_the_threshold_on_each_period(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune"})
+    only_commands(monkeypatch, "tune")
     root = make_tiny_bundle(tmp_path, n_users=60)
     _hold_out_items(tmp_path / "data", {3, 4, 5})
     assert cli.main(["tune", "fresh", "--bundle", str(root), "--dtype", "fp32", "--gate", "rate",
@@ -201,7 +202,7 @@ def test_tune_fresh_gate_rate_resolves_the_threshold_on_each_period(tmp_path, mo
 
 
 def test_tune_fresh_with_the_learned_query_fits_it_per_period_and_eval_reads_it(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
+    only_commands(monkeypatch, "tune", "eval")
     root = make_tiny_bundle(tmp_path, n_users=60)
     _hold_out_items(tmp_path / "data", {3, 4, 5})
     args = ["tune", "fresh", "--bundle", str(root), "--dtype", "fp32", "--embed-cache", str(tmp_path / "emb"),
@@ -228,7 +229,7 @@ def test_tune_fresh_with_the_learned_query_fits_it_per_period_and_eval_reads_it(
 
 
 def test_tune_fresh_signals_chooses_on_valid_and_reports_test(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune"})
+    only_commands(monkeypatch, "tune")
     root = make_tiny_bundle(tmp_path, n_users=60)
     _hold_out_items(tmp_path / "data", {3, 4, 5})
     out = tmp_path / "signals.json"
@@ -277,7 +278,7 @@ def test_tune_history_measures_both_lists_and_keeps_history_where_people_buy_aga
     keeps history; the record is the paired measurement of both lists on the same users."""
     from training.tune_history import decide
 
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"tune": "training.tune", "eval": "training.eval_cli"})
+    only_commands(monkeypatch, "tune", "eval")
     root = make_tiny_bundle(tmp_path, n_users=60)
     _valid_repeats_history(tmp_path / "data")
     assert cli.main(["tune", "history", "--bundle", str(root), "--dtype", "fp32", "--users", "30"]) == 0
@@ -298,7 +299,7 @@ def test_evaluation_and_service_follow_the_bundles_history_choice(tmp_path, monk
     from recsvc.errors import UserError
     from recsvc.service.settings import ServeSettings
 
-    monkeypatch.setattr(cli, "SUBCOMMANDS", {"eval": "training.eval_cli"})
+    only_commands(monkeypatch, "eval")
     root = make_tiny_bundle(tmp_path, n_users=40)
     b = Bundle.open(root)
     assert b.serves_excluding_history() is False  # no choice recorded: keep them

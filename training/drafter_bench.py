@@ -22,6 +22,9 @@ from recsvc.bench.common import machine, markdown_table, parse_int_list, set_thr
 from recsvc.errors import UserError
 from recsvc.model.hardware import resolve_dtype
 
+# one line of `recsvc bench --help`
+HELP = "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True)

@@ -47,6 +47,10 @@ PATHS = ("lean", "fast", "compiled", "cached", "repeat")
 UNCACHED = ("lean", "fast", "compiled")  # forwards without a user-state cache
 SWEEP_K = (1, 2, 5, 10, 20, 40)
 
+# one line of `recsvc bench --help`
+HELP = ("previous forward vs fast forward vs a returning user's cached state, one run: ms/request, "
+        "forwards/request, fixed ms per forward, identical outputs")
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True)

@@ -41,6 +41,10 @@ import numpy as np
 from recsvc.bench.common import machine, markdown_table, set_threads, write_json
 from recsvc.errors import UserError
 
+# one line of `recsvc bench --help`
+HELP = ("a large live-catalog file offered to a server under load: latency against the same load without it, the "
+        "file's outcome and reason")
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True, help="bundle directory (its data split gives the histories)")

@@ -18,6 +18,9 @@ from recsvc.bench import common
 from recsvc.model.hardware import resolve_dtype
 from recsvc.progress import progress_bar
 
+# one line of `recsvc bench --help`
+HELP = "engine beam search vs transformers generate (same model, same users)"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     common.add_bundle_bench_args(p, "1,5,10,20", attention="exact")

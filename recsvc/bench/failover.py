@@ -53,6 +53,9 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return int(text)
 
+# one line of `recsvc bench --help`
+HELP = "Redis Cluster failover drill: a master killed under load, errors, recovery, acknowledged writes lost"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default="spawn",

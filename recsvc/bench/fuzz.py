@@ -22,6 +22,9 @@ import grpc
 
 from recsvc.bench.common import machine, write_json
 
+# one line of `recsvc bench --help`
+HELP = "generated bad requests against a real server: status codes, no INTERNAL"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)

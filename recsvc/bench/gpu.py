@@ -34,6 +34,10 @@ FULL = {"preset": "base", "drafter": "llama-68m", "minutes": 12.0, "epochs": 6, 
 SMOKE = {"preset": "tiny", "drafter": "drafter-tiny", "minutes": 0.5, "epochs": 1, "drafter_epochs": 1,
          "prefixes": 60, "head_epochs": 1, "users": 3, "batch": 3, "ks": "1,5", "n": 6}
 
+# one line of `recsvc bench --help`
+HELP = ("build a bundle (base target, llama-68m drafter, draft head) and benchmark the engine on a GPU: decode vs"
+        " generate, speculative, relaxed, batched (--smoke: tiny, on the CPU)")
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="split data directory (Beauty: `recsvc data prepare-amazon`); not with --smoke")

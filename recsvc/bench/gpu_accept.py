@@ -14,8 +14,9 @@ its time limit keeps what it measured; every stage is skipped once the wall-time
   plain    -> K = 10 of beam width 20, one request at a time: the engine (CUDA graphs; and the eager fast
               forward) vs transformers ``generate(num_beams=20)`` under the same trie constraint; ms / request
   strict   -> strict speculation with the (aligned) LLaMA drafter vs plain: WS, AS, target calls, same-list share
-  reads    -> device-to-host reads per strict round and per plain request (``recsvc.engine.host_reads``),
-              the sync-free path vs the eager fast forward's
+  reads    -> device-to-host reads per strict round (the search's) and per request (the search's and the two
+              counter lists ``decode`` reads at the end of a request, reported apart) and per plain request
+              (``recsvc.engine.host_reads``), the sync-free path vs the eager fast forward's
   batched  -> 16 requests decoded together vs one at a time: requests per second
   relaxed  -> relaxed speculation with that drafter vs the target's own sampling beam search
   quality  -> the target's test Recall@10 / NDCG@10 (plain beam search over up to 4,000 test users, batched)
@@ -45,6 +46,11 @@ FULL = {"preset": "base", "drafter": "llama-68m", "target_minutes": 2.5, "train_
 SMOKE = {"preset": "tiny", "drafter": "drafter-tiny", "target_minutes": 0.1, "train_batch": 32, "drafter_epochs": 1,
          "teacher_prefixes": 48, "align_epochs": 1, "users": 3, "batch": 4, "k": 10, "width": 20, "n": 20,
          "gamma": 3, "budget_minutes": 2.0, "warmup_seconds": 20.0, "calibration": 1, "quality_users": 16}
+
+# one line of `recsvc bench --help`
+HELP = ("the GPU acceptance figures in one <= 7 minute script (make gpu-bench): smoke first; bf16 base target, K "
+        "10 of width 20: plain vs generate, strict / relaxed with the AtSpeed-aligned llama-68m drafter, 16 "
+        "batched vs one at a time, host reads per strict round")
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -126,19 +132,25 @@ class _Rounds:
         return self.inner.phase(name)
 
 
+def _request_end_reads(reads) -> int:
+    """The reads ``decode`` itself makes (``recsvc/engine/decode.py``): its per-row counters turned into lists
+    once at the end of a request, after the search's rounds."""
+    return sum(c for site, c in reads.by_site.items() if site.startswith("recsvc/engine/decode.py:"))
+
+
 def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
     """Every timed stage on one loaded bundle; ``emit(stage, result)`` records a finished stage."""
     from recsvc.bench.common import load_context, synchronize
     from recsvc.bench.speculative import make_drafter
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.cuda_graphs import warm_up
+    from recsvc.engine.decode import decode
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.ledger import NO_LEDGER
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.reference import generate_topk
-    from recsvc.engine.relaxed import relaxed_speculative_search
-    from recsvc.engine.sampling import make_generators, sampling_beam_search
-    from recsvc.engine.speculative import speculative_search
+    from recsvc.engine.sampling import make_generators
 
     k, width, n, gamma = cfg["k"], cfg["width"], cfg["n"], cfg["gamma"]
     ctx = load_context(bundle, cfg["users"], "test", "auto", None, device=device)
@@ -162,21 +174,20 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         synchronize(device)
         return out, 1000 * (time.perf_counter() - start)
 
+    # every search through the one decoding entry (no history: the measured users' lists are not filtered)
     def plain(pb, eng=engine):
-        return eng.search(pb, width, top=k)
+        return decode(eng, None, pb, [[]] * len(pb.lengths), "plain", width, (0, 0), top=k)
 
-    def strict(pb, model=target, eng=engine, ledger=None):
-        from recsvc.engine.ledger import NO_LEDGER
-
-        return speculative_search(model, ctx.trie, off, pb, width, drafter.session(pb, [], None), n, gamma, None,
-                                  eng.select, ledger=ledger or NO_LEDGER)
+    def strict(pb, eng=engine, ledger=NO_LEDGER):
+        return decode(eng, drafter, pb, [[]] * len(pb.lengths), "strict", width, (n, gamma), ledger=ledger)
 
     def relaxed(pb, seed):
-        return relaxed_speculative_search(target, ctx.trie, off, pb, width, drafter.sampling_session(pb, [], None),
-                                          n, gamma, temp, make_generators([seed]))
+        return decode(engine, drafter, pb, [[]], "relaxed", width, (n, gamma), temperatures=temp,
+                      generators=make_generators([seed]))
 
-    def sampling(pb, seed):
-        return sampling_beam_search(target, ctx.trie, off, pb, width, temp, make_generators([seed]))
+    def sampling(pb, seed):  # the target's own sampling beam search (no drafter)
+        return decode(engine, None, pb, [[]], "relaxed", width, (0, 0), temperatures=temp,
+                      generators=make_generators([seed]))
 
     batch_pb = PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in ctx.users[:cfg["batch"]]])
     # every measured user's searches once (their buckets' graphs captured before any clock runs), then the batch
@@ -211,17 +222,19 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
 
     # strict speculation vs plain
     def stage_strict() -> None:
-        rows, same = [], 0
+        rows, same, ran = [], 0, set()
         for pb in prompts:
             if over():
                 break
             ref, ms_p = timed(lambda pb=pb: plain(pb))
             out, ms_s = timed(lambda pb=pb: strict(pb))
             same += torch.equal(out.leaves[0, :k], ref.leaves[0])
-            rows.append((ms_p, ms_s, int(out.target_calls[0]), int(out.accepted[0])))
+            ran.add(out.decoding.mode)
+            rows.append((ms_p, ms_s, out.target_calls[0], out.accepted[0]))
         if rows:
             p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
-            emit("strict", {**label, "users": len(rows), "N": n, "gamma": gamma, "plain_ms": p, "strict_ms": s,
+            emit("strict", {**label, "users": len(rows), "N": n, "gamma": gamma, "decoded": sorted(ran),
+                            "plain_ms": p, "strict_ms": s,
                             "WS": p / s, "AS": statistics.mean(r[3] for r in rows),
                             "target_calls": statistics.mean(r[2] for r in rows), "same_lists": same,
                             "same_share": same / len(rows), "differing": len(rows) - same})
@@ -230,23 +243,28 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     def stage_host_reads() -> None:
         if not over():
             res = {**label}
-            for name, model, eng in (("sync_free", target, engine), ("eager_fast", eager, engine_eager)):
-                per_round, per_req, beyond, plain_reads = [], [], [], []
+            for name, eng in (("sync_free", engine), ("eager_fast", engine_eager)):
+                per_round, per_req, at_end, beyond, plain_reads, plain_end = [], [], [], [], [], []
                 for pb in prompts[:5]:
                     rounds = _Rounds()
                     with HostReads(device) as reads:
-                        strict(pb, model, eng, rounds)
-                    per_round.append(reads.total / max(rounds.rounds, 1))
+                        strict(pb, eng, rounds)
+                    end = _request_end_reads(reads)  # decode's counters made lists once the search is done
+                    per_round.append((reads.total - end) / max(rounds.rounds, 1))
                     per_req.append(reads.total)
-                    beyond.append(reads.total - rounds.rounds)  # reads beyond one per round
+                    at_end.append(end)
+                    beyond.append(reads.total - end - rounds.rounds)  # the search's reads beyond one per round
                     with HostReads(device) as reads_p:
                         plain(pb, eng)
                     plain_reads.append(reads_p.total)
+                    plain_end.append(_request_end_reads(reads_p))
                 res[name] = {"strict_reads_per_round": statistics.mean(per_round),
                              "strict_reads_per_round_max": max(per_round),
                              "strict_reads_per_request": statistics.mean(per_req),
+                             "strict_reads_at_request_end": statistics.mean(at_end),
                              "strict_reads_beyond_one_per_round_max": max(beyond),
-                             "plain_reads_per_request": statistics.mean(plain_reads), "where": reads.summary(8)}
+                             "plain_reads_per_request": statistics.mean(plain_reads),
+                             "plain_reads_at_request_end": statistics.mean(plain_end), "where": reads.summary(8)}
             emit("host_reads", res)
 
     # batched vs one at a time
@@ -261,16 +279,18 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
 
     # relaxed speculation vs the target's own sampling beam search
     def stage_relaxed() -> None:
-        rows = []
+        rows, ran = [], set()
         for i, pb in enumerate(prompts):
             if over():
                 break
-            _, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
+            ref, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
             out, ms_s = timed(lambda pb=pb, i=i: relaxed(pb, i))
-            rows.append((ms_p, ms_s, int(out.target_calls[0])))
+            ran |= {ref.decoding.mode, out.decoding.mode}
+            rows.append((ms_p, ms_s, out.target_calls[0]))
         if rows:
             p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
-            emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "sampling_ms": p, "relaxed_ms": s,
+            emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "decoded": sorted(ran),
+                             "sampling_ms": p, "relaxed_ms": s,
                              "WS": p / s, "target_calls": statistics.mean(r[2] for r in rows)})
 
     # the target's test quality (the served lists' quality: plain beam search, what strict returns too)

@@ -14,6 +14,9 @@ import argparse
 from recsvc.bench.common import machine, parse_int_list, set_threads, write_json
 from recsvc.errors import UserError
 
+# one line of `recsvc bench --help`
+HELP = "beam width contract: every top-k is the head of the top-B (counts)"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True)

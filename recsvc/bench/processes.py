@@ -64,6 +64,10 @@ def _number(cast, lo: float, hi: float, strict_lo: bool = False):
 
     return parse
 
+# one line of `recsvc bench --help`
+HELP = ("recsvc serve --processes N as a subprocess under load, per N: req/s, latency, per-worker requests, CPU; "
+        "the N=2 vs N=1 ratio")
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.description = __doc__

@@ -26,6 +26,10 @@ from pathlib import Path
 
 from recsvc.errors import UserError
 
+# one line of `recsvc bench --help`
+HELP = ("a split's test period replayed against recsvc serve + redis-server (R Recommend calls before each "
+        "RecordInteractions): p50 / p99, throughput, state-cache hit rate, RSS")
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True)

@@ -32,6 +32,9 @@ from recsvc.rules.spec import STRATEGIES, Cap, Rules, ValueFilter, normalize_val
 # list_search's phases (recsvc.rule_decoding.search), then plain beam search's, in the order a request meets them
 PHASES = ("compile", "forward", "head", "select", "lookahead", "other")
 
+# one line of `recsvc bench --help`
+HELP = "list-level rules (caps, allow-lists): compliance, exactly-K, Recall / NDCG, ms per strategy"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True)

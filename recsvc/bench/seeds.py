@@ -28,6 +28,9 @@ from recsvc.errors import UserError
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
 
+# one line of `recsvc bench --help`
+HELP = "drafter methods across training seeds: mean, spread, paired 95%% CI"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="inputs", required=True,

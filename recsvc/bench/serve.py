@@ -44,6 +44,9 @@ def register_serve_bench(subparsers: argparse._SubParsersAction) -> None:
     add_args(p)
     p.set_defaults(func=lambda args: run(args) or 0)
 
+# one line of `recsvc bench --help`
+HELP = "load test of the gRPC service: throughput, latency percentiles"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group(required=True)

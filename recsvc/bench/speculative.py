@@ -31,6 +31,9 @@ from recsvc.engine.prior import prior_log_mass
 from recsvc.model.hardware import resolve_dtype
 from recsvc.progress import progress_bar
 
+# one line of `recsvc bench --help`
+HELP = "plain vs speculative beam search: WS@K, AS@K, target calls"
+
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_bundle_bench_args(p, "1,3,5,10,20", attention="fp32")

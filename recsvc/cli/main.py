@@ -1,44 +1,30 @@
 """The ``recsvc`` console script: one entry point, one subcommand module per concern.
 
-Each subcommand module exposes ``register(subparsers)``; handlers import their heavy dependencies lazily so
-``recsvc --help`` stays fast. A :class:`recsvc.errors.UserError` (or a missing input file) becomes
-``error: ...`` on stderr and exit code 2.
+Each subcommand module exposes ``register(subparsers)`` and is declared in pyproject.toml's ``recsvc.commands``
+entry points (``recsvc/commands.py`` reads them; a command whose package is not installed is skipped); handlers
+import their heavy dependencies lazily so ``recsvc --help`` stays fast. A :class:`recsvc.errors.UserError` (or a
+missing input file) becomes ``error: ...`` on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import stat
 import sys
 
+from recsvc import commands
 from recsvc.cli.worker_exit import finish_worker
 from recsvc.errors import UserError
 from recsvc.progress import ENV_MODE, MODES, quiet_library_bars
 
-# subcommand name -> module with register(subparsers); modules are added as the product grows.
-SUBCOMMANDS: dict[str, str] = {
-    "data": "training.data.cli",
-    "tokenizer": "tokenizer_rqvae.cli",
-    "train": "training.cli",
-    "build": "training.build_cli",
-    "bundle": "recsvc.cli.bundle",
-    "catalog": "recsvc.cli.catalog",
-    "eval": "training.eval_cli",
-    "prior": "training.prior_cli",
-    "tune": "training.tune",
-    "bench": "recsvc.bench.cli",
-    "serve": "recsvc.service.cli",
-    "client": "recsvc.client.cli",
-    "demo": "recsvc.cli.demo",
-    "report": "recsvc.report.cli",
-}
-
 
 def register_command(name: str, sub: argparse._SubParsersAction) -> None:
     """Registers the one subcommand ``name`` (its module alone, e.g. without the service's gRPC code)."""
-    importlib.import_module(SUBCOMMANDS[name]).register(sub)
+    found = commands.load(commands.COMMANDS, name)
+    if not found:
+        raise UserError(f"no command {name!r} is installed")
+    found[0][1](sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,14 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "off; default auto: bars on a terminal, lines otherwise (env RECSVC_PROGRESS; "
                              "TQDM_DISABLE=1 silences both)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in SUBCOMMANDS.values():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a stage not built yet must not break the others
-            if exc.name and module_name.startswith(exc.name):
-                continue
-            raise
-        module.register(sub)
+    for _, register in commands.load(commands.COMMANDS):
+        register(sub)
     return parser
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -111,16 +111,16 @@ class ReadSampler:
         return self.calls % self.every == 0
 
 
-def counted_decode(sampler: ReadSampler | None, device: torch.device, decode: Callable[[], list]) -> list:
-    """``decode()`` -> its results; when ``sampler`` is due, counted under ``HostReads`` on ``device`` (the
-    target's), the count set on each result's stats (a dataclass ``replace``)."""
+@contextmanager
+def sampled_reads(sampler: ReadSampler | None, device: torch.device) -> Iterator[HostReads | None]:
+    """``with sampled_reads(sampler, device) as reads:`` counts the engine call inside under ``HostReads`` on
+    ``device`` (the target's) when ``sampler`` is due (``reads`` is then the count), else counts nothing
+    (``reads`` is None)."""
     if sampler is None or not sampler.due():
-        return decode()
-    from dataclasses import replace
-
+        yield None
+        return
     with HostReads(device) as reads:
-        out = decode()
-    return [replace(r, stats=replace(r.stats, host_reads=reads.total)) for r in out]
+        yield reads
 
 
 def is_read(name: str, args: tuple, kwargs: dict, on_device) -> bool:

@@ -28,7 +28,7 @@ import torch
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.decode import Decoding, Mode, decode
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.host_reads import ReadSampler, counted_decode
+from recsvc.engine.host_reads import ReadSampler, sampled_reads
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.ports import Drafter
 from recsvc.engine.prior import prior_log_mass
@@ -364,8 +364,11 @@ class BundleRecommender:
         for (mode, width, listed), idx in groups.items():
             for part in self._split_cached(mode, listed, idx, queries):
                 batch = [queries[i] for i in part]
-                out = counted_decode(self.read_sampler, self.target.device, lambda b=batch, m=mode, w=width, r=listed: (
-                    self._decode_rules(b, m, w, ledger) if r else self._decode(b, m, w, ledger)))
+                with sampled_reads(self.read_sampler, self.target.device) as reads:
+                    out = (self._decode_rules(batch, mode, width, ledger) if listed
+                           else self._decode(batch, mode, width, ledger))
+                if reads is not None:  # a sampled call: its count on each result's stats
+                    out = [replace(r, stats=replace(r.stats, host_reads=reads.total)) for r in out]
                 for i, res in zip(part, out, strict=True):
                     results[i] = self._explained(res, queries[i], plain_because.get(i, ""), listed)
         return self._with_fresh(queries, [r for r in results if r is not None])
