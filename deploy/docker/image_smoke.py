@@ -201,7 +201,7 @@ class Smoke:
             except ValueError:
                 continue
             if isinstance(entry, dict) and "event" in entry:
-                detail = entry.get("choice") and f"(K={entry.get('k')}: {entry['choice']})"
+                detail = entry.get("choice") and f"(width={entry.get('width')}: {entry['choice']})"
                 events.append(f"{entry['event']}{detail or ''}")
         self.summary["startup_events"] = events
         self.say(f"start-up log: {', '.join(events)}")
