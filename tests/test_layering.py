@@ -39,7 +39,7 @@ GENERATED = ROOT / "recsvc" / "service" / "gen"
 ABOVE_ENGINE = (
     "recsvc.recommender", "recsvc.service", "recsvc.bench", "recsvc.cli", "recsvc.drafters", "recsvc.rules",
     "recsvc.rule_decoding",
-    "recsvc.model.bundle", "recsvc.model.loading",  # model loading
+    "recsvc.bundle.directory", "recsvc.bundle.loading",  # model loading
     "training",
 )
 ABOVE_RECOMMENDER = ("recsvc.service", "recsvc.bench", "recsvc.cli", "training")
