@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 from test_drafter_fixtures import tiny_bundle
 
+from recsvc.bundle.directory import Bundle
+from recsvc.content.fresh import FreshItems, FreshSettings, ItemVectors
 from recsvc.data.split import load_split_dir
-from recsvc.model.bundle import Bundle
-from recsvc.model.fresh import FreshItems, FreshSettings, ItemVectors
-from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.priors.transition import PriorSettings, TransitionPrior
 from recsvc.rules.attributes import ItemAttributes
 from tokenizer_rqvae.ids import SemanticIds
 
@@ -32,8 +32,8 @@ def live_bundle(root: Path, n_users: int = 40, mixed: bool = False) -> Path:
     if mixed:
         import torch
 
-        from recsvc.model.sasrec import SASRec
-        from recsvc.model.sequence_prior import MixedPrior, MixSettings, SequenceModel
+        from recsvc.priors.mixed import MixedPrior, MixSettings, SequenceModel
+        from recsvc.priors.sasrec import SASRec
         from training.baselines.sasrec import SASRecBaseline
         from training.baselines.sasrec_train import SASRecSettings
 

@@ -9,10 +9,10 @@ from cli_commands import only_commands
 from test_train_fixtures import N_ITEMS, make_data, one_thread, random_ids, small_tokenizer  # noqa: F401
 
 import recsvc.cli.main as cli
+from recsvc.bundle.directory import Bundle
+from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
 from recsvc.data.split import load_split_dir
 from recsvc.errors import UserError
-from recsvc.model.bundle import Bundle
-from recsvc.model.prompt import IGNORE_INDEX, PromptBuilder
 from training.sequences import ALIGN_MODES, ALIGN_TEXT_TOKENS, alignment_examples
 
 TOK = small_tokenizer()

@@ -46,7 +46,7 @@ def test_a_named_llama_drafter(tmp_path) -> None:
     """--drafter-name picks a trained drafter under BUNDLE/drafters/ (a bundle may serve another one, or none)."""
     import shutil
 
-    from recsvc.model.bundle import Bundle
+    from recsvc.bundle.directory import Bundle
 
     root = make_tiny_bundle(tmp_path, n_users=40)
     bundle = Bundle.open(root)

@@ -14,9 +14,9 @@ from cli_commands import only_commands
 from test_rqvae_build import HashEmbedder, _catalog
 
 import recsvc.cli.main as cli
+from recsvc.bundle.directory import Bundle
+from recsvc.catalog.file import CATALOG_FILE, read_catalog
 from recsvc.cli.catalog import add_items
-from recsvc.model.bundle import Bundle
-from recsvc.model.live_catalog import CATALOG_FILE, read_catalog
 from tokenizer_rqvae.build import build_semantic_ids
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.rqvae import RQVAEConfig

@@ -21,10 +21,10 @@ from test_train_fixtures import one_thread, random_ids  # noqa: F401 (one_thread
 
 import recsvc.cli.main as cli
 from recsvc.bench.catalog import catalog_document, write_catalog
+from recsvc.catalog.file import MAX_MB_ENV, check_size, read_catalog
+from recsvc.catalog.reader import read_catalog_isolated
 from recsvc.client.client import RecClient
 from recsvc.errors import UserError
-from recsvc.model.catalog_reader import read_catalog_isolated
-from recsvc.model.live_catalog import MAX_MB_ENV, check_size, read_catalog
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.service.catalog_watch import watch_catalog
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from recsvc.content.fresh import FreshItems, FreshSettings, ItemVectors, query_file
+from recsvc.content.query import ContentQuery
 from recsvc.errors import UserError
-from recsvc.model.content_query import ContentQuery
-from recsvc.model.fresh import FreshItems, FreshSettings, ItemVectors, query_file
 from training.content_query import QueryFit, fit_content_query, fit_or_reuse, training_pairs
 
 

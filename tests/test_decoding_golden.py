@@ -23,8 +23,8 @@ import pytest
 from catalog_fixtures import live_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
+from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
-from recsvc.model.bundle import Bundle
 from recsvc.recommender.api import RecQuery
 from recsvc.rules.spec import Boost, Cap, Rules, ValueFilter
 from recsvc.service.settings import ServeSettings, build_recommender

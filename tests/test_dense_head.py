@@ -11,10 +11,10 @@ from cli_commands import only_commands
 from test_train_fixtures import make_data, one_thread, small_tokenizer, write_ids  # noqa: F401
 
 import recsvc.cli.main as cli
+from recsvc.bundle.directory import Bundle
+from recsvc.bundle.prompt import PromptBuilder
+from recsvc.content.dense_head import DenseHead, DenseRetriever, DenseSettings, has_dense_head, read_settings
 from recsvc.data.split import load_split_dir
-from recsvc.model.bundle import Bundle
-from recsvc.model.dense_head import DenseHead, DenseRetriever, DenseSettings, has_dense_head, read_settings
-from recsvc.model.prompt import PromptBuilder
 from tokenizer_rqvae.ids import SemanticIds
 from training.dense_loss import DenseLoss
 from training.sequences import collate, train_examples
@@ -109,8 +109,8 @@ def test_build_with_dense_head_saves_and_serves_it(data, tmp_path) -> None:
     assert read_settings(b.target_dir).blend == 0.0  # not merged until tuned
 
     # the dense loss trained: the head's query ranks a valid target above a random item more often than not
-    from recsvc.model.dense_head import last_hidden
-    from recsvc.model.loading import load_causal_lm
+    from recsvc.bundle.loading import load_causal_lm
+    from recsvc.content.dense_head import last_hidden
 
     model = load_causal_lm(b.train_only_target_dir, dtype="fp32")
     split = load_split_dir(d)
@@ -177,8 +177,8 @@ def test_served_and_evaluated_lists_merge_the_head_items(dense_bundle, tmp_path)
     """With a large blend the head's nearest items lead the list: the recommender and `recsvc eval` both merge."""
     from dataclasses import replace
 
-    from recsvc.model.dense_head import write_settings
-    from recsvc.model.loading import load_causal_lm
+    from recsvc.bundle.loading import load_causal_lm
+    from recsvc.content.dense_head import write_settings
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
@@ -194,7 +194,7 @@ def test_served_and_evaluated_lists_merge_the_head_items(dense_bundle, tmp_path)
     (res,) = rec.recommend([RecQuery(history=history, k=5, mode="plain")])
     (base,) = plain.recommend([RecQuery(history=history, k=5, mode="plain")])
     ret = DenseRetriever.load(b.target_dir)
-    from recsvc.model.dense_head import last_hidden
+    from recsvc.content.dense_head import last_hidden
 
     sims = ret.similarities(last_hidden(rec.target.model, [rec.prompts.prompt_ids(history)]))[0]
     ids = b.load_ids()

@@ -11,7 +11,7 @@ import time
 
 from test_drafter_fixtures import tiny_bundle
 
-from recsvc.model.bundle import Bundle
+from recsvc.bundle.directory import Bundle
 from training.teacher import build_teacher
 
 

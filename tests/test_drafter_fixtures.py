@@ -8,9 +8,9 @@ from pathlib import Path
 import torch
 from test_train_fixtures import make_data, small_tokenizer, write_ids
 
-from recsvc.model.bundle import Bundle
-from recsvc.model.loading import save_causal_lm
-from recsvc.model.presets import new_model
+from recsvc.bundle.directory import Bundle
+from recsvc.bundle.loading import save_causal_lm
+from recsvc.bundle.presets import new_model
 
 
 def tiny_bundle(root: Path, n_users: int = 40) -> Path:

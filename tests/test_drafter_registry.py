@@ -11,12 +11,12 @@ import pytest
 from test_drafter_fixtures import tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
+from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
 from recsvc.drafters.head_model import DraftHead, HeadConfig, save_head
 from recsvc.engine.engine_model import EngineModel
 from recsvc.errors import UserError
-from recsvc.model.bundle import Bundle
-from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.priors.transition import PriorSettings, TransitionPrior
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter

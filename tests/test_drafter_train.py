@@ -11,12 +11,12 @@ from safetensors.torch import load_file
 from test_drafter_fixtures import tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
+from recsvc.bundle.directory import Bundle
+from recsvc.bundle.loading import load_causal_lm
+from recsvc.bundle.presets import new_model
+from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import load_split_dir
 from recsvc.errors import UserError
-from recsvc.model.bundle import Bundle
-from recsvc.model.loading import load_causal_lm
-from recsvc.model.presets import new_model
-from recsvc.model.prompt import PromptBuilder
 from tokenizer_rqvae.trie import CatalogTrie
 from training.drafter_losses import METHODS, code_logprobs_tree, method_loss
 from training.teacher import TeacherStore, build_teacher, collate_tree, teacher_dir

@@ -8,7 +8,7 @@ from engine_helpers import TEXT_VOCAB, batch, catalog_with_sequences, random_pro
 from recsvc.drafters.transition import TransitionDrafter
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.speculative import speculative_search
-from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 

@@ -23,7 +23,7 @@ from recsvc.engine.fast import FastCache
 from recsvc.engine.prefill import Prefill
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.state_cache import UserStateCache
-from recsvc.model.hardware import native_bf16
+from recsvc.hardware import native_bf16
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

@@ -296,7 +296,7 @@ def test_sampling_with_a_dominant_prior_returns_the_priors_items(setup) -> None:
 
 def test_transition_prior_feeds_the_engine(setup) -> None:
     """The real prior class end to end: TransitionPrior.probs rows are the trie's item rows."""
-    from recsvc.model.transition import PriorSettings, TransitionPrior
+    from recsvc.priors.transition import PriorSettings, TransitionPrior
 
     ids, trie, model = setup
     items = ids.item_ids.tolist()

@@ -17,8 +17,8 @@ import pytest
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
+from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
-from recsvc.model.bundle import Bundle
 from tokenizer_rqvae.trie import CatalogTrie
 from training.evaluate import rank_users, serving_model
 

@@ -1,4 +1,4 @@
-"""Fresh items (recsvc/model/fresh.py): content candidates, the tail merge, storage; the cold / warm slices."""
+"""Fresh items (recsvc/content/fresh.py): content candidates, the tail merge, storage; the cold / warm slices."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from recsvc.content.fresh import FreshItems, FreshSettings, ItemVectors, fresh_items_of
 from recsvc.data.metrics import evaluate_slices, score_lists
 from recsvc.data.split import EvalUser
 from recsvc.errors import UserError
-from recsvc.model.fresh import FreshItems, FreshSettings, ItemVectors, fresh_items_of
 
 # items 1-3 warm, 10-12 fresh; 2-d vectors: 1 and 10 point east, 2 and 11 north, 3 and 12 west
 VECS = ItemVectors.from_arrays([1, 2, 3, 10, 11, 12],
@@ -88,7 +88,7 @@ def test_served_lists_end_with_the_fresh_slots(tmp_path: Path) -> None:
     use_fresh=False (serve --no-fresh) decodes exactly as before; requests with rules are left as decoded."""
     from test_drafter_fixtures import tiny_bundle
 
-    from recsvc.model.bundle import Bundle
+    from recsvc.bundle.directory import Bundle
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
     from recsvc.rules.spec import Rules

@@ -5,15 +5,20 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   declare themselves as entry points in pyproject.toml (``recsvc/commands.py`` loads them and skips them when
   ``training`` is not installed); no string in ``recsvc/`` names a ``training`` module.
 - ``recsvc/engine/`` (decoding) imports nothing above it: not the recommender, the service, the benches, the
-  CLI, the drafters (they implement ``engine/ports.py``), the rules nor model loading.
+  CLI, the drafters (they implement ``engine/ports.py``), the rules nor the bundle (it is handed loaded models).
 - ``recsvc/recommender/`` (the composition root: a bundle as a ``Recommender``) may import the engine, the
-  drafters, the rules and the model, and imports no service, bench or CLI module; the layers below it (engine,
-  drafters, rules, the data layer) never import it.
+  drafters, the rules, the bundle and the data layer, and imports no service, bench or CLI module; the layers
+  below it (engine, drafters, rules, the bundle, the data layer) never import it.
 - drafters are built by name in ``recommender/drafter_registry.py``: the rest of the recommender, the service,
   the benches and the CLI import no drafter (they use the ``Drafter`` port's capabilities).
-- the data layer (``recsvc/data``, ``recsvc/model``, ``recsvc/errors.py``, ``recsvc/progress.py``,
-  ``tokenizer_rqvae``) imports no engine, recommender, service, bench or CLI module; ``recsvc/service`` imports
-  no bench, CLI or client module.
+- the data layer (``recsvc/data``, ``recsvc/priors``, ``recsvc/content``, ``recsvc/catalog``,
+  ``recsvc/hardware.py``, ``recsvc/errors.py``, ``recsvc/progress.py``, ``tokenizer_rqvae``) imports no bundle,
+  engine, drafter, rule, recommender, service, client, bench or CLI module; ``recsvc/service`` imports no bench,
+  CLI or client module.
+- the bundle (``recsvc/bundle``: its directory, the LM presets, loading, tokenizer and prompt) stands on the
+  data layer beside the engine: it imports no engine, drafter, rule, recommender, service, client, bench or CLI
+  module, and the engine, the drafters and both rule rooms import no bundle module (the recommender loads the
+  bundle and hands its models down).
 - the rules are two rooms: the trie-level rules (``recsvc/rules``: the Rules values, item attributes,
   their compilation over the trie's leaves, the greedy cap filler) sit with the data layer and import no engine,
   drafter or decoding-level rule; the decoding-level rules (``recsvc/rule_decoding``: list-level search, look-ahead, the
@@ -22,6 +27,7 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   recommender in ``recsvc/service``.
 - no module of the project is imported by a string (``importlib.import_module``, ``__import__``): commands and
   benches are entry points, loaded through the packaging metadata's table.
+- every place named here exists and holds source, so that a renamed room cannot leave a check reading nothing.
 
 A new import that breaks one of these fails here with the file, line and module.
 """
@@ -39,16 +45,19 @@ GENERATED = ROOT / "recsvc" / "service" / "gen"
 ABOVE_ENGINE = (
     "recsvc.recommender", "recsvc.service", "recsvc.bench", "recsvc.cli", "recsvc.drafters", "recsvc.rules",
     "recsvc.rule_decoding",
-    "recsvc.model.bundle", "recsvc.model.loading",  # model loading
+    "recsvc.bundle",  # the bundle and model loading: the engine is handed loaded models
     "training",
 )
 ABOVE_RECOMMENDER = ("recsvc.service", "recsvc.bench", "recsvc.cli", "training")
-BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules", "recsvc/rule_decoding")  # and the data layer
+BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules", "recsvc/rule_decoding")  # + bundle, data
 DRAFTER_REGISTRY = "recsvc/recommender/drafter_registry.py"  # the one place above the drafters that builds them
-DATA_LAYER = ("recsvc/data", "recsvc/model", "recsvc/errors.py", "recsvc/progress.py", "tokenizer_rqvae")
-ABOVE_DATA = ("recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.rule_decoding", "recsvc.recommender",
-              "recsvc.service",
-              "recsvc.bench", "recsvc.cli", "training")
+DATA_LAYER = ("recsvc/data", "recsvc/priors", "recsvc/content", "recsvc/catalog", "recsvc/hardware.py",
+              "recsvc/errors.py", "recsvc/progress.py", "tokenizer_rqvae")
+ABOVE_DATA = ("recsvc.bundle", "recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.rule_decoding",
+              "recsvc.recommender", "recsvc.service", "recsvc.client", "recsvc.bench", "recsvc.cli", "training")
+# the bundle (its directory, LM presets, loading, tokenizer, prompt): on the data layer, beside the engine
+BUNDLE = ("recsvc/bundle",)
+ABOVE_BUNDLE = ABOVE_DATA[1:]
 ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "recsvc.client", "training")
 MODULE_NAME = re.compile(r"^training(\.\w+)*$")
 # the rules in their two rooms: the trie-level rules (below the engine, beside the data layer) and the
@@ -164,9 +173,23 @@ def test_data_layer_imports_no_engine_service_or_cli() -> None:
     assert violations(DATA_LAYER, ABOVE_DATA) == []
 
 
+def test_bundle_stands_beside_the_engine() -> None:
+    assert violations(BUNDLE, ABOVE_BUNDLE) == []
+    assert violations(BELOW_RECOMMENDER, ("recsvc.bundle",)) == []  # the engine, drafters, rules load no bundle
+
+
 def test_service_imports_no_bench_or_cli() -> None:
     assert violations(("recsvc/service",), ABOVE_SERVICE) == []
 
+
+
+def test_every_place_named_holds_source() -> None:
+    places = (*BELOW_RECOMMENDER, *DATA_LAYER, *BUNDLE, *RULES_TRIE_LEVEL, *RULES_DECODING, DRAFTER_REGISTRY,
+              "recsvc/recommender", "recsvc/service", "recsvc/bench", "recsvc/cli")
+    assert [place for place in places if not sources(place)] == []
+    modules = {*ABOVE_ENGINE, *ABOVE_DATA, *ABOVE_TRIE_RULES, *ABOVE_SERVICE}
+    path_of = {m: m.replace(".", "/") for m in modules}
+    assert sorted(m for m in modules if not sources(path_of[m]) and not sources(path_of[m] + ".py")) == []
 
 
 def test_rules_are_two_layers() -> None:

@@ -13,9 +13,9 @@ import pytest
 from catalog_fixtures import DIM, NEW, add_entry, free_codes, live_bundle, vector_of
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
+from recsvc.catalog.file import LiveCatalog, parse_catalog, read_catalog
 from recsvc.errors import UserError
-from recsvc.model.live_catalog import LiveCatalog, parse_catalog, read_catalog
-from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.priors.transition import PriorSettings, TransitionPrior
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
 from recsvc.recommender.live_catalog import LiveRecommender, with_catalog

@@ -8,10 +8,10 @@ import pytest
 import torch
 from test_train_fixtures import random_ids, small_tokenizer
 
+from recsvc.bundle.directory import Bundle
+from recsvc.bundle.loading import load_causal_lm, save_causal_lm
+from recsvc.bundle.presets import new_model
 from recsvc.errors import UserError
-from recsvc.model.bundle import Bundle
-from recsvc.model.loading import load_causal_lm, save_causal_lm
-from recsvc.model.presets import new_model
 
 
 def test_create_mark_done_reopen(tmp_path) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from transformers import LlamaForCausalLM
 
+from recsvc.bundle.presets import DRAFTER_PRESETS, PRESETS, TARGET_PRESETS, get_preset, llama_config
 from recsvc.errors import UserError
-from recsvc.model.presets import DRAFTER_PRESETS, PRESETS, TARGET_PRESETS, get_preset, llama_config
 
 VOCAB = 1824  # our tokenizer: ~800 text tokens + 1024 code tokens
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_train_fixtures import random_ids, small_tokenizer
 
+from recsvc.bundle.prompt import HEADER, IGNORE_INDEX, MAX_HISTORY, PromptBuilder
 from recsvc.errors import UserError
-from recsvc.model.prompt import HEADER, IGNORE_INDEX, MAX_HISTORY, PromptBuilder
 
 ITEMS = list(range(1, 41))
 TOK = small_tokenizer()

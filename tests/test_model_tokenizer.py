@@ -6,8 +6,8 @@ import pytest
 from test_train_fixtures import small_tokenizer
 from transformers import AutoTokenizer
 
+from recsvc.bundle.tokenizer import add_code_tokens, code_token_offset, from_base_model, load_tokenizer
 from recsvc.errors import UserError
-from recsvc.model.tokenizer import add_code_tokens, code_token_offset, from_base_model, load_tokenizer
 from tokenizer_rqvae.ids import all_code_tokens, code_token
 
 

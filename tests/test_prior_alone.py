@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from recsvc.data.split import EvalUser
-from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.priors.transition import PriorSettings, TransitionPrior
 from training.prior_alone import prior_rankings
 
 SEQS = [[1, 2, 3], [1, 2, 4], [2, 3, 1], [5, 1, 2], [3, 2, 1]]

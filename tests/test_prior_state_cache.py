@@ -11,7 +11,7 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 from recsvc.engine import state_cache
 from recsvc.engine.state_cache import UserStateCache
-from recsvc.model.transition import PriorSettings
+from recsvc.priors.transition import PriorSettings
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
 

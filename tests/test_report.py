@@ -17,7 +17,7 @@ import pytest
 from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401 (one_thread: a fixture)
 
 from recsvc.cli.main import main
-from recsvc.model.hardware import cpu_model
+from recsvc.hardware import cpu_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]

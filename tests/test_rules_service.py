@@ -13,11 +13,11 @@ import pytest
 import torch
 from test_drafter_fixtures import tiny_bundle
 
+from recsvc.bundle.directory import Bundle
 from recsvc.cli.main import main
 from recsvc.client import cli as client_cli
 from recsvc.client.client import RecClient, rules_message
 from recsvc.drafters.head_model import DraftHead, HeadConfig, save_head
-from recsvc.model.bundle import Bundle
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.rule_decoding.decode import RuleSettings

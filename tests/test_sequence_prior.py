@@ -1,4 +1,4 @@
-"""The mixed prior (recsvc/model/sequence_prior.py): transition counts + a SASRec's softmax, stored and tuned."""
+"""The mixed prior (recsvc/priors/mixed.py): transition counts + a SASRec's softmax, stored and tuned."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from test_drafter_fixtures import tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
+from recsvc.bundle.directory import Bundle
 from recsvc.errors import UserError
-from recsvc.model.bundle import Bundle
-from recsvc.model.sasrec import SASRec
-from recsvc.model.sequence_prior import MixedPrior, MixSettings, SequenceModel, load_prior
-from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.priors.mixed import MixedPrior, MixSettings, SequenceModel, load_prior
+from recsvc.priors.sasrec import SASRec
+from recsvc.priors.transition import PriorSettings, TransitionPrior
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -273,7 +273,7 @@ def test_the_torch_prior_matches_the_numpy_reference(fresh: bool) -> None:
     """``MixedPrior.probs`` (float32 torch) == ``ReferenceMixedPrior.probs`` (numpy, the product in float64) up to
     float32 rounding, with a fresh item SASRec does not know (a gather / scatter between their rows) and without
     (SASRec's rows are the catalog's), for known and unknown histories, mixture and product on or off."""
-    from recsvc.model.prior_reference import ReferenceMixedPrior
+    from recsvc.priors.reference import ReferenceMixedPrior
 
     rng = np.random.default_rng(0)
     catalog = list(range(1, 41))

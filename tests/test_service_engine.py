@@ -120,8 +120,8 @@ def test_relaxed_without_a_drafter_samples_from_the_target(tiny_bundle) -> None:
 
 
 def test_auto_speculation_calibrates_on_the_bundles_validation_users(tiny_bundle, recommender, tmp_path) -> None:
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
     from recsvc.service.calibration import calibration_histories
 
     data = load_split_dir(Bundle.open(tiny_bundle).resolve_data_dir())

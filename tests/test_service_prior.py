@@ -13,11 +13,11 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
+from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
-from recsvc.model.bundle import Bundle
-from recsvc.model.transition import TransitionPrior
+from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from training.baselines import format_table

@@ -9,8 +9,8 @@ from cli_commands import only_commands
 from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401 (one_thread: a fixture)
 
 import recsvc.cli.main as cli
-from recsvc.model.bundle import Bundle
-from recsvc.model.prompt import PromptBuilder
+from recsvc.bundle.directory import Bundle
+from recsvc.bundle.prompt import PromptBuilder
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,7 +91,7 @@ def test_build_deploy_protocol_compact_prompt(data, tmp_path) -> None:
     # the refit changed the weights: the served target is not the train-only one
     import torch
 
-    from recsvc.model.loading import load_causal_lm
+    from recsvc.bundle.loading import load_causal_lm
 
     served = b.load_target(dtype="fp32")
     train_only = load_causal_lm(b.train_only_target_dir, dtype="fp32")

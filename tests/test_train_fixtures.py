@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from recsvc.bundle.prompt import TEMPLATES
+from recsvc.bundle.tokenizer import tokenizer_texts, train_tokenizer
 from recsvc.data.split import load_split_dir
-from recsvc.model.prompt import TEMPLATES
-from recsvc.model.tokenizer import tokenizer_texts, train_tokenizer
 from tokenizer_rqvae.ids import SemanticIds
 from training.data.synth import SynthConfig, write_synth
 

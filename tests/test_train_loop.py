@@ -8,10 +8,10 @@ import pytest
 import torch
 from test_train_fixtures import one_thread, random_ids, small_tokenizer  # noqa: F401 (one_thread: a fixture)
 
+from recsvc.bundle.presets import new_model
+from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import EvalUser
-from recsvc.model.hardware import native_bf16
-from recsvc.model.presets import new_model
-from recsvc.model.prompt import PromptBuilder
+from recsvc.hardware import native_bf16
 from training.sequences import collate, eval_examples, train_examples
 from training.train_target import (
     TrainConfig,
@@ -41,7 +41,7 @@ def cfg(**kw) -> TrainConfig:
 def test_resolve_bf16() -> None:
     cpu = torch.device("cpu")
     assert resolve_bf16("on", cpu) and not resolve_bf16("off", cpu)
-    assert resolve_bf16("auto", cpu) == native_bf16("cpu")  # the hardware's own answer (recsvc.model.hardware)
+    assert resolve_bf16("auto", cpu) == native_bf16("cpu")  # the hardware's own answer (recsvc.hardware)
     with pytest.raises(Exception, match="auto, on or off"):
         resolve_bf16("maybe", cpu)
 

@@ -7,9 +7,9 @@ import torch
 from test_train_fixtures import one_thread, random_ids  # noqa: F401 (one_thread: a fixture)
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from recsvc.model.loading import load_causal_lm, save_causal_lm
-from recsvc.model.prompt import PromptBuilder
-from recsvc.model.tokenizer import code_token_offset, from_base_model, train_tokenizer
+from recsvc.bundle.loading import load_causal_lm, save_causal_lm
+from recsvc.bundle.prompt import PromptBuilder
+from recsvc.bundle.tokenizer import code_token_offset, from_base_model, train_tokenizer
 from training.lora import LoraSettings, is_peft, load_base_model, merge_lora, wrap_lora
 from training.sequences import train_examples
 from training.train_target import TrainConfig, fit_causal_lm

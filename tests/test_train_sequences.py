@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from test_train_fixtures import random_ids, small_tokenizer
 
+from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
 from recsvc.data.split import EvalUser
-from recsvc.model.prompt import IGNORE_INDEX, PromptBuilder
 from training.sequences import bucketed_batches, collate, count_tokens, eval_examples, train_examples
 
 TOK = small_tokenizer()

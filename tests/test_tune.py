@@ -11,8 +11,8 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401 (one_thread: a fixture)
 
 import recsvc.cli.main as cli
-from recsvc.model.bundle import Bundle
-from recsvc.model.transition import TransitionPrior
+from recsvc.bundle.directory import Bundle
+from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.bundle_recommender import BundleRecommender
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -149,7 +149,7 @@ def test_tune_fresh_writes_the_slots_and_eval_reports_cold_and_warm(tmp_path, mo
     for key in ("recall@10", "ndcg@10"):
         assert record["valid"][f"warm_{key}_diff"] > -record["valid"][f"warm_{key}_se"] or (
             record["valid"][f"warm_{key}_diff"] == 0.0)
-    from recsvc.model.fresh import FreshItems
+    from recsvc.content.fresh import FreshItems
 
     fresh = FreshItems.load(b.fresh_dir)
     assert fresh.fresh_ids.tolist() == [3, 4, 5] and fresh.settings.slots == record["settings"]["slots"]
@@ -180,8 +180,8 @@ def test_tune_fresh_gate_rate_resolves_the_threshold_on_each_period(tmp_path, mo
     _hold_out_items(tmp_path / "data", {3, 4, 5})
     assert cli.main(["tune", "fresh", "--bundle", str(root), "--dtype", "fp32", "--gate", "rate",
                      "--embed-cache", str(tmp_path / "emb")]) == 0
+    from recsvc.content.fresh import FreshItems
     from recsvc.data.split import load_split_dir
-    from recsvc.model.fresh import FreshItems
     from training.tune_fresh import RATES, SLOTS, WINDOWS
 
     b = Bundle.open(root)
@@ -214,7 +214,7 @@ def test_tune_fresh_with_the_learned_query_fits_it_per_period_and_eval_reads_it(
     record = b.read()["tuning"]["fresh"]
     assert record["trials"] == 2 * 8 * 6 * 15 and set(record["best_by_query"]) == {"mean", "learned"}
     assert record["query_fit"]["train"]["period"] == "train" and record["query_fit"]["train"]["pairs"] > 0
-    from recsvc.model.fresh import FreshItems, query_file
+    from recsvc.content.fresh import FreshItems, query_file
 
     assert query_file(b.fresh_dir, "train").is_file()  # for evaluations on valid
     fresh = FreshItems.load(b.fresh_dir)

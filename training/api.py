@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from recsvc.bundle.directory import Bundle
 from recsvc.errors import UserError
-from recsvc.model.bundle import Bundle
 
 MODES = ("strict", "relaxed")
 

@@ -92,8 +92,8 @@ def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
     """The ``--plan`` report for the target stage's settings (see training/plan.py); writes BUNDLE/plan.json."""
     import torch
 
-    from recsvc.model.presets import get_preset, new_model
-    from recsvc.model.prompt import MAX_HISTORY, PromptBuilder
+    from recsvc.bundle.presets import get_preset, new_model
+    from recsvc.bundle.prompt import MAX_HISTORY, PromptBuilder
     from training.plan import epoch_plan, probe_tokens_per_s, render_plan
     from training.sequences import alignment_examples, train_examples
     from training.train_target import ensure_tokenizer
@@ -149,8 +149,8 @@ def plan_fit_budget(args: argparse.Namespace, cfg, model, builder, data, selecti
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
     from training.train_target import ensure_tokenizer, train_target
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]

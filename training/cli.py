@@ -50,7 +50,7 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    from recsvc.model.presets import TARGET_PRESETS
+    from recsvc.bundle.presets import TARGET_PRESETS
 
     p.add_argument("--preset", default="small", choices=TARGET_PRESETS, help="target shape (no --base-model)")
     p.add_argument("--base-model", type=Path, default=None, help="local pretrained LLaMA-family checkpoint")
@@ -99,7 +99,7 @@ def register(subparsers) -> None:
     add_model_args(p)
     add_loop_args(p)
     p.set_defaults(func=cmd_target)
-    from recsvc.model import presets
+    from recsvc.bundle import presets
 
     d = sub.add_parser("drafter", help="train the drafter LM into the bundle (stage 'drafter')")
     d.add_argument("--bundle", type=Path, required=True, help="bundle directory with ids + tokenizer")
@@ -211,7 +211,7 @@ def dense_settings(args: argparse.Namespace):
     weight = getattr(args, "dense_head", 0.0)
     if weight is None or weight == 0:
         return None
-    from recsvc.model.dense_head import DenseSettings
+    from recsvc.content.dense_head import DenseSettings
 
     if weight < 0 or args.dense_temperature <= 0:
         raise UserError("--dense-head must be >= 0 and --dense-temperature > 0")

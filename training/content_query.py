@@ -1,4 +1,4 @@
-"""Fit the learned content query (``recsvc.model.content_query.ContentQuery``) on one period's interactions.
+"""Fit the learned content query (``recsvc.content.query.ContentQuery``) on one period's interactions.
 
 Every position t >= 1 of every user's sequence is a training pair: the texts (sentence embeddings) of the up to
 ``length`` items before t -> the item at t. The query (position weights, then a linear map) and the candidates
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+from recsvc.content.fresh import ItemVectors
+from recsvc.content.query import ContentQuery
 from recsvc.errors import UserError
-from recsvc.model.content_query import ContentQuery
-from recsvc.model.fresh import ItemVectors
 
 
 @dataclass(frozen=True)

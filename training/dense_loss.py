@@ -1,5 +1,5 @@
 """The dense head's training loss beside the language-model loss (``recsvc build --dense-head W``;
-``recsvc/model/dense_head.py`` says what the head is and how it is served).
+``recsvc/content/dense_head.py`` says what the head is and how it is served).
 
 The head is attached to the transformers model as ``model.dense_head`` while it trains (so the loop's optimizer,
 checkpoints and budget probe carry it) and taken off before the model is saved (``detach_head``).
@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from recsvc.model.dense_head import DenseHead, DenseSettings
-from recsvc.model.prompt import IGNORE_INDEX, PromptBuilder
+from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
+from recsvc.content.dense_head import DenseHead, DenseSettings
 from tokenizer_rqvae.ids import CODEBOOK_SIZE
 
 

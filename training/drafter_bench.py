@@ -20,7 +20,7 @@ import argparse
 
 from recsvc.bench.common import machine, markdown_table, parse_int_list, set_threads, write_json
 from recsvc.errors import UserError
-from recsvc.model.hardware import resolve_dtype
+from recsvc.hardware import resolve_dtype
 
 # one line of `recsvc bench --help`
 HELP = "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"

@@ -119,7 +119,7 @@ def _sharded(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) ->
 def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> int:
     if args.baselines_only:
         return _baselines_only(args, names, ks)
-    from recsvc.model.bundle import Bundle
+    from recsvc.bundle.directory import Bundle
     from training.evaluate import evaluate_bundle
 
     bundle = Bundle.open(args.bundle)
@@ -173,7 +173,7 @@ def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[i
         raise UserError("--baselines-only needs at least one baseline (--baselines)")
     protocol, exclude = args.protocol, bool(args.exclude_history)
     if args.bundle:
-        from recsvc.model.bundle import Bundle
+        from recsvc.bundle.directory import Bundle
 
         bundle = Bundle.open(args.bundle)
         exclude = bundle.excludes_history(args.exclude_history)

@@ -17,6 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from recsvc.bundle.prompt import PromptBuilder
+from recsvc.content.dense_head import DenseRetriever, has_dense_head, last_hidden
+from recsvc.content.fresh import FreshItems
 from recsvc.data.metrics import evaluate_rankings, popularity_rankings, score_lists
 from recsvc.data.sampling import sample_users
 from recsvc.data.split import EvalUser, SplitData
@@ -25,12 +28,9 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
-from recsvc.model.dense_head import DenseRetriever, has_dense_head, last_hidden
-from recsvc.model.fresh import FreshItems
-from recsvc.model.hardware import resolve_dtype
-from recsvc.model.prompt import PromptBuilder
-from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
-from recsvc.model.transition import TransitionPrior
+from recsvc.hardware import resolve_dtype
+from recsvc.priors.mixed import MixedPrior, SequenceModel, load_prior
+from recsvc.priors.transition import TransitionPrior
 from recsvc.progress import progress_bar
 from recsvc.recommender.prior_ranked import ranks_alone
 from tokenizer_rqvae.trie import CatalogTrie
@@ -55,7 +55,7 @@ def rank_users(
     without sharding (same order, same composition, so the same padding), so the union over ranks equals the
     single-process result user for user.
 
-    ``dense``: the target's dense head (``recsvc.model.dense_head``), active when its blend is > 0: the search's
+    ``dense``: the target's dense head (``recsvc.content.dense_head``), active when its blend is > 0: the search's
     whole width and the head's nearest items are ranked together (``DenseRetriever.merge``), as the service does."""
     engine = BeamSearch(model, trie, builder.code_offset)
     fuse = prior is not None and prior.settings.weight > 0
@@ -173,10 +173,10 @@ def evaluate_bundle(
     alone scores them (and the baselines) and returns the result; the other ranks return None."""
     import time
 
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.loading import load_causal_lm
     from recsvc.data.split import load_split_dir
     from recsvc.errors import UserError
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.loading import load_causal_lm
 
     bundle = Bundle.open(bundle_dir)
     data_path = bundle.resolve_data_dir(data_dir)

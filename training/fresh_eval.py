@@ -1,7 +1,7 @@
 """Cold / warm slices and fresh-item lists for offline evaluation (torch-free: the baselines use it too).
 
 The cold slice of a split is the targets that are catalog items nobody interacted with in the fitting period
-(``cold_items``); a model with a fresh-items component (``recsvc.model.fresh``) gives them the tails of its
+(``cold_items``); a model with a fresh-items component (``recsvc.content.fresh``) gives them the tails of its
 lists, read at every cutoff (``fresh_lists``).
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from recsvc.content.fresh import FreshItems
 from recsvc.data.metrics import ndcg_at_k, recall_at_k, slice_users, standard_error
 from recsvc.data.split import EvalUser, SplitData
-from recsvc.model.fresh import FreshItems
 
 
 def cold_items(data: SplitData, fit_on: str, catalog: Sequence[int]) -> set[int]:

@@ -2,7 +2,7 @@
 
     recsvc tune fresh-signals --bundle B [--top 5] [--json F]
 
-The fresh-item slots (``recsvc.model.fresh``) rank a period's fresh items for a user by the cosine similarity of
+The fresh-item slots (``recsvc.content.fresh``) rank a period's fresh items for a user by the cosine similarity of
 their text embedding to the mean embedding of the user's last ``window`` history items (the bundle's tuned
 window). Two further signals are candidates for that ranking:
 - **content popularity**: how much of the fitting period's recent demand lies near the item in text space, a
@@ -83,10 +83,10 @@ def share_in_top(scores: np.ndarray, fresh_ids: np.ndarray, history: set[int], c
 def cmd_fresh_signals(args: argparse.Namespace) -> int:
     import torch
 
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.loading import load_causal_lm
+    from recsvc.content.fresh import FreshItems, FreshSettings
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.fresh import FreshItems, FreshSettings
-    from recsvc.model.loading import load_causal_lm
     from training.fresh_eval import cold_items, fresh_candidates
     from training.prior_cli import resolve_fit_on
     from training.studies import validation_model

@@ -74,7 +74,7 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prior import prior_log_mass
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.model.sequence_prior import load_prior
+    from recsvc.priors.mixed import load_prior
     from recsvc.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
     from training.teacher import model_fingerprint

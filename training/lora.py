@@ -35,7 +35,7 @@ def load_base_model(path: str | Path, tokenizer, dtype: str = "fp32"):
     """Pretrained causal LM from ``path`` with embeddings resized to ``len(tokenizer)`` (new rows: mean init)."""
     from transformers import AutoModelForCausalLM
 
-    from recsvc.model.loading import torch_dtype
+    from recsvc.bundle.loading import torch_dtype
 
     path = Path(path)
     if not (path / "config.json").is_file():

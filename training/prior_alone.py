@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from recsvc.data.split import EvalUser
-from recsvc.model.sequence_prior import MixedPrior
-from recsvc.model.transition import TransitionPrior, top_items
+from recsvc.priors.mixed import MixedPrior
+from recsvc.priors.transition import TransitionPrior, top_items
 
 RANK_BATCH = 512  # users per dense [B, n] probability block (B * 12k floats on Beauty = 25 MB)
 

@@ -55,9 +55,9 @@ def prior_sequences(data, fit_on: str) -> Iterable[list[int]]:
 
 
 def cmd_prior_fit(args: argparse.Namespace) -> int:
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.transition import PriorSettings, TransitionPrior
+    from recsvc.priors.transition import PriorSettings, TransitionPrior
 
     settings = PriorSettings(window=args.window, decay=args.decay, beta=args.beta, weight=args.weight).check()
     bundle = Bundle.open(args.bundle)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
 from recsvc.data.sampling import sample_users
 from recsvc.data.split import EvalUser
-from recsvc.model.prompt import IGNORE_INDEX, PromptBuilder
 
 
 @dataclass(frozen=True)

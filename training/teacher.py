@@ -185,11 +185,11 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
 
     from safetensors.torch import save_file
 
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.model.bundle import Bundle
     from recsvc.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
 

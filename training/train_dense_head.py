@@ -1,5 +1,5 @@
 """``recsvc train dense-head``: the dense head fitted on a trained target whose weights stay as they are
-(``recsvc.model.dense_head``; ``backbone: frozen``). The target's beams are then exactly the target's, and the
+(``recsvc.content.dense_head``; ``backbone: frozen``). The target's beams are then exactly the target's, and the
 head only adds its nearest items beside them.
 
 Each of the bundle's targets gets its own head, fitted on the windows of the period it was trained on: the
@@ -23,10 +23,10 @@ from recsvc.errors import UserError
 def train_dense_head(bundle_dir: str | Path, epochs: int = 1, lr: float = 1e-3, temperature: float = 0.07,
                      batch_size: int = 32, window_stride: int = 5, seed: int = 0, dtype: str = "auto",
                      log=print) -> dict[str, Any]:
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.loading import load_causal_lm
+    from recsvc.content.dense_head import DenseHead, DenseSettings, save_dense_head
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.dense_head import DenseHead, DenseSettings, save_dense_head
-    from recsvc.model.loading import load_causal_lm
     from recsvc.progress import progress_bar
     from training.dense_loss import DenseLoss
     from training.sequences import bucketed_batches, collate, train_examples

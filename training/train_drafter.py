@@ -69,6 +69,7 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
     (temperature 1, user i's generator seeded with ``seed + i``)} on a fixed sample of validation users. The
     target is loaded on first use; the drafter is evaluated as served (a ``dtype`` copy; the target in the
     engine's ``attention`` mode)."""
+    from recsvc.bundle.loading import torch_dtype
     from recsvc.data.sampling import sample_users
     from recsvc.drafters.llama import LlamaDrafter
     from recsvc.engine.beam_search import BeamSearch
@@ -76,7 +77,6 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.sampling import make_generators
-    from recsvc.model.loading import torch_dtype
 
     users = sample_users(data.eval_users("valid"), max_users, seed)
     users.sort(key=lambda u: min(len(u.history), builder.max_history))  # similar prompt lengths per batch
@@ -163,10 +163,10 @@ def train_drafter(
     spec) or "trie" (every trie-allowed code: the paper's "w/o CA" ablation)."""
     from accelerate import PartialState
 
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.loading import load_causal_lm, save_causal_lm
+    from recsvc.bundle.presets import get_preset, new_model
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.loading import load_causal_lm, save_causal_lm
-    from recsvc.model.presets import get_preset, new_model
     from training.sequences import count_tokens, eval_examples, train_examples
 
     if method not in METHODS:

@@ -105,9 +105,9 @@ def train_head(bundle_dir: str | Path, method: str = "atspeed-s", alpha: float =
                resume: bool = False, progress: bool = True, trace_batch_size: int = 32) -> dict[str, Any]:
     from transformers import get_cosine_schedule_with_warmup
 
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
     from recsvc.drafters.head_model import DraftHead, HeadConfig, load_head, save_head
-    from recsvc.model.bundle import Bundle
     from recsvc.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
     from training.head_traces import build_traces

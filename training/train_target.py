@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from recsvc.bundle.prompt import IGNORE_INDEX
 from recsvc.errors import UserError
-from recsvc.model.prompt import IGNORE_INDEX
 from training.budget import contention_warning, plan_schedule
 from training.sequences import Example, bucketed_batches, collate
 
@@ -425,8 +425,8 @@ def _best_entry(result: FitResult) -> dict[str, float | str]:
 
 def ensure_tokenizer(bundle, data, base_model: str | Path | None = None, vocab_size: int | None = None):
     """The bundle's tokenizer, built on first use (our BPE on prompt + item texts, or the base model's)."""
-    from recsvc.model.prompt import TEMPLATES
-    from recsvc.model.tokenizer import (
+    from recsvc.bundle.prompt import TEMPLATES
+    from recsvc.bundle.tokenizer import (
         DEFAULT_TEXT_VOCAB,
         code_token_offset,
         from_base_model,
@@ -472,7 +472,7 @@ def train_target(
     refit_lr: float | None = None,
     refit_mode: str = "continue",
     align: str = "none",
-    dense=None,  # recsvc.model.dense_head.DenseSettings | None: train the dense head beside the LM
+    dense=None,  # recsvc.content.dense_head.DenseSettings | None: train the dense head beside the LM
 ) -> dict[str, Any]:
     """The ``target`` stage: train, save the best model to BUNDLE/target, mark the stage done.
 
@@ -483,7 +483,7 @@ def train_target(
     ``cfg.epochs == 0`` the selection phase is skipped and ``refit_epochs`` comes from an earlier selection
     run, e.g. a paper-protocol bundle's best epoch): a deployed model must know the most
     recent period before it serves the next one. ``dense``: also train the dense head (its loss beside the LM
-    loss, over the fitting period's items; saved beside the target, ``recsvc.model.dense_head``).
+    loss, over the fitting period's items; saved beside the target, ``recsvc.content.dense_head``).
     ``align="text2id"`` adds LC-Rec's text -> id alignment examples
     (``training.sequences.alignment_examples``) of the catalog of the period each phase serves: the items
     interacted with by the end of valid for the selection phase, the whole catalog for the deploy refit. The
@@ -496,10 +496,10 @@ def train_target(
     """
     from accelerate import PartialState
 
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.presets import get_preset, new_model
+    from recsvc.bundle.prompt import MAX_HISTORY, PromptBuilder
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.presets import get_preset, new_model
-    from recsvc.model.prompt import MAX_HISTORY, PromptBuilder
     from training.lora import is_peft, load_base_model, merge_lora, wrap_lora
     from training.sequences import ALIGN_MODES, alignment_examples, count_tokens, eval_examples, train_examples
 
@@ -648,7 +648,7 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
 
 def catalog_text_embeddings(data_dir: str | Path, ids) -> torch.Tensor:
     """[n, D] every catalog item's text embedding (the one its semantic id was made from), in ``ids``' row order."""
-    from recsvc.model.dense_head import item_embeddings
+    from recsvc.content.dense_head import item_embeddings
     from training.tune_fresh import item_vectors
 
     vectors = item_vectors(Path(data_dir))
@@ -674,8 +674,8 @@ def known_rows(ids, sequences) -> set[int]:
 def save_target(model, directory: Path, dense_items: torch.Tensor | None, dense, known: set[int] | None = None,
                 item_ids: Sequence[int] | None = None) -> None:
     """The causal LM to ``directory``; its dense head (taken off the model) beside it when it has one."""
-    from recsvc.model.dense_head import save_dense_head
-    from recsvc.model.loading import save_causal_lm
+    from recsvc.bundle.loading import save_causal_lm
+    from recsvc.content.dense_head import save_dense_head
     from training.dense_loss import detach_head
 
     head = detach_head(model)

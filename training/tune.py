@@ -95,12 +95,12 @@ def register(subparsers) -> None:
 def cmd_tune_prior(args: argparse.Namespace) -> int:
     import torch
 
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.loading import load_causal_lm
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.loading import load_causal_lm
-    from recsvc.model.transition import PriorSettings, TransitionPrior
+    from recsvc.priors.transition import PriorSettings, TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.evaluate import rank_users, serving_model
     from training.prior_cli import prior_sequences, resolve_fit_on
@@ -173,8 +173,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
 def cmd_tune_target(args: argparse.Namespace) -> int:
     import torch
 
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.presets import TARGET_PRESETS
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.presets import TARGET_PRESETS
     from training.budget import default_patience
     from training.build_cli import stage_ids
     from training.cli import evaluator_factory

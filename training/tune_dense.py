@@ -1,5 +1,5 @@
 """``recsvc tune dense``: how the target's dense head's nearest items are ranked with the beams, chosen on
-validation (``recsvc.model.dense_head``: score = beam score, or the last beam's - floor, + blend * cosine).
+validation (``recsvc.content.dense_head``: score = beam score, or the last beam's - floor, + blend * cosine).
 
 The train-only target (BUNDLE/target-train for a deploy bundle) ranks every validation user once at the served
 width, with the bundle's prior refitted on the train period and its history rule; the head's cosines are kept.
@@ -59,10 +59,10 @@ def _floats(text: str, name: str) -> list[float]:
 def beams_and_similarities(model, builder, trie, users, width: int, retriever, exclude_history: bool, prior: Any,
                            batch_size: int = 64) -> dict[int, tuple[list[int], list[float], torch.Tensor]]:
     """user id -> (the beams' items best first, their scores, the head's cosine to every catalog item [n] fp16)."""
+    from recsvc.content.dense_head import last_hidden
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.prior import prior_log_mass
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.model.dense_head import last_hidden
     from recsvc.progress import progress_bar
 
     engine = BeamSearch(model, trie, builder.code_offset)
@@ -94,12 +94,12 @@ def merged_lists(cache, users, retriever, ids, k: int, exclude_history: bool) ->
 
 
 def cmd_tune_dense(args: argparse.Namespace) -> int:
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.loading import load_causal_lm
+    from recsvc.content.dense_head import DenseRetriever, has_dense_head, write_settings
     from recsvc.data.metrics import evaluate_rankings, evaluate_slices
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.dense_head import DenseRetriever, has_dense_head, write_settings
-    from recsvc.model.loading import load_causal_lm
     from tokenizer_rqvae.trie import CatalogTrie
     from training.evaluate import period_catalog_rows, serving_model
     from training.fresh_eval import cold_items

@@ -1,4 +1,4 @@
-"""``recsvc tune fresh``: choose the fresh-item slots (``recsvc.model.fresh``) on validation users, write BUNDLE/fresh.
+"""``recsvc tune fresh``: choose the fresh-item slots (``recsvc.content.fresh``) on validation users, to BUNDLE/fresh.
 
     recsvc tune fresh --bundle B [--users N] [--metric ndcg@10]
 
@@ -61,7 +61,7 @@ def register_fresh(sub) -> None:
 
 def item_vectors(data_dir: Path, cache_dir: str | None = None):
     """Every catalog item's text embedding (``ItemVectors``), with the texts the semantic ids were built from."""
-    from recsvc.model.fresh import ItemVectors
+    from recsvc.content.fresh import ItemVectors
     from tokenizer_rqvae.embed import Embedder, items_texts, load_items
 
     ids, texts = items_texts(load_items(data_dir / "items.json"))
@@ -72,11 +72,11 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     import optuna
     import torch
 
+    from recsvc.bundle.directory import Bundle
+    from recsvc.content.fresh import QUERIES, FreshItems, FreshSettings, query_file
     from recsvc.data.metrics import score_lists
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.fresh import QUERIES, FreshItems, FreshSettings, query_file
     from training.content_query import QueryFit, fit_or_reuse
     from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
     from training.prior_cli import resolve_fit_on

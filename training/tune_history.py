@@ -73,9 +73,9 @@ def decide(effect: dict[str, float], metric: str) -> bool:
 def cmd_tune_history(args: argparse.Namespace) -> int:
     import torch
 
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
     from training.validation_lists import ValidationLists
 
     if args.users is not None and args.users < 1:

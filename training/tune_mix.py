@@ -9,7 +9,7 @@ Optuna (TPE) searches the mix share, the SASRec softmax temperature, the product
 weight on validation users ranked by the train-only target with the train-period priors; the first trial is the
 transition prior alone (mix 0, product 0, its tuned weight), so the search can only keep or improve it.
 
-The product term (``recsvc.model.sequence_prior``: P ∝ mixture * softmax(s) ** product, searched on [0, 1])
+The product term (``recsvc.priors.mixed``: P ∝ mixture * softmax(s) ** product, searched on [0, 1])
 joined the mixture after the mixture alone kept SASRec out: on Beauty the search chose mix 0.005, although
 SASRec alone ranks as well as the fused target. Measured before it joined (a one-off script, the recipe's
 train-only target, all 4,295 validation users, transition settings and weight as tuned): product 0.1 / 0.2 /
@@ -29,7 +29,7 @@ instead of the fused target's (``recsvc.recommender.prior_ranked``; ``recsvc eva
 rank the same way), and the command says that the target needs more training. So what a bundle serves is, on
 validation, at least as good as its best fused search, its prior's best ranking and SASRec alone. The record keeps both
 figures (``valid``, ``valid_prior_alone``) and the decision (``rank_by``). The choice goes to BUNDLE/prior
-(``recsvc.model.sequence_prior``: ``sequence/`` the served SASRec and mix.json, ``sequence-train/`` the
+(``recsvc.priors.mixed``: ``sequence/`` the served SASRec and mix.json, ``sequence-train/`` the
 train-period SASRec the paper protocol's evaluation uses) and bundle.json ("prior" weight, "tuning"."mix").
 ``--exclude-history`` does the same for a service that never recommends history items: validation lists exclude
 them, and the choice goes to BUNDLE/prior-excl (after ``recsvc tune prior --exclude-history``), bundle.json
@@ -52,10 +52,10 @@ from recsvc.errors import UserError
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.split import EvalUser
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.sequence_prior import MixSettings, SequenceModel
-    from recsvc.model.transition import TransitionPrior
+    from recsvc.priors.mixed import MixSettings, SequenceModel
+    from recsvc.priors.transition import TransitionPrior
 
 TRAIN_SEQUENCE_DIR = "sequence-train"
 MAX_WEIGHT = 30.0
@@ -89,14 +89,14 @@ def register_mix(sub) -> None:
 def cmd_tune_mix(args: argparse.Namespace) -> int:
     import torch
 
+    from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.loading import load_causal_lm
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.loading import load_causal_lm
-    from recsvc.model.sequence_prior import MixedPrior, SequenceModel
-    from recsvc.model.transition import MAX_WEIGHT as WEIGHT_LIMIT
-    from recsvc.model.transition import TransitionPrior
+    from recsvc.priors.mixed import MixedPrior, SequenceModel
+    from recsvc.priors.transition import MAX_WEIGHT as WEIGHT_LIMIT
+    from recsvc.priors.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
@@ -208,7 +208,7 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
     BUNDLE/tune/mix-alone[-excl].db; the first trials: SASRec alone, then the fused choice's mixture).
     Returns (best trial, trials run now)."""
     from recsvc.data.metrics import evaluate_rankings
-    from recsvc.model.sequence_prior import MixedPrior
+    from recsvc.priors.mixed import MixedPrior
     from training.prior_alone import prior_rankings
     from training.studies import run_trials, study
 
@@ -230,7 +230,7 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
 
 def suggest_mix(trial) -> MixSettings:
     """A trial's mixture: mix share, temperature and the product term's exponent."""
-    from recsvc.model.sequence_prior import MixSettings
+    from recsvc.priors.mixed import MixSettings
 
     return MixSettings(mix=trial.suggest_float("mix", 0.0, 1.0),
                        temperature=trial.suggest_float("temperature", 0.25, 4.0, log=True),
@@ -243,7 +243,7 @@ def mix_of(params: dict) -> MixSettings:
     >>> mix_of({"mix": 0.5, "temperature": 2.0, "product": 0.25, "share": 0.5}).product
     0.25
     """
-    from recsvc.model.sequence_prior import MixSettings
+    from recsvc.priors.mixed import MixSettings
 
     return MixSettings(mix=float(params["mix"]), temperature=float(params["temperature"]),
                        product=float(params["product"]))

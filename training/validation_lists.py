@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from recsvc.bundle.directory import Bundle
 from recsvc.data.split import EvalUser, SplitData
-from recsvc.model.bundle import Bundle
 from tokenizer_rqvae.ids import SemanticIds
 
 
@@ -19,8 +19,8 @@ def train_period_prior(bundle: Bundle, data: SplitData, ids: SemanticIds, exclud
     """The prior a server of the bundle fuses (BUNDLE/prior, or BUNDLE/prior-excl when excluding history), its
     tuned settings fitted on the train period only (with the train-period SASRec when it mixes one in); None
     when the bundle fuses none."""
-    from recsvc.model.sequence_prior import MixedPrior, SequenceModel, load_prior
-    from recsvc.model.transition import TransitionPrior
+    from recsvc.priors.mixed import MixedPrior, SequenceModel, load_prior
+    from recsvc.priors.transition import TransitionPrior
 
     if not bundle.has_prior(exclude_history):
         return None
@@ -63,8 +63,8 @@ class ValidationLists:
         if ranks_alone(prior):
             return prior_rankings(prior, users, k, exclude_history)
         if self._model is None:  # the model, its prompts and the catalog trie, once
-            from recsvc.model.dense_head import DenseRetriever, has_dense_head
-            from recsvc.model.loading import load_causal_lm
+            from recsvc.bundle.loading import load_causal_lm
+            from recsvc.content.dense_head import DenseRetriever, has_dense_head
             from training.evaluate import period_catalog_rows
 
             dense = None  # the dense head's items ranked with the beams, as served (once `recsvc tune dense` ran)

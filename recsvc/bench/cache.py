@@ -3,7 +3,7 @@
 The same users, one request at a time, the served recommender (plain decoding, the bundle's prior, the beam
 width B), five paths per user, interleaved (paired A/B: machine noise hits all of them alike):
 - ``lean``: the request as served before the engine's speed work: the previous engine forward (``--forward
-  lean``) and the fused prior's numpy implementation (``recsvc.model.prior_reference``), no user-state cache;
+  lean``) and the fused prior's numpy implementation (``recsvc.priors.reference``), no user-state cache;
 - ``fast``: the fast forward (recsvc.engine.fast), no user-state cache (a new user);
 - ``compiled``: the fast forward with its layers compiled (recsvc.engine.compiled, ``--forward compiled``), no
   user-state cache (left out with ``--no-compiled``);
@@ -39,8 +39,8 @@ from recsvc.bench.common import machine, markdown_table, set_threads, write_json
 from recsvc.progress import progress_bar
 
 if TYPE_CHECKING:
+    from recsvc.bundle.directory import Bundle
     from recsvc.engine.engine_model import EngineModel
-    from recsvc.model.bundle import Bundle
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
 PATHS = ("lean", "fast", "compiled", "cached", "repeat")
@@ -146,13 +146,13 @@ def _llama_drafter(rec: BundleRecommender, bundle: Bundle, args: argparse.Namesp
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
     from recsvc.bench import floor
+    from recsvc.bundle.directory import Bundle
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.ledger import ForwardLedger
     from recsvc.engine.state_cache import UserStateCache
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.hardware import resolve_dtype
-    from recsvc.model.prior_reference import ReferenceMixedPrior
-    from recsvc.model.sequence_prior import MixedPrior
+    from recsvc.hardware import resolve_dtype
+    from recsvc.priors.mixed import MixedPrior
+    from recsvc.priors.reference import ReferenceMixedPrior
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
 

@@ -11,7 +11,7 @@ another under that one load:
    moved into place with the server's limit at ``--max-mb`` (default: the product default): it is rejected
    unread, with a reason naming the limit.
 3. ``accepted_process``: the limit raised to ``--accept-mb`` and the same catalog (a new version) moved in:
-   read and validated in another process (``recsvc.model.catalog_reader``), then applied.
+   read and validated in another process (``recsvc.catalog.reader``), then applied.
 4. ``accepted_thread`` (``--compare-thread``): the file read in the serving process's watch thread instead,
    as before the reader process existed (other item ids: the state is rebuilt again).
 
@@ -93,7 +93,7 @@ def catalog_document(base_ids, n: int, dim: int, seed: int = 0, first_id: int | 
 
 def write_catalog(doc: dict[str, Any], base_ids, path: Path, dim: int | None) -> int:
     """Validates and saves ``doc`` as the catalog commands do; returns the file's size in bytes."""
-    from recsvc.model.live_catalog import parse_catalog
+    from recsvc.catalog.file import parse_catalog
 
     parse_catalog(doc, base_ids, dim).save(path)
     return path.stat().st_size
@@ -155,10 +155,10 @@ class _Load:
 
 
 def run(args: argparse.Namespace) -> None:
+    from recsvc.bundle.directory import Bundle
+    from recsvc.catalog.file import MB, max_catalog_bytes
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.live_catalog import MB, max_catalog_bytes
     from recsvc.recommender.bundle_recommender import BundleRecommender
     from recsvc.service.catalog_watch import watch_catalog
     from recsvc.service.server import RecServer, ServerConfig

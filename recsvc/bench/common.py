@@ -32,7 +32,7 @@ def set_threads(threads: int | None) -> None:
 
 def machine() -> str:
     """One line for benchmark reports: CPU model, the vector-ISA flags that decide speed, threads, GPU, torch."""
-    from recsvc.model.hardware import cpu_flags, cpu_model, native_bf16
+    from recsvc.hardware import cpu_flags, cpu_model, native_bf16
 
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     flags = " ".join(cpu_flags()) or "no AVX flags read"
@@ -53,9 +53,9 @@ class BenchContext:
 def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype: str = "auto",
                  data_dir: str | Path | None = None, seed: int = 0, device: str = "cpu") -> BenchContext:
     """``device``: where the target (and the trie) live: "cpu" or "cuda"."""
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
     from tokenizer_rqvae.trie import CatalogTrie
 
     bundle = Bundle.open(bundle_dir)

@@ -15,7 +15,7 @@ import statistics
 import torch
 
 from recsvc.bench import common
-from recsvc.model.hardware import resolve_dtype
+from recsvc.hardware import resolve_dtype
 from recsvc.progress import progress_bar
 
 # one line of `recsvc bench --help`

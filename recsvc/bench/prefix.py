@@ -30,10 +30,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.hardware import resolve_dtype
+    from recsvc.hardware import resolve_dtype
     from recsvc.progress import progress_bar
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender

@@ -114,9 +114,9 @@ def serve_args(args: argparse.Namespace, settings: ServeSettings) -> list[str]:
 def build_requests(bundle: str, users: int, k: int, spec: str, split: str = "test", seed: int = 0) -> list:
     """One Recommend request per sampled user of ``split`` (the sample of ``recsvc eval``: seeded, sorted by
     user id), its history inline (the last MAX_HISTORY items)."""
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
     from recsvc.service.gen import recommender_pb2 as pb
 
     if not Path(bundle, "bundle.json").is_file():
@@ -290,7 +290,7 @@ def _host_cpu() -> tuple[int, int]:
 
 
 def _cpu_model() -> str:
-    from recsvc.model.hardware import cpu_model
+    from recsvc.hardware import cpu_model
 
     return cpu_model()
 

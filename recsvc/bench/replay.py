@@ -56,9 +56,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def build_trace(bundle: str, users: int, r: int, split: str = "test", seed: int = 0
                 ) -> list[tuple[str, list[int], list[int]]]:
     """Per user: (user id, history before the period, the period's interactions in order)."""
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
 
     if r < 0:
         raise UserError(f"--r must be >= 0, got {r}")

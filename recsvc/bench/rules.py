@@ -105,11 +105,11 @@ def complies(items: Sequence[int], rules: Rules, attrs: ItemAttributes) -> bool:
 def run(args: argparse.Namespace) -> dict:
     from dataclasses import replace
 
+    from recsvc.bundle.directory import Bundle
     from recsvc.data.metrics import evaluate_rankings, ndcg_at_k, recall_at_k, standard_error
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.hardware import resolve_dtype
+    from recsvc.hardware import resolve_dtype
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
     from recsvc.rule_decoding.decode import RuleSettings

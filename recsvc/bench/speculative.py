@@ -28,7 +28,7 @@ from recsvc.bench.common import (
 )
 from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.prior import prior_log_mass
-from recsvc.model.hardware import resolve_dtype
+from recsvc.hardware import resolve_dtype
 from recsvc.progress import progress_bar
 
 # one line of `recsvc bench --help`
@@ -60,8 +60,8 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str, drafter_name: str |
     """The drafter ``kind`` (``recsvc.recommender.drafter_registry``; llama: BUNDLE/drafter, or
     BUNDLE/drafters/``drafter_name``; head: BUNDLE/head or BUNDLE/heads/``drafter_name``) over the bench's trie;
     the transition drafter and the head's opener use BUNDLE/prior."""
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.transition import TransitionPrior
+    from recsvc.bundle.directory import Bundle
+    from recsvc.priors.transition import TransitionPrior
     from recsvc.recommender.drafter_registry import TAKES_NAME, DraftSource, build_drafter
 
     bundle = Bundle.open(ctx.bundle_dir)
@@ -211,9 +211,9 @@ def run(args: argparse.Namespace) -> dict:
 
 def load_fused_prior(bundle_dir, mode: str):
     """The bundle's transition prior when ``mode`` is "auto" and the bundle fuses one (weight > 0), else None."""
+    from recsvc.bundle.directory import Bundle
     from recsvc.errors import UserError
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.sequence_prior import load_prior
+    from recsvc.priors.mixed import load_prior
 
     if mode not in ("auto", "off"):
         raise UserError(f"--prior must be auto or off, not {mode!r}")

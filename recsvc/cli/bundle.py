@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_attributes(args: argparse.Namespace) -> int:
-    from recsvc.model.bundle import Bundle
+    from recsvc.bundle.directory import Bundle
     from recsvc.rules.build import build_attributes, read_items_json
 
     bundle = Bundle.open(args.bundle)

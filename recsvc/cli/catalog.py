@@ -8,7 +8,7 @@
 ``add`` embeds the new items' text (items.json format) with the embedding model the ids were built with,
 gives each a semantic id from the bundle's RQ-VAE (BUNDLE/ids, or ``--ids-dir``), unique against the bundle's
 ids and every earlier addition, and writes the live-catalog file (BUNDLE/catalog_live.json, or ``--catalog``;
-``recsvc.model.live_catalog``) atomically with its version increased. A running ``recsvc serve`` picks it up
+``recsvc.catalog.file``) atomically with its version increased. A running ``recsvc serve`` picks it up
 within a second. ``retire`` adds items that are never recommended again. ``ids`` writes the ids served now
 (retired items included: they stay in histories) for the next bundle's ``recsvc build --ids``, so a retrained
 target learns the new items under the ids they were served with.
@@ -93,7 +93,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _current(path: Path, base, dim: int | None = None):
-    from recsvc.model.live_catalog import LiveCatalog, read_catalog
+    from recsvc.catalog.file import LiveCatalog, read_catalog
 
     if not path.is_file():
         return LiveCatalog.empty(base.levels, dim or 0)
@@ -105,7 +105,7 @@ def _current(path: Path, base, dim: int | None = None):
 
 def _write(path: Path, doc: dict[str, Any], base, dim: int | None):
     """Validates the new document exactly as the server will, then writes it atomically."""
-    from recsvc.model.live_catalog import parse_catalog
+    from recsvc.catalog.file import parse_catalog
 
     catalog = parse_catalog(doc, base, dim)
     catalog.save(path)
@@ -116,7 +116,7 @@ def _fresh_dim(bundle) -> int | None:
     """The dimension of BUNDLE/fresh's item vectors (what the server checks new vectors against)."""
     if not bundle.has_fresh():
         return None
-    from recsvc.model.fresh import EMBEDDINGS_FILE, ItemVectors
+    from recsvc.content.fresh import EMBEDDINGS_FILE, ItemVectors
 
     return int(ItemVectors.load(bundle.fresh_dir / EMBEDDINGS_FILE).vectors.shape[1])
 
@@ -155,8 +155,8 @@ def add_items(bundle_dir: str | Path, items_path: str | Path, retire: Sequence[i
     one); returns a small report."""
     import numpy as np
 
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.live_catalog import CATALOG_FILE
+    from recsvc.bundle.directory import Bundle
+    from recsvc.catalog.file import CATALOG_FILE
     from tokenizer_rqvae.assign import assign_codes, recorded_model
     from tokenizer_rqvae.build import check_device
     from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads
@@ -214,8 +214,8 @@ def _add_retired(doc: dict[str, Any], retire: Sequence[int], base) -> None:
 def retire_items(bundle_dir: str | Path, retire: Sequence[int], catalog_path: str | Path | None = None
                  ) -> dict[str, Any]:
     """``recsvc catalog retire``; returns a small report."""
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.live_catalog import CATALOG_FILE
+    from recsvc.bundle.directory import Bundle
+    from recsvc.catalog.file import CATALOG_FILE
 
     if not retire:
         raise UserError("no items to retire")
@@ -246,8 +246,8 @@ def _retire(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.live_catalog import CATALOG_FILE
+    from recsvc.bundle.directory import Bundle
+    from recsvc.catalog.file import CATALOG_FILE
 
     bundle = Bundle.open(args.bundle)
     base = bundle.load_ids()
@@ -261,8 +261,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _export_ids(args: argparse.Namespace) -> int:
-    from recsvc.model.bundle import Bundle
-    from recsvc.model.live_catalog import CATALOG_FILE
+    from recsvc.bundle.directory import Bundle
+    from recsvc.catalog.file import CATALOG_FILE
 
     bundle = Bundle.open(args.bundle)
     base = bundle.load_ids()

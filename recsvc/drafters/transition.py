@@ -1,6 +1,6 @@
 """The transition drafter (training-free): draft beams from the item-transition prior's trie masses.
 
-No network runs to draft. For a request, the transition prior (``recsvc.model.transition``) gives
+No network runs to draft. For a request, the transition prior (``recsvc.priors.transition``) gives
 P(item | history); its trie factorisation (``recsvc.engine.prior.prior_log_mass``) gives log m(node), the
 prior mass under every prefix. A draft at depth j + s extends one of the target's current beams r (depth j)
 and is ranked by
@@ -27,7 +27,7 @@ import torch
 from recsvc.engine.ports import StrictOnly, TargetState
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
-from recsvc.model.transition import TransitionPrior
+from recsvc.priors.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 
 

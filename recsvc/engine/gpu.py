@@ -1,6 +1,6 @@
 """The engine on a CUDA GPU: bf16 weights and an optional compiled (CUDA-graph) scoring step.
 
-On CUDA the bundle's models load in bf16 (``--dtype auto``: ``recsvc.model.hardware.resolve_dtype``), the trie,
+On CUDA the bundle's models load in bf16 (``--dtype auto``: ``recsvc.hardware.resolve_dtype``), the trie,
 prompts, exclusions and priors are moved to the model's device once per search, and every tensor of the
 searches is made there (``tests/test_device_clean.py`` keeps it so). ``compile_scoring`` is the optional
 ``torch.compile(mode="reduce-overhead")`` path: it captures the step every decode step and every verification

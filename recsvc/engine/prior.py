@@ -1,7 +1,7 @@
 """An item prior fused into trie-constrained beam search, exactly, one code at a time (docs/PRIOR_FUSION.md).
 
 Beam search scores an item y = (c1, .., cL) with the target's code log-probs, sum_t log p(c_t | c_<t). A prior
-P(item | history) (e.g. ``recsvc.model.transition.TransitionPrior``) is defined on whole items, but beam search
+P(item | history) (e.g. ``recsvc.priors.transition.TransitionPrior``) is defined on whole items, but beam search
 prunes after every code, so the prior must be split into per-code terms that add up to the item's log P.
 The trie does that: let the mass of a node be the prior probability of the items under it,
 

@@ -62,7 +62,7 @@ class RecResult:
     #                      [+ the boosts of the query's rules that match the item]
     stats: RecStats = field(default_factory=RecStats)
     decoding: Decoding | None = None  # None: no decoding ran (e.g. a popularity table answered)
-    fresh: int = 0  # the last `fresh` items are fresh-item slots (recsvc.model.fresh); their scores are the
+    fresh: int = 0  # the last `fresh` items are fresh-item slots (recsvc.content.fresh); their scores are the
     #                 cosine similarity of the item's text to the history's, not log-probs
 
 

@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recsvc.bundle.prompt import PromptBuilder
+from recsvc.content.dense_head import DenseRetriever, has_dense_head, last_hidden
+from recsvc.content.fresh import FreshItems
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.decode import Decoding, Mode, decode
 from recsvc.engine.engine_model import EngineModel
@@ -36,11 +39,8 @@ from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import make_generators
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.errors import UserError
-from recsvc.model.dense_head import DenseRetriever, has_dense_head, last_hidden
-from recsvc.model.fresh import FreshItems
-from recsvc.model.prompt import PromptBuilder
-from recsvc.model.sequence_prior import MixedPrior, load_prior
-from recsvc.model.transition import TransitionPrior
+from recsvc.priors.mixed import MixedPrior, load_prior
+from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.api import EngineFacts, RecQuery, RecResult, RecStats
 from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
 from recsvc.recommender.prior_ranked import prior_ranked, ranks_alone
@@ -197,8 +197,8 @@ class BundleRecommender:
         fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present. ``forward``: the
         engine forward of the target and a LLaMA drafter ("auto", "fast", "compiled", "lean", "bucketed",
         "graphs"). ``use_dense``: rank the target's dense head's nearest items with the beams
-        (``recsvc.model.dense_head``) when it has one."""
-        from recsvc.model.bundle import Bundle
+        (``recsvc.content.dense_head``) when it has one."""
+        from recsvc.bundle.directory import Bundle
 
         bundle = Bundle.open(path)
         ids = bundle.load_ids()

@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from recsvc.bundle.directory import Bundle
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ports import Drafter
 from recsvc.errors import UserError
-from recsvc.model.bundle import Bundle
-from recsvc.model.sequence_prior import MixedPrior
-from recsvc.model.transition import TransitionPrior
+from recsvc.priors.mixed import MixedPrior
+from recsvc.priors.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 
 HEAD_OPENERS = ("auto", "transition", "none")

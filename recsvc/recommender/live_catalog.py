@@ -1,4 +1,4 @@
-"""A bundle's recommender over a live catalog (``recsvc.model.live_catalog``): added and retired items, no retraining.
+"""A bundle's recommender over a live catalog (``recsvc.catalog.file``): added and retired items, no retraining.
 
 :func:`with_catalog` builds, from the recommender loaded from the bundle, one over the bundle's items plus the
 added ones; it shares the loaded models (target, drafter network, draft head), the settings (speculation,
@@ -31,12 +31,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from recsvc.bundle.prompt import PromptBuilder
+from recsvc.catalog.file import LiveCatalog
+from recsvc.content.fresh import FreshItems
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.state_cache import UserStateCache
-from recsvc.model.fresh import FreshItems
-from recsvc.model.live_catalog import LiveCatalog
-from recsvc.model.prompt import PromptBuilder
 from recsvc.recommender.api import EngineFacts, RecQuery, RecResult
 from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
 from recsvc.rules.catalog import RuleCatalog
@@ -125,7 +125,7 @@ class LiveRecommender:
         return int(fresh.vectors.vectors.shape[1]) if fresh is not None else None
 
     def apply(self, catalog: LiveCatalog) -> CatalogState:
-        """Builds the state of ``catalog`` (validated against the bundle: ``recsvc.model.live_catalog``) and
+        """Builds the state of ``catalog`` (validated against the bundle: ``recsvc.catalog.file``) and
         makes it current; the previous state serves until then, and batches that read it finish on it."""
         with self._apply_lock:
             previous = self._state.recommender

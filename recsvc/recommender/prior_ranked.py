@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from recsvc.model.sequence_prior import MixedPrior
-from recsvc.model.transition import TransitionPrior
+from recsvc.priors.mixed import MixedPrior
+from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.api import Decoding, RecQuery, RecResult, RecStats
 from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.greedy import greedy_pick

@@ -33,9 +33,9 @@ def calibration_histories(rec: BundleRecommender, bundle: str | None, n: int = 8
     their last ``max_len`` items), the traffic the target and drafter were trained for; when that data is not
     readable here, short lists of popular items. Returns (histories, where they came from)."""
     if bundle is not None:
+        from recsvc.bundle.directory import Bundle
         from recsvc.data.sampling import sample_users
         from recsvc.data.split import load_split_dir
-        from recsvc.model.bundle import Bundle
 
         try:
             data = load_split_dir(Bundle.open(bundle).resolve_data_dir())

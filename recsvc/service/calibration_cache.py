@@ -34,7 +34,7 @@ def model_fingerprint(bundle: str | Path) -> list[list[Any]]:
 
 def calibration_key(bundle: str | Path, settings: dict[str, Any], device: str = "cpu") -> dict[str, Any]:
     """The machine, the models and the serving settings a calibration's result depends on."""
-    from recsvc.model.hardware import describe
+    from recsvc.hardware import describe
 
     return {"hardware": describe(device, str(settings.get("dtype", "auto"))), "models": model_fingerprint(bundle),
             "settings": settings}

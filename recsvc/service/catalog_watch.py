@@ -3,7 +3,7 @@
 :class:`CatalogWatch` checks the file's modification time, size and inode every ``check_every_s`` from a small
 background thread (never on the request path). On a change it checks the file's size against ``max_bytes``
 (``--catalog-max-mb``; a larger file is rejected unread, with a reason naming the limit), then reads and
-validates it against the bundle in another process (``recsvc.model.catalog_reader``: a JSON parse holds the
+validates it against the bundle in another process (``recsvc.catalog.reader``: a JSON parse holds the
 GIL, and in a thread of the server a 200 MB file stalled every request for seconds), builds the new catalog
 state off the request path (``LiveRecommender.apply``: trie, priors, fresh items, exclusions) and swaps it in
 with one assignment; batches already running finish on the previous state. A file that fails validation is
@@ -28,9 +28,9 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from recsvc.catalog.file import read_catalog
+from recsvc.catalog.reader import read_catalog_isolated
 from recsvc.errors import UserError
-from recsvc.model.catalog_reader import read_catalog_isolated
-from recsvc.model.live_catalog import read_catalog
 from recsvc.recommender.live_catalog import LiveRecommender
 
 from .logs import log_event

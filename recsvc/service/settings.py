@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH  # the service's default width (re-exported)
 from recsvc.errors import UserError
-from recsvc.model.bundle import DEFAULT_BEAM_WIDTH  # the service's default width (re-exported)
 from recsvc.recommender.api import MODES, Mode, Recommender
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
@@ -132,7 +132,7 @@ class ServeSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
         """From the flags of :func:`add_engine_args` and ``args.bundle``; UserError for a bad beam width."""
-        from recsvc.model.bundle import Bundle
+        from recsvc.bundle.directory import Bundle
 
         bundle = Bundle.open(args.bundle)
         width = args.beam_width if args.beam_width is not None else bundle.served_beam_width()

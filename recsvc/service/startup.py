@@ -132,7 +132,7 @@ def serve_one(args: argparse.Namespace) -> int:
             log_step("history_store_unreachable", logging.WARNING, url=redacted(args.redis_url))
         recommender = load_recommender(args, should_stop=stop.is_set)
         if args.bundle and not stop.is_set():  # the live catalog: added / retired items, re-read on change
-            from recsvc.model.live_catalog import CATALOG_FILE, MB
+            from recsvc.catalog.file import CATALOG_FILE, MB
 
             from .catalog_watch import watch_catalog
 

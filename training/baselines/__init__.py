@@ -2,9 +2,9 @@
 
 - ``popularity``: interaction counts of the fit period (``popularity.py``);
 - ``transition`` / ``transition-window``: last-item(s) transition counts with popularity back-off
-  (``transition.py``, over ``recsvc.model.transition.TransitionPrior``);
+  (``transition.py``, over ``recsvc.priors.transition.TransitionPrior``);
 - ``sasrec``: a self-attentive sequential recommender trained with full-softmax cross-entropy
-  (``recsvc/model/sasrec.py`` the network, ``sasrec_train.py`` the loop, ``sasrec.py`` fit / rank / cache).
+  (``recsvc/priors/sasrec.py`` the network, ``sasrec_train.py`` the loop, ``sasrec.py`` fit / rank / cache).
 
 Protocols and fit periods: ``base.py``; by name: ``registry.py``; the report beside the model: ``report.py``.
 """

@@ -28,7 +28,7 @@ def evaluate_baselines(
     """Fit ``names`` on the protocol's fit period for ``split`` and score them on ``users`` (default: all).
 
     ``cold`` (items never interacted with in the fitting period): each baseline also gets ``"cold"`` /
-    ``"warm"`` slices. ``fresh`` (a ``recsvc.model.fresh.FreshItems`` with slots > 0): each baseline is scored a
+    ``"warm"`` slices. ``fresh`` (a ``recsvc.content.fresh.FreshItems`` with slots > 0): each baseline is scored a
     second time as ``NAME+fresh``, its lists' tails given to the same fresh items as the model's. ``lists_out``: filled
     with each scored name's lists (cutoff k -> {user id: ranked items}), for paired comparisons (training.lead)."""
     check_protocol(protocol)

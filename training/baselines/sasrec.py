@@ -1,6 +1,6 @@
 """SASRec as a baseline: fit (seeded, early-stopped, time-bounded), rank, save / load, cache.
 
-Ranking: score(j | h) = <h_last, E[j]> for all n catalog items (``recsvc.model.sasrec``), optionally with the
+Ranking: score(j | h) = <h_last, E[j]> for all n catalog items (``recsvc.priors.sasrec``), optionally with the
 user's history items removed, top-k. Items are mapped to rows 1..n in ascending item-id order; a history of
 only unknown items (none on the loader's data) falls back to the fit-period popularity.
 
@@ -37,7 +37,7 @@ import torch
 
 from recsvc.data.split import EvalUser, SplitData
 from recsvc.errors import UserError
-from recsvc.model.sasrec import SASRec
+from recsvc.priors.sasrec import SASRec
 from training.baselines.base import Baseline, check_fit_on, fit_sequences
 from training.baselines.sasrec_train import SASRecSettings, TrainLog, train_sasrec
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from recsvc.model.sasrec import SASRec
+from recsvc.priors.sasrec import SASRec
 from recsvc.progress import progress_bar
 
 BUCKET_BATCHES = 32  # batches per length-sorted chunk

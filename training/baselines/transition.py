@@ -1,6 +1,6 @@
 """Item-transition baselines: "what came right after the user's last item(s)", backed off to popularity.
 
-Both wrap ``recsvc.model.transition.TransitionPrior`` (the counts the engine can also fuse into beam search),
+Both wrap ``recsvc.priors.transition.TransitionPrior`` (the counts the engine can also fuse into beam search),
 fitted on the consecutive pairs of the fit-period sequences:
 
     P(j | h)   = sum_{t < W} d^t * P_1(j | h[-1-t]) / sum_{t < W} d^t
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from recsvc.data.split import EvalUser, SplitData
-from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.priors.transition import PriorSettings, TransitionPrior
 from training.baselines.base import Baseline, check_fit_on, fit_sequences
 from training.prior_alone import prior_rankings
 

@@ -1,6 +1,6 @@
 """A learned content query: where in text-embedding space a user's next item lies, from the texts of the history.
 
-The fresh-item component (``recsvc.model.fresh``) ranks items nobody has interacted with by the similarity of
+The fresh-item component (``recsvc.content.fresh``) ranks items nobody has interacted with by the similarity of
 their text embedding to a query made from the user's history. The plain query is the mean embedding of the last
 items; it assumes the next item reads like the last ones. ``ContentQuery`` learns the query instead, from the
 fitting period's interactions (``training/content_query.py``): which positions of the history count (a softmax

@@ -2,9 +2,9 @@
 
 ``json.loads`` of a large file is one C call that holds the GIL from start to end: in a server's background
 thread a 200 MB catalog (30,000 added items) stopped every request for seconds. :func:`read_catalog_isolated`
-checks the file's size first (``live_catalog.check_size``: a file over the limit is rejected without being
-read), then runs ``python -m recsvc.model.catalog_reader`` at a lower CPU priority: the child reads, parses and
-validates the file against the bundle's ids exactly as ``live_catalog.read_catalog`` does, and sends back only
+checks the file's size first (``catalog.file.check_size``: a file over the limit is rejected without being
+read), then runs ``python -m recsvc.catalog.reader`` at a lower CPU priority: the child reads, parses and
+validates the file against the bundle's ids exactly as ``catalog.file.read_catalog`` does, and sends back only
 the validated arrays (item ids [m], codes [m, L], vectors [m, d] float32, retired [r]) in ``.npz`` form. The
 parent's share is a stat, a pipe read and an ``np.load``: it holds the GIL for milliseconds.
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from recsvc.catalog.file import LiveCatalog, check_size, max_catalog_bytes, read_catalog
 from recsvc.errors import UserError
-from recsvc.model.live_catalog import LiveCatalog, check_size, max_catalog_bytes, read_catalog
 from tokenizer_rqvae.ids import SemanticIds
 
 CHILD_NICE = 10  # the reader yields the CPU to the serving process
@@ -35,7 +35,7 @@ _ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding recsvc
 
 def read_catalog_isolated(path: str | Path, base: SemanticIds, vector_dim: int | None = None,
                           max_bytes: int | None = None, timeout_s: float = 600.0) -> LiveCatalog:
-    """``live_catalog.read_catalog`` done by a child process (same checks, same messages)."""
+    """``catalog.file.read_catalog`` done by a child process (same checks, same messages)."""
     path = Path(path)
     limit = max_catalog_bytes() if max_bytes is None else max_bytes
     check_size(path, limit)  # before any process starts: an oversized file costs a stat
@@ -46,7 +46,7 @@ def read_catalog_isolated(path: str | Path, base: SemanticIds, vector_dim: int |
     payload = len(header).to_bytes(4, "big") + header + arrays.getvalue()
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.Popen([sys.executable, "-m", "recsvc.model.catalog_reader"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "recsvc.catalog.reader"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, close_fds=True)
     try:
         out, err = proc.communicate(payload, timeout=timeout_s)

@@ -6,7 +6,7 @@ gives it no mass, and the target never saw its id as a next item. Its text is kn
 sentence embedding (the same one its semantic id was made from). ``FreshItems`` ranks the fresh items for a
 user by the cosine similarity of their embedding to a query made from the user's last ``window`` history
 items: their mean embedding (``query="mean"``), or a query learned from the fitting period's interactions
-(``query="learned"``, ``recsvc.model.content_query``), and ``merge`` gives the best of them at most ``slots``
+(``query="learned"``, ``recsvc.content.query``), and ``merge`` gives the best of them at most ``slots``
 places at the tail of the top-k, each only when its similarity reaches ``min_similarity``. The settings are
 chosen on validation (``recsvc tune fresh``); 0 slots turns the component off.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from recsvc.content.query import ContentQuery
 from recsvc.errors import UserError
-from recsvc.model.content_query import ContentQuery
 
 QUERIES = ("mean", "learned")
 FRESH_FILE = "fresh.json"

@@ -12,7 +12,7 @@ DTYPES = ("auto", "bf16", "fp32", "fp16")  # auto: bf16 where the hardware has i
 def torch_dtype(name: str, device: str = "cpu"):
     import torch
 
-    from recsvc.model.hardware import resolve_dtype
+    from recsvc.hardware import resolve_dtype
 
     name = resolve_dtype(name, device)
     table = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}

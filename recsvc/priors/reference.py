@@ -2,7 +2,7 @@
 
 Kept as the reference that the torch path is tested against (same distribution up to float32 rounding), and as
 part of the request that ``recsvc bench cache``'s ``lean`` path times (the request as it was served before the
-engine's speed work: the lean forward and this prior). Same formula (``recsvc.model.sequence_prior``):
+engine's speed work: the lean forward and this prior). Same formula (``recsvc.priors.mixed``):
 
     M(j | h) = (1 - mix) * P_transition(j | h) + mix * softmax_j(s(j | h) / temperature)
     P(j | h) ∝ M(j | h) * softmax_j(s(j | h)) ** product
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from recsvc.model.sequence_prior import MixedPrior
+from recsvc.priors.mixed import MixedPrior
 
 
 class ReferenceMixedPrior(MixedPrior):

@@ -203,7 +203,7 @@ def read_catalog(path: str | Path, base: SemanticIds, vector_dim: int | None = N
                  max_bytes: int | None = None) -> LiveCatalog:
     """``parse_catalog`` of a file, size-checked first (:func:`check_size`); UserError (prefixed with the path)
     when it is too large, cannot be read or is invalid. It parses in the calling thread, holding the GIL for
-    the whole JSON parse: a server reads through ``recsvc.model.catalog_reader`` (another process) instead."""
+    the whole JSON parse: a server reads through ``recsvc.catalog.reader`` (another process) instead."""
     path = Path(path)
     limit = max_catalog_bytes() if max_bytes is None else max_bytes
     check_size(path, limit)

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from recsvc.bundle.tokenizer import code_token_offset
 from recsvc.errors import UserError
-from recsvc.model.tokenizer import code_token_offset
 from tokenizer_rqvae.ids import CODEBOOK_SIZE, SemanticIds
 
 MAX_HISTORY = 20

@@ -1,6 +1,6 @@
 """A sequence model's item distribution mixed into the fused prior: transition counts + SASRec, one prior.
 
-The transition prior (``recsvc.model.transition``) knows exact item pairs; a SASRec ("Self-Attentive Sequential
+The transition prior (``recsvc.priors.transition``) knows exact item pairs; a SASRec ("Self-Attentive Sequential
 Recommendation") reads the whole recent history and generalises across items. ``MixedPrior`` mixes the two item
 distributions and is fused into beam search through the trie exactly like the transition prior alone
 (``recsvc.engine.prior``: a finished item's fused score is its target log-prob + w * log P(item | history)):
@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from recsvc.errors import UserError
-from recsvc.model.sasrec import SASRec
-from recsvc.model.transition import PriorSettings, TransitionPrior
+from recsvc.priors.sasrec import SASRec
+from recsvc.priors.transition import PriorSettings, TransitionPrior
 
 SEQUENCE_DIR = "sequence"
 MODEL_FILE = "model.safetensors"

@@ -8,7 +8,7 @@
     BUNDLE/tokenizer/      HF fast tokenizer with the 1024 code tokens
     BUNDLE/target/         LlamaForCausalLM (safetensors)
     BUNDLE/target-train/   deploy protocol only: the target before its refit on train + valid
-    BUNDLE/prior/          item-transition prior fused into beam search (optional; recsvc.model.transition)
+    BUNDLE/prior/          item-transition prior fused into beam search (optional; recsvc.priors.transition)
     BUNDLE/drafter/        drafter LlamaForCausalLM (optional)
     BUNDLE/checkpoints/    training checkpoints (resume); not needed to serve
 """
@@ -69,7 +69,7 @@ class Bundle:
         return self.root / "prior"
 
     def has_prior(self, exclude_history: bool = False) -> bool:
-        from recsvc.model.transition import TENSORS_FILE
+        from recsvc.priors.transition import TENSORS_FILE
 
         return (self.prior_dir_for(exclude_history) / TENSORS_FILE).is_file()
 
@@ -81,7 +81,7 @@ class Bundle:
     def prior_dir_for(self, exclude_history: bool) -> Path:
         """The prior a service that excludes (or keeps) history items fuses: BUNDLE/prior-excl when excluding
         and the bundle has one, else BUNDLE/prior."""
-        from recsvc.model.transition import TENSORS_FILE
+        from recsvc.priors.transition import TENSORS_FILE
 
         if exclude_history and (self.excluded_prior_dir / TENSORS_FILE).is_file():
             return self.excluded_prior_dir
@@ -89,7 +89,7 @@ class Bundle:
 
     @property
     def fresh_dir(self) -> Path:
-        """Fresh items (``recsvc.model.fresh``): item embeddings, the fresh set and the slot settings."""
+        """Fresh items (``recsvc.content.fresh``): item embeddings, the fresh set and the slot settings."""
         return self.root / "fresh"
 
     def has_fresh(self) -> bool:
@@ -235,7 +235,7 @@ class Bundle:
         return SemanticIds.load(self.semantic_ids_path)
 
     def load_tokenizer(self):
-        from recsvc.model.tokenizer import load_tokenizer
+        from recsvc.bundle.tokenizer import load_tokenizer
 
         if not self.tokenizer_dir.is_dir():
             raise UserError(f"bundle {self.root} has no tokenizer yet ({self.tokenizer_dir})")
@@ -244,14 +244,14 @@ class Bundle:
     def prompt_settings(self) -> dict[str, Any]:
         """{"header": "lcrec" | "compact" | "packed", "max_history": n}: recorded by target training (bundles made
         before the setting existed used the LC-Rec header and 20 items)."""
-        from recsvc.model.prompt import MAX_HISTORY
+        from recsvc.bundle.prompt import MAX_HISTORY
 
         rec = self.read().get("prompt") or {}
         return {"header": rec.get("header", "lcrec"), "max_history": int(rec.get("max_history", MAX_HISTORY))}
 
     def prompt_builder(self, tokenizer=None, ids: SemanticIds | None = None):
         """The ``PromptBuilder`` the bundle's models were trained with (one place builds it for every caller)."""
-        from recsvc.model.prompt import PromptBuilder
+        from recsvc.bundle.prompt import PromptBuilder
 
         settings = self.prompt_settings()
         return PromptBuilder(tokenizer if tokenizer is not None else self.load_tokenizer(),
@@ -259,7 +259,7 @@ class Bundle:
                              max_history=settings["max_history"], header=settings["header"])
 
     def load_target(self, dtype: str = "auto", device: str = "cpu"):
-        from recsvc.model.loading import load_causal_lm
+        from recsvc.bundle.loading import load_causal_lm
 
         return load_causal_lm(self.target_dir, dtype=dtype, device=device)
 
@@ -278,6 +278,6 @@ class Bundle:
                         f"train drafter --bundle {self.root} --method METHOD --out-name {name or 'NAME'}`")
 
     def load_drafter(self, dtype: str = "auto", device: str = "cpu", name: str | Path | None = None):
-        from recsvc.model.loading import load_causal_lm
+        from recsvc.bundle.loading import load_causal_lm
 
         return load_causal_lm(self.drafter_path(name), dtype=dtype, device=device)
