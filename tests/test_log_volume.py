@@ -144,6 +144,30 @@ def test_tqdm_disable_silences_a_build_even_when_bars_are_asked_for(data, tmp_pa
     assert "\r" not in text and "it/s" not in text and "[target] finished" in text
 
 
+def test_optuna_trials_in_batch_mode_are_plain_lines(clean_env, capsys) -> None:
+    """A tune step's Optuna search (``run_trials``) redirected to a file: no bar redraws, at most a line per
+    interval and the closing summary with the best trial; on a terminal Optuna's own bar."""
+    import optuna
+
+    from training.studies import run_trials
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    clean_env.setenv("RECSVC_PROGRESS_INTERVAL_S", "0.05")
+
+    def objective(trial) -> float:
+        time.sleep(0.02)
+        return trial.suggest_float("x", 0.0, 1.0)
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    assert run_trials(study, objective, trials=12, minutes=1.0) == 12
+    err = capsys.readouterr().err
+    assert "\r" not in err and "Best trial" not in err, err
+    lines = err.splitlines()
+    assert 1 <= len(lines) <= 12 and lines[-1].startswith("trials (1 min budget): 100% 12/12"), lines
+    assert f"best={study.best_value:.5f}@{study.best_trial.number}" in lines[-1]
+    assert run_trials(study, objective, trials=12, minutes=1.0) == 0  # finished: nothing more to run
+
+
 # --- rejections: counted every time, logged once a second --------------------------------------------------
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
+from recsvc.progress import progress_bar, progress_mode
 
 
 def check_budget(trials: int, minutes: float) -> None:
@@ -50,11 +51,27 @@ def weights_fingerprint(model_dir: Path) -> dict[str, list[int]]:
 
 
 def run_trials(study, objective, trials: int, minutes: float) -> int:
-    """Run up to ``trials`` more-than-finished trials within ``minutes``; returns the trials run now."""
+    """Run up to ``trials`` more-than-finished trials within ``minutes``; returns the trials run now. Progress
+    follows ``recsvc.progress``: Optuna's own bar on a terminal, else a plain line at most once a minute (or none
+    with ``TQDM_DISABLE``), never a ``\\r`` redraw in a log file."""
     done = len([t for t in study.trials if t.state.name == "COMPLETE"])
     todo = max(0, trials - done)
-    if todo:
+    if not todo:
+        return todo
+    if progress_mode() == "bar":
         study.optimize(objective, n_trials=todo, timeout=minutes * 60, show_progress_bar=True)
+        return todo
+    bar = progress_bar(total=todo, desc=f"trials ({minutes:g} min budget)")
+
+    def advance(search, trial) -> None:
+        bar.update(1)
+        if any(t.state.name == "COMPLETE" for t in search.trials):
+            bar.set_postfix(best=f"{search.best_value:.5f}@{search.best_trial.number}", refresh=False)
+
+    try:
+        study.optimize(objective, n_trials=todo, timeout=minutes * 60, callbacks=[advance])
+    finally:
+        bar.close()
     return todo
 
 
