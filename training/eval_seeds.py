@@ -134,7 +134,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     h = summary["headline"]
     ident = summary["identity"]
     k = headline_k(list(ident["ks"]))
-    lines = [f"{len(summary['runs'])} runs, {ident['split']} split, {ident['users']} users, protocol "
+    lines = [f"{len(summary['runs'])} runs, {ident['split']} split, {int(ident['users'])} users, protocol "
              f"{ident['protocol']}, history items {'excluded' if ident['exclude_history'] else 'kept'}: the mean of "
              "the runs' ratios with a 95% interval from resampling the users jointly (each run's ratio in brackets)"]
     if h:

@@ -4,7 +4,8 @@ baseline with its 95% bootstrap interval, and the cold / warm target slices.
 The JSON's layout (``training/evaluate.py``): ``"ks"``; ``"model"``: ``{"recall@K", "ndcg@K", "cold": {...,
 "users"}, "warm": {...}}``; ``"baselines"``: ``{name: the same keys}`` (``name+fresh``: the baseline with the
 model's fresh slots, not plotted); ``"lead"``: ``{name: {"recall@K": {"ratio", "ratio_lo", "ratio_hi", ...}}}``;
-``"split"``, ``"users"``, ``"protocol"``, ``"exclude_history"``, ``"dtype"``.
+``"split"``, ``"users"``, ``"protocol"``, ``"exclude_history"``, ``"dtype"``; with ``--against``, ``"against"``
+(drawn by ``recsvc.report.against``).
 """
 
 from __future__ import annotations
@@ -159,5 +160,8 @@ def plot_cold_warm(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path
 
 def plot_eval(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, name: str,
               formats: list[str]) -> list[Path]:
+    from recsvc.report.against import plot_against
+
     return [*plot_quality(path, data, ctx, out_dir, name, formats),
-            *plot_cold_warm(path, data, ctx, out_dir, name, formats)]
+            *plot_cold_warm(path, data, ctx, out_dir, name, formats),
+            *plot_against(path, data, ctx, out_dir, name, formats)]
