@@ -50,7 +50,7 @@ class Against:
         return self.bundle.resolve() == Path(bundle).resolve()
 
 
-def check_variant(against: Against, exclude_history: bool, train_only: bool) -> None:
+def check_variant(against: Against, exclude_history: bool, protocol: str) -> None:
     """Refuse a variant that leaves out a part the bundle does not have (the comparison would be A against
     itself under another name)."""
     from recsvc.model.bundle import Bundle
@@ -59,6 +59,7 @@ def check_variant(against: Against, exclude_history: bool, train_only: bool) -> 
     if against.variant is None:
         return
     bundle = Bundle.open(against.bundle)
+    train_only = protocol == "paper" and bundle.read().get("protocol", "paper") == "deploy"
     target = bundle.train_only_target_dir if train_only else bundle.target_dir
     has = {"no-prior": bundle.has_prior(exclude_history), "no-dense": has_dense_head(target),
            "no-slots": bundle.has_fresh()}[against.variant]

@@ -184,7 +184,7 @@ def evaluate_bundle(
     protocol = protocol or bundle.read().get("protocol", "paper")
     parts = Parts(prior=use_prior, dense=use_dense, fresh=use_fresh)
     if against is not None:  # refused before anything is ranked
-        check_variant(against, exclude_history, protocol == "paper" and bundle.read().get("protocol") == "deploy")
+        check_variant(against, exclude_history, protocol)
 
     def rank(root: str | Path, used: Parts):
         return rank_bundle(root, split, ks, data_path, dtype, batch_size, max_users, exclude_history, seed, used,
