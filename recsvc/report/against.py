@@ -12,35 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recsvc.report.figure import BASELINE_COLOR, MODEL_COLOR, PALETTE, Context, pyplot, save, title
+from recsvc.report import figure
+from recsvc.report.figure import Context
 
-SLICE_STYLE = {"all": (MODEL_COLOR, "o"), "cold": (PALETTE[0], "D"), "warm": (PALETTE[1], "s")}
+SLICE_STYLE = {"all": (figure.MODEL_COLOR, "o"), "cold": (figure.PALETTE[0], "D"), "warm": (figure.PALETTE[1], "s")}
 
 
 def _panel(ax: Any, ks: list[int], lead: dict[str, Any], metric: str, label: str) -> None:
     missing = []
     for i, (part, (colour, marker)) in enumerate(SLICE_STYLE.items()):
         cells = [(j + (i - 1) * 0.2, (lead.get(part) or {}).get(f"{metric}@{k}") or {}) for j, k in enumerate(ks)]
-        shown = [(x, r) for x, r in cells if r.get("ratio") is not None and r.get("ratio_lo") is not None]
-        missing += [f"{part} @{k}" for (x, r), k in zip(cells, ks, strict=True) if (x, r) not in shown]
-        if not shown:
-            continue
-        ys = [float(r["ratio"]) for _, r in shown]
-        err = [[y - float(r["ratio_lo"]) for y, (_, r) in zip(ys, shown, strict=True)],
-               [float(r["ratio_hi"]) - y for y, (_, r) in zip(ys, shown, strict=True)]]
-        users = int(next(iter(lead[part].values()))["users"])
-        ax.errorbar([x for x, _ in shown], ys, yerr=err, fmt=marker, capsize=3, color=colour,
-                    label=f"{part} ({users} users)")
-        for (x, _), y in zip(shown, ys, strict=True):
-            ax.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(4, 0), fontsize=6, va="center")
-    ax.axhline(1.0, color=BASELINE_COLOR, linewidth=0.8, linestyle=":", label="parity (1.0x)")
+        missing += [f"{part} @{k}" for (_, r), k in zip(cells, ks, strict=True) if r.get("ratio") is None]
+        if any(r.get("ratio") is not None for _, r in cells):
+            users = int(next(iter(lead[part].values()))["users"])
+            figure.ratio_points(ax, cells, marker, colour, f"{part} ({users} users)")
+    ax.axhline(1.0, color=figure.BASELINE_COLOR, linewidth=0.8, linestyle=":", label="parity (1.0x)")
     if missing:  # B scores 0 there (or nobody is in the slice): no ratio to draw
         ax.text(0.02, 0.02, "no ratio (B scores 0 or no users): " + ", ".join(missing), fontsize=6,
                 transform=ax.transAxes)
-    ax.set_xticks(range(len(ks)))
-    ax.set_xticklabels([f"K = {k}" for k in ks])
-    ax.set_xlim(-0.5, len(ks) - 0.5)
-    ax.set_xlabel("cutoff K (items recommended)")
+    figure.cutoff_axis(ax, ks)
     ax.set_ylabel(f"{label}: A / B (ratio of means)")
     ax.set_title(f"{label}: A / B with the 95% paired bootstrap interval", fontsize=8)
     ax.legend(fontsize=7, loc="best")
@@ -52,7 +42,7 @@ def plot_against(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, 
     block = data.get("against")
     if not isinstance(block, dict) or not isinstance(block.get("lead"), dict):
         return []
-    plt = pyplot()
+    plt = figure.pyplot()
     ks = [int(k) for k in data["ks"]]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), squeeze=False)
     for col, (metric, label) in enumerate((("recall", "Recall@K"), ("ndcg", "NDCG@K"))):
@@ -60,7 +50,7 @@ def plot_against(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, 
     variant = f", {block['variant']}" if block.get("variant") else ""
     b = f"{block.get('label', '?')} ({block.get('bundle', '?')}{variant})"
     hist = "history items excluded" if data.get("exclude_history") else "history items kept"
-    title(fig, "one bundle against another, user by user", ctx, data.get("machine"), data.get("dtype"),
+    figure.title(fig, "one bundle against another, user by user", ctx, data.get("machine"), data.get("dtype"),
           f"A: the evaluated bundle's lists; B: {b}; {data.get('split', '?')} split, protocol "
           f"{data.get('protocol', data.get('bundle_protocol', '?'))}, {hist}, the same users for both")
-    return save(fig, out_dir, f"{name}_against", formats)
+    return figure.save(fig, out_dir, f"{name}_against", formats)

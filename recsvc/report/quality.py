@@ -13,7 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recsvc.report.figure import BASELINE_COLOR, MODEL_COLOR, PALETTE, Context, pyplot, save, title
+from recsvc.report.figure import (
+    BASELINE_COLOR,
+    MODEL_COLOR,
+    PALETTE,
+    Context,
+    cutoff_axis,
+    pyplot,
+    ratio_points,
+    save,
+    title,
+)
 
 METRICS = (("recall", "Recall@K (share of the held-out items in the top K)"),
            ("ndcg", "NDCG@K (0 to 1)"))
@@ -81,27 +91,13 @@ def _leads(ax: Any, ks: list[int], data: dict[str, Any], metric: str, label: str
     for i, name in enumerate(names):
         pts = [(j + (i - (len(names) - 1) / 2) * width, lead[name].get(f"{metric}@{k}") or {})
                for j, k in enumerate(ks)]
-        pts = [(x, r) for x, r in pts if r.get("ratio") is not None]
-        if not pts:
-            continue
-        xs = [x for x, _ in pts]
-        ys = [float(r["ratio"]) for _, r in pts]
-        lo = [y - float(r["ratio_lo"]) if r.get("ratio_lo") is not None else 0.0
-              for y, (_, r) in zip(ys, pts, strict=True)]
-        hi = [float(r["ratio_hi"]) - y if r.get("ratio_hi") is not None else 0.0
-              for y, (_, r) in zip(ys, pts, strict=True)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="D" if name.endswith("+fresh") else "o", capsize=3,
-                    color=colours[plain.index(name.split("+")[0]) % len(colours)], label=f"model / {name}")
-        for x, y in zip(xs, ys, strict=True):
-            ax.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(4, 0), fontsize=6, va="center")
+        ratio_points(ax, pts, "D" if name.endswith("+fresh") else "o",
+                     colours[plain.index(name.split("+")[0]) % len(colours)], f"model / {name}")
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":", label="parity (1.0x)")
     ratios = [float(r["ratio"]) for n in names for r in lead[n].values() if isinstance(r, dict) and r.get("ratio")]
     if ratios and max(ratios) / min(ratios) >= 8:  # leads and deficits both readable
         ax.set_yscale("log")
-    ax.set_xticks(range(len(ks)))
-    ax.set_xticklabels([f"K = {k}" for k in ks])
-    ax.set_xlim(-0.5, len(ks) - 0.5)
-    ax.set_xlabel("cutoff K (items recommended)")
+    cutoff_axis(ax, ks)
     ax.set_ylabel(f"{label}: model / baseline (ratio of means)")
     ax.set_title(f"{label}: the model's lead, 95% paired bootstrap interval", fontsize=8)
     ax.legend(fontsize=7, loc="best")
