@@ -186,7 +186,7 @@ def evaluate_bundle(
     if against is not None:  # refused before anything is ranked
         check_variant(against, exclude_history, protocol)
 
-    def rank(root: str | Path, used: Parts):
+    def rank(root: str | Path, used: Parts) -> Ranked | None:
         return rank_bundle(root, split, ks, data_path, dtype, batch_size, max_users, exclude_history, seed, used,
                            protocol)
 
