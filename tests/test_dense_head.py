@@ -214,12 +214,17 @@ def test_served_and_evaluated_lists_merge_the_head_items(dense_bundle, tmp_path)
 
     out = tmp_path / "eval.json"
     assert cli.main(["eval", "--bundle", str(dense_bundle), "--split", "test", "--k", "5", "--baselines", "none",
-                     "--json", str(out)]) == 0
+                     "--against-variant", "no-dense", "--json", str(out)]) == 0
     merged = json.loads(out.read_text())
     assert merged["dense"]["active"] and merged["dense"]["blend"] == 1000.0
+    assert merged["against"]["dense"] is None and merged["against"]["parts"]["dense"] is False
     assert cli.main(["eval", "--bundle", str(dense_bundle), "--split", "test", "--k", "5", "--baselines", "none",
                      "--no-dense", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["dense"] is None
+    beams = json.loads(out.read_text())
+    assert beams["dense"] is None
+    # the same bundle without its head, ranked beside it by --against-variant: the --no-dense run's lists
+    assert merged["against"]["metrics"] == beams["model"]
+    assert merged["against"]["lead"]["all"]["recall@5"]["baseline"] == pytest.approx(beams["model"]["recall@5"])
 
 
 @pytest.mark.usefixtures("one_thread")

@@ -8,6 +8,13 @@ three; sasrec costs minutes), ``--protocol paper|deploy`` (default: the bundle's
 Sharded: ``torchrun --nproc_per_node N -m recsvc.cli.main eval ...`` (or ``accelerate launch``; WORLD_SIZE > 1)
 splits the users' batches across the processes (gloo on CPU), gathers the rankings to rank 0, which alone
 scores them, runs the baselines, prints and writes the JSON (``"processes": N``): the same figures as one process.
+
+Paired comparisons: every method against the served lists user by user on every user and on the cold / warm
+slices (``"paired"``), the figures read first (``"headline"``), each user's scores (``"per_user"``);
+``--against B`` / ``--against-variant no-prior|no-dense|no-slots`` adds a second bundle (or the same one with a part
+left out) ranked on the same users under the same rules (``"against"``, training/compare.py).
+``recsvc eval summarize s0.json s1.json s2.json [--json out]``: the mean over runs (e.g. training seeds) of each
+ratio, with a joint bootstrap interval over the users (training/eval_seeds.py).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from recsvc.errors import UserError
 from recsvc.service.arg_types import add_history_flags
 from training.baselines import BASELINES, DEFAULT_BASELINES, PROTOCOLS, parse_baselines
 from training.baselines import format_table as baselines_table
+from training.bundle_ranking import VARIANTS
 from training.lead import format_leads
 
 
@@ -71,8 +79,19 @@ def register(subparsers) -> None:
                    help="deploy protocol: retrain SASRec on train + valid from scratch for the epoch count chosen "
                         "on valid (default), or continue the valid-selected model for one epoch at half lr "
                         "(as the target's refit: faster, weaker)")
+    p.add_argument("--against", metavar="BUNDLE",
+                   help="a second bundle ranked on the same users with the same history rule, protocol and data: "
+                        "A / B per metric and cutoff with 95%% paired intervals, on every user and the cold / warm "
+                        "slices (default with --against-variant: this bundle)")
+    p.add_argument("--against-variant", choices=VARIANTS,
+                   help="B without its prior, dense head or fresh slots (B: --against, else this bundle)")
+    p.add_argument("--against-label", help="B's name in the table and JSON (default: its directory and variant)")
     p.add_argument("--json", dest="json_path", help="write the metrics here")
     p.set_defaults(func=cmd_eval)
+    sub = p.add_subparsers(dest="eval_action", metavar="summarize")
+    from training.eval_seeds import register as register_summarize
+
+    register_summarize(sub)
 
 
 def format_table(result: dict) -> str:
@@ -95,6 +114,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError("--max-users must be >= 1")
     if not args.baselines_only and not args.bundle:
         raise UserError("--bundle is required (or --baselines-only with --data)")
+    if args.baselines_only and (args.against or args.against_variant):
+        raise UserError("--against and --against-variant compare two bundles' lists: not with --baselines-only")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return _sharded(args, names, ks)
     return _eval(args, names, ks)
@@ -120,8 +141,11 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
     if args.baselines_only:
         return _baselines_only(args, names, ks)
     from recsvc.bundle.directory import Bundle
+    from training.compare import Against, format_against
     from training.evaluate import evaluate_bundle
+    from training.headline import format_headline
 
+    against = Against.from_args(args.bundle, args.against, args.against_variant, args.against_label)
     bundle = Bundle.open(args.bundle)
     bundle_protocol = bundle.read().get("protocol", "paper")
     protocol = args.protocol or bundle_protocol
@@ -130,7 +154,7 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
     result = evaluate_bundle(args.bundle, args.split, ks, args.data, args.dtype, args.batch_size,
                              args.max_users, exclude, use_prior=not args.no_prior,
                              use_fresh=not args.no_fresh, use_dense=not args.no_dense,
-                             baselines=names, protocol=protocol,
+                             baselines=names, protocol=protocol, against=against,
                              baseline_options=_baseline_options(args, Path(args.bundle) / "baselines"))
     if result is None:  # a sharded run's other ranks: rank 0 reports
         return 0
@@ -142,6 +166,9 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
     print(baselines_table(result) if result.get("baselines") else format_table(result))
     if result.get("lead"):
         print(format_leads(result, ks))
+    print(format_headline(result["headline"]))
+    if result.get("against"):
+        print(format_against(result))
     if args.json_path:
         # the model's figures flat (as before) and whole under "model" (with its cold / warm slices)
         from recsvc.bench.common import machine

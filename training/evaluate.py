@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from recsvc.bundle.prompt import PromptBuilder
-from recsvc.content.dense_head import DenseRetriever, has_dense_head, last_hidden
-from recsvc.content.fresh import FreshItems
+from recsvc.content.dense_head import DenseRetriever, last_hidden
 from recsvc.data.metrics import evaluate_rankings, popularity_rankings, score_lists
 from recsvc.data.sampling import sample_users
 from recsvc.data.split import EvalUser, SplitData
@@ -29,12 +28,16 @@ from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
 from recsvc.hardware import resolve_dtype
-from recsvc.priors.mixed import MixedPrior, SequenceModel, load_prior
+from recsvc.priors.mixed import MixedPrior
 from recsvc.priors.transition import TransitionPrior
 from recsvc.progress import progress_bar
 from recsvc.recommender.prior_ranked import ranks_alone
 from tokenizer_rqvae.trie import CatalogTrie
-from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user, fresh_lists, paired_effect
+from training.bundle_ranking import Parts, Ranked, rank_bundle
+from training.compare import Against, against_block, check_variant
+from training.fresh_eval import fresh_lists, paired_effect
+from training.headline import headline
+from training.paired import pair_record, per_user_payload, slice_parts, slice_scores
 
 DEFAULT_EVAL_KS = (1, 5, 10, 20)
 
@@ -159,128 +162,114 @@ def evaluate_bundle(
     dtype: str = "auto", batch_size: int = 32, max_users: int | None = None, exclude_history: bool = False,
     seed: int = 0, use_prior: bool = True,
     baselines: Sequence[str] = (), protocol: str | None = None, baseline_options: dict[str, Any] | None = None,
-    use_fresh: bool = True, use_dense: bool = True,
+    use_fresh: bool = True, use_dense: bool = True, against: Against | None = None,
 ) -> dict[str, Any] | None:
     """Model and popularity metrics on a split: {"model": {...}, "popularity": {...}, "users": n, ...,
     "prior": {settings..., "fitted_on"} of the fused BUNDLE/prior, or None (none, weight 0, or not use_prior)}.
 
-    ``protocol`` (default: the bundle's): "paper" on a deploy-protocol bundle evaluates what was trained on the
-    train period alone (BUNDLE/target-train, and the bundle's prior settings refitted on train), so one bundle
-    gives both protocols' figures; "deploy" on a paper bundle is refused (its target never saw valid).
+    The lists come from ``training.bundle_ranking.rank_bundle`` (its ``protocol`` rule: "paper" on a deploy bundle
+    reads BUNDLE/target-train; "deploy" on a paper bundle is refused). Every method is compared with the served
+    lists user by user on every user and on the cold / warm slices (``"paired"``, ``training.paired``), each
+    user's scores kept under ``"per_user"``; ``"headline"`` picks the figures read first (``training.headline``).
+    ``against``: a second bundle (or variant) ranked on the same users under the same rules, reported under
+    ``"against"`` (``training.compare``).
 
     Under an initialised torch.distributed group (``torchrun``/``accelerate launch``; ``recsvc eval`` sets it up
     when WORLD_SIZE > 1) the users' batches are sharded across the processes, the rankings gathered, and rank 0
     alone scores them (and the baselines) and returns the result; the other ranks return None."""
-    import time
-
     from recsvc.bundle.directory import Bundle
-    from recsvc.bundle.loading import load_causal_lm
-    from recsvc.data.split import load_split_dir
-    from recsvc.errors import UserError
 
     bundle = Bundle.open(bundle_dir)
     data_path = bundle.resolve_data_dir(data_dir)
-    data = load_split_dir(data_path)
-    ids = bundle.load_ids()
-    builder = bundle.prompt_builder(ids=ids)
-    trained = bundle.read().get("protocol", "paper")
-    protocol = protocol or trained
-    if protocol == "deploy" and trained != "deploy":
-        raise UserError(f"bundle {bundle.root} was trained on the train period only (paper protocol): build it with "
-                        "--protocol deploy to evaluate the deploy protocol")
-    train_only = protocol == "paper" and trained == "deploy"
-    model_dir = bundle.train_only_target_dir if train_only else bundle.target_dir
-    model = load_causal_lm(model_dir, dtype=dtype)
-    # the dense head beside the beams, when trained and tuned (``recsvc tune dense``)
-    dense = DenseRetriever.load(model_dir, ids) if use_dense and has_dense_head(model_dir) else None
-    if dense is not None and split != "test":  # the catalog of that time (the rule of ``fresh_candidates``)
-        dense = dense.within(period_catalog_rows(data, split, ids))
-    users = sample_users(data.eval_users(split), max_users, seed)
-    start = time.perf_counter()
-    prior_dir = bundle.prior_dir_for(exclude_history)  # as the service fuses it (BUNDLE/prior-excl when excluding)
-    prior = load_prior(prior_dir) if use_prior and bundle.has_prior(exclude_history) else None
-    if prior is not None and prior.settings.weight <= 0:
-        prior = None
-    if prior is not None and train_only:  # the same settings, counted (and SASRec fitted) on the train period
-        counted = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), prior.settings, fitted_on="train")
-        if isinstance(prior, MixedPrior):
-            seq_train = prior_dir / "sequence-train"
-            if not seq_train.is_dir():
-                raise UserError(f"{prior_dir} mixes a SASRec but has no train-period one ({seq_train}): re-run "
-                                "`recsvc tune mix`")
-            prior = MixedPrior(counted, SequenceModel.load(seq_train), prior.mix)
-        else:
-            prior = counted
-    rank, world = dist_rank_world()
-    width = bundle.served_beam_width()  # every cutoff is read from one search at the served width (or max(ks))
-    from training.prior_alone import prior_rankings
+    protocol = protocol or bundle.read().get("protocol", "paper")
+    parts = Parts(prior=use_prior, dense=use_dense, fresh=use_fresh)
+    if against is not None:  # refused before anything is ranked
+        check_variant(against, exclude_history, protocol)
 
-    if ranks_alone(prior):  # the bundle serves its prior's ranking (recsvc tune mix chose it on validation)
-        assert prior is not None
-        rankings = prior_rankings(prior, users, max(ks), exclude_history) if rank == 0 else {}
-    else:
-        rankings = rank_users(serving_model(model), builder, CatalogTrie(ids), users, max(ks), batch_size,
-                              exclude_history, progress=rank == 0, prior=prior,
-                              shard=(rank, world) if world > 1 else None, beam_width=width, dense=dense)
-    rankings = gather_rankings(rankings)
-    seconds = time.perf_counter() - start
-    if rank != 0:
+    def rank(root: str | Path, used: Parts) -> Ranked | None:
+        return rank_bundle(root, split, ks, data_path, dtype, batch_size, max_users, exclude_history, seed, used,
+                           protocol)
+
+    a = rank(bundle_dir, parts)
+    b = None
+    if against is not None and not (against.variant == "no-slots" and against.same_bundle(bundle_dir)):
+        b = rank(against.bundle, parts.without(against.variant))  # every process of a sharded run takes part
+    if a is None:  # a sharded run's other ranks: rank 0 reports
         return None
-    if len(rankings) != len(users):
-        raise RuntimeError(f"gathered {len(rankings)} rankings for {len(users)} users")
-    pop = popularity_rankings(data.item_popularity(split), users, max(ks), exclude_history)
-    # cold / warm slices: targets never interacted with in the fitting period, and the rest
-    from training.baselines.base import fit_period
-
-    fit_on = fit_period(protocol, split)
-    cold = cold_items(data, fit_on, ids.item_ids.tolist())
-    fresh = None
-    if use_fresh and bundle.has_fresh():  # fresh items recounted on this evaluation's fitting period
-        fresh = FreshItems.load(bundle.fresh_dir, period=fit_on).with_fresh(
-            sorted(fresh_candidates(data, split, fit_on, ids.item_ids.tolist())), fit_on)
-    # each user's fresh candidates, once: the model's lists and the prior-alone lists take the same slots
-    cands = (fresh_candidates_by_user(fresh, users, fresh.settings.slots, exclude_history)
-             if fresh is not None and fresh.settings.slots > 0 else None)
-    at_k = fresh_lists(fresh, rankings, users, exclude_history, cands)
-    lists = {k: at_k(k) for k in ks}  # the lists read at each cutoff (merged once)
+    if against is not None and b is None:  # the same bundle without its slots: its own lists, not ranked again
+        b = a.without_slots()
+    users, cold, fresh, prior = a.users, a.cold, a.fresh, a.prior
+    lists = {k: a.lists(k) for k in ks}  # the lists read at each cutoff (merged once)
     model_metrics = score_lists(lists.__getitem__, users, ks, cold)
+    pop = popularity_rankings(a.data.item_popularity(split), users, max(ks), exclude_history)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
     from training.baselines import evaluate_baselines
+    from training.prior_alone import prior_rankings
 
-    alone = (rankings if ranks_alone(prior)  # the served ranking is the prior's own: not ranked again
+    alone = (a.rankings if ranks_alone(prior)  # the served ranking is the prior's own: not ranked again
              else prior_rankings(prior, users, max(ks), exclude_history) if prior is not None else None)
-
-    compared: dict[str, Any] = {}  # each baseline's lists, for the paired lead below
-    beside = evaluate_baselines(data, split, ks, baselines, protocol, users, exclude_history,
+    compared: dict[str, Any] = {}  # each baseline's lists, for the paired comparisons below
+    beside = evaluate_baselines(a.data, split, ks, baselines, protocol, users, exclude_history,
                                 cold=cold, fresh=fresh, lists_out=compared, **(baseline_options or {}))
-    alone_slots = fresh_lists(fresh, alone, users, exclude_history, cands) if alone is not None else None
+    alone_slots = fresh_lists(fresh, alone, users, exclude_history, a.candidates) if alone is not None else None
     if alone_slots is not None:  # what the generative model adds over the distribution it fuses (same fresh slots)
         compared["prior_alone"] = alone_slots
-    from training.lead import leads
-    return {
+    # every comparison user by user, on every user and on the cold / warm slices
+    parts_users = slice_parts(users, cold)
+    scored = {"model": slice_scores(lists.__getitem__, parts_users, ks)}
+    pairs = [("model", name) for name in compared]
+    if fresh is not None:  # the model's own lists (no slots) against the baselines without slots
+        scored["model_without_fresh"] = slice_scores(lambda k: a.rankings, parts_users, ks)
+        pairs += [("model_without_fresh", name) for name in beside["baselines"] if "+" not in name]
+    for name, at in compared.items():
+        scored[name] = slice_scores(at, parts_users, ks)
+    if b is not None:
+        if [u.user_id for u in b.users] != [u.user_id for u in users]:
+            raise UserError(f"--against {b.root}: ranked other users than {a.root} (another data directory?)")
+        scored["against"] = slice_scores(b.lists, parts_users, ks)
+        pairs.append(("model", "against"))
+    paired = [pair_record(x, y, scored[x], scored[y]) for x, y in pairs]
+    result = {
         "split": split, "users": len(users), "ks": list(ks), "dtype": resolve_dtype(dtype),
-        "beam_width": None if ranks_alone(prior) else max(max(ks), width),
-        "target": "target-train" if train_only else "target",
+        "beam_width": None if ranks_alone(prior) else max(max(ks), a.width),
+        "target": "target-train" if a.train_only else "target",
         "exclude_history": exclude_history,
         "model": model_metrics, "popularity": evaluate_rankings(pop, users, ks),
-        "model_without_fresh": score_lists(lambda k: rankings, users, ks, cold) if fresh is not None else None,
-        "fresh_effect": ({f"{part}@{k}": paired_effect(lists[k], rankings, users, k, cold, part == "cold")
+        "model_without_fresh": score_lists(lambda k: a.rankings, users, ks, cold) if fresh is not None else None,
+        "fresh_effect": ({f"{part}@{k}": paired_effect(lists[k], a.rankings, users, k, cold, part == "cold")
                           for k in ks for part in ("cold", "warm")} if fresh is not None else None),
         # the fused distribution alone (what the generative model adds: "model" against these), with and
         # without the same fresh slots
         "prior_alone": score_lists(lambda k: alone, users, ks, cold) if alone is not None else None,
         "prior_alone_fresh": (score_lists(alone_slots, users, ks, cold)
                               if alone_slots is not None and fresh is not None else None),
-        # the model against each baseline, user by user: ratio of means with a 95% paired bootstrap interval
-        "lead": leads(lists.__getitem__, compared, users, ks),
-        "cold_items": len(cold), "fit_on": fit_on,
+        # the served lists against each baseline on every user: ratio of means with a 95% paired bootstrap interval
+        "lead": {r["baseline"]: r["slices"]["all"] for r in paired if r["model"] == "model"
+                 and r["baseline"] != "against"},
+        "paired": paired,
+        "cold_items": len(cold), "fit_on": a.fit_on,
+        **served_parts(a),
+        "seconds": round(a.seconds, 1), "ms_per_user": round(1000 * a.seconds / max(1, len(users)), 2),
+        "processes": a.world,
+        **beside,
+    }
+    if b is not None:
+        assert against is not None
+        result["against"] = against_block(against, b, parts.without(against.variant), paired[-1]["slices"],
+                                          score_lists(b.lists, users, ks, cold), served_parts(b))
+    result["headline"] = headline(result)
+    result["per_user"] = per_user_payload(parts_users, scored)
+    return result
+
+
+def served_parts(r: Ranked) -> dict[str, Any]:
+    """What a bundle's lists held besides the target's beams: ``"fresh"``, ``"dense"``, ``"prior"`` (None: not used)."""
+    fresh, prior = r.fresh, r.prior
+    return {
         "fresh": ({**asdict(fresh.settings), "fresh_items": len(fresh)} if fresh is not None else None),
-        "dense": ({**asdict(dense.settings), "active": dense.active} if dense is not None else None),
-        "seconds": round(seconds, 1), "ms_per_user": round(1000 * seconds / max(1, len(users)), 2),
-        "processes": world,
-        "prior": ({**asdict(prior.settings), "fitted_on": prior.fitted_on, "dir": prior_dir.name,
+        "dense": r.dense,
+        "prior": ({**asdict(prior.settings), "fitted_on": prior.fitted_on, "dir": r.prior_dir.name,
                    **(asdict(prior.mix) if isinstance(prior, MixedPrior) else {})}
                   if prior is not None else None),
-        **beside,
     }

@@ -33,6 +33,30 @@ def per_user(lists: Mapping[int, Sequence[int]], users: Sequence[EvalUser], k: i
                     dtype=np.float64)
 
 
+def resampled_sums(arrays: Sequence[np.ndarray], resamples: int, seed: int = 0) -> np.ndarray:
+    """Arrays [n] of the same n users -> [len(arrays), resamples]: each array's sum over the same ``resamples``
+    draws of n users with replacement (the draws depend on n, ``resamples`` and ``seed`` only; each draw is
+    counted per user, so many arrays cost one product)."""
+    values = np.stack([np.asarray(a, dtype=np.float64) for a in arrays], axis=1)  # [n, A]
+    n = len(values)
+    rng = np.random.default_rng(seed)
+    sums = np.empty((values.shape[1], resamples))
+    for start in range(0, resamples, 250):  # bounded memory: 250 x n draws at a time
+        rows = min(250, resamples - start)
+        idx = rng.integers(0, n, size=(rows, n)) + n * np.arange(rows)[:, None]
+        counts = np.bincount(idx.ravel(), minlength=rows * n).reshape(rows, n).astype(np.float64)
+        sums[:, start:start + rows] = (counts @ values).T
+    return sums
+
+
+def _interval(values: np.ndarray) -> tuple[float | None, float | None]:
+    """The 2.5% and 97.5% quantiles (a percentile bootstrap's 95% interval); None, None without values."""
+    if not len(values):
+        return None, None
+    lo, hi = np.quantile(values, [0.025, 0.975])
+    return float(lo), float(hi)
+
+
 def paired_lead(model: np.ndarray, base: np.ndarray, resamples: int = 2000, seed: int = 0
                 ) -> dict[str, float | None]:
     """Model [n] against baseline [n], the same users in the same order -> ratio of means with its 95% interval
@@ -54,36 +78,65 @@ def paired_lead(model: np.ndarray, base: np.ndarray, resamples: int = 2000, seed
     if n < 2 or resamples < 1:
         out["ratio_lo"] = out["ratio_hi"] = None
         return out
-    rng = np.random.default_rng(seed)
-    m_sum = np.empty(resamples)
-    b_sum = np.empty(resamples)
-    for start in range(0, resamples, 250):  # bounded memory: 250 x n indices at a time
-        idx = rng.integers(0, n, size=(min(250, resamples - start), n))
-        m_sum[start:start + len(idx)] = model[idx].sum(axis=1)
-        b_sum[start:start + len(idx)] = base[idx].sum(axis=1)
+    m_sum, b_sum = resampled_sums((model, base), resamples, seed)
     ok = b_sum > 0
     ratios = m_sum[ok] / b_sum[ok]
-    if len(ratios):
-        lo, hi = np.quantile(ratios, [0.025, 0.975])
-        out["ratio_lo"], out["ratio_hi"] = float(lo), float(hi)
-    else:
-        out["ratio_lo"] = out["ratio_hi"] = None
+    out["ratio_lo"], out["ratio_hi"] = _interval(ratios)
     return out
+
+
+def mean_ratio(pairs: Sequence[tuple[np.ndarray, np.ndarray]], resamples: int = 2000, seed: int = 0
+               ) -> dict[str, float | None]:
+    """Several (model [n], baseline [n]) pairs over the SAME n users (e.g. one per training seed) -> the mean of
+    their ratios of means, with a 95% interval from resampling the users jointly: each resample draws n users
+    once and computes every pair's ratio on that draw, and the interval is the percentiles of the mean of those
+    ratios. The users' draw is shared because the pairs were scored on the same users, so their errors move
+    together; the interval covers which users were drawn, not which training seeds (their spread is each pair's
+    own ratio). A resample where some baseline scores 0 is left out.
+
+    >>> x, y = np.array([1., 0, 1, 0]), np.array([1., 0, 0, 1])
+    >>> mean_ratio([(x, y), (x, x)], resamples=100)["ratio"]
+    1.0
+    """
+    if not pairs or any(m.shape != pairs[0][0].shape or b.shape != m.shape or m.ndim != 1 for m, b in pairs):
+        raise ValueError("mean_ratio needs [n] arrays of one length, paired")
+    n = len(pairs[0][0])
+    ratios = [float(m.mean() / b.mean()) if n and b.mean() > 0 else None for m, b in pairs]
+    out: dict[str, float | None] = {
+        "users": float(n), "model": float(np.mean([m.mean() for m, _ in pairs])) if n else 0.0,
+        "baseline": float(np.mean([b.mean() for _, b in pairs])) if n else 0.0,
+        "ratio": None, "ratio_lo": None, "ratio_hi": None}
+    if all(r is not None for r in ratios):
+        out["ratio"] = float(np.mean([r for r in ratios if r is not None]))
+    if n < 2 or resamples < 1:
+        return out
+    sums = resampled_sums([a for pair in pairs for a in pair], resamples, seed).reshape(len(pairs), 2, resamples)
+    ok = (sums[:, 1] > 0).all(axis=0)
+    out["ratio_lo"], out["ratio_hi"] = _interval((sums[:, 0, ok] / sums[:, 1, ok]).mean(axis=0))
+    return out
+
+
+def scores(lists: Lists, users: Sequence[EvalUser], ks: Sequence[int]) -> dict[str, np.ndarray]:
+    """``{"recall@10": [n], "ndcg@10": [n], ...}``: each user's metric at every cutoff (``per_user``)."""
+    out: dict[str, np.ndarray] = {}
+    for k in ks:
+        at = lists(k)
+        for metric in METRICS:
+            out[f"{metric}@{k}"] = per_user(at, users, k, metric)
+    return out
+
+
+def paired_leads(mine: Mapping[str, np.ndarray], theirs: Mapping[str, np.ndarray], resamples: int = 2000,
+                 seed: int = 0) -> dict[str, dict[str, float | None]]:
+    """``paired_lead`` of every key (``"recall@10"``, ...) of two ``scores`` of the same users."""
+    return {key: paired_lead(values, theirs[key], resamples, seed) for key, values in mine.items()}
 
 
 def leads(model: Lists, baselines: Mapping[str, Lists], users: Sequence[EvalUser], ks: Sequence[int],
           resamples: int = 2000, seed: int = 0) -> dict[str, dict[str, dict[str, float | None]]]:
     """``{baseline: {"recall@10": paired_lead(...), "ndcg@10": ..., ...}}`` for every baseline and cutoff."""
-    out: dict[str, dict[str, dict[str, float | None]]] = {name: {} for name in baselines}
-    for k in ks:
-        mine = model(k)
-        scored = {metric: per_user(mine, users, k, metric) for metric in METRICS}  # the model's, once per cutoff
-        for name, lists in baselines.items():
-            theirs = lists(k)
-            for metric in METRICS:
-                out[name][f"{metric}@{k}"] = paired_lead(scored[metric], per_user(theirs, users, k, metric),
-                                                         resamples, seed)
-    return out
+    mine = scores(model, users, ks)  # the model's, once
+    return {name: paired_leads(mine, scores(lists, users, ks), resamples, seed) for name, lists in baselines.items()}
 
 
 def best_baseline(result: Mapping[str, object], key: str) -> str | None:

@@ -4,7 +4,7 @@ baseline's style, and the PNG + SVG writing (reproducible files: no dates, text 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,3 +72,26 @@ def log2_if_wide(ax: Any, values: Sequence[float]) -> None:
         ax.set_xscale("log", base=2)
     ax.set_xticks(vals)
     ax.set_xticklabels([f"{v:g}" for v in vals])
+
+
+def ratio_points(ax: Any, points: Sequence[tuple[float, Mapping[str, Any]]], fmt: str, colour: str,
+                 label: str) -> None:
+    """Paired leads (``{"ratio", "ratio_lo", "ratio_hi"}``) at their x: each ratio with its 95% interval as an
+    error bar, annotated ``1.10x``; a point without a ratio is left out, a missing bound draws no bar."""
+    pts = [(x, r) for x, r in points if r.get("ratio") is not None]
+    if not pts:
+        return
+    ys = [float(r["ratio"]) for _, r in pts]
+    lo = [y - float(r["ratio_lo"]) if r.get("ratio_lo") is not None else 0.0 for y, (_, r) in zip(ys, pts, strict=True)]
+    hi = [float(r["ratio_hi"]) - y if r.get("ratio_hi") is not None else 0.0 for y, (_, r) in zip(ys, pts, strict=True)]
+    ax.errorbar([x for x, _ in pts], ys, yerr=[lo, hi], fmt=fmt, capsize=3, color=colour, label=label)
+    for (x, _), y in zip(pts, ys, strict=True):
+        ax.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(4, 0), fontsize=6, va="center")
+
+
+def cutoff_axis(ax: Any, ks: Sequence[int]) -> None:
+    """The x axis of a per-cutoff plot: one slot per K."""
+    ax.set_xticks(range(len(ks)))
+    ax.set_xticklabels([f"K = {k}" for k in ks])
+    ax.set_xlim(-0.5, len(ks) - 0.5)
+    ax.set_xlabel("cutoff K (items recommended)")

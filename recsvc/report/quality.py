@@ -4,7 +4,8 @@ baseline with its 95% bootstrap interval, and the cold / warm target slices.
 The JSON's layout (``training/evaluate.py``): ``"ks"``; ``"model"``: ``{"recall@K", "ndcg@K", "cold": {...,
 "users"}, "warm": {...}}``; ``"baselines"``: ``{name: the same keys}`` (``name+fresh``: the baseline with the
 model's fresh slots, not plotted); ``"lead"``: ``{name: {"recall@K": {"ratio", "ratio_lo", "ratio_hi", ...}}}``;
-``"split"``, ``"users"``, ``"protocol"``, ``"exclude_history"``, ``"dtype"``.
+``"split"``, ``"users"``, ``"protocol"``, ``"exclude_history"``, ``"dtype"``; with ``--against``, ``"against"``
+(drawn by ``recsvc.report.against``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from recsvc.report.figure import BASELINE_COLOR, MODEL_COLOR, PALETTE, Context, pyplot, save, title
+from recsvc.report.figure import (
+    BASELINE_COLOR,
+    MODEL_COLOR,
+    PALETTE,
+    Context,
+    cutoff_axis,
+    pyplot,
+    ratio_points,
+    save,
+    title,
+)
 
 METRICS = (("recall", "Recall@K (share of the held-out items in the top K)"),
            ("ndcg", "NDCG@K (0 to 1)"))
@@ -80,27 +91,13 @@ def _leads(ax: Any, ks: list[int], data: dict[str, Any], metric: str, label: str
     for i, name in enumerate(names):
         pts = [(j + (i - (len(names) - 1) / 2) * width, lead[name].get(f"{metric}@{k}") or {})
                for j, k in enumerate(ks)]
-        pts = [(x, r) for x, r in pts if r.get("ratio") is not None]
-        if not pts:
-            continue
-        xs = [x for x, _ in pts]
-        ys = [float(r["ratio"]) for _, r in pts]
-        lo = [y - float(r["ratio_lo"]) if r.get("ratio_lo") is not None else 0.0
-              for y, (_, r) in zip(ys, pts, strict=True)]
-        hi = [float(r["ratio_hi"]) - y if r.get("ratio_hi") is not None else 0.0
-              for y, (_, r) in zip(ys, pts, strict=True)]
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="D" if name.endswith("+fresh") else "o", capsize=3,
-                    color=colours[plain.index(name.split("+")[0]) % len(colours)], label=f"model / {name}")
-        for x, y in zip(xs, ys, strict=True):
-            ax.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(4, 0), fontsize=6, va="center")
+        ratio_points(ax, pts, "D" if name.endswith("+fresh") else "o",
+                     colours[plain.index(name.split("+")[0]) % len(colours)], f"model / {name}")
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":", label="parity (1.0x)")
     ratios = [float(r["ratio"]) for n in names for r in lead[n].values() if isinstance(r, dict) and r.get("ratio")]
     if ratios and max(ratios) / min(ratios) >= 8:  # leads and deficits both readable
         ax.set_yscale("log")
-    ax.set_xticks(range(len(ks)))
-    ax.set_xticklabels([f"K = {k}" for k in ks])
-    ax.set_xlim(-0.5, len(ks) - 0.5)
-    ax.set_xlabel("cutoff K (items recommended)")
+    cutoff_axis(ax, ks)
     ax.set_ylabel(f"{label}: model / baseline (ratio of means)")
     ax.set_title(f"{label}: the model's lead, 95% paired bootstrap interval", fontsize=8)
     ax.legend(fontsize=7, loc="best")
@@ -159,5 +156,8 @@ def plot_cold_warm(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path
 
 def plot_eval(path: Path, data: dict[str, Any], ctx: Context, out_dir: Path, name: str,
               formats: list[str]) -> list[Path]:
+    from recsvc.report.against import plot_against
+
     return [*plot_quality(path, data, ctx, out_dir, name, formats),
-            *plot_cold_warm(path, data, ctx, out_dir, name, formats)]
+            *plot_cold_warm(path, data, ctx, out_dir, name, formats),
+            *plot_against(path, data, ctx, out_dir, name, formats)]
