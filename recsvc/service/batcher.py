@@ -59,6 +59,7 @@ class _Pending:
     query: RecQuery
     deadline: float | None  # time.monotonic() seconds
     future: Future[BatchOutcome]
+    queued: bool = True  # still in the queue (not yet taken into a batch, nor given up by its caller)
 
 
 MAX_IDLE_TASKS = 256  # idle work waiting; the oldest is dropped beyond this
@@ -91,15 +92,12 @@ class Batcher:
         self._idle_thread = threading.Thread(target=self._idle_loop, name="recsvc-idle", daemon=True)
         self._idle_thread.start()
 
-    def answer(self, query: RecQuery, deadline: float | None = None, on_end: OnEnd | None = None
-                  ) -> BatchOutcome:
+    def answer(self, query: RecQuery, deadline: float | None = None, on_end: OnEnd | None = None) -> BatchOutcome:
         """The answer to ``query``: at once when it needs no decoding, else from the batch it is computed in.
         ``deadline`` (time.monotonic()): DeadlineExpired after it. ``on_end(callback)``: registers a callback
         for when the caller goes away (the query is then skipped; CancelledError). Overloaded when the queue
         is full, BatcherClosed once closing."""
-        if self._closed:
-            raise BatcherClosed("server is shutting down")
-        answer = without_decoding(self.recommender, query)
+        answer = without_decoding(self.recommender, query)  # (answered while closing too, as it needs no engine)
         if answer is not None:
             return BatchOutcome(answer, 0)
         pending = self._queue(query, deadline)
@@ -113,7 +111,7 @@ class Batcher:
                 self._run(batch)
             except BaseException as exc:  # every caller of the batch hears of it; none waits forever
                 for item in batch:
-                    if item.future.running():
+                    if not item.future.done():
                         item.future.set_exception(exc)
                 raise
             finally:
@@ -166,11 +164,12 @@ class Batcher:
                 left = None if pending.deadline is None else pending.deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
-                if not self._busy and pending in self._waiting:
+                if not self._busy and pending.queued:
                     self._busy = True
                     return self._collect()
                 self._cond.wait(left)
-            if pending in self._waiting:  # never taken into a batch: it leaves the queue here, uncomputed
+            if pending.queued:  # never taken into a batch: it leaves the queue here, uncomputed
+                pending.queued = False
                 self._waiting.remove(pending)
                 self._gauge()
                 self._dropped("cancelled" if pending.future.cancelled() else "deadline")
@@ -186,6 +185,8 @@ class Batcher:
                 break
             self._cond.wait(left)
         batch = [self._waiting.popleft() for _ in range(min(self.max_batch, len(self._waiting)))]
+        for item in batch:
+            item.queued = False
         self._gauge()
         return batch
 
