@@ -44,7 +44,7 @@ def source(bundle) -> DraftSource:
     data = load_split_dir(bundle.resolve_data_dir())
     return DraftSource(bundle, EngineModel.build(bundle.load_target(dtype="fp32")), CatalogTrie(ids),
                        prompts.code_offset, "fp32", prior=TransitionPrior.load(bundle.prior_dir),
-                       sequences=lambda: data.train.values(), oracle_k=3)
+                       sequences=lambda: data.train.values(), oracle_width=3)
 
 
 def test_the_default_is_the_head_else_the_llama_drafter_else_none(bundle, tmp_path: Path) -> None:
@@ -90,7 +90,7 @@ def test_what_a_kind_needs_and_lacks_is_a_user_error(source) -> None:
 
     cases = [("transition", replace(source, prior=None), "needs a transition prior"),
              ("retrieval", replace(source, sequences=None), "training sequences"),
-             ("oracle", replace(source, oracle_k=None), "only benchmarks"),
+             ("oracle", replace(source, oracle_width=None), "only benchmarks"),
              ("head", source, "no draft head"),  # BUNDLE/head was never trained
              ("missing", source, "no drafter 'missing'"),
              ("llama:missing", source, "no drafter 'missing' \\(no config.json in .*drafters/missing or missing\\)")]

@@ -12,9 +12,9 @@ import pytest
 from service_helpers import status_of, wait_until
 
 from recsvc.client.client import RecClient
+from recsvc.recommender.answer import NO_DECODING_REASON, NO_HISTORY_REASON
 from recsvc.recommender.api import RecQuery, RecResult, WithoutModel
 from recsvc.service.gen import recommender_pb2 as pb
-from recsvc.service.servicer import NO_DECODING_REASON, NO_HISTORY_REASON
 from recsvc.service.stores import open_store
 
 

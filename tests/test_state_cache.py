@@ -154,7 +154,7 @@ def test_prefill_ahead_after_a_write_makes_the_next_request_a_hit(make_server, s
         deadline = time.monotonic() + 10
         before = served.states.stats()
         while served.states.stats()["entries"] == before["entries"] and time.monotonic() < deadline:
-            time.sleep(0.02)  # the prefill runs on the batcher thread once it is idle
+            time.sleep(0.02)  # the prefill runs on the batcher's idle thread once the engine is free
         got = client.recommend("u-ahead", k=5, mode="plain")
     after = served.states.stats()
     assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]  # ahead: not counted

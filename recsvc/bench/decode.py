@@ -1,4 +1,5 @@
-"""`recsvc bench decode`: the engine's plain beam search vs transformers ``generate`` with the trie callback.
+"""`recsvc bench decode`: the engine's plain beam search (through its one decoding entry,
+``recsvc.engine.decode``) vs transformers ``generate`` with the trie callback.
 
 Same model, same users, one request at a time for both (latency per request); per K: ms/request of each,
 their ratio, and the identical-output rate (same items in the same order). Both paths are warmed first on
@@ -32,6 +33,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.decode import Decoded, decode
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.reference import generate_topk
@@ -45,14 +47,18 @@ def run(args: argparse.Namespace) -> dict:
     warm = warmup_prompts(ctx, args.warmup, args.cold)
     ref_trie = ctx.trie.to("cpu")  # generate's per-beam Python callback reads the trie on the host
     rows = []
+
+    def plain(batch: PromptBatch, width: int) -> Decoded:  # the engine's one decoding entry, plain beam search
+        return decode(engine, None, batch, [[]], "plain", width, (0, 0))
+
     for k in ks:
         for p in warm:  # warm both paths (allocator, kernels, the engine's per-length prefix rows)
-            engine.search(PromptBatch.from_lists([p]), k)
+            plain(PromptBatch.from_lists([p]), k)
         for p in warm[: args.warmup]:
             generate_topk(ctx.model, ref_trie, ctx.builder.code_offset, p, k)
         eng_ms, gen_ms, same = [], [], 0
         for p in progress_bar(prompts, desc=f"decode K={k}", leave=False):
-            out, ms_e = common.timed(engine.search, PromptBatch.from_lists([p], device), k, device=device)
+            out, ms_e = common.timed(plain, PromptBatch.from_lists([p], device), k, device=device)
             (ref_codes, _), ms_g = common.timed(generate_topk, ctx.model, ref_trie, ctx.builder.code_offset, p, k,
                                          device=device)
             codes = ctx.trie.codes_of_nodes(out.leaves[0][out.leaves[0] >= 0]).tolist()

@@ -68,7 +68,7 @@ def make_drafter(kind: str, ctx, engine, k: int, dtype: str, drafter_name: str |
     prior = TransitionPrior.load(bundle.prior_dir) if kind in ("head", "transition") and bundle.has_prior() else None
     name = f"{kind}:{drafter_name}" if kind in TAKES_NAME and drafter_name else kind
     return build_drafter(name, DraftSource(bundle, engine.model, ctx.trie, ctx.builder.code_offset, dtype, device,
-                                           prior=prior, sequences=lambda: ctx.data.train.values(), oracle_k=k,
+                                           prior=prior, sequences=lambda: ctx.data.train.values(), oracle_width=k,
                                            head_opener=head_opener))
 
 

@@ -25,14 +25,14 @@ class OracleDraftSession:
 
     def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
                 target: TargetState, depths: int | None = None) -> list[torch.Tensor]:
-        b, levels, k = self.beams.shape
+        b, levels, beams = self.beams.shape
         depth = self.node_depth[roots.max(dim=1).values.clamp(min=0)]  # [B] all roots of a row share a depth
         out = []
         for s in range(1, (depths if depths is not None else int(steps.max())) + 1):
             d = (depth + s - 1).clamp(max=levels - 1)  # beams of depth j + s
             rows = self.beams[torch.arange(b, device=d.device), d][:, :width]  # [B, min(N, K)]
-            if width > k:
-                rows = torch.cat([rows, torch.full((b, width - k), -1, dtype=rows.dtype, device=rows.device)], 1)
+            if width > beams:
+                rows = torch.cat([rows, torch.full((b, width - beams), -1, dtype=rows.dtype, device=rows.device)], 1)
             out.append(torch.where((steps >= s)[:, None], rows, torch.full_like(rows, -1)))
         return out
 
@@ -48,13 +48,13 @@ class OracleDrafter(StrictOnly):
     model = None  # it runs the target (its cost is not counted)
     draft_head = None
 
-    def __init__(self, engine: BeamSearch, k: int) -> None:
-        self.engine, self.k = engine, k
+    def __init__(self, engine: BeamSearch, width: int) -> None:
+        self.engine, self.width = engine, width  # the target's beam search it replays
 
     def over(self, trie: CatalogTrie) -> OracleDrafter:
-        return OracleDrafter(BeamSearch(self.engine.model, trie, self.engine.code_offset), self.k)
+        return OracleDrafter(BeamSearch(self.engine.model, trie, self.engine.code_offset), self.width)
 
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> OracleDraftSession:
-        out = self.engine.search(prompts, self.k, dead, prior)  # the fused beams when a prior is fused
+        out = self.engine.search(prompts, self.width, dead, prior)  # the fused beams when a prior is fused
         return OracleDraftSession(out.beams, self.engine.trie.depth)

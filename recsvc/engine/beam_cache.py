@@ -65,13 +65,13 @@ class BeamCache:
     def feed(self, nodes: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """Feed the beams ``nodes`` [B, K] (trie nodes of depth d, -1 = dead) whose parents are beams
         ``parents`` [B, K] of the previous step (ignored at depth 1): their [B, K, H] hidden states."""
-        b, k = nodes.shape
+        b, beams = nodes.shape
         path, ids, positions = self._step_inputs(nodes, parents)
-        width = self.width + k
+        width = self.width + beams
         pre = self.fast_prefill if self.keeps_steps else None
         keys = ([tuple(row) for row in self.trie.codes_of_nodes(nodes).reshape(b, -1).tolist()]
                 if pre is not None else [])  # per row: the beams' code paths
-        kept = pre.load_step(keys, k, self.width) if pre is not None else None  # an identical request's step
+        kept = pre.load_step(keys, beams, self.width) if pre is not None else None  # an identical request's step
         if kept is not None:
             self.path, self.width = path, width
             return kept
@@ -103,8 +103,8 @@ class BeamCache:
     def _step_inputs(self, nodes: torch.Tensor, parents: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(path [B, K, d] cache slots of each beam's path, token ids [B, K], positions [B, K]) of a step."""
-        b, k = nodes.shape
-        own = (self.width + torch.arange(k, device=nodes.device))[None, :, None].expand(b, k, 1)  # [B, K, 1]
+        b, beams = nodes.shape
+        own = (self.width + torch.arange(beams, device=nodes.device))[None, :, None].expand(b, beams, 1)  # [B, K, 1]
         if self.path is None:
             path = own
         else:
@@ -115,31 +115,31 @@ class BeamCache:
         c = self.trie.codebook_size
         ids = torch.where(alive, self.code_offset + (d - 1) * c + self.trie.node_code[n], self.code_offset)
         positions = self.prompts.lengths[:, None] + (d - 1)  # [B, 1]: the prompt length + depth - 1
-        return path, ids, positions.expand(b, k)
+        return path, ids, positions.expand(b, beams)
 
     def _mask(self, path: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The fast forward's (slots [B, K], visible [B, K, S]) of a step whose beams have the cache slots ``path``
         [B, K, d] (their own slot last; S = the width after the step): each beam sees its request's prompt slots
         and its path, the mask ``tree_mask`` makes of ``_groups(path)``, in three ops."""
-        b, k, _ = path.shape
-        keys = torch.arange(self.width + k, device=path.device)  # [S]
-        visible = (keys < self.prompts.lengths[:, None, None]).repeat(1, k, 1)  # [B, K, S] the prompt slots
+        b, beams, _ = path.shape
+        keys = torch.arange(self.width + beams, device=path.device)  # [S]
+        visible = (keys < self.prompts.lengths[:, None, None]).repeat(1, beams, 1)  # [B, K, S] the prompt slots
         return path[..., -1].contiguous(), visible.scatter_(2, path, True)
 
     def _groups(self, path: torch.Tensor) -> TreeGroups:
         """Every beam of row r attends [r's prompt slots 0..T_r-1, its path]; rows with equal T_r share a call."""
-        b, k, d = path.shape
+        b, beams, d = path.shape
         dev = path.device
         if self.fp32:  # split attention: the prompt part shared per request, the path part per beam
-            split = [(r, torch.arange(k, device=dev), path[r], self.lengths[r]) for r in range(b)]
+            split = [(r, torch.arange(beams, device=dev), path[r], self.lengths[r]) for r in range(b)]
             return TreeGroups(prompt_lengths=[], groups=[], upcast=True, split=split)
         by_length: dict[int, list[int]] = {}
         for r, t in enumerate(self.lengths):
             by_length.setdefault(t, []).append(r)
         groups = []
         for t, rs in by_length.items():
-            rows = torch.tensor(rs, device=dev).repeat_interleave(k)  # [g = len(rs) K]
-            qidx = torch.arange(k, device=dev).repeat(len(rs))
+            rows = torch.tensor(rs, device=dev).repeat_interleave(beams)  # [g = len(rs) K]
+            qidx = torch.arange(beams, device=dev).repeat(len(rs))
             prompt = torch.arange(t, device=dev)[None].expand(len(rows), t)  # [g, t]
             keys = torch.cat([prompt, path[rows, qidx]], 1)  # [g, t + d]
             groups.append((rows, qidx, keys))

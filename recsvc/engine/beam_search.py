@@ -67,14 +67,14 @@ class BeamSearch:
         self.select = make_selector(model, trie, code_offset, tie_break)
 
     @torch.inference_mode()
-    def search(self, prompts: PromptBatch, k: int, dead: torch.Tensor | None = None,
+    def search(self, prompts: PromptBatch, width: int, dead: torch.Tensor | None = None,
                prior: torch.Tensor | None = None, ledger: Ledger = NO_LEDGER,
                states: UserStateCache | None = None, count: bool = True, top: int | None = None) -> BeamOutput:
         """dead: [B, num_nodes] excluded prefixes; prior: [B, num_nodes] ``prior_log_mass`` to fuse (scores are
         then fused scores), None = the model alone (bit-identical to transformers' generate). ``states``: the
         user-state cache (fast forward only): cached prompts are not run again, computed ones are stored.
         ``count``: whether its lookups count as hits / misses (False: work ahead of a request). ``top``: the
-        caller reads only the best ``top`` beams (< k): the last step then feeds only the beams that can reach
+        caller reads only the best ``top`` beams (< width): the last step then feeds only the beams that can reach
         them (``recsvc.engine.last_step``; the fast forward, which runs on a CPU; steps not kept in ``states``)
         and ``leaves`` / ``scores`` are [B, top], the first ``top`` of the full search's."""
         dev = self.model.device  # every tensor of the search lives there (inputs moved once, here)
@@ -88,7 +88,7 @@ class BeamSearch:
         parents = torch.zeros(b, 1, dtype=torch.long, device=dev)
         beams = []
         levels = self.trie.levels
-        bounded = (top is not None and 0 < top < k and levels > 1 and self.model.is_fast and not cache.keeps_steps
+        bounded = (top is not None and 0 < top < width and levels > 1 and self.model.is_fast and not cache.keeps_steps
                    and not self.model.sync_free)  # its stopping test reads the device: sync-free runs the full step
         for step in range(levels):
             if bounded and step == levels - 1:
@@ -106,12 +106,12 @@ class BeamSearch:
                     cand, child = candidate_scores(self.trie, nodes, scores, logp[:, None], dead, prior)
                     best = None  # every first code's log-probs from the user-state cache
                 else:
-                    cand, child, best, logp = self._candidates(hidden, nodes, scores, step, dead, prior, 2 * k + 1)
+                    cand, child, best, logp = self._candidates(hidden, nodes, scores, step, dead, prior, 2 * width + 1)
                     if step == 0 and pre is not None:  # kept in the user-state cache for its full hits
                         pre.remember(hidden[:, 0], logp[:, 0])
             with ledger.phase("select"):
-                picked = select_from_best(best, child, k) if best is not None else None
-                nodes, scores, parents = picked or select_candidates(self.trie, nodes, cand, child, k, self.select)
+                picked = select_from_best(best, child, width) if best is not None else None
+                nodes, scores, parents = picked or select_candidates(self.trie, nodes, cand, child, width, self.select)
             beams.append(nodes)
         if top is not None and top < nodes.shape[1]:  # the bounded last step returns top already
             nodes, scores, beams[-1] = nodes[:, :top], scores[:, :top], nodes[:, :top]

@@ -13,7 +13,7 @@ no tree is given, so training and ``generate`` are unchanged). Build it once per
 caches and searches:
 
     target = EngineModel.build(model, attention="fp32")
-    BeamSearch(target, trie, code_offset).search(prompts, k)
+    BeamSearch(target, trie, code_offset).search(prompts, width)
 
 Shapes: B requests, q new tokens per request, H hidden size, M scored rows, C codebook size, V vocabulary.
 """

@@ -58,29 +58,29 @@ def bounded_last_step(
     select: Selector,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(nodes [B, top], scores [B, top], parent beam index [B, top], beams fed): the first ``top`` of what
-    ``expand_beams(..., k=K, select)`` returns for the last step, feeding as few beams as the bound allows."""
-    b, k = nodes.shape
+    ``expand_beams(..., width=K, select)`` returns for the last step, feeding as few beams as the bound allows."""
+    b, width = nodes.shape
     c = trie.codebook_size
-    cand = torch.full((b, k, c), float("-inf"), dtype=torch.float32, device=nodes.device)  # unfed: -inf
-    child = torch.full((b, k, c), -1, dtype=torch.long, device=nodes.device)
+    cand = torch.full((b, width, c), float("-inf"), dtype=torch.float32, device=nodes.device)  # unfed: -inf
+    child = torch.full((b, width, c), -1, dtype=torch.long, device=nodes.device)
     fed = 0
-    stop = min(max(top + FIRST_EXTRA, MIN_PART), k)
+    stop = min(max(top + FIRST_EXTRA, MIN_PART), width)
     while True:
         cand[:, fed:stop], child[:, fed:stop] = score(fed, stop)
         fed = stop
-        if fed == k:
-            out_nodes, out_scores, parents = select_candidates(trie, nodes, cand, child, k, select)
+        if fed == width:
+            out_nodes, out_scores, parents = select_candidates(trie, nodes, cand, child, width, select)
             return out_nodes[:, :top], out_scores[:, :top], parents[:, :top], fed
-        best, flat = torch.topk(cand.view(b, k * c), top + 1, dim=1)  # sorted, descending
+        best, flat = torch.topk(cand.view(b, width * c), top + 1, dim=1)  # sorted, descending
         bound = best[:, top - 1]  # [B] L: the top-th best fed candidate
         unsure = ~torch.isfinite(bound) | (best[:, 1:] == best[:, :-1]).any(1)
         reach = (scores[:, fed:] >= bound[:, None]).sum(1)  # [B] unfed beams that may still reach the top
         if bool(unsure.any()):
-            stop = k  # ties or too few candidates: the ordinary step, every beam fed
+            stop = width  # ties or too few candidates: the ordinary step, every beam fed
         elif int(reach.max()) > 0:
-            stop = min(fed + max(int(reach.max()), MIN_PART), k)  # beams are sorted: those that may reach are next
+            stop = min(fed + max(int(reach.max()), MIN_PART), width)  # beams are sorted: those that may reach are next
         else:
             flat = flat[:, :top]
             out_scores = best[:, :top]
-            out_nodes = child.view(b, k * c).gather(1, flat)
+            out_nodes = child.view(b, width * c).gather(1, flat)
             return out_nodes, out_scores, flat // c, fed

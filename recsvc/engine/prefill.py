@@ -105,7 +105,7 @@ class Prefill:
                                                       hidden[row].clone(),
                                                       logp0[row].clone() if logp0 is not None else None)
 
-    def load_step(self, keys: list[tuple[int, ...]], k: int, width: int) -> torch.Tensor | None:
+    def load_step(self, keys: list[tuple[int, ...]], beams: int, width: int) -> torch.Tensor | None:
         """Plain beam search's decode step over K beams written at slots width..width+K-1, ``keys``: per row,
         the beams' code paths (catalog-independent: a trie's node ids change with the catalog). When every row
         kept exactly these beams under its prompt, their keys / values are copied into those slots and their
@@ -116,22 +116,23 @@ class Prefill:
         if any(item is None for item in kept):
             return None
         b = len(keys)
-        self.cache.reserve(width + k, b)
+        self.cache.reserve(width + beams, b)
         for row, item in enumerate(kept):
             assert item is not None
             kv = item[0]  # [layers, 2, h_kv, K, d]
             for i, layer in enumerate(self.cache.layers):
-                layer.k[row, :, width:width + k] = kv[i, 0]
-                layer.v[row, :, width:width + k] = kv[i, 1]
+                layer.k[row, :, width:width + beams] = kv[i, 0]
+                layer.v[row, :, width:width + beams] = kv[i, 1]
         return torch.stack([item[1] for item in kept if item is not None])
 
     def store_step(self, keys: list[tuple[int, ...]], width: int, hidden: torch.Tensor) -> None:
         """Keep a computed decode step (beams with code paths ``keys`` at slots width.., hidden [B, K, H])."""
         if self.states is None:
             return
-        k = hidden.shape[1]
+        beams = hidden.shape[1]
         for row, (entry, key) in enumerate(zip(self.entries, keys, strict=True)):
             if entry is not None:
-                kv = torch.stack([torch.stack([layer.k[row, :, width:width + k], layer.v[row, :, width:width + k]])
+                slots = slice(width, width + beams)
+                kv = torch.stack([torch.stack([layer.k[row, :, slots], layer.v[row, :, slots]])
                                   for layer in self.cache.layers])
                 self.states.add_step(entry, key, kv, hidden[row].clone())

@@ -43,15 +43,15 @@ class RelaxedOutput:
     draft_calls: int
 
 
-def _uniform_pick(mask: torch.Tensor, k: int, gens, rows) -> torch.Tensor:
-    """[R, n] bool -> [R, k] indices of k True entries chosen uniformly (rows with >= k True)."""
+def _uniform_pick(mask: torch.Tensor, width: int, gens, rows) -> torch.Tensor:
+    """[R, n] bool -> [R, width] indices of width True entries chosen uniformly (rows with >= width True)."""
     keys = torch.where(mask, gumbel((mask.shape[1],), gens, rows, mask.device), float("-inf"))
-    return torch.topk(keys, k, dim=1).indices
+    return torch.topk(keys, width, dim=1).indices
 
 
 @torch.inference_mode()
 def relaxed_speculative_search(
-    target: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
+    target: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, width: int,
     drafts: SamplingSession,
     draft_beams: int, gamma: int, temperature: torch.Tensor, gens: Sequence[torch.Generator],
     dead: torch.Tensor | None = None,
@@ -62,11 +62,11 @@ def relaxed_speculative_search(
     trie, prompts, temperature = trie.to(dev), prompts.to(dev), temperature.to(dev)
     dead, prior = to_device(dead, dev), to_device(prior, dev)
     b, levels = len(prompts.lengths), trie.levels
-    n_draft = max(draft_beams, k)
+    n_draft = max(draft_beams, width)
     cache = TreeCache(target, trie, code_offset, prompts, states)
     beams = ActiveBeams.start(b, dev, dead=dead, temp=temperature.clone(), prior=prior)
-    out_leaves = torch.full((b, k), -1, dtype=torch.long, device=dev)
-    out_logp = torch.full((b, k), float("-inf"), device=dev)
+    out_leaves = torch.full((b, width), -1, dtype=torch.long, device=dev)
+    out_logp = torch.full((b, width), float("-inf"), device=dev)
     calls = torch.zeros(b, dtype=torch.long, device=dev)
     accepted = torch.zeros(b, dtype=torch.long, device=dev)
     while len(beams.rows):
@@ -88,13 +88,13 @@ def relaxed_speculative_search(
             cand_nodes = child.reshape(len(grow), -1)
             verify = go & (steps >= s) & (s <= len(drafted))
             if not verify.any():  # the free depth (or nothing drafted): sample from the target directly
-                new_nodes, new_w = sample_children(cand_w, cand_nodes, k, gens, grow)
+                new_nodes, new_w = sample_children(cand_w, cand_nodes, width, gens, grow)
                 ok = torch.zeros_like(go)
             else:
-                new_nodes, new_w, ok = _verify_depth(cand_w, cand_nodes, beams.nodes, drafted[s - 1], k, gens, grow)
+                new_nodes, new_w, ok = _verify_depth(cand_w, cand_nodes, beams.nodes, drafted[s - 1], width, gens, grow)
                 free = go & ~verify
                 if free.any():
-                    fn, fw = sample_children(cand_w, cand_nodes, k, gens, grow)
+                    fn, fw = sample_children(cand_w, cand_nodes, width, gens, grow)
                     new_nodes = torch.where(free[:, None], fn, new_nodes)
                     new_w = torch.where(free[:, None], fw, new_w)
                 ok &= verify
@@ -108,7 +108,7 @@ def relaxed_speculative_search(
     return RelaxedOutput(out_leaves, out_logp, calls, accepted, drafts.calls)
 
 
-def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.Tensor, step: DraftStep, k: int,
+def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.Tensor, step: DraftStep, width: int,
                   gens, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One depth of relaxed verification. cand_w / cand_nodes: [R, Kc*C] target candidates (children of the
     target's beams ``beams`` [R, Kc]). Returns (new beams [R, K], their log P [R, K], accepted-all [R])."""
@@ -131,9 +131,9 @@ def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.T
     u = uniform((step.nodes.shape[1],), gens, rows, cand_w.device)
     acc = (step.nodes >= 0) & (u < torch.where(q_y > 0, p_y / q_y, 0.0).clamp(max=1.0)) & in_cand  # [R, N]
     n_acc = acc.sum(1)
-    enough = n_acc >= k
+    enough = n_acc >= width
     # >= K accepted: K of them uniformly at random
-    pick = _uniform_pick(acc, k, gens, rows)  # [R, K] (garbage rows without enough)
+    pick = _uniform_pick(acc, width, gens, rows)  # [R, K] (garbage rows without enough)
     nodes_a = step.nodes.gather(1, pick)
     w_a = cand_w.gather(1, pos.gather(1, pick))
     # < K accepted: keep them, draw the rest from norm(max(0, p - q)) without the accepted ones
@@ -149,11 +149,11 @@ def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.T
     from_p = torch.where(torch.isfinite(logp) & ~acc_cand, logp + noise - 1.0e6, float("-inf"))
     keys = torch.where(torch.isfinite(log_resid), log_resid + noise, from_p)
     keys = torch.where(acc_cand, float("inf"), keys)
-    top = torch.topk(keys, min(k, n_cand), dim=1)
+    top = torch.topk(keys, min(width, n_cand), dim=1)
     nodes_r = torch.where(torch.isfinite(top.values) | (top.values > 0), cand_nodes.gather(1, top.indices), -1)
     w_r = torch.where(nodes_r >= 0, cand_w.gather(1, top.indices), float("-inf"))
-    if nodes_r.shape[1] < k:
-        pad = k - nodes_r.shape[1]
+    if nodes_r.shape[1] < width:
+        pad = width - nodes_r.shape[1]
         nodes_r = torch.cat([nodes_r, torch.full((r, pad), -1, dtype=torch.long, device=nodes_r.device)], 1)
         w_r = torch.cat([w_r, torch.full((r, pad), float("-inf"), device=w_r.device)], 1)
     new_nodes = torch.where(enough[:, None], nodes_a, nodes_r)

@@ -80,22 +80,22 @@ def temper(trie: CatalogTrie, logp: torch.Tensor, nodes: torch.Tensor, temperatu
     return logp, child.view(b, m, -1)
 
 
-def sample_children(weights: torch.Tensor, child: torch.Tensor, k: int, gens: Sequence[torch.Generator],
+def sample_children(weights: torch.Tensor, child: torch.Tensor, width: int, gens: Sequence[torch.Generator],
                     rows: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample k distinct children without replacement, P(child) ∝ exp(weight).
+    """Sample ``width`` distinct children (the beams) without replacement, P(child) ∝ exp(weight).
 
-    weights / child: [B, n] (-inf = impossible). Returns (nodes [B, k] (-1 if fewer), weights [B, k])."""
+    weights / child: [B, n] (-inf = impossible). Returns (nodes [B, width] (-1 if fewer), weights [B, width])."""
     keys = weights + gumbel((weights.shape[1],), gens, rows, weights.device)
     keys = torch.where(torch.isfinite(weights), keys, float("-inf"))
-    kk = min(k, weights.shape[1])
+    kk = min(width, weights.shape[1])
     top = torch.topk(keys, kk, dim=1)
     nodes = child.gather(1, top.indices)
     w = weights.gather(1, top.indices)
     ok = torch.isfinite(top.values)
     nodes, w = torch.where(ok, nodes, -1), torch.where(ok, w, float("-inf"))
-    if kk < k:
-        nodes = torch.cat([nodes, torch.full((len(nodes), k - kk), -1, dtype=nodes.dtype, device=nodes.device)], 1)
-        w = torch.cat([w, torch.full((len(w), k - kk), float("-inf"), device=w.device)], 1)
+    if kk < width:
+        nodes = torch.cat([nodes, torch.full((len(nodes), width - kk), -1, dtype=nodes.dtype, device=nodes.device)], 1)
+        w = torch.cat([w, torch.full((len(w), width - kk), float("-inf"), device=w.device)], 1)
     return nodes, w
 
 
@@ -112,7 +112,7 @@ def rank_final(nodes: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor
 
 
 @torch.inference_mode()
-def sampling_beam_search(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, k: int,
+def sampling_beam_search(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, width: int,
                          temperature: torch.Tensor, gens: Sequence[torch.Generator],
                          dead: torch.Tensor | None = None, prior: torch.Tensor | None = None,
                          states: UserStateCache | None = None) -> SampleOutput:
@@ -129,6 +129,6 @@ def sampling_beam_search(model: EngineModel, trie: CatalogTrie, code_offset: int
         cache.feed(nodes)
         logp, child = tempered_logp(model, cache, nodes, temperature, dead, prior)
         cand = (weights[..., None] + logp).reshape(b, -1)
-        nodes, weights = sample_children(cand, child.reshape(b, -1), k, gens, range(b))
+        nodes, weights = sample_children(cand, child.reshape(b, -1), width, gens, range(b))
     leaves, logp_seq = rank_final(nodes, weights)
     return SampleOutput(leaves, logp_seq, cache.calls)

@@ -57,7 +57,7 @@ def speculative_search(
     trie: CatalogTrie,
     code_offset: int,
     prompts: PromptBatch,
-    k: int,
+    width: int,
     drafts: DraftSession,
     draft_beams: int,  # N
     gamma: int,  # draft depths per round
@@ -79,8 +79,8 @@ def speculative_search(
     cache = TreeCache(target, trie, code_offset, prompts, states)
     state = TargetState(target, cache)  # follows the cache's rows (select_rows)
     beams = ActiveBeams.start(b, dev, dead=dead, prior=prior)
-    out_leaves = torch.full((b, k), -1, dtype=torch.long, device=dev)
-    out_scores = torch.full((b, k), float("-inf"), device=dev)
+    out_leaves = torch.full((b, width), -1, dtype=torch.long, device=dev)
+    out_scores = torch.full((b, width), float("-inf"), device=dev)
     calls = torch.zeros(b, dtype=torch.long, device=dev)
     accepted = torch.zeros(b, dtype=torch.long, device=dev)
     # Sync-free (``target.sync_free``: the bucketed / CUDA-graph forwards): the host knows every row's depth
@@ -112,7 +112,7 @@ def speculative_search(
             with ledger.phase("replay"):
                 live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
                 logp = node_logprobs(target, cache, live)  # [R, Kc, C]
-                new_nodes, new_scores, _ = expand_beams(trie, live, beams.scores, logp, k, dead, select, row_prior)
+                new_nodes, new_scores, _ = expand_beams(trie, live, beams.scores, logp, width, dead, select, row_prior)
                 ok = go & (steps >= s)
                 if s <= len(drafted):
                     ok &= accepted_depth(new_nodes, drafted[s - 1])

@@ -30,25 +30,25 @@ def distinct_best(values: torch.Tensor) -> torch.Tensor:
     return (values[:, -1] > INVALID).all() & (values[:, 1:] != values[:, :-1]).all()
 
 
-def select_topk(cand: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cand: [B, n] scores (-inf = not allowed) -> (scores [B, k], flat indices [B, k]).
+def select_topk(cand: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cand: [B, n] scores (-inf = not allowed) -> (scores [B, width], flat indices [B, width]).
 
     Example: ``select_topk(tensor([[0., 2., 2., -inf]]), 2) == ([[2., 2.]], [[1, 2]])``.
-    If n < k the result is padded with -inf scores (index 0)."""
+    If n < width the result is padded with -inf scores (index 0)."""
     b, n = cand.shape
-    if n < k:
-        pad = torch.full((b, k - n), float("-inf"), dtype=cand.dtype, device=cand.device)
+    if n < width:
+        pad = torch.full((b, width - n), float("-inf"), dtype=cand.dtype, device=cand.device)
         cand = torch.cat([cand, pad], dim=1)
     scores, idx = torch.sort(cand, dim=1, descending=True, stable=True)
-    scores, idx = scores[:, :k], idx[:, :k]
+    scores, idx = scores[:, :width], idx[:, :width]
     return scores, torch.where(idx < n, idx, torch.zeros_like(idx))
 
 
 class IndexSelector:
-    def __call__(self, cand: torch.Tensor, k: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cand [B, k_in, C], level [B] (code level being chosen) -> (scores [B, k], flat index into k_in * C)."""
+    def __call__(self, cand: torch.Tensor, width: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cand [B, k_in, C], level [B] (code level being chosen) -> (scores [B, width], flat index into k_in * C)."""
         b, k_in, c = cand.shape
-        return select_topk(cand.reshape(b, k_in * c), k)
+        return select_topk(cand.reshape(b, k_in * c), width)
 
 
 @dataclass(frozen=True)
@@ -58,44 +58,44 @@ class GenerateSelector:
     codebook_size: int
     levels: int
 
-    def __call__(self, cand: torch.Tensor, k: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if k == 1:  # generate runs greedy search for one beam: argmax, i.e. ties go to the lowest token id
-            return IndexSelector()(cand, k, level)
+    def __call__(self, cand: torch.Tensor, width: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if width == 1:  # generate runs greedy search for one beam: argmax, i.e. ties go to the lowest token id
+            return IndexSelector()(cand, width, level)
         if cand.is_cuda:  # the tie test reads the device (a host sync per step); generate's layout is what the
-            return self._as_generate(cand, k, level)  # fast path reduces to, and costs a GPU little
+            return self._as_generate(cand, width, level)  # fast path reduces to, and costs a GPU little
         with uncounted():  # a CPU-only read (host_reads): on CUDA the branch above runs
-            fast = self._without_ties(cand, k)
-        return fast if fast is not None else self._as_generate(cand, k, level)
+            fast = self._without_ties(cand, width)
+        return fast if fast is not None else self._as_generate(cand, width, level)
 
     @staticmethod
-    def _without_ties(cand: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _without_ties(cand: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """When every row's best 2K+1 candidates are finite and pairwise distinct, generate's two top-k calls
         (and its final merge) reduce to "best K by score": no layout needed. None otherwise."""
         b, k_in, c = cand.shape
-        n = min(2 * k + 1, k_in * c)
-        if n < 2 * k + 1:
+        n = min(2 * width + 1, k_in * c)
+        if n < 2 * width + 1:
             return None
         top = torch.topk(cand.reshape(b, k_in * c), n, dim=1)  # sorted, descending
         if not bool(distinct_best(top.values)):
             return None
-        return top.values[:, :k], top.indices[:, :k]
+        return top.values[:, :width], top.indices[:, :width]
 
-    def _as_generate(self, cand: torch.Tensor, k: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _as_generate(self, cand: torch.Tensor, width: int, level: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, k_in, c = cand.shape
         v, dev = self.vocab_size, cand.device
         start = self.code_offset + level * c  # [B] first token id of the level's codes
-        full = torch.full((b, k, v), float("-inf"), dtype=cand.dtype, device=dev)  # generate's layout
+        full = torch.full((b, width, v), float("-inf"), dtype=cand.dtype, device=dev)  # generate's layout
         cols = (start[:, None] + torch.arange(c, device=dev))[:, None, :]  # [B, 1, C]
-        if k_in < k:  # first step: generate's beams 1..K-1 hold the same prompt at score -1e9
-            cand = torch.cat([cand, (cand[:, :1] + NEG).expand(b, k - k_in, c)], 1)
-        full.scatter_(2, cols.expand(b, k, c), cand[:, :k])
-        top_v, top_i = torch.topk(full.view(b, k * v), 2 * k)  # [B, 2K]
+        if k_in < width:  # first step: generate's beams 1..K-1 hold the same prompt at score -1e9
+            cand = torch.cat([cand, (cand[:, :1] + NEG).expand(b, width - k_in, c)], 1)
+        full.scatter_(2, cols.expand(b, width, c), cand[:, :width])
+        top_v, top_i = torch.topk(full.view(b, width * v), 2 * width)  # [B, 2K]
         # the last step merges with the (empty, -1e9) finished hypotheses, scores / length, as generate does
-        fin = top_v / float(self.levels) + (torch.arange(2 * k, device=dev) >= k) * NEG
-        merged = torch.cat([torch.full((b, k), NEG, dtype=cand.dtype, device=dev), fin], 1)
-        order_last = torch.topk(merged, k).indices - k  # < 0: an empty finished slot, not a candidate
+        fin = top_v / float(self.levels) + (torch.arange(2 * width, device=dev) >= width) * NEG
+        merged = torch.cat([torch.full((b, width), NEG, dtype=cand.dtype, device=dev), fin], 1)
+        order_last = torch.topk(merged, width).indices - width  # < 0: an empty finished slot, not a candidate
         last = (level == self.levels - 1)[:, None]
-        order = torch.where(last, order_last, torch.topk(top_v, k).indices)
+        order = torch.where(last, order_last, torch.topk(top_v, width).indices)
         flat = top_i.gather(1, order.clamp(min=0))  # into [K * V]
         scores = torch.where(order >= 0, top_v.gather(1, order.clamp(min=0)), float("-inf"))
         beam, code = flat // v, flat % v - start[:, None]

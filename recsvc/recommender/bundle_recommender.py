@@ -15,7 +15,6 @@ exclusions; caps and boosts are decoded by ``RuleSettings.strategy``.
 
 from __future__ import annotations
 
-import copy
 import json
 import time
 from collections.abc import Sequence
@@ -107,6 +106,13 @@ def load_popularity(bundle_dir: Path, data_dir: Path | None) -> dict[int, int] |
     return None
 
 
+def popular_order(ids: SemanticIds, counts: dict[int, int] | None) -> list[int]:
+    """The popularity fallback's order: the most interacted-with items first, ties (and items never seen) by
+    item id."""
+    counts = counts or {}
+    return sorted(ids.item_ids.tolist(), key=lambda i: (-counts.get(i, 0), i))
+
+
 class BundleRecommender:
     def __init__(
         self,
@@ -114,7 +120,7 @@ class BundleRecommender:
         prompts: PromptBuilder,
         ids: SemanticIds,
         drafter: Drafter | None = None,
-        popularity: dict[int, int] | None = None,
+        popular: Sequence[int] | None = None,
         spec: SpecSettings | None = None,
         max_k: int = 50,
         prior: TransitionPrior | MixedPrior | None = None,
@@ -127,12 +133,16 @@ class BundleRecommender:
         states: UserStateCache | None = None,
         prefill_ahead: bool = False,
         dense: DenseRetriever | None = None,
+        read_sampler: ReadSampler | None = None,
     ) -> None:
         """``target``: ``EngineModel.build(model, attention)`` (it holds the attention mode; a LLaMA drafter's
         model is built the same way). ``beam_width`` B: plain and strict decoding search B >= k beams and return
         the first k, so the top-k of a request is a prefix of its top-k' for every k <= k' <= B (0: B = k,
-        transformers' num_beams = k). ``states``: the user-state cache (``state_cache_for``; None: off);
-        ``prefill_ahead``: compute a user's next request after a write, when the server is idle."""
+        transformers' num_beams = k). ``popular``: the popularity fallback's order, every item of ``ids`` once
+        (``popular_order``; None: item id order). ``states``: the user-state cache (``state_cache_for``; None: off);
+        ``prefill_ahead``: compute a user's next request after a write, when the server is idle. ``read_sampler``:
+        counts the host reads of every N-th decode (None: off). Nothing is set on a recommender after this:
+        ``variant`` and ``recsvc.recommender.live_catalog.with_catalog`` build new ones through here."""
         if beam_width < 0:
             raise UserError(f"beam width must be >= 0 (0 = k), got {beam_width}")
         self.target, self.prompts, self.ids = target, prompts, ids
@@ -151,14 +161,13 @@ class BundleRecommender:
         self.spec = spec or SpecSettings()
         self.max_k = max_k
         self.max_history = prompts.max_history
-        counts = popularity or {}
-        self._popular = sorted(ids.item_ids.tolist(), key=lambda i: (-counts.get(i, 0), i))
-        self._popular_rows = np.array([ids.index_of(i) for i in self._popular], dtype=np.int64)  # [n]
+        self.popular = list(popular) if popular is not None else ids.item_ids.tolist()  # the fallback's order
+        self._popular_rows = np.array([ids.index_of(i) for i in self.popular], dtype=np.int64)  # [n]
         self.attributes = attributes  # item attributes for rules (None: requests with rules are refused)
         self.rule_settings = rules or RuleSettings()
         self.states = states  # the user-state cache (None: off)
         self.ahead = prefill_ahead  # compute a user's next request after a write, when the server is idle
-        self.read_sampler: ReadSampler | None = None  # counts the host reads of every N-th decode (None: off)
+        self.read_sampler = read_sampler  # counts the host reads of every N-th decode (None: off)
         self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
         # the target's dense head: its nearest items ranked with the beams (plain and strict requests without
         # rules; off until `recsvc tune dense` set a blend > 0)
@@ -208,7 +217,7 @@ class BundleRecommender:
         target.set_forward(forward)
         stored_prior = (load_prior(bundle.prior_dir_for(exclude_history))  # read once (mixed with SASRec if tuned)
                         if bundle.has_prior(exclude_history) else None)
-        popularity = load_popularity(Path(path), bundle.data_dir())
+        popular = popular_order(ids, load_popularity(Path(path), bundle.data_dir()))
         prior = stored_prior if use_prior else None
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
@@ -224,7 +233,7 @@ class BundleRecommender:
                                                       prior=stored_prior))
             if drafter.model is not None:  # a LLaMA drafter runs the target's forward
                 drafter.model.set_forward(forward)
-        return cls(target, prompts, ids, drafter, popularity, prior=prior, exclude_history=exclude_history,
+        return cls(target, prompts, ids, drafter, popular, prior=prior, exclude_history=exclude_history,
                    beam_width=width, attributes=source, rules=rules, fresh=fresh, trie=trie, dense=dense)
 
     def variant(self, *, spec: SpecSettings | None = None, states: UserStateCache | None | bool = False,
@@ -235,26 +244,21 @@ class BundleRecommender:
         speculation (calibration's choice), the user-state cache (``state_cache_for``; None: off), prefill-ahead,
         the fused prior (None: none), the served beam width, the rules' decoding, host-read sampling (every N-th
         decode counted; 0: off). This one is not modified.
-        (``False``: unchanged, for the settings that may be None.)"""
-        rec = copy.copy(self)
-        if spec is not None:
-            rec.spec = spec
-        if states is not False:
-            rec.states = states if isinstance(states, UserStateCache) else None
-        if prefill_ahead is not None:
-            rec.ahead = prefill_ahead
-        if prior is not False:
-            rec.prior = prior if not isinstance(prior, bool) else None
-            rec.prior_ranks = ranks_alone(rec.prior)
-        if beam_width is not None:
-            if beam_width < 0:
-                raise UserError(f"beam width must be >= 0 (0 = k), got {beam_width}")
-            rec.beam_width = beam_width
-        if rules is not None:
-            rec.rule_settings = rules
-        if count_host_reads is not None:
-            rec.read_sampler = ReadSampler(count_host_reads) if count_host_reads > 0 else None
-        return rec
+        (``False``: unchanged, for the settings that may be None.) Built by the constructor."""
+        if states is not False and not isinstance(states, UserStateCache):
+            states = None
+        if prior is not False and isinstance(prior, bool):
+            prior = None
+        return BundleRecommender(
+            self.target, self.prompts, self.ids, self.drafter, self.popular,
+            spec=spec if spec is not None else self.spec, max_k=self.max_k,
+            prior=self.prior if prior is False else prior, exclude_history=self.exclude_history,
+            beam_width=beam_width if beam_width is not None else self.beam_width, attributes=self.attributes,
+            rules=rules if rules is not None else self.rule_settings, fresh=self.fresh, trie=self.trie,
+            states=self.states if states is False else states,
+            prefill_ahead=prefill_ahead if prefill_ahead is not None else self.ahead, dense=self.dense,
+            read_sampler=(self.read_sampler if count_host_reads is None
+                          else ReadSampler(count_host_reads) if count_host_reads > 0 else None))
 
     def served_widths(self, ks: Sequence[int]) -> list[int]:
         """The beam widths that plain and strict requests of these list lengths decode (``width_for``), ascending:
@@ -306,16 +310,13 @@ class BundleRecommender:
         here rather than in a user's request or in the speculation calibration. No user state is kept. Returns
         the seconds it took."""
         start = time.monotonic()
-        states, self.states = self.states, None
-        try:
-            history = self.ids.item_ids[:3].tolist()
-            modes = ["plain"] + (["strict"] if self.drafter is not None else [])
-            for mode in modes:
-                for k in (self.beam_width, 1):
-                    for n in (1, 2):
-                        self.recommend([RecQuery(history=history[: 3 - i], k=k, mode=mode) for i in range(n)])
-        finally:
-            self.states = states
+        cold = self.variant(states=None)  # the same models, without the user-state cache
+        history = self.ids.item_ids[:3].tolist()
+        modes = ["plain"] + (["strict"] if self.drafter is not None else [])
+        for mode in modes:
+            for k in (self.beam_width, 1):
+                for n in (1, 2):
+                    cold.recommend([RecQuery(history=history[: 3 - i], k=k, mode=mode) for i in range(n)])
         return time.monotonic() - start
 
     # ---- catalog -------------------------------------------------------------------------------------------
@@ -332,7 +333,7 @@ class BundleRecommender:
         if catalog is None:
             ex = set(exclude)
             out = []
-            for item in self._popular:
+            for item in self.popular:
                 if item not in ex:
                     out.append(item)
                     if len(out) == k:

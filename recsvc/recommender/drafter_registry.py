@@ -7,7 +7,7 @@ A name is a kind, optionally with an argument after a colon, or a LLaMA drafter'
   transition drafter when there is a prior (``DraftSource.head_opener``);
 - ``transition``: the training-free drafter over the transition prior (``DraftSource.prior``);
 - ``retrieval``: the training-free REST-style drafter over the training sequences (``DraftSource.sequences``);
-- ``oracle``: the target's own beams (benchmarks: the engine's ceiling; ``DraftSource.oracle_k``);
+- ``oracle``: the target's own beams (benchmarks: the engine's ceiling; ``DraftSource.oracle_width``);
 - any other name: a LLaMA drafter trained with ``--out-name NAME`` (BUNDLE/drafters/NAME), ``drafter``
   (BUNDLE/drafter) or a model directory (``Bundle.drafter_path``).
 
@@ -43,7 +43,7 @@ class DraftSource:
     device: str = "cpu"  # where drafter models and heads are loaded
     prior: TransitionPrior | MixedPrior | None = None  # the transition drafter's and the head opener's
     sequences: Callable[[], Iterable[Sequence[int]]] | None = None  # the retrieval datastore's (training) sequences
-    oracle_k: int | None = None  # the oracle's beams (None: no oracle, it drafts the target's own top-K)
+    oracle_width: int | None = None  # the oracle's beams (None: no oracle, it drafts the target's own top-K)
     head_opener: str = "auto"  # auto: the transition drafter when there is a prior; transition (required); none
 
 
@@ -106,10 +106,10 @@ def _oracle(src: DraftSource, _: str | None) -> Drafter:
     from recsvc.drafters.oracle import OracleDrafter
     from recsvc.engine.beam_search import BeamSearch
 
-    if src.oracle_k is None:
+    if src.oracle_width is None:
         raise UserError("the oracle drafter drafts the target's own top-K: only benchmarks run it "
                         "(`recsvc bench speculative --drafter oracle`)")
-    return OracleDrafter(BeamSearch(src.target, src.trie, src.code_offset), src.oracle_k)
+    return OracleDrafter(BeamSearch(src.target, src.trie, src.code_offset), src.oracle_width)
 
 
 DRAFTERS: dict[str, Callable[[DraftSource, str | None], Drafter]] = {

@@ -24,7 +24,6 @@ replaces; a batch reads it once, so a batch in flight finishes on the catalog it
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -34,7 +33,6 @@ import numpy as np
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.catalog.file import LiveCatalog
 from recsvc.content.fresh import FreshItems
-from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.recommender.api import EngineFacts, RecQuery, RecResult
@@ -56,34 +54,34 @@ def fresh_with(fresh: FreshItems, item_ids: np.ndarray, vectors: np.ndarray) -> 
 def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
                  attributes: AttributeSource | None = None) -> BundleRecommender:
     """A recommender over ``base``'s catalog plus ``catalog``'s additions (``base`` itself when there are
-    none; retired items are :class:`LiveRecommender`'s). ``base`` is not modified. ``attributes``: the
-    attribute source to carry over (default: ``base``'s; a served one holds the latest reload)."""
+    none; retired items are :class:`LiveRecommender`'s), built by its constructor; ``base`` is not modified.
+    ``attributes``: the attribute source to carry over (default: ``base``'s; a served one holds the latest
+    reload)."""
     if not len(catalog.item_ids):
         return base
     ids = catalog.merged_ids(base.ids)
-    rec = copy.copy(base)  # shares the models, settings and the user-state cache (prompts of old items hold)
     p = base.prompts
-    rec.ids = ids
-    rec.prompts = PromptBuilder(p.tokenizer, ids, p.max_history, header=p.header)
-    rec.trie = CatalogTrie(ids).to(base.target.device)
-    rec.engine = BeamSearch(base.target, rec.trie, rec.prompts.code_offset)
-    if base.prior is not None:
-        rec.prior = base.prior.with_items(ids.item_ids)
-    # the popularity fallback: the bundle's order, then the new items (no interactions), lowest id first
-    rec._popular = list(base._popular) + catalog.item_ids.tolist()
-    rec._popular_rows = np.array([ids.index_of(i) for i in rec._popular], dtype=np.int64)  # [n + m]
-    if base.fresh is not None:
-        rec.fresh = fresh_with(base.fresh, catalog.item_ids, catalog.vectors)
-    if base.dense is not None:  # the dense head ranks the new items too (they are fresh to the target)
-        rec.dense = base.dense.over(ids, catalog.item_ids, catalog.vectors)
+    prompts = PromptBuilder(p.tokenizer, ids, p.max_history, header=p.header)
+    trie = CatalogTrie(ids).to(base.target.device)
     source = attributes or base.attributes
-    if source is not None:
-        rec.attributes = source.over(rec.trie)
-    rec.drafter = base.drafter.over(rec.trie) if base.drafter is not None else None
-    states = base.states
-    if states is not None:  # a cache of its own (conservative: the old entries, keyed by code paths, would hold)
-        rec.states = state_cache_for(base.target, states.budget, f"{states.version}+catalog-{catalog.version}")
-    return rec
+    states = base.states  # a cache of its own (conservative: the old entries, keyed by code paths, would hold)
+    return BundleRecommender(
+        base.target, prompts, ids,
+        drafter=base.drafter.over(trie) if base.drafter is not None else None,
+        # the popularity fallback: the bundle's order, then the new items (no interactions), lowest id first
+        popular=list(base.popular) + catalog.item_ids.tolist(),
+        spec=base.spec, max_k=base.max_k,
+        prior=base.prior.with_items(ids.item_ids) if base.prior is not None else None,
+        exclude_history=base.exclude_history, beam_width=base.beam_width,
+        attributes=source.over(trie) if source is not None else None, rules=base.rule_settings,
+        fresh=fresh_with(base.fresh, catalog.item_ids, catalog.vectors) if base.fresh is not None else None,
+        trie=trie,
+        states=(state_cache_for(base.target, states.budget, f"{states.version}+catalog-{catalog.version}")
+                if states is not None else None),
+        prefill_ahead=base.ahead,
+        # the dense head ranks the new items too (they are fresh to the target)
+        dense=base.dense.over(ids, catalog.item_ids, catalog.vectors) if base.dense is not None else None,
+        read_sampler=base.read_sampler)
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ class RecServer:
         if cfg.warmup:
             self._warm_up()
         self.batcher = Batcher(
-            recommender.recommend,
+            recommender,
             max_batch=cfg.max_batch,
             max_wait_s=cfg.max_wait_ms / 1000.0,
             max_queue=cfg.max_queue,
@@ -185,7 +185,7 @@ class RecServer:
         )
 
     def _prefill_ahead(self, user_id: str) -> None:
-        """After a write: the user's new prompt state computed on the batcher thread when no query waits (the
+        """After a write: the user's new prompt state computed on the batcher's idle thread when no query waits (the
         write's acknowledgement never waits for it; the history is read then, so a burst of writes costs one)."""
         servicer, batcher = self.servicer, self.batcher
         if servicer is None or batcher is None:

@@ -7,9 +7,12 @@ dropped before the engine call), queue full -> RESOURCE_EXHAUSTED, starting up o
 UNAVAILABLE, a mode the engine does not implement -> UNIMPLEMENTED. Anything unexpected is logged with its
 traceback and answered INTERNAL "internal error" without details; handlers never raise into gRPC.
 
-Fewer than k items are never returned silently: ``fallback_reason`` says why (exclusions left fewer items,
-or the engine returned fewer). ``stats`` reports what the engine did (``RecResult.decoding``): the mode used
-beside the one requested, with the reason when they differ, the beam width, and N and gamma when it speculated.
+A request becomes one ``RecQuery`` (``RecommendArgs.query_for``), handed to the batcher by one call that returns
+its ``Answer`` (``recsvc.recommender.answer``): the result, why it holds fewer than k items (``fallback_reason``:
+no history, exclusions left fewer items, or the engine returned fewer) and, when no model decoded it, why. The
+response is filled from that record alone. ``stats`` reports what the engine did (``RecResult.decoding``): the
+mode used beside the one requested, with the reason when they differ, the beam width, and N and gamma when it
+speculated.
 """
 
 from __future__ import annotations
@@ -18,17 +21,16 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError as FutureCancelled
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
 from recsvc.errors import UserError
-from recsvc.recommender.api import Decoding, Mode, Recommender, RecQuery, RecResult
+from recsvc.recommender.api import Mode, Recommender, RecQuery
 
-from .batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
+from .batcher import Batcher, BatcherClosed, BatchOutcome, DeadlineExpired, Overloaded
 from .gen import recommender_pb2 as pb
 from .logs import EveryInterval, log_event
 from .metrics import ServiceMetrics
@@ -37,7 +39,6 @@ from .validation import MODE_TO_WIRE, Limits, check_user_id, validate_recommend,
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Recommender"].full_name  # "recsvc.v1.Recommender"
-NO_HISTORY_REASON = "no_history: popular items"
 STORE_UNAVAILABLE = "history store unavailable"  # the client's message; the detail is logged
 _LOG_LEVEL = {
     grpc.StatusCode.INVALID_ARGUMENT: logging.INFO,
@@ -46,9 +47,8 @@ _LOG_LEVEL = {
     grpc.StatusCode.INTERNAL: logging.ERROR,
 }
 _NO_DEADLINE = 1e8  # grpc reports a huge time_remaining() when the client set no deadline
-# RecResult.decoding.mode -> Stats.mode; a result without decoding (a popularity table answered) is POPULARITY
+# Decoding.mode -> Stats.mode; a result without decoding (popular items answered) is POPULARITY
 DECODED_TO_WIRE = {**MODE_TO_WIRE, "sampling": pb.SAMPLING}
-NO_DECODING_REASON = "no model decoding: popular items"  # a popularity-only server (--popularity)
 
 
 class RpcCancelled(Exception):
@@ -57,17 +57,6 @@ class RpcCancelled(Exception):
 
 class NotReady(Exception):
     """The server is still starting (model loading, calibration): UNAVAILABLE, retry later."""
-
-
-def shortfall_reason(returned: int, k: int, remaining: int, rules: bool = False) -> str:
-    """Why ``returned`` < ``k`` items: ``remaining`` = how many catalog items the exclusions (and the rules)
-    leave, capped at k."""
-    after = "exclusions and rules" if rules else "exclusions"
-    if remaining <= 0:
-        return f"no items remain after {after}"
-    if remaining < k:
-        return f"only {remaining} items remain after {after}"
-    return f"the engine returned {returned} of the {k} items asked for"
 
 
 @dataclass(frozen=True)
@@ -85,22 +74,6 @@ def _lenient(message_type: type[Message]) -> Callable[[bytes], Message | _Malfor
             return _Malformed(str(exc) or type(exc).__name__)
 
     return parse
-
-
-def _report_decoding(stats: pb.Stats, requested: Mode, decoding: Decoding | None, no_decoding_reason: str) -> str:
-    """Fills ``stats`` with what decoded the request (None: nothing did, popular items answered, because of
-    ``no_decoding_reason``); returns the mode used ("popularity" when none)."""
-    stats.requested_mode = MODE_TO_WIRE[requested]
-    if decoding is None:
-        stats.mode = pb.POPULARITY
-        stats.mode_fallback_reason = no_decoding_reason
-        return "popularity"
-    stats.mode = DECODED_TO_WIRE[decoding.mode]
-    stats.beam_width = decoding.beam_width
-    stats.draft_beams = decoding.draft_beams
-    stats.gamma = decoding.gamma
-    stats.mode_fallback_reason = decoding.fallback
-    return decoding.mode
 
 
 class RecommenderServicer:
@@ -185,71 +158,43 @@ class RecommenderServicer:
             history, fields["history"] = list(args.inline_history), "inline"
         else:
             history, fields["history"] = self._stored_history(args.user_id), "stored"
-        exclude = set(args.exclude)
-        excluding = (args.exclude_history if args.exclude_history is not None  # asked, else as served
-                     else self.recommender.exclude_history)
-        if excluding:
-            exclude.update(history)
-        response = pb.RecommendResponse()
-        # how many items the exclusions (and the rules' filters and caps) leave, capped at k (a walk over the
-        # catalog in popularity order)
-        rules = args.rules
-        if rules is not None and (rules.has_filters or rules.caps):
-            remaining = len(self.recommender.popular_items(args.k, sorted(exclude), rules))
-        else:
-            remaining = len(self.recommender.popular_items(args.k, sorted(exclude))) if exclude else args.k
-        reason, why_popular = "", NO_DECODING_REASON  # why_popular: the engine decoded nothing (no model)
-        if not history or remaining == 0:
-            if not remaining:
-                items = []
-            elif rules is not None:
-                items = self.recommender.popular_items(args.k, sorted(exclude), rules)
-            else:
-                items = self.recommender.popular_items(args.k, sorted(exclude))
-            result = RecResult(item_ids=list(items), scores=[0.0] * len(items))  # no decoding ran
-            reason = NO_HISTORY_REASON if not history else ""
-            why_popular = reason or shortfall_reason(0, args.k, 0, rules is not None)
-            self.metrics.fallbacks.labels("no_history" if not history else "nothing_left").inc()
-            batch_size = 0
-        else:
-            query = RecQuery(
-                history=tuple(history),
-                k=args.k,
-                mode=args.mode,
-                exclude=tuple(sorted(exclude)),
-                temperature=args.temperature,
-                seed=args.seed,
-                rules=rules,
-                exclude_history=excluding,
-            )
-            outcome = self._compute(query, context)
-            result, batch_size = outcome.result, outcome.batch_size
-        if len(result.item_ids) < args.k:
-            short = shortfall_reason(len(result.item_ids), args.k, remaining, rules is not None)
-            reason = f"{reason}; {short}" if reason else short
-            if history and remaining > 0:  # (remaining == 0 was counted as "nothing_left")
-                self.metrics.fallbacks.labels("short").inc()
-        response.fallback_reason = reason
-        if reason:
-            fields["reason"] = reason
+        query = args.query_for(history, self.recommender.exclude_history)
+        outcome = self._compute(query, context)
+        answer, result = outcome.answer, outcome.answer.result
+        if answer.fallback:
+            self.metrics.fallbacks.labels(answer.fallback).inc()
+        response = pb.RecommendResponse(fallback_reason=answer.reason)
+        if answer.reason:
+            fields["reason"] = answer.reason
         for item_id, score in zip(result.item_ids, result.scores, strict=True):
             response.items.add(
                 item_id=item_id, score=score, semantic_id=self.recommender.semantic_id(item_id)
             )
-        used = _report_decoding(response.stats, args.mode, result.decoding, why_popular)
-        self.metrics.modes.labels(used, args.mode).inc()
-        stats = result.stats
-        response.stats.target_forward_calls = stats.target_calls
-        response.stats.draft_forward_calls = stats.draft_calls
-        response.stats.accepted_steps = stats.accepted_steps
-        response.stats.batch_size = batch_size
-        response.stats.server_ms = (time.perf_counter() - started) * 1000.0
-        self.metrics.target_calls.inc(stats.target_calls)
-        self.metrics.draft_calls.inc(stats.draft_calls)
-        self.metrics.accepted_steps.inc(stats.accepted_steps)
-        if stats.host_reads >= 0:
-            self.metrics.host_reads.inc(stats.host_reads)
-        fields.update(mode=args.mode, mode_used=used, k=args.k, items=len(result.item_ids), batch_size=batch_size)
+        # what decoded the request (none: popular items answered, answer.not_decoded says why)
+        stats, decoding = response.stats, result.decoding
+        stats.requested_mode = MODE_TO_WIRE[query.mode]
+        if decoding is None:
+            stats.mode, stats.mode_fallback_reason, used = pb.POPULARITY, answer.not_decoded, "popularity"
+        else:
+            stats.mode, stats.mode_fallback_reason = DECODED_TO_WIRE[decoding.mode], decoding.fallback
+            used = decoding.mode
+            stats.beam_width = decoding.beam_width
+            stats.draft_beams = decoding.draft_beams
+            stats.gamma = decoding.gamma
+        self.metrics.modes.labels(used, query.mode).inc()
+        counts = result.stats
+        stats.target_forward_calls = counts.target_calls
+        stats.draft_forward_calls = counts.draft_calls
+        stats.accepted_steps = counts.accepted_steps
+        stats.batch_size = outcome.batch_size
+        stats.server_ms = (time.perf_counter() - started) * 1000.0
+        self.metrics.target_calls.inc(counts.target_calls)
+        self.metrics.draft_calls.inc(counts.draft_calls)
+        self.metrics.accepted_steps.inc(counts.accepted_steps)
+        if counts.host_reads >= 0:
+            self.metrics.host_reads.inc(counts.host_reads)
+        fields.update(mode=query.mode, mode_used=used, k=query.k, items=len(result.item_ids),
+                      batch_size=outcome.batch_size)
         return response
 
     def _record(
@@ -287,11 +232,11 @@ class RecommenderServicer:
             self.on_store_state(True, "")
         return value
 
-    def _compute(self, query: RecQuery, context: grpc.ServicerContext):
+    def _compute(self, query: RecQuery, context: grpc.ServicerContext) -> BatchOutcome:
+        """``query``'s answer within the RPC's deadline (else the request timeout); skipped once the RPC ends."""
         remaining = context.time_remaining()
         has_deadline = remaining is not None and remaining < _NO_DEADLINE
-        wait_s = remaining if has_deadline else self.request_timeout_s
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + (remaining if has_deadline else self.request_timeout_s)
         if not context.is_active():  # cancelled or expired before the handler got here: never queued
             try:
                 self._raise_ended(context, has_deadline, deadline)
@@ -301,19 +246,13 @@ class RecommenderServicer:
             except RpcCancelled:
                 self.metrics.expired.labels("cancelled").inc()
                 raise
-        future = self.batcher.submit(query, deadline)
-        if not context.add_callback(future.cancel):  # client gone -> the batcher skips the query
-            future.cancel()  # the RPC ended between is_active() and add_callback(): no callback will come
-        try:
-            return future.result(timeout=max(wait_s, 0.0))
-        except FutureTimeout:
-            future.cancel()
-            raise DeadlineExpired("deadline exceeded while the query was being computed") from None
-        except FutureCancelled:  # the RPC ended (cancelled or expired) and its callback cancelled the future
+        try:  # the client gone (context's callback): the query is skipped
+            return self.batcher.answer(query, deadline, context.add_callback)
+        except FutureCancelled:  # the RPC ended (cancelled or expired) and its callback cancelled the query
             self._raise_ended(context, has_deadline, deadline)
 
     @staticmethod
-    def _raise_ended(context: grpc.ServicerContext, has_deadline: bool, deadline: float) -> None:
+    def _raise_ended(context: grpc.ServicerContext, has_deadline: bool, deadline: float) -> NoReturn:
         """The RPC is over: DeadlineExpired when its deadline has passed, else RpcCancelled."""
         late = time.monotonic() >= deadline - 0.002
         if late or (has_deadline and (context.time_remaining() or 0.0) <= 0.002):

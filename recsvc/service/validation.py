@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from recsvc.errors import InvalidRequest
-from recsvc.recommender.api import MODES, Mode, Recommender
+from recsvc.recommender.api import MODES, Mode, Recommender, RecQuery
 from recsvc.rules.spec import Rules
 
 from .gen import recommender_pb2 as pb
@@ -57,6 +57,15 @@ class RecommendArgs:
     temperature: float
     seed: int | None
     rules: Rules | None = None
+
+    def query_for(self, history: Sequence[int], served_exclude_history: bool) -> RecQuery:
+        """The engine's query for this request over ``history`` (the inline or the stored one): the history's
+        items join the exclusions when the request asks for it, else when the server is so configured
+        (``served_exclude_history``)."""
+        excluding = self.exclude_history if self.exclude_history is not None else served_exclude_history
+        exclude = set(self.exclude) | (set(history) if excluding else set())
+        return RecQuery(history=tuple(history), k=self.k, mode=self.mode, exclude=tuple(sorted(exclude)),
+                        temperature=self.temperature, seed=self.seed, rules=self.rules, exclude_history=excluding)
 
 
 def check_user_id(user_id: str, limits: Limits) -> str:
