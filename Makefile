@@ -100,6 +100,9 @@ quality-beauty: install
 	$(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test --k 5,10,20 \
 	  --baselines $(QUALITY_BASELINES) --protocol paper --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) \
 	  --json $(BENCH)/quality_paper.json
+	@# the dense head's share of the served lists: the same bundle with and without it, user by user
+	if [ -f $(BUNDLE)/target/dense_head.safetensors ]; then $(VENV)/bin/recsvc eval --bundle $(BUNDLE) --split test \
+	  --k 10,20 --against-variant no-dense --json $(BENCH)/quality_dense_effect.json; fi
 
 # docs/QUALITY.md "A target too weak for its catalog": the recipe's tuning and evaluation around a target trained
 # for one epoch (the ids of the Beauty recipe; ~10 min on 2 threads): does validation see that the fused target
@@ -257,7 +260,7 @@ drafters-beauty-alpha10: install
 REPORT_OUT ?= docs/img
 REPORT_LABEL ?= Amazon Beauty
 REPORT_MACHINE ?=
-REPORT_JSON := quality_deploy quality_paper eval_test decode spec_oracle spec_identical spec_llama spec_retrieval \
+REPORT_JSON := quality_deploy quality_paper quality_dense_effect eval_test decode spec_oracle spec_identical spec_llama spec_retrieval \
 	spec_relaxed spec_head_k10 spec_head spec_head_noopener spec_transition spec_head_relaxed cache cache_bf16 \
 	cache_drafter replay serve
 REPORT_FILES = $(wildcard $(REPORT_JSON:%=$(BENCH)/%.json) $(BUNDLE)/target/training.json)
