@@ -134,8 +134,8 @@ def test_the_loop_keeps_the_later_epoch_within_noise_and_records_errors(tmp_path
     for k, v in weights(best).items():  # the returned model holds epoch 3's weights
         torch.testing.assert_close(v, snapshots[2][k])
     # the record: each epoch's mean and error, and its paired difference to the best so far
-    row = res.history[2]
-    assert row["recall@10_se"] == pytest.approx(standard_error(scripted[2]))
+    row = res.history[2]["selection"]
+    assert row["se"] == pytest.approx(standard_error(scripted[2])) and row["chosen"]
     assert row["vs_best"] == pytest.approx(np.mean(scripted[2]) - np.mean(scripted[1]))
     assert row["vs_best_se"] == pytest.approx(
         standard_error([x - y for x, y in zip(scripted[2], scripted[1], strict=True)]))
@@ -168,7 +168,7 @@ def test_loss_selection_pairs_each_examples_loss(tmp_path) -> None:
     assert mean == pytest.approx(float(np.mean(each)), rel=1e-5)
     _, res = fit_causal_lm(model, TRAIN, VALID, cfg(select="within-se"), tmp_path, TOK.pad_token_id)
     assert all(r["se"] is not None and r["se"] > 0 for r in res.selection)
-    assert res.history[-1]["valid_loss_se"] == pytest.approx(res.selection[-1]["se"])
+    assert res.history[-1]["selection"]["se"] == pytest.approx(res.selection[-1]["se"])
     assert sum(r["chosen"] for r in res.selection) == 1
 
 
@@ -188,8 +188,8 @@ def test_a_truncated_run_follows_the_whole_schedule_step_for_step(tmp_path) -> N
     cut, part = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, [], cfg(epochs=3, stop_after=2),
                               tmp_path / "cut", TOK.pad_token_id)
     assert part.epochs == 2 and part.schedule_epochs == 3 and part.steps == 2 * whole.steps // 3
-    assert [r["lr"] for r in part.history] == [r["lr"] for r in whole.history[:2]]
-    assert part.history[-1]["lr"] > 0.1 * cfg().lr  # not annealed: the schedule goes on past the stop
+    assert part.lrs == whole.lrs[:2] and len(whole.lrs) == 3
+    assert part.lrs[-1] > 0.1 * cfg().lr  # not annealed: the schedule goes on past the stop
     for k, v in weights(cut).items():
         torch.testing.assert_close(v, snapshots[1][k], rtol=0, atol=1e-6)
     # step for step: the learning rates of the truncated schedule are the whole one's first steps
@@ -204,7 +204,7 @@ def test_a_truncated_run_follows_the_whole_schedule_step_for_step(tmp_path) -> N
             opt.step()
             sched.step()
     # the loop records the learning rate after each epoch's last step: the whole schedule's at the same step
-    assert [r["lr"] for r in part.history] == pytest.approx([lrs[0][spe], lrs[0][2 * spe]])
+    assert part.lrs == pytest.approx([lrs[0][spe], lrs[0][2 * spe]])
     # a 2-epoch schedule (the old refit, squeezed into the chosen epochs) differs and anneals to 0 by its end
     assert lrs[1][2 * spe] == pytest.approx(0.0, abs=1e-12) and lrs[0][2 * spe] > 0.1 * cfg().lr
 

@@ -69,6 +69,7 @@ class FitResult:
     schedule_epochs: int = 0  # epochs the warmup/cosine schedule spans (cfg.epochs, or the budget plan's)
     budget_plan: dict[str, Any] | None = None  # training.budget.plan_schedule's record (fit_budget)
     selection: list[dict[str, Any]] = field(default_factory=list)  # training.selection.selection_table
+    lrs: list[float] = field(default_factory=list)  # the learning rate after each evaluation's step
 
 
 def resolve_bf16(mode: str, device: torch.device) -> bool:
@@ -314,17 +315,25 @@ def fit_causal_lm(
         finished_epoch = state["batch"] >= n_batches
         row, per_user = evaluate(epoch + state["batch"] / n_batches)
         row["train_loss"] = loss_ema if loss_ema is not None else float("nan")
-        row["lr"] = scheduler.get_last_lr()[0]
+        state.setdefault("lrs", []).append(scheduler.get_last_lr()[0])  # after the evaluated step
         score = row[cfg.metric] if evaluator else -row["valid_loss"]
-        if math.isnan(score):  # nothing to select on (the deploy refit): the latest epoch is the best
+        selecting = not math.isnan(score)
+        if not selecting:  # nothing to select on (the deploy refit): the latest epoch is the best
             score, per_user = epoch + state["batch"] / n_batches, None
         state["scores"].append({"epoch": row["epoch"], "score": score,
                                 "per_user": None if per_user is None else [round(x, 6) for x in per_user]})
         table = _selection(state["scores"], cfg.select)
         now = table[-1]
-        row.update({f"{score_name.lstrip('-')}_se": now["se"] if now["se"] is not None else float("nan"),
-                    "vs_best": now["vs_best"],
-                    "vs_best_se": now["vs_best_se"] if now["vs_best_se"] is not None else float("nan")})
+        note = ""
+        if selecting:  # nested, so that the record's curves (recsvc/report/curves.py) plot only the metrics
+            row["selection"] = {k: now[k] for k in ("se", "vs_best", "vs_best_se", "chosen")}
+            top = next(r for r in table if r["best"])
+            sign = -1 if score_name.startswith("-") else 1  # printed in the metric's own direction
+            note = (f" | {score_name.lstrip('-')} {sign * now['mean']:.4f}"
+                    + (f" +- {now['se']:.4f}" if now["se"] is not None else "")
+                    + f", vs best (epoch {top['epoch']:g}) {sign * now['vs_best']:+.4f}"
+                    + (f" +- {now['vs_best_se']:.4f}" if now["vs_best_se"] is not None else "")
+                    + f": {'chosen' if now['chosen'] else 'not chosen'} ({cfg.select})")
         if now["chosen"]:  # the rule chose this epoch (the best one, or one within noise of it, later)
             state.update(best_score=score, best_epoch=epoch + 1, bad_epochs=0)
             if acc.is_main_process:
@@ -333,8 +342,8 @@ def fit_causal_lm(
             state["bad_epochs"] += 1
         state["history"].append(row)
         acc.print(f"{desc} epoch {row['epoch']:.2f}: " + " ".join(f"{k}={v:.4f}" for k, v in row.items()
-                                                                 if k != "epoch")
-                  + (f" ({'chosen' if now['chosen'] else 'not chosen'}, {cfg.select})" if len(table) > 1 else ""))
+                                                                 if isinstance(v, float) and k != "epoch")
+                  + f" lr={state['lrs'][-1]:.2e}" + note)
         if finished_epoch:
             state["epoch"], state["batch"] = epoch + 1, 0
         if acc.is_main_process:
@@ -357,6 +366,7 @@ def fit_causal_lm(
         train_tokens_per_s=state["train_tokens"] / max(state["train_seconds"], 1e-9),
         history=state["history"], schedule_epochs=schedule_epochs, budget_plan=budget_plan,
         selection=_selection(state["scores"], cfg.select) if state["scores"] else [],
+        lrs=list(state.get("lrs", [])),
     )
     return best, result
 
@@ -666,7 +676,7 @@ def train_target(
         "epochs": result.epochs, "schedule_epochs": result.schedule_epochs, "budget_plan": result.budget_plan,
         "steps": result.steps, "best_epoch": result.best_epoch,
         "best": _best_entry(result), "stopped": result.stopped, "select": cfg.select,
-        "selection": result.selection,
+        "selection": result.selection, "lr_by_epoch": result.lrs,
         "train_tokens_per_s": round(result.train_tokens_per_s, 1), "tokens_per_epoch": tokens,
         "labelled_tokens_per_epoch": labelled, "prompt_header": prompt_header, "protocol": protocol,
         "refit": refit, "align": align, "align_examples": aligned,
@@ -708,7 +718,7 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
         source = dense_source(examples, dense[0], dense[1], data.sequences("train+valid").values(), dense[2], pad_id)
     best, result = fit_causal_lm(model, source, [], rcfg, ckpt, pad_id, None, desc="refit")
     return best, {"epochs": result.epochs, "schedule_epochs": result.schedule_epochs, "lr": rcfg.lr,
-                  "lr_by_epoch": [row.get("lr") for row in result.history], "extra_examples": len(extra or []),
+                  "lr_by_epoch": result.lrs, "extra_examples": len(extra or []),
                   "seconds": round(result.seconds, 1),
                   "tokens_per_epoch": tokens, "train_tokens_per_s": round(result.train_tokens_per_s, 1)}
 
