@@ -34,8 +34,8 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
                         "the learning rate has annealed when the budget ends")
     p.add_argument("--patience", type=int, default=None,
                    help="stop after this many epochs without improvement (0: off; default: 2, and off with "
-                        "--fit-budget, whose schedule anneals only at its end: the whole schedule runs and the best "
-                        "epoch is kept)")
+                        "--fit-budget, whose schedule anneals only at its end: the whole schedule runs and --select "
+                        "chooses the epoch); an epoch counts against patience when --select does not choose it")
     p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto", help="bf16 autocast")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--force", action="store_true", help="discard checkpoints and retrain")
