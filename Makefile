@@ -45,7 +45,8 @@ CF_WEIGHT ?= 0.1
 # the target's selection budget: the warmup/cosine schedule is sized to the epochs that fit it (--fit-budget).
 # 25 min fits Beauty the 5 epochs that a catalog with 2.5x its interactions gets from a 55-minute budget.
 TARGET_MINUTES ?= 25
-# threads of the target build and how the deploy refit runs (scratch: a fresh model for the chosen epochs;
+# threads of the target build and how the deploy refit runs (scratch: a fresh model under the selection run's
+# schedule, stopped at the chosen epoch;
 # continue: one more epoch of the chosen model over train + valid, cheaper on large catalogs)
 TARGET_THREADS ?= 2
 REFIT ?= scratch

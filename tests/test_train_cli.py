@@ -116,6 +116,11 @@ def test_bad_target_settings_exit_2(data, tmp_path, capsys) -> None:
     base = ["build", "--data", str(d), "--out", str(tmp_path / "b"), "--ids", str(ids), "--preset", "tiny"]
     assert main(base + ["--refit-epochs", "0"]) == 2
     assert "--refit-epochs" in capsys.readouterr().err
+    for bad, flag in ((["--recall-users", "0"], "--recall-users"), (["--eval-users", "some"], "--eval-users"),
+                      (["--select", "coin"], "--select")):
+        with pytest.raises(SystemExit) as stop:  # argparse's usage error: exit 2 with a message
+            main(base + bad)
+        assert stop.value.code == 2 and flag in capsys.readouterr().err
     assert main(base + ["--max-history", "0"]) == 2
     assert "--max-history" in capsys.readouterr().err
 
@@ -137,15 +142,35 @@ def test_deploy_scratch_refit_without_selection(data, tmp_path) -> None:
 
 def test_deploy_scratch_refit_auto_takes_the_chosen_epoch_count(data, tmp_path) -> None:
     """--refit scratch --refit-epochs auto: a fresh model trained on train + valid for the epoch count the
-    selection phase chose on valid (the classic refit)."""
+    selection phase chose on valid (the classic refit), under the selection run's schedule (sized for its planned
+    epochs, stopped after the chosen one); the record carries each epoch's mean and standard error over every
+    validation user and the paired difference to the best epoch."""
     d, ids = data
     out = tmp_path / "auto"
-    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids), "--preset", "tiny", "--epochs", "2",
+    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids), "--preset", "tiny", "--epochs", "3",
             "--batch-size", "8", "--eval-users", "10", "--bf16", "off", "--protocol", "deploy", "--refit", "scratch",
             "--refit-epochs", "auto", "--patience", "0"]
     assert main(argv) == 0
     info = json.loads((Bundle.open(out).target_dir / "training.json").read_text())
     assert info["best_epoch"] >= 1 and info["refit"]["epochs"] == info["best_epoch"]
+    assert info["select"] == "within-se" and info["refit"]["schedule_epochs"] == info["schedule_epochs"] == 3
+    rows = info["selection"]
+    assert [r["epoch"] for r in rows] == [1.0, 2.0, 3.0] and sum(r["chosen"] for r in rows) == 1
+    chosen = next(r for r in rows if r["chosen"])
+    assert chosen["epoch"] == info["best_epoch"]
+    assert -chosen["vs_best"] <= chosen["vs_best_se"]  # within one paired error of the best (or the best)
+    # no later epoch within noise of the best was passed over
+    assert all(-r["vs_best"] > r["vs_best_se"] for r in rows if r["epoch"] > chosen["epoch"])
+    for r, h in zip(rows, info["history"], strict=True):  # the epoch log's numbers are the record's
+        assert h["recall@10"] == pytest.approx(r["mean"]) and h["selection"]["se"] == pytest.approx(r["se"])
+        assert r["se"] is not None
+    # every validation user by default (the synthetic set's users with a valid item)
+    from recsvc.data.split import load_split_dir
+
+    assert info["history"][0]["users"] == len([u for u in load_split_dir(d).eval_users("valid") if u.targets])
+    # the refit's learning rates follow the selection run's schedule (its own steps per epoch: train + valid)
+    for e in range(info["refit"]["epochs"]):
+        assert info["refit"]["lr_by_epoch"][e] == pytest.approx(info["lr_by_epoch"][e], rel=0.15, abs=1e-9)
     assert Bundle.open(out).train_only_target_dir.is_dir()
     assert main([*argv[:4], str(tmp_path / "bad"), *argv[5:-4], "--refit-epochs", "many"]) == 2
 

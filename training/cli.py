@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from recsvc.errors import UserError
+from training.selection import SELECT_RULES
 
 
 def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3) -> None:
@@ -33,20 +34,40 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
                         "the learning rate has annealed when the budget ends")
     p.add_argument("--patience", type=int, default=None,
                    help="stop after this many epochs without improvement (0: off; default: 2, and off with "
-                        "--fit-budget, whose schedule anneals only at its end: the whole schedule runs and the best "
-                        "epoch is kept)")
+                        "--fit-budget, whose schedule anneals only at its end: the whole schedule runs and --select "
+                        "chooses the epoch); an epoch counts against patience when --select does not choose it")
     p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto", help="bf16 autocast")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--force", action="store_true", help="discard checkpoints and retrain")
-    p.add_argument("--eval-users", type=int, default=2000, help="validation users sampled for the loss")
+    p.add_argument("--eval-users", type=user_count, default=None, metavar="N|all",
+                   help="validation users for the loss (default: every one; N: a fixed seeded sample)")
     p.add_argument("--select-by", choices=["recall", "loss"], default="recall",
-                   help="keep the epoch with the best validation Recall@10 (beam search; drafters: AS@K, "
-                        "strict acceptance) or the lowest loss")
-    p.add_argument("--recall-users", type=int, default=1000, help="validation users for the Recall@10 check")
+                   help="choose the epoch on validation Recall@10 (beam search; drafters: AS@K, "
+                        "strict acceptance) or on the loss")
+    p.add_argument("--recall-users", type=user_count, default=None, metavar="N|all",
+                   help="validation users for the Recall@10 that chooses the epoch (default: every one, so that "
+                        "epochs differ beyond noise; N: a fixed seeded sample, cheaper and noisier)")
+    p.add_argument("--select", choices=SELECT_RULES, default="within-se",
+                   help="within-se: the latest epoch within one paired standard error (over the validation users) "
+                        "of the best one, the schedule's end when the epochs do not differ beyond noise; best: the "
+                        "highest mean (docs/QUALITY.md, \"Choosing the epoch\")")
     p.add_argument("--window-stride", type=int, default=1,
                    help="targets per window after a user's first (1: exact prompts; 5: ~1.5x faster epochs)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: all cores; 1 is faster on a busy shared machine)")
+
+
+def user_count(text: str) -> int | None:
+    """``--eval-users`` / ``--recall-users``: "all" -> None (every user), else a count >= 1."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of users or all, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (or all), got {n}")
+    return n
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -69,7 +90,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "continue training on train + valid (what a deployed model should know)")
     p.add_argument("--refit-epochs", default="1",
                    help="deploy: epochs over train + valid; auto: the selected epoch count with --refit scratch "
-                        "(the classic refit), 1 with --refit continue")
+                        "(the classic refit: the selection run's warmup/cosine schedule, stopped after the chosen "
+                        "epoch), 1 with --refit continue")
     p.add_argument("--refit-lr", type=float, default=None,
                    help="deploy: peak lr of the refit (default: lr / 2 to continue, lr from scratch)")
     p.add_argument("--refit", dest="refit_mode", choices=("continue", "scratch"), default="continue",
@@ -245,20 +267,21 @@ def loop_config(args: argparse.Namespace):
                        weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
                        max_minutes=args.max_minutes, patience=default_patience(args.patience, args.fit_budget),
                        bf16=args.bf16, resume=args.resume,
-                       fit_budget=args.fit_budget)
+                       fit_budget=args.fit_budget, select=getattr(args, "select", "best"))
 
 
 def evaluator_factory(args: argparse.Namespace):
-    """make_evaluator(builder, data) for early stopping on validation Recall@10, or None (validation loss)."""
+    """make_evaluator(builder, data) for choosing the epoch on validation Recall@10 (with each user's values, for
+    the standard errors of ``training.selection``), or None (validation loss). ``recall_users`` None: every user."""
     if getattr(args, "select_by", "loss") != "recall":
         return None
-    if args.recall_users < 1:
+    if args.recall_users is not None and args.recall_users < 1:
         raise UserError("--recall-users must be >= 1")
     from functools import partial
 
-    from training.evaluate import make_evaluator
+    from training.selection import make_selection_evaluator
 
-    return partial(make_evaluator, split="valid", k=10, ks=(10,), max_users=args.recall_users)
+    return partial(make_selection_evaluator, split="valid", k=10, max_users=args.recall_users)
 
 
 def lora_settings(args: argparse.Namespace):

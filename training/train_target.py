@@ -27,9 +27,11 @@ import torch.nn.functional as F
 from recsvc.bundle.prompt import IGNORE_INDEX
 from recsvc.errors import UserError
 from training.budget import contention_warning, plan_schedule
+from training.selection import PER_USER, SELECT_RULES, selection_table
 from training.sequences import Example, bucketed_batches, collate
 
-Evaluator = Callable[[Any], dict[str, float]]  # model -> {"recall@10": ..., ...}
+# model -> {"recall@10": ..., ...}; optionally "per_user": {"recall@10": [one value per user]} (training.selection)
+Evaluator = Callable[[Any], dict[str, Any]]
 
 
 @dataclass
@@ -48,6 +50,8 @@ class TrainConfig:
     bf16: str = "auto"  # auto | on | off: bf16 autocast
     resume: bool = False
     metric: str = "recall@10"  # evaluator key to maximise (validation loss when there is no evaluator)
+    select: str = "best"  # training.selection rule: best | within-se (the CLI's default)
+    stop_after: int | None = None  # train only the first N epochs of the schedule (the scratch refit)
     eval_batch_size: int = 64
 
 
@@ -64,6 +68,8 @@ class FitResult:
     history: list[dict[str, float]] = field(default_factory=list)
     schedule_epochs: int = 0  # epochs the warmup/cosine schedule spans (cfg.epochs, or the budget plan's)
     budget_plan: dict[str, Any] | None = None  # training.budget.plan_schedule's record (fit_budget)
+    selection: list[dict[str, Any]] = field(default_factory=list)  # training.selection.selection_table
+    lrs: list[float] = field(default_factory=list)  # the learning rate after each evaluation's step
 
 
 def resolve_bf16(mode: str, device: torch.device) -> bool:
@@ -107,16 +113,32 @@ def lm_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
 def validation_loss(model, examples: Sequence[Example], pad_id: int, batch_size: int, device,
                     bf16: bool) -> float:
     """Mean code-token cross-entropy over ``examples`` (nats per code token)."""
+    return validation_losses(model, examples, pad_id, batch_size, device, bf16)[0]
+
+
+@torch.no_grad()
+def validation_losses(model, examples: Sequence[Example], pad_id: int, batch_size: int, device,
+                      bf16: bool) -> tuple[float, list[float]]:
+    """(mean code-token cross-entropy over ``examples``, each example's own mean in ``examples``' order): the
+    per-example values give the loss's standard error (``training.selection``)."""
     if not examples:
-        return float("nan")
+        return float("nan"), []
     total, count = 0.0, 0
+    each = [float("nan")] * len(examples)
     for idx in bucketed_batches([len(e) for e in examples], batch_size, seed=None):
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id).items()}
+        labels = batch["labels"][:, 1:]  # [B, T-1]
+        keep = (labels != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [P]
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss, n = lm_loss(model, batch)
-        total += float(loss) * n
-        count += n
-    return total / max(count, 1)
+            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep)
+        logits, target = out.logits.float(), labels[:, keep]  # [B, P, V], [B, P]
+        nll = F.cross_entropy(logits.transpose(1, 2), target, ignore_index=IGNORE_INDEX, reduction="none")  # [B, P]
+        n = (target != IGNORE_INDEX).sum(dim=1)  # [B]
+        for row, i in enumerate(idx):
+            each[i] = float(nll[row].sum() / n[row].clamp(min=1))
+        total += float(nll.sum())
+        count += int(n.sum())
+    return total / max(count, 1), each
 
 
 def validation_pass(valid: Sequence[Example], pad_id: int, cfg: TrainConfig, device, bf16: bool,
@@ -171,7 +193,6 @@ def fit_causal_lm(
     ``valid``: Examples for the validation loss (next-item cross-entropy)."""
     from accelerate import Accelerator
     from accelerate.utils import broadcast_object_list, set_seed
-    from transformers import get_cosine_schedule_with_warmup
 
     from recsvc.progress import progress_bar
 
@@ -215,43 +236,52 @@ def fit_causal_lm(
         if (warning := contention_warning(budget_plan)) is not None:
             acc.print(f"{desc}: warning: {warning}")
     schedule_epochs = budget_plan["epochs"] if budget_plan else cfg.epochs
+    saved_schedule = _saved_state(ckpt_dir).get("schedule_epochs") if cfg.resume else None
+    if saved_schedule is not None and saved_schedule != schedule_epochs:  # a resumed run keeps its schedule
+        acc.print(f"{desc}: the checkpoint's schedule spans {saved_schedule} epoch(s): kept (not {schedule_epochs})")
+        schedule_epochs = saved_schedule
+    if cfg.select not in SELECT_RULES:
+        raise UserError(f"--select must be one of {', '.join(SELECT_RULES)}, not {cfg.select!r}")
+    last_epoch = min(schedule_epochs, cfg.stop_after) if cfg.stop_after is not None else schedule_epochs
     model, optimizer = acc.prepare(model, optimizer)
-    steps_per_epoch = math.ceil(n_batches / cfg.grad_accum)
-    total_steps = steps_per_epoch * schedule_epochs
-    warmup = int(cfg.warmup * total_steps) if cfg.warmup < 1 else int(cfg.warmup)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, warmup, max(total_steps, 1))
+    scheduler = cosine_schedule(optimizer, math.ceil(n_batches / cfg.grad_accum), schedule_epochs, cfg.warmup)
 
     state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1,
                              "bad_epochs": 0, "history": [], "train_seconds": 0.0, "train_tokens": 0,
-                             "budget_plan": budget_plan}
+                             "budget_plan": budget_plan, "schedule_epochs": schedule_epochs, "scores": []}
     if cfg.resume and (ckpt_dir / "last" / "state.json").is_file():
         state = load_checkpoint(ckpt_dir / "last", acc.unwrap_model(model), optimizer, scheduler)
+        if "scores" not in state:  # a checkpoint from before per-user scores: its epochs compare by their means
+            state["scores"] = [_legacy_score(row, cfg.metric if evaluator else None) for row in state["history"]]
         acc.print(f"resumed {desc} from epoch {state['epoch']} batch {state['batch']} (step {state['step']})")
     score_name = cfg.metric if evaluator else "-valid_loss"
     stopped = "epochs"
 
-    def evaluate(epoch_float: float) -> dict[str, float]:
+    def evaluate(epoch_float: float) -> tuple[dict[str, float], list[float] | None]:
         model.eval()
         row: dict[str, float] = {"epoch": epoch_float}
-        row["valid_loss"] = validation_loss(model, valid, pad_id, cfg.eval_batch_size, acc.device, bf16)
+        row["valid_loss"], losses = validation_losses(model, valid, pad_id, cfg.eval_batch_size, acc.device, bf16)
+        per_user: list[float] | None = [-x for x in losses] or None  # the score is minus the loss
         if evaluator is not None:
             metrics = [evaluator(acc.unwrap_model(model)) if acc.is_main_process else None]
             broadcast_object_list(metrics)  # one evaluation, every rank gets the numbers
-            if cfg.metric not in metrics[0]:
-                raise UserError(f"evaluator returned no {cfg.metric!r} (got {sorted(metrics[0])})")
-            row.update({k: float(v) for k, v in metrics[0].items()})
+            values = dict(metrics[0])
+            per_user = values.pop(PER_USER, {}).get(cfg.metric)
+            if cfg.metric not in values:
+                raise UserError(f"evaluator returned no {cfg.metric!r} (got {sorted(values)})")
+            row.update({k: float(v) for k, v in values.items()})
         model.train()
-        return row
+        return row, per_user
 
     def over_budget() -> bool:
         return cfg.max_minutes is not None and time.monotonic() - start > cfg.max_minutes * 60
 
     model.train()
-    while state["epoch"] < schedule_epochs and stopped == "epochs":
+    while state["epoch"] < last_epoch and stopped == "epochs":
         epoch = state["epoch"]
         batches = bucketed_batches(lengths, cfg.batch_size, seed=cfg.seed * 1000 + epoch)
         batches = batches[rank::world][:n_batches]
-        bar = progress_bar(total=n_batches, initial=state["batch"], desc=f"{desc} epoch {epoch + 1}/{schedule_epochs}",
+        bar = progress_bar(total=n_batches, initial=state["batch"], desc=f"{desc} epoch {epoch + 1}/{last_epoch}",
                            enabled=acc.is_local_main_process, dynamic_ncols=True, mininterval=1.0)
         t0, tokens, loss_ema = time.monotonic(), 0, None
         for b in range(state["batch"], n_batches):
@@ -284,12 +314,28 @@ def fit_causal_lm(
         state["train_seconds"] += time.monotonic() - t0
         state["train_tokens"] += tokens
         finished_epoch = state["batch"] >= n_batches
-        row = evaluate(epoch + state["batch"] / n_batches)
+        row, per_user = evaluate(epoch + state["batch"] / n_batches)
         row["train_loss"] = loss_ema if loss_ema is not None else float("nan")
+        state.setdefault("lrs", []).append(scheduler.get_last_lr()[0])  # after the evaluated step
         score = row[cfg.metric] if evaluator else -row["valid_loss"]
-        if math.isnan(score):  # nothing to select on (the deploy refit): the latest epoch is the best
-            score = epoch + state["batch"] / n_batches
-        if score > state["best_score"]:
+        selecting = not math.isnan(score)
+        if not selecting:  # nothing to select on (the deploy refit): the latest epoch is the best
+            score, per_user = epoch + state["batch"] / n_batches, None
+        state["scores"].append({"epoch": row["epoch"], "score": score,
+                                "per_user": None if per_user is None else [round(x, 6) for x in per_user]})
+        table = _selection(state["scores"], cfg.select)
+        now = table[-1]
+        note = ""
+        if selecting:  # nested, so that the record's curves (recsvc/report/curves.py) plot only the metrics
+            row["selection"] = {k: now[k] for k in ("se", "vs_best", "vs_best_se", "chosen")}
+            top = next(r for r in table if r["best"])
+            sign = -1 if score_name.startswith("-") else 1  # printed in the metric's own direction
+            note = (f" | {score_name.lstrip('-')} {sign * now['mean']:.4f}"
+                    + (f" +- {now['se']:.4f}" if now["se"] is not None else "")
+                    + f", vs best (epoch {top['epoch']:g}) {sign * now['vs_best']:+.4f}"
+                    + (f" +- {now['vs_best_se']:.4f}" if now["vs_best_se"] is not None else "")
+                    + f": {'chosen' if now['chosen'] else 'not chosen'} ({cfg.select})")
+        if now["chosen"]:  # the rule chose this epoch (the best one, or one within noise of it, later)
             state.update(best_score=score, best_epoch=epoch + 1, bad_epochs=0)
             if acc.is_main_process:
                 save_model_state(acc.unwrap_model(model), ckpt_dir / "best")
@@ -297,7 +343,8 @@ def fit_causal_lm(
             state["bad_epochs"] += 1
         state["history"].append(row)
         acc.print(f"{desc} epoch {row['epoch']:.2f}: " + " ".join(f"{k}={v:.4f}" for k, v in row.items()
-                                                                 if k != "epoch"))
+                                                                 if isinstance(v, float) and k != "epoch")
+                  + f" lr={state['lrs'][-1]:.2e}" + note)
         if finished_epoch:
             state["epoch"], state["batch"] = epoch + 1, 0
         if acc.is_main_process:
@@ -319,16 +366,44 @@ def fit_causal_lm(
         seconds=time.monotonic() - start,
         train_tokens_per_s=state["train_tokens"] / max(state["train_seconds"], 1e-9),
         history=state["history"], schedule_epochs=schedule_epochs, budget_plan=budget_plan,
+        selection=_selection(state["scores"], cfg.select) if state["scores"] else [],
+        lrs=list(state.get("lrs", [])),
     )
     return best, result
 
 
+def cosine_schedule(optimizer, steps_per_epoch: int, schedule_epochs: int, warmup: float):
+    """Linear warmup then cosine decay over ``schedule_epochs`` epochs of ``steps_per_epoch`` optimizer steps
+    (``warmup`` < 1: a fraction of all steps; >= 1: steps). A run stopped before the schedule's end (the scratch
+    refit: ``TrainConfig.stop_after``) has had the same learning rates, step for step, as the whole run."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    total_steps = steps_per_epoch * schedule_epochs
+    steps = int(warmup * total_steps) if warmup < 1 else int(warmup)
+    return get_cosine_schedule_with_warmup(optimizer, steps, max(total_steps, 1))
+
+
+def _legacy_score(row: dict[str, float], metric: str | None) -> dict[str, Any]:
+    """A score entry (no per-user values) for a history row of a checkpoint written before they were kept."""
+    score = row[metric] if metric is not None else -row["valid_loss"]
+    return {"epoch": row["epoch"], "score": row["epoch"] if math.isnan(score) else score, "per_user": None}
+
+
+def _selection(scores: list[dict[str, Any]], rule: str) -> list[dict[str, Any]]:
+    """training.selection.selection_table over the loop state's per-evaluation scores."""
+    return selection_table([s["epoch"] for s in scores], [s["score"] for s in scores],
+                           [s["per_user"] for s in scores], rule)
+
+
+def _saved_state(ckpt_dir: Path) -> dict[str, Any]:
+    """The loop state of the checkpoint in ``ckpt_dir`` ({} without one)."""
+    path = ckpt_dir / "last" / "state.json"
+    return json.loads(path.read_text())["state"] if path.is_file() else {}
+
+
 def _saved_budget_plan(ckpt_dir: Path) -> dict[str, Any] | None:
     """The --fit-budget plan a checkpoint was trained under (a resumed run keeps its schedule), or None."""
-    path = ckpt_dir / "last" / "state.json"
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())["state"].get("budget_plan")
+    return _saved_state(ckpt_dir).get("budget_plan")
 
 
 
@@ -479,9 +554,11 @@ def train_target(
     ``protocol``: "paper" trains on the TRAIN period only (the AtSpeed / LC-Rec protocol). "deploy" first does
     the same (the epoch is chosen on valid), then continues the chosen model for ``refit_epochs`` over
     train + valid sequences at peak lr ``refit_lr`` (default lr / 2; ``refit_mode="scratch"``: a fresh model of the
-    same shape trained ``refit_epochs`` epochs on train + valid at the full lr instead, the classic refit; with
-    ``cfg.epochs == 0`` the selection phase is skipped and ``refit_epochs`` comes from an earlier selection
-    run, e.g. a paper-protocol bundle's best epoch): a deployed model must know the most
+    same shape trained on train + valid at the full lr instead, the classic refit, under the selection run's
+    warmup/cosine schedule (sized for its planned epochs) and stopped after ``refit_epochs`` of them, so that the
+    served model is trained as the validated epoch was; with ``cfg.epochs == 0`` the selection phase is skipped,
+    ``refit_epochs`` comes from an earlier selection run, e.g. a paper-protocol bundle's best epoch, and the
+    schedule spans those epochs): a deployed model must know the most
     recent period before it serves the next one. ``dense``: also train the dense head (its loss beside the LM
     loss, over the fitting period's items; saved beside the target, ``recsvc.content.dense_head``).
     ``align="text2id"`` adds LC-Rec's text -> id alignment examples
@@ -490,7 +567,8 @@ def train_target(
     prompt header style and history length are recorded in
     bundle.json (``Bundle.prompt_builder`` rebuilds the same prompts for serving and evaluation).
 
-    Early stopping uses ``evaluator(model)["recall@10"]`` when given, else ``make_evaluator(builder, data)``
+    The epoch is chosen by ``cfg.select`` (``training.selection``: the best one, or the latest within one paired
+    standard error of it) on ``evaluator(model)["recall@10"]`` when given, else ``make_evaluator(builder, data)``
     (built here from the bundle's PromptBuilder and the SplitData, e.g. a beam-search Recall@10 on
     validation users), else the validation loss.
     """
@@ -584,6 +662,9 @@ def train_target(
                         dense_items, dense, known_rows(ids, data.sequences("train").values()), ids.item_ids.tolist())
         if refit_epochs == 0:  # auto: the chosen epoch count (scratch), one more epoch (continue)
             refit_epochs = max(1, result.best_epoch) if refit_mode == "scratch" else 1
+        # scratch: the selection run's schedule (its planned epochs), stopped after the chosen epoch: the served
+        # model is trained as the validated one was; without a selection phase (--epochs 0) it spans refit_epochs
+        schedule = max(result.schedule_epochs, refit_epochs) if cfg.epochs > 0 else refit_epochs
         if refit_mode == "scratch":
             best = load_base_model(base_model, tok) if base_model else new_model(get_preset(preset), tok, seed=cfg.seed)
             best = wrap_lora(best, lora) if (base_model and lora is not None) else best
@@ -593,7 +674,7 @@ def train_target(
 
                 attach_head(best, dense_items.shape[1], seed=cfg.seed)
         best, refit = _refit(best, builder, data, cfg, ckpt / "refit", tok.pad_token_id, window_stride,
-                             refit_epochs, refit_lr, log,
+                             refit_epochs, refit_lr, log, schedule if refit_mode == "scratch" else refit_epochs,
                              alignment_examples(builder, texts, data.items) if align == "text2id" else [],
                              dense=None if dense is None else (builder, dense_items, dense))
         refit["mode"] = refit_mode
@@ -601,7 +682,8 @@ def train_target(
         "seconds": round(result.seconds, 1), "preset": preset_name, "params": n_params,
         "epochs": result.epochs, "schedule_epochs": result.schedule_epochs, "budget_plan": result.budget_plan,
         "steps": result.steps, "best_epoch": result.best_epoch,
-        "best": _best_entry(result), "stopped": result.stopped,
+        "best": _best_entry(result), "stopped": result.stopped, "select": cfg.select,
+        "selection": result.selection, "lr_by_epoch": result.lrs,
         "train_tokens_per_s": round(result.train_tokens_per_s, 1), "tokens_per_epoch": tokens,
         "labelled_tokens_per_epoch": labelled, "prompt_header": prompt_header, "protocol": protocol,
         "refit": refit, "align": align, "align_examples": aligned,
@@ -622,26 +704,28 @@ def train_target(
 
 
 def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, window_stride: int, epochs: int,
-           lr: float | None, log, extra: list | None = None, dense=None) -> tuple[Any, dict[str, Any]]:
-    """The deployment protocol's second phase: continue ``model`` over train + valid sequences (no selection:
-    the valid period is now training data; the epoch count was chosen before), plus ``extra`` examples (the
-    alignment task's). Resumable (``ckpt``)."""
+           lr: float | None, log, schedule_epochs: int, extra: list | None = None, dense=None
+           ) -> tuple[Any, dict[str, Any]]:
+    """The deployment protocol's second phase: train ``model`` over train + valid sequences for ``epochs`` epochs
+    of a warmup/cosine schedule spanning ``schedule_epochs`` (no selection: the valid period is now training data;
+    the epoch count was chosen before), plus ``extra`` examples (the alignment task's). Resumable (``ckpt``)."""
     from dataclasses import replace
 
     from training.sequences import count_tokens, train_examples
 
     examples = train_examples(builder, data.sequences("train+valid"), stride=window_stride) + list(extra or [])
     tokens, labelled = count_tokens(examples)
-    rcfg = replace(cfg, epochs=epochs, lr=lr if lr is not None else cfg.lr / 2, patience=0,
-                   resume=(ckpt / "last" / "state.json").is_file(), max_minutes=None, fit_budget=False)
+    rcfg = replace(cfg, epochs=schedule_epochs, stop_after=epochs, lr=lr if lr is not None else cfg.lr / 2,
+                   patience=0, resume=(ckpt / "last" / "state.json").is_file(), max_minutes=None, fit_budget=False)
     log(f"refit (deploy protocol): {len(examples)} windows, {tokens} tokens ({labelled} labelled) per epoch, "
-        f"{epochs} epoch(s) at peak lr {rcfg.lr:g}")
+        f"{epochs} epoch(s) of a {schedule_epochs}-epoch schedule at peak lr {rcfg.lr:g}")
     model.train()
     source: Any = examples
     if dense is not None:  # (builder, item embeddings, settings): the head over train + valid's items
         source = dense_source(examples, dense[0], dense[1], data.sequences("train+valid").values(), dense[2], pad_id)
     best, result = fit_causal_lm(model, source, [], rcfg, ckpt, pad_id, None, desc="refit")
-    return best, {"epochs": result.epochs, "lr": rcfg.lr, "extra_examples": len(extra or []),
+    return best, {"epochs": result.epochs, "schedule_epochs": result.schedule_epochs, "lr": rcfg.lr,
+                  "lr_by_epoch": result.lrs, "extra_examples": len(extra or []),
                   "seconds": round(result.seconds, 1),
                   "tokens_per_epoch": tokens, "train_tokens_per_s": round(result.train_tokens_per_s, 1)}
 
