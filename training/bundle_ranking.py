@@ -104,9 +104,9 @@ def rank_bundle(
     from recsvc.recommender.prior_ranked import ranks_alone
     from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.base import fit_period
-    from training.evaluate import dist_rank_world, gather_rankings, period_catalog_rows, rank_users, serving_model
     from training.fresh_eval import cold_items, fresh_candidates, fresh_candidates_by_user
     from training.prior_alone import prior_rankings
+    from training.ranking import dist_rank_world, gather_rankings, period_catalog_rows, rank_users, serving_model
 
     bundle = Bundle.open(bundle_dir)
     data_path = bundle.resolve_data_dir(data_dir)

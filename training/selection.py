@@ -118,7 +118,7 @@ def make_selection_evaluator(builder, data, split: str = "valid", k: int = 10, m
     users (every one by default; ``max_users``: a fixed seeded sample), with the per-user values the rule needs."""
     from recsvc.data.sampling import sample_users
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.evaluate import rank_users, serving_model
+    from training.ranking import rank_users, serving_model
 
     users = [u for u in sample_users(data.eval_users(split), max_users, seed) if u.targets]
     trie = CatalogTrie(builder.ids)

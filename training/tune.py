@@ -102,8 +102,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     from recsvc.data.split import load_split_dir
     from recsvc.priors.transition import PriorSettings, TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.evaluate import rank_users, serving_model
     from training.prior_cli import prior_sequences, resolve_fit_on
+    from training.ranking import rank_users, serving_model
 
     _check_budget(args.trials, args.budget_minutes)
     if args.users < 1 or not 0 < args.max_weight <= 10:

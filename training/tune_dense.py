@@ -101,9 +101,9 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.evaluate import period_catalog_rows, serving_model
     from training.fresh_eval import cold_items
     from training.lead import paired_lead, per_user
+    from training.ranking import period_catalog_rows, serving_model
     from training.studies import validation_model
     from training.validation_lists import train_period_prior
 

@@ -100,8 +100,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
-    from training.evaluate import rank_users, serving_model
     from training.prior_cli import prior_sequences, resolve_fit_on
+    from training.ranking import rank_users, serving_model
     from training.studies import check_budget, run_trials, study, validation_model, weights_fingerprint
 
     check_budget(args.trials, args.budget_minutes)

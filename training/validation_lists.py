@@ -55,8 +55,8 @@ class ValidationLists:
         beam search at the served width). ``prior``: the train-period prior (``priors``) when computed already."""
         from recsvc.recommender.prior_ranked import ranks_alone
         from tokenizer_rqvae.trie import CatalogTrie
-        from training.evaluate import rank_users, serving_model
         from training.prior_alone import prior_rankings
+        from training.ranking import rank_users, serving_model
 
         if prior is None:
             prior = self.priors(exclude_history)
@@ -65,7 +65,7 @@ class ValidationLists:
         if self._model is None:  # the model, its prompts and the catalog trie, once
             from recsvc.bundle.loading import load_causal_lm
             from recsvc.content.dense_head import DenseRetriever, has_dense_head
-            from training.evaluate import period_catalog_rows
+            from training.ranking import period_catalog_rows
 
             dense = None  # the dense head's items ranked with the beams, as served (once `recsvc tune dense` ran)
             if has_dense_head(self.model_dir):
