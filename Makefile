@@ -261,7 +261,7 @@ drafters-beauty-alpha10: install
 REPORT_OUT ?= docs/img
 REPORT_LABEL ?= Amazon Beauty
 REPORT_MACHINE ?=
-REPORT_JSON := quality_deploy quality_paper quality_dense_effect eval_test decode spec_oracle spec_identical spec_llama spec_retrieval \
+REPORT_JSON := quality_deploy quality_paper quality_dense_effect quality_selection eval_test decode spec_oracle spec_identical spec_llama spec_retrieval \
 	spec_relaxed spec_head_k10 spec_head spec_head_noopener spec_transition spec_head_relaxed cache cache_bf16 \
 	cache_drafter replay serve
 REPORT_FILES = $(wildcard $(REPORT_JSON:%=$(BENCH)/%.json) $(BUNDLE)/target/training.json)

@@ -49,7 +49,9 @@ def _details(data: dict[str, Any]) -> str:
     served = []  # what the model's lists hold besides the target's beams (recorded by recsvc eval)
     if "prior" in data:
         prior = data["prior"]
-        served.append(f"prior weight {prior.get('weight', '?')} fused" if isinstance(prior, dict) else "no prior")
+        weight = prior.get("weight") if isinstance(prior, dict) else None
+        shown = f"{weight:.2f}" if isinstance(weight, (int, float)) else "?"
+        served.append(f"prior weight {shown} fused" if isinstance(prior, dict) else "no prior")
     if "fresh" in data:
         fresh = data["fresh"]
         served.append(f"{fresh.get('slots', '?')} fresh slots" if isinstance(fresh, dict) else "no fresh slots")
