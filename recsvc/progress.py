@@ -18,6 +18,7 @@ follow: off unless the mode is ``bar``.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -81,6 +82,7 @@ class LineProgress(tqdm):
         self._interval = _interval_s()
         self._began = time.monotonic()
         self._closing = False
+        self._written: str | None = None
         # how often an update looks at the clock (a cheap check; the interval decides what is written)
         kwargs["mininterval"] = min(max(float(kwargs.get("mininterval") or 0.1), 1.0), self._interval)
         kwargs.setdefault("dynamic_ncols", False)
@@ -94,9 +96,10 @@ class LineProgress(tqdm):
         return self.format_meter(**fmt).strip()
 
     def _write(self, text: str) -> None:
-        if text:
+        if text and text != self._written:  # the closing line repeats no line just written
             self.fp.write(text + "\n")
             self.fp.flush()
+            self._written = text
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
         if self._closing or self.disable:
@@ -142,6 +145,18 @@ def quiet_library_bars(stream: TextIO | None = None) -> None:
     hf_logging = sys.modules.get("transformers.utils.logging")
     if hf_logging is not None:
         hf_logging.disable_progress_bar()
+
+
+def print_record(record: Any, stream: TextIO | None = None) -> None:
+    """A command's result record (a JSON-serialisable dict) on stdout: indented for a reader at a terminal, one
+    line when the output goes to a file or a pipe (a batch log stays a few lines per step; ``jq`` reads either)."""
+    stream = stream if stream is not None else sys.stdout
+    try:
+        tty = bool(stream.isatty())
+    except (AttributeError, ValueError):
+        tty = False
+    stream.write(json.dumps(record, indent=1 if tty else None, default=str) + "\n")
+    stream.flush()
 
 
 def progress_bar(iterable: Iterable | None = None, *, enabled: bool = True, **kwargs: Any) -> tqdm:

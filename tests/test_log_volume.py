@@ -20,7 +20,7 @@ import pytest
 from service_helpers import Records
 from test_train_fixtures import make_data, write_ids
 
-from recsvc.progress import LineProgress, progress_bar, progress_mode
+from recsvc.progress import LineProgress, print_record, progress_bar, progress_mode
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
 from recsvc.service.server import RecServer, ServerConfig
@@ -166,6 +166,18 @@ def test_optuna_trials_in_batch_mode_are_plain_lines(clean_env, capsys) -> None:
     assert 1 <= len(lines) <= 12 and lines[-1].startswith("trials (1 min budget): 100% 12/12"), lines
     assert f"best={study.best_value:.5f}@{study.best_trial.number}" in lines[-1]
     assert run_trials(study, objective, trials=12, minutes=1.0) == 0  # finished: nothing more to run
+    assert all(a != b for a, b in zip(lines, lines[1:])), lines  # the closing line repeats no line just written
+
+
+def test_a_result_record_is_one_line_in_a_log_and_indented_at_a_terminal() -> None:
+    import json
+
+    record = {"settings": {"weight": 1.5, "window": 3}, "valid": {"ndcg@10": 0.0258}, "trials": 30}
+    log, tty = io.StringIO(), _Tty()
+    print_record(record, log)
+    print_record(record, tty)
+    assert log.getvalue().count("\n") == 1 and json.loads(log.getvalue()) == record
+    assert tty.getvalue().count("\n") > 5 and json.loads(tty.getvalue()) == record
 
 
 # --- rejections: counted every time, logged once a second --------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from recsvc.errors import UserError
+from recsvc.progress import print_record
 from training.selection import SELECT_RULES
 
 
@@ -310,7 +311,7 @@ def cmd_drafter(args: argparse.Namespace) -> int:
                          init_from=args.init_from, verify=args.verify,
                          support=args.support)
     if info.pop("main_process", True):
-        print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
+        print_record({k: v for k, v in info.items() if k != "config"})
     return 0
 
 
@@ -326,7 +327,7 @@ def cmd_teacher(args: argparse.Namespace) -> int:
     meta = build_teacher(args.bundle, k=args.k, max_prefixes=args.max_prefixes, batch_size=args.batch_size,
                          lambda_mix=args.lambda_mix, shard_size=args.shard_size, seed=args.seed, dtype=args.dtype,
                          data_dir=args.data, force=args.force, attention=args.attention)
-    print(json.dumps(meta, indent=1))
+    print_record(meta)
     return 0
 
 
@@ -340,7 +341,7 @@ def cmd_head(args: argparse.Namespace) -> int:
     info = train_head(args.bundle, method=args.method, alpha=args.alpha, k=args.k, max_prefixes=args.prefixes,
                       epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, dtype=args.dtype,
                       out_name=args.out_name, force=args.force, resume=args.resume)
-    print(json.dumps({k: v for k, v in info.items() if k != "history"}, indent=1, default=str))
+    print_record({k: v for k, v in info.items() if k != "history"})
     return 0
 
 
@@ -354,7 +355,7 @@ def cmd_dense_head(args: argparse.Namespace) -> int:
     info = train_dense_head(args.bundle, epochs=args.epochs, lr=args.lr, temperature=args.temperature,
                             batch_size=args.batch_size, window_stride=args.window_stride, seed=args.seed,
                             dtype=args.dtype)
-    print(json.dumps(info, indent=1, default=str))
+    print_record(info)
     return 0
 
 
@@ -393,5 +394,5 @@ def cmd_target(args: argparse.Namespace) -> int:
                         eval_max_users=args.eval_users, window_stride=args.window_stride,
                         make_evaluator=evaluator_factory(args), **target_settings(args))
     if info.pop("main_process", True):
-        print(json.dumps({k: v for k, v in info.items() if k != "config"}, indent=1, default=str))
+        print_record({k: v for k, v in info.items() if k != "config"})
     return 0

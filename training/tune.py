@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
+from recsvc.progress import print_record
 from training.studies import check_budget as _check_budget
 from training.studies import files_fingerprint, validation_model, weights_fingerprint
 from training.studies import run_trials as _run
@@ -165,7 +166,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     meta = bundle.read()
     key = "prior_excl" if excl else "prior"
     bundle.update(**{key: {**best.params, "fit_on": fit_on}}, tuning={**meta.get("tuning", {}), key: record})
-    print(json.dumps(record, indent=1))
+    print_record(record)
     return 0
 
 
@@ -230,5 +231,5 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
               "trials": len(study.trials), "trials_this_run": ran,
               "trial_dir": str(trials_dir / f"trial-{best.number}"), "study": study.study_name}
     (args.out / "best.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(json.dumps(record, indent=1))
+    print_record(record)
     return 0

@@ -23,11 +23,11 @@ Protocol (no test data is read):
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from recsvc.errors import UserError
+from recsvc.progress import print_record
 
 SLOTS = (0, 1, 2, 3, 4, 5, 6, 7)
 WINDOWS = (1, 2, 3, 5, 10, 20)
@@ -202,5 +202,5 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     served_settings = best.params if chosen.rate is None else {
         **best.params, "min_similarity": served_fresh.settings.min_similarity}
     bundle.update(fresh={**served_settings, "counted_on": fit_on}, tuning={**meta.get("tuning", {}), "fresh": record})
-    print(json.dumps(record, indent=1))
+    print_record(record)
     return 0

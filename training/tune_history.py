@@ -20,11 +20,11 @@ fresh slots on the lists the bundle serves.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from recsvc.errors import UserError
+from recsvc.progress import print_record
 
 METRICS = ("ndcg@10", "recall@10")
 
@@ -104,7 +104,7 @@ def cmd_tune_history(args: argparse.Namespace) -> int:
               "valid": effect, "seconds": round(time.monotonic() - t0, 1)}
     meta = bundle.read()
     bundle.update(exclude_history=exclude, tuning={**meta.get("tuning", {}), "history": record})
-    print(json.dumps(record, indent=1))
+    print_record(record)
     m = args.metric
     print(f"tune history: the bundle serves lists {'without' if exclude else 'with'} the history items "
           f"({m} {effect[f'keep_{m}']:.4f} keeping, {effect[f'exclude_{m}']:.4f} excluding, paired difference "

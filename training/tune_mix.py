@@ -39,7 +39,6 @@ them, and the choice goes to BUNDLE/prior-excl (after ``recsvc tune prior --excl
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from recsvc.errors import UserError
+from recsvc.progress import print_record
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -192,7 +192,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
                            "temperature": mix.temperature, "product": mix.product,
                            "rank_by": record["rank_by"]}},
                   tuning={**meta.get("tuning", {}), ("mix_excl" if excl else "mix"): record})
-    print(json.dumps(record, indent=1))
+    print_record(record)
     if alone_wins:
         why = (f"on validation the prior's own ranking beats the fused target ({args.metric} {own.value:.4f} vs "
                f"{best.value:.4f})" if args.rank_by == "auto" else "--rank-by prior")

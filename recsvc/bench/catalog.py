@@ -40,6 +40,7 @@ import numpy as np
 
 from recsvc.bench.common import machine, markdown_table, set_threads, write_json
 from recsvc.errors import UserError
+from recsvc.progress import print_record
 
 # one line of `recsvc bench --help`
 HELP = ("a large live-catalog file offered to a server under load: latency against the same load without it, the "
@@ -278,5 +279,5 @@ def run(args: argparse.Namespace) -> None:
     for p in phases:
         if p.get("reason"):
             print(f"{p['phase']}: {p['reason']}")
-    print(json.dumps(report, indent=1))
+    print_record(report)
     write_json(args.out, report)

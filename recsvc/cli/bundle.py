@@ -9,10 +9,10 @@ metadata changes; a running server re-reads the file when it changes (``recsvc.r
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from recsvc.errors import UserError
+from recsvc.progress import print_record
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,5 +56,5 @@ def run_attributes(args: argparse.Namespace) -> int:
         "attributes": {name: {"items": len(attrs.values[name]), "values": len(attrs.vocabulary(name)),
                               "source": attrs.sources.get(name, "")} for name in attrs.names},
     }
-    print(json.dumps(report, indent=1))
+    print_record(report)
     return 0
