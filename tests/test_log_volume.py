@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import grpc
@@ -166,7 +167,7 @@ def test_optuna_trials_in_batch_mode_are_plain_lines(clean_env, capsys) -> None:
     assert 1 <= len(lines) <= 12 and lines[-1].startswith("trials (1 min budget): 100% 12/12"), lines
     assert f"best={study.best_value:.5f}@{study.best_trial.number}" in lines[-1]
     assert run_trials(study, objective, trials=12, minutes=1.0) == 0  # finished: nothing more to run
-    assert all(a != b for a, b in zip(lines, lines[1:])), lines  # the closing line repeats no line just written
+    assert all(a != b for a, b in pairwise(lines)), lines  # the closing line repeats no line just written
 
 
 def test_a_result_record_is_one_line_in_a_log_and_indented_at_a_terminal() -> None:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 from test_train_fixtures import one_thread, random_ids, small_tokenizer  # noqa: F401 (one_thread: a fixture)
+from test_train_loop import TOK, TRAIN, VALID, cfg
 
 from recsvc.bundle.presets import new_model
-from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.metrics import evaluate_rankings, standard_error
 from recsvc.data.split import EvalUser
 from training.selection import (
@@ -22,8 +22,7 @@ from training.selection import (
     select_epoch,
     selection_table,
 )
-from training.sequences import eval_examples, train_examples
-from training.train_target import TrainConfig, cosine_schedule, fit_causal_lm, validation_loss, validation_losses
+from training.train_target import cosine_schedule, fit_causal_lm, validation_loss, validation_losses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -99,19 +98,7 @@ def test_per_user_metrics_average_to_evaluate_rankings() -> None:
 
 
 # ------------------------------------------------------------------------------------------ the training loop
-TOK = small_tokenizer()
-ITEMS = list(range(1, 31))
-BUILDER = PromptBuilder(TOK, random_ids(ITEMS, seed=3), max_history=5)
-SEQS = {u: [ITEMS[(u + j * (1 + u % 2)) % 30] for j in range(3 + u % 7)] for u in range(1, 41)}
-TRAIN = train_examples(BUILDER, SEQS)
-VALID = eval_examples(BUILDER, [EvalUser(u, s[:-1], [s[-1]]) for u, s in list(SEQS.items())[:10]])
-
-
-def cfg(**kw) -> TrainConfig:
-    return TrainConfig(**{"epochs": 2, "batch_size": 8, "lr": 3e-3, "seed": 0, "patience": 0, "bf16": "off",
-                          **kw})
-
-
+# the training loop's tiny task (tests/test_train_loop.py): a catalog walked in steps of 1 or 2
 def weights(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from recsvc.errors import UserError
 from recsvc.progress import print_record
+from recsvc.service.arg_types import positive_int
 from training.selection import SELECT_RULES
 
 
@@ -60,15 +61,7 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
 
 def user_count(text: str) -> int | None:
     """``--eval-users`` / ``--recall-users``: "all" -> None (every user), else a count >= 1."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of users or all, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (or all), got {n}")
-    return n
+    return None if text.strip().lower() == "all" else positive_int(text)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -12,25 +12,7 @@ import json
 import sys
 from typing import Any
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+from recsvc.service.arg_types import non_negative_int, positive_int
 
 
 def _ratios(text: str) -> tuple[int, int, int]:
@@ -89,7 +71,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--meta", required=True, help="metadata file (.json / .json.gz, one item per line)")
     p.add_argument("--out", required=True, help="output data directory")
     p.add_argument("--min-rating", type=float, default=4.0, help="keep reviews with overall >= this (4)")
-    p.add_argument("--kcore", type=_nonneg_int, default=5, help="iterative k-core on users and items (5)")
+    p.add_argument("--kcore", type=non_negative_int, default=5, help="iterative k-core on users and items (5)")
     p.add_argument("--split", type=_ratios, default=(8, 1, 1), help="global-time split ratios (8:1:1)")
     p.add_argument("--seed", type=int, default=2023, help="seed of the item id shuffle (2023)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -97,11 +79,11 @@ def register(subparsers: Any) -> None:
 
     s = sub.add_parser("synth", help="synthetic catalog + user sequences with learnable structure")
     s.add_argument("--out", required=True, help="output data directory")
-    s.add_argument("--items", type=_positive_int, default=300, help="catalog size (300)")
-    s.add_argument("--users", type=_positive_int, default=600, help="users before the split (600)")
+    s.add_argument("--items", type=positive_int, default=300, help="catalog size (300)")
+    s.add_argument("--users", type=positive_int, default=600, help="users before the split (600)")
     s.add_argument("--seed", type=int, default=0, help="random seed (0)")
-    s.add_argument("--min-len", type=_positive_int, default=5, help="shortest user sequence (5)")
-    s.add_argument("--max-len", type=_positive_int, default=20, help="longest user sequence (20)")
+    s.add_argument("--min-len", type=positive_int, default=5, help="shortest user sequence (5)")
+    s.add_argument("--max-len", type=positive_int, default=20, help="longest user sequence (20)")
     s.add_argument("--split", type=_ratios, default=(8, 1, 1), help="global-time split ratios (8:1:1)")
     s.set_defaults(func=_synth)
 
