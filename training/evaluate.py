@@ -23,13 +23,12 @@ from recsvc.hardware import resolve_dtype
 from recsvc.priors.mixed import MixedPrior
 from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.prior_ranked import ranks_alone
-from tokenizer_rqvae.trie import CatalogTrie
 from training.bundle_ranking import Parts, Ranked, rank_bundle
 from training.compare import Against, against_block, check_variant
 from training.fresh_eval import fresh_lists, paired_effect
 from training.headline import headline
 from training.paired import pair_record, per_user_payload, slice_parts, slice_scores
-from training.ranking import rank_users, serving_model
+from training.ranking import model_ranker
 
 DEFAULT_EVAL_KS = (1, 5, 10, 20)
 
@@ -40,19 +39,8 @@ def make_evaluator(builder: PromptBuilder, data: SplitData, split: str = "valid"
     """For early stopping during training: model -> {"recall@10": ..., "ndcg@10": ...} on a fixed sample
     (with ``prior``: of the prior-fused beam search)."""
     users = sample_users(data.eval_users(split), max_users, seed)
-    trie = CatalogTrie(builder.ids)
-
-    def evaluate(model: Any) -> dict[str, float]:
-        was_training = model.training
-        model.eval()
-        try:
-            rankings = rank_users(serving_model(model), builder, trie, users, max(k, *ks), batch_size,
-                                  progress=False, prior=prior)  # rebuilt per call: training changed the weights
-        finally:
-            model.train(was_training)
-        return evaluate_rankings(rankings, users, ks)
-
-    return evaluate
+    rank = model_ranker(builder, users, max(k, *ks), batch_size, prior)
+    return lambda model: evaluate_rankings(rank(model), users, ks)
 
 
 def evaluate_bundle(

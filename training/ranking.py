@@ -3,7 +3,7 @@ sharded across a torch.distributed group (the primitives under ``recsvc eval``, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -114,3 +114,21 @@ def gather_rankings(rankings: dict[int, list[int]]) -> dict[int, list[int]]:
 def serving_model(model: Any) -> EngineModel:
     """A transformers model as the service runs it: the engine's "fp32" attention mode."""
     return EngineModel.build(model, "fp32")
+
+
+def model_ranker(builder: PromptBuilder, users: Sequence[EvalUser], k: int, batch_size: int = 64,
+                 prior: TransitionPrior | MixedPrior | None = None) -> Callable[[Any], dict[int, list[int]]]:
+    """model -> its top-k lists for ``users`` (``rank_users`` as served, ``prior`` fused when given), for
+    validation during training: the engine model is rebuilt per call (training changed the weights) and the model
+    is left in the mode it was in."""
+    trie = CatalogTrie(builder.ids)
+
+    def rank(model: Any) -> dict[int, list[int]]:
+        was_training = model.training
+        model.eval()
+        try:
+            return rank_users(serving_model(model), builder, trie, users, k, batch_size, progress=False, prior=prior)
+        finally:
+            model.train(was_training)
+
+    return rank

@@ -99,16 +99,9 @@ def selection_table(epochs: Sequence[float], means: Sequence[float], per_user: S
 def per_user_metrics(rankings: dict[int, Sequence[int]], users: Sequence[Any], k: int) -> dict[str, list[float]]:
     """{"recall@k": [...], "ndcg@k": [...]}: one value per user with targets, in ``users``' order (a user missing
     from ``rankings`` scores 0, as ``recsvc.data.metrics.evaluate_rankings`` counts them)."""
-    from recsvc.data.metrics import ndcg_at_k, recall_at_k
+    from training.lead import METRICS, per_user
 
-    out: dict[str, list[float]] = {f"recall@{k}": [], f"ndcg@{k}": []}
-    for u in users:
-        if not u.targets:
-            continue
-        ranked = list(rankings.get(u.user_id, ()))
-        out[f"recall@{k}"].append(recall_at_k(ranked, u.targets, k))
-        out[f"ndcg@{k}"].append(ndcg_at_k(ranked, u.targets, k))
-    return out
+    return {f"{metric}@{k}": per_user(rankings, users, k, metric).tolist() for metric in METRICS}
 
 
 def make_selection_evaluator(builder, data, split: str = "valid", k: int = 10, max_users: int | None = None,
@@ -117,20 +110,13 @@ def make_selection_evaluator(builder, data, split: str = "valid", k: int = 10, m
     the target's plain constrained beam search (as ``training.evaluate.make_evaluator`` ranks) on the validation
     users (every one by default; ``max_users``: a fixed seeded sample), with the per-user values the rule needs."""
     from recsvc.data.sampling import sample_users
-    from tokenizer_rqvae.trie import CatalogTrie
-    from training.ranking import rank_users, serving_model
+    from training.ranking import model_ranker
 
     users = [u for u in sample_users(data.eval_users(split), max_users, seed) if u.targets]
-    trie = CatalogTrie(builder.ids)
+    rank = model_ranker(builder, users, k, batch_size)
 
     def evaluate(model: Any) -> dict[str, Any]:
-        was_training = model.training
-        model.eval()
-        try:  # the engine model is rebuilt per call: training changed the weights
-            rankings = rank_users(serving_model(model), builder, trie, users, k, batch_size, progress=False)
-        finally:
-            model.train(was_training)
-        values = per_user_metrics(rankings, users, k)
+        values = per_user_metrics(rank(model), users, k)
         out: dict[str, Any] = {name: float(np.mean(v)) if v else 0.0 for name, v in values.items()}
         out["users"] = float(len(users))
         out[PER_USER] = values

@@ -93,16 +93,18 @@ def resolve_bf16(mode: str, device: torch.device) -> bool:
     return False
 
 
-def lm_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """(mean cross-entropy over labelled tokens, label count); lm_head runs only where some row has a label.
-
-    Position p predicts token p + 1, so we keep hidden positions ``keep`` = {p : labels[:, p+1] labelled}.
-    """
+def labelled_logits(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 logits [B, P, V], their targets [B, P]) at the positions ``keep`` = {p : labels[:, p+1] labelled in
+    some row}: position p predicts token p + 1, and lm_head runs only there."""
     labels = batch["labels"][:, 1:]  # [B, T-1]
     keep = (labels != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [P]
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep)
-    logits = out.logits.float()  # [B, P, V]
-    target = labels[:, keep]  # [B, P]
+    return out.logits.float(), labels[:, keep]
+
+
+def lm_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """(mean cross-entropy over labelled tokens, label count); lm_head runs only where some row has a label."""
+    logits, target = labelled_logits(model, batch)  # [B, P, V], [B, P]
     n = int((target != IGNORE_INDEX).sum())
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=IGNORE_INDEX, reduction="sum")
@@ -127,11 +129,8 @@ def validation_losses(model, examples: Sequence[Example], pad_id: int, batch_siz
     each = [float("nan")] * len(examples)
     for idx in bucketed_batches([len(e) for e in examples], batch_size, seed=None):
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id).items()}
-        labels = batch["labels"][:, 1:]  # [B, T-1]
-        keep = (labels != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [P]
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep)
-        logits, target = out.logits.float(), labels[:, keep]  # [B, P, V], [B, P]
+            logits, target = labelled_logits(model, batch)  # [B, P, V], [B, P]
         nll = F.cross_entropy(logits.transpose(1, 2), target, ignore_index=IGNORE_INDEX, reduction="none")  # [B, P]
         n = (target != IGNORE_INDEX).sum(dim=1)  # [B]
         for row, i in enumerate(idx):
