@@ -47,8 +47,8 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
     payload = json.loads((out / "gpu_accept.json").read_text())
     assert payload["complete"] and payload["device"] == "cpu"
     stages = payload["stages"]
-    assert set(stages) == {"build", "warmup", "plain", "strict", "relaxed", "batched", "host_reads", "quality",
-                           "graphs"}
+    assert set(stages) == {"build", "warmup", "plain", "strict", "relaxed", "batched", "host_reads", "phases",
+                           "quality", "graphs", "lossless_fp32"}
     assert stages["build"]["aligned"]  # the AtSpeed-S drafter was trained and is the one measured
     for name in ("plain", "strict", "relaxed", "batched", "host_reads"):
         row = stages[name]
@@ -66,3 +66,9 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
         assert reads[path]["strict_reads_at_request_end"] == 2 and reads[path]["plain_reads_at_request_end"] == 0
         assert reads[path]["strict_reads_per_request"] >= reads[path]["strict_reads_per_round"] + 2
     assert reads["eager_fast"]["strict_reads_per_round"] > reads["sync_free"]["strict_reads_per_round"]
+    phases = stages["phases"]  # the breakdown: strict's phases and plain's, and the eager operations per request
+    assert set(phases["strict"]["ms_per_request"]) == {"draft", "verify", "replay", "commit"}
+    assert {"forward", "head", "select"} <= set(phases["plain"]["ms_per_request"])
+    assert phases["strict"]["eager_ops_per_request"] > phases["plain"]["eager_ops_per_request"] > 0
+    fp32 = stages["lossless_fp32"]
+    assert fp32["precision"] == "float32" and fp32["users"] > 0 and fp32["same_share"] == 1.0

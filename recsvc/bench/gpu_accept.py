@@ -19,7 +19,12 @@ its time limit keeps what it measured; every stage is skipped once the wall-time
               (``recsvc.engine.host_reads``), the sync-free path vs the eager fast forward's
   batched  -> 16 requests decoded together vs one at a time: requests per second
   relaxed  -> relaxed speculation with that drafter vs the target's own sampling beam search
+  phases   -> plain and strict: ms per request by phase with the device synchronised around each phase
+              (``SyncedLedger``), and the eager device operations per request (``recsvc.engine.launches``:
+              kernel launches outside the captured graphs)
   quality  -> the target's test Recall@10 / NDCG@10 (plain beam search over up to 4,000 test users, batched)
+  lossless_fp32 -> strict vs plain with the target and drafter loaded in fp32: the same-list share without
+              bf16 near-ties
 Every figure is labelled with the device, the precision and the target's validation Recall@10.
 
 The script imports neither gRPC nor the service (a GPU image without them runs it), reads semantic ids from
@@ -175,8 +180,8 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         return out, 1000 * (time.perf_counter() - start)
 
     # every search through the one decoding entry (no history: the measured users' lists are not filtered)
-    def plain(pb, eng=engine):
-        return decode(eng, None, pb, [[]] * len(pb.lengths), "plain", width, (0, 0), top=k)
+    def plain(pb, eng=engine, ledger=NO_LEDGER):
+        return decode(eng, None, pb, [[]] * len(pb.lengths), "plain", width, (0, 0), top=k, ledger=ledger)
 
     def strict(pb, eng=engine, ledger=NO_LEDGER):
         return decode(eng, drafter, pb, [[]] * len(pb.lengths), "strict", width, (n, gamma), ledger=ledger)
@@ -267,6 +272,29 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                              "plain_reads_at_request_end": statistics.mean(plain_end), "where": reads.summary(8)}
             emit("host_reads", res)
 
+    # where a request's time goes: phases with the device synchronised around each, and the eager device
+    # operations (kernel launches outside the captured graphs) per request
+    def stage_phases() -> None:
+        from recsvc.engine.launches import Launches
+        from recsvc.engine.ledger import SyncedLedger
+
+        if over():
+            return
+        res: dict = {**label, "users": min(len(prompts), 10)}
+        for name, fn in (("plain", plain), ("strict", strict)):
+            ledger = SyncedLedger(device)
+            launches = []
+            for pb in prompts[:10]:
+                fn(pb, ledger=ledger)
+                with Launches() as ops:
+                    fn(pb)
+                launches.append(ops.total)
+            users = res["users"]
+            res[name] = {"ms_per_request": {k: v / users for k, v in ledger.ms.items()},
+                         "phase_calls_per_request": {k: v / users for k, v in ledger.calls.items()},
+                         "eager_ops_per_request": statistics.mean(launches), "top_ops": ops.summary(8)["by_op"]}
+        emit("phases", res)
+
     # batched vs one at a time
     def stage_batched() -> None:
         if not over():
@@ -318,13 +346,52 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                                              "history not excluded"})
 
     for name, fn in (("plain", stage_plain), ("strict", stage_strict), ("host_reads", stage_host_reads),
-                     ("batched", stage_batched), ("relaxed", stage_relaxed), ("quality", stage_quality)):
+                     ("phases", stage_phases), ("batched", stage_batched), ("relaxed", stage_relaxed),
+                     ("quality", stage_quality)):
         try:
             fn()
         except Exception as exc:  # one stage's failure is recorded; the others still run
             emit(name, {**label, "error": repr(exc)[:1000]})
     emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
                                                                 (target, drafter.model) if m.graph_runner]})
+
+
+def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
+    """Strict speculation against plain decoding with the target and drafter in fp32 on the same device: the
+    lossless claim without bf16 near-ties (in bf16 the kernels' sums depend on the batch shape)."""
+    from recsvc.bench.common import load_context
+    from recsvc.bench.speculative import make_drafter
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.cuda_graphs import warm_up
+    from recsvc.engine.decode import decode
+    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.prompts import PromptBatch
+
+    if time.perf_counter() > deadline:
+        return
+    k, width = cfg["k"], cfg["width"]
+    ctx = load_context(bundle, cfg["users"], "test", "fp32", None, device=device)
+    target = EngineModel.build(ctx.model, "fp32", forward=forward)
+    engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
+    aligned = (bundle / "drafters" / "atspeed" / "config.json").is_file()
+    drafter = make_drafter("llama", ctx, engine, width, "fp32", "atspeed" if aligned else None, device=device)
+    drafter.model.set_forward(forward)
+    prompts = [PromptBatch.from_lists([ctx.builder.prompt_ids(u.history)]) for u in ctx.users]
+
+    def plain(pb):
+        return decode(engine, None, pb, [[]], "plain", width, (0, 0), top=k)
+
+    def strict(pb):
+        return decode(engine, drafter, pb, [[]], "strict", width, (cfg["n"], cfg["gamma"]))
+
+    warm_up([target, drafter.model], [lambda pb=pb: (plain(pb), strict(pb)) for pb in prompts],
+            cfg["warmup_seconds"] / 3)
+    same = [torch.equal(strict(pb).leaves[0, :k], plain(pb).leaves[0]) for pb in prompts
+            if time.perf_counter() < deadline]
+    if same:
+        emit("lossless_fp32", {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                               "precision": "float32", "forward": target.forward_name, "k": k, "width": width,
+                               "users": len(same), "same_lists": sum(same), "same_share": sum(same) / len(same)})
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -372,6 +439,10 @@ def run(args: argparse.Namespace) -> dict:
 
     emit("build", build(data, bundle, cfg, device, not args.no_align, args.threads))
     measure(bundle, cfg, device, args.forward, deadline, emit)
+    try:
+        lossless_fp32(bundle, cfg, device, args.forward, deadline, emit)
+    except Exception as exc:  # recorded; the run's other figures stand
+        emit("lossless_fp32", {"error": repr(exc)[:1000]})
     payload["complete"] = True
     payload["elapsed_s"] = round(time.perf_counter() - start, 1)
     write_json(json_path, payload)

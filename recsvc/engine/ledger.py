@@ -25,6 +25,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 
+import torch
+
 
 class PhaseLedger:
     def __init__(self) -> None:
@@ -42,13 +44,37 @@ class PhaseLedger:
         return sum(self.ms.values())
 
 
+class SyncedLedger(PhaseLedger):
+    """A ``PhaseLedger`` that waits for the device's queue before and after each phase (CUDA), so a phase's time
+    holds its own GPU work rather than whatever was queued before it. The waits slow the search: for a breakdown
+    (``make gpu-bench``'s ``phases``), never for the headline timings."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.cuda = torch.device(device).type == "cuda"
+        self.calls: defaultdict[str, int] = defaultdict(int)  # phase -> times entered
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.ms[name] += 1000.0 * (time.perf_counter() - start)
+            self.calls[name] += 1
+
+
 class _NoLedger:
     def phase(self, name: str):  # noqa: ARG002 (same signature as PhaseLedger.phase)
         return nullcontext()
 
 
 NO_LEDGER = _NoLedger()
-Ledger = PhaseLedger | _NoLedger
+Ledger = PhaseLedger | SyncedLedger | _NoLedger
 
 
 class ForwardLedger:
