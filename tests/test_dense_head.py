@@ -13,8 +13,16 @@ from test_train_fixtures import make_data, one_thread, small_tokenizer, write_id
 import recsvc.cli.main as cli
 from recsvc.bundle.directory import Bundle
 from recsvc.bundle.prompt import PromptBuilder
-from recsvc.content.dense_head import DenseHead, DenseRetriever, DenseSettings, has_dense_head, read_settings
+from recsvc.content.dense_head import (
+    DenseHead,
+    DenseRetriever,
+    DenseSettings,
+    has_dense_head,
+    pool_matched,
+    read_settings,
+)
 from recsvc.data.split import load_split_dir
+from recsvc.errors import UserError
 from tokenizer_rqvae.ids import SemanticIds
 from training.dense_loss import DenseLoss
 from training.sequences import collate, train_examples
@@ -75,6 +83,30 @@ def test_merge_ranks_beams_and_nearest_items_by_one_score() -> None:
     assert fresh.merge([10, 20], [-1.0, -2.0], sims, ids, 4)[0] == [10, 40, 20]
     # a past period's catalog without item 30: the head adds 40 only; a beam item outside it stays
     assert ret.within([0, 3]).merge([10, 20], [-1.0, -2.0], sims, ids, 4)[0] == [10, 40, 20]
+
+
+def test_pool_calibration_ranks_a_fresh_item_among_the_fresh_ones() -> None:
+    """The head's cosines to fresh items sit low (its softmax never pulled a query towards them): ``calibrate
+    pool`` puts them on the known items' mean and spread, per query, so the nearest fresh item can enter."""
+    ids = SemanticIds.from_mapping({10: (0, 0, 0, 0), 20: (0, 0, 0, 1), 30: (0, 0, 1, 0), 40: (1, 0, 0, 0),
+                                    50: (1, 1, 0, 0)})
+    items, head = torch.eye(5), DenseHead(5, 5)
+    known = torch.tensor([True, True, True, False, False])
+    sims = torch.tensor([0.6, 0.5, 0.4, 0.1, 0.0])  # the fresh items 40, 50 far below every known one
+    settings = DenseSettings(blend=4.0, floor=0.0, candidates=1, pool="fresh")
+    plain = DenseRetriever(head, items, settings, known=known)
+    # 10: -1 + 2.4 = 1.4; 20: -1.2 + 2.0 = 0.8; 40: -1.2 + 0.4 = -0.8: below both beams
+    assert plain.merge([10, 20], [-1.0, -1.2], sims, ids, 3)[0] == [10, 20, 40]
+    matched = pool_matched(sims, known)
+    assert matched[:3].tolist() == sims[:3].tolist()  # the known rows are kept
+    # the fresh rows (mean 0.05, sd 0.0707) put on the known rows' (mean 0.5, sd 0.1): 0.5 +- 0.1 / sqrt(2)
+    assert matched[3].item() == pytest.approx(0.5 + 0.1 / 2**0.5) and matched[3:].mean().item() == pytest.approx(0.5)
+    calibrated = plain.with_settings(calibrate="pool")  # 40: -1.2 + 4 * 0.571 = 1.08: between the two beams
+    assert calibrated.merge([10, 20], [-1.0, -1.2], sims, ids, 3)[0] == [10, 40, 20]
+    # an absent row counts in neither pool; without two fresh rows nothing changes
+    assert torch.equal(pool_matched(sims, known, torch.tensor([False, False, False, False, True])), sims)
+    with pytest.raises(UserError):
+        DenseSettings(calibrate="zscore")
 
 
 
@@ -148,11 +180,12 @@ def test_tune_dense_chooses_on_validation_and_records_it(dense_bundle, tmp_path)
     assert cli.main(argv) == 0
     report = json.loads(report_file.read_text())
     trials = [(4.0, 0.0), (4.0, 1.0), (64.0, 0.0), (64.0, 1.0)]
-    assert [(g["pool"], g["blend"], g["floor"]) for g in report["grid"]] == (
-        [("all", 0.0, 0.0)] + [("all", *t) for t in trials] + [("fresh", *t) for t in trials])
+    assert [(g["pool"], g["calibrate"], g["blend"], g["floor"]) for g in report["grid"]] == (
+        [("all", "none", 0.0, 0.0)] + [(p, c, *t) for p in ("all", "fresh") for c in ("none", "pool")
+                                       for t in trials])
     best = max(report["grid"], key=lambda g: (g["ndcg@10"], -g["blend"]))
     assert report["chosen"]["blend"] == best["blend"] and report["chosen"]["floor"] == best["floor"]
-    assert report["chosen"]["pool"] == best["pool"]
+    assert (report["chosen"]["pool"], report["chosen"]["calibrate"]) == (best["pool"], best["calibrate"])
     assert report["tuning_users"] == 8
     assert report["all"]["users"] == report["tuning_users"] + report["held_out"]["users"]
     for directory in (b.target_dir, b.train_only_target_dir):  # both targets serve the choice
@@ -166,8 +199,8 @@ def test_tune_dense_chooses_on_validation_and_records_it(dense_bundle, tmp_path)
     allowed = [g for g in guard["grid"] if g["ndcg_gap_se"] >= -1.0]
     assert best["ndcg@10"] == max(g["ndcg@10"] for g in guard["grid"]) and allowed
     most = max(g["cold"].get("recall@10", 0.0) for g in allowed)
-    picked = next(g for g in guard["grid"] if (g["pool"], g["blend"], g["floor"]) == (
-        guard["chosen"]["pool"], guard["chosen"]["blend"], guard["chosen"]["floor"]))
+    picked = next(g for g in guard["grid"] if (g["pool"], g["calibrate"], g["blend"], g["floor"]) == (
+        guard["chosen"]["pool"], guard["chosen"]["calibrate"], guard["chosen"]["blend"], guard["chosen"]["floor"]))
     assert picked in allowed and picked["cold"].get("recall@10", 0.0) == most
     assert read_settings(b.target_dir).tuned["rule"] == "ndcg"  # not written
 

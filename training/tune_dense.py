@@ -26,12 +26,15 @@ def register_dense(sub) -> None:
     p.add_argument("--bundle", type=Path, required=True, help="bundle whose target has a dense head")
     p.add_argument("--data", type=Path, default=None, help="split data directory (default: the bundle's)")
     p.add_argument("--users", type=int, default=1000, help="validation users the grid is scored on (seeded sample)")
-    p.add_argument("--blends", default="0,0.5,1,2,4,8,16,32", help="comma-separated cosine weights (0: beams alone)")
+    p.add_argument("--blends", default="0,0.5,1,2,4,8,16,32,64",
+                   help="comma-separated cosine weights (0: beams alone)")
     p.add_argument("--floors", default="0,1,2,4", help="comma-separated starts of non-beam items below the last beam")
     p.add_argument("--candidates", type=int, default=20, help="the head's nearest items added per request")
     p.add_argument("--pools", default="all,fresh",
                    help="comma-separated pools the head adds from: all (every catalog item), fresh (only the items "
                         "its target was not trained on: LIGER's cold-start candidates)")
+    p.add_argument("--calibrations", default="none,pool",
+                   help="comma-separated: none, pool (fresh items' cosines matched to the known items' per query)")
     p.add_argument("--exclude-history", action="store_true", default=None,
                    help="leave history items out (default: the bundle's choice, bundle.json 'exclude_history')")
     p.add_argument("--rule", choices=("ndcg", "cold-guard"), default="ndcg",
@@ -96,7 +99,7 @@ def merged_lists(cache, users, retriever, ids, k: int, exclude_history: bool) ->
 def cmd_tune_dense(args: argparse.Namespace) -> int:
     from recsvc.bundle.directory import Bundle
     from recsvc.bundle.loading import load_causal_lm
-    from recsvc.content.dense_head import DenseRetriever, has_dense_head, write_settings
+    from recsvc.content.dense_head import CALIBRATIONS, DenseRetriever, has_dense_head, write_settings
     from recsvc.data.metrics import evaluate_rankings, evaluate_slices
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
@@ -117,6 +120,9 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     pools = [x.strip() for x in args.pools.split(",") if x.strip()]
     if not pools or set(pools) - {"all", "fresh"}:
         raise UserError(f"--pools takes all and/or fresh, got {args.pools!r}")
+    calibrations = [x.strip() for x in args.calibrations.split(",") if x.strip()]
+    if not calibrations or set(calibrations) - set(CALIBRATIONS):
+        raise UserError(f"--calibrations takes {' and/or '.join(CALIBRATIONS)}, got {args.calibrations!r}")
     bundle = Bundle.open(args.bundle)
     _, model_dir = validation_model(bundle, "the dense head's merge")
     if not has_dense_head(model_dir):
@@ -138,20 +144,21 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     cache = beams_and_similarities(model, builder, CatalogTrie(ids), users, width, retriever, exclude, prior)
 
     if retriever.known is None:
-        pools = ["all"]  # a head saved without its target's items
+        pools, calibrations = ["all"], ["none"]  # a head saved without its target's items
     grid: list[dict[str, Any]] = []
     per_trial = []
     for pool in pools:
-        for blend in blends:
-            for floor in floors if blend > 0 else [0.0]:
-                if blend == 0 and pool != pools[0]:
-                    continue
-                trial = retriever.with_settings(blend=blend, floor=floor, pool=pool)
-                lists = merged_lists(cache, tuning, trial, ids, 10, exclude)
-                grid.append({"pool": pool, "blend": blend, "floor": floor,
-                             **evaluate_rankings(lists, tuning, (10,)),
-                             "cold": evaluate_slices(lists, tuning, (10,), cold)["cold"]})
-                per_trial.append(per_user(lists, tuning, 10, "ndcg"))
+        for calibrate in calibrations:
+            for blend in blends:
+                for floor in floors if blend > 0 else [0.0]:
+                    if blend == 0 and (pool, calibrate) != (pools[0], calibrations[0]):
+                        continue  # the beams alone: one trial
+                    trial = retriever.with_settings(blend=blend, floor=floor, pool=pool, calibrate=calibrate)
+                    lists = merged_lists(cache, tuning, trial, ids, 10, exclude)
+                    grid.append({"pool": pool, "calibrate": calibrate, "blend": blend, "floor": floor,
+                                 **evaluate_rankings(lists, tuning, (10,)),
+                                 "cold": evaluate_slices(lists, tuning, (10,), cold)["cold"]})
+                    per_trial.append(per_user(lists, tuning, 10, "ndcg"))
     best = max(grid, key=lambda g: (g["ndcg@10"], -g["blend"]))  # ties: the smaller blend
     if args.rule == "cold-guard":  # the most cold recall among the settings within one paired SE of the best NDCG
         top = per_trial[grid.index(best)]
@@ -160,13 +167,15 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
             g["ndcg_gap_se"] = lead["diff"] / lead["diff_se"] if lead["diff_se"] else 0.0
         best = max((g for g in grid if g["ndcg_gap_se"] >= -1.0),
                    key=lambda g: (g["cold"].get("recall@10", 0.0), g["ndcg@10"], -g["blend"]))
-    chosen = retriever.with_settings(blend=best["blend"], floor=best["floor"], pool=best["pool"])
+    chosen = retriever.with_settings(blend=best["blend"], floor=best["floor"], pool=best["pool"],
+                                     calibrate=best["calibrate"])
     plain = retriever.with_settings(blend=0.0)
     report: dict[str, Any] = {"bundle": str(bundle.root), "model": str(model_dir), "exclude_history": exclude,
                               "prior": prior is not None, "width": width, "tuning_users": len(tuning),
                               "grid": grid, "chosen": {"blend": chosen.settings.blend, "floor": chosen.settings.floor,
                                                        "candidates": chosen.settings.candidates,
-                                                       "pool": chosen.settings.pool},
+                                                       "pool": chosen.settings.pool,
+                                                       "calibrate": chosen.settings.calibrate},
                               "rule": args.rule}
     for name, part in (("all", users), ("held_out", held_out)):
         if not part:
@@ -191,7 +200,8 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text)
     a = report["all"]
-    print(f"dense: pool {chosen.settings.pool}, blend {chosen.settings.blend:g}, floor {chosen.settings.floor:g} "
+    c = chosen.settings
+    print(f"dense: pool {c.pool}, calibrate {c.calibrate}, blend {c.blend:g}, floor {c.floor:g} "
           f"(tuning NDCG@10 "
           f"{best['ndcg@10']:.4f}); all {len(users)} validation users: Recall@10 {a['merged']['recall@10']:.4f} "
           f"vs beams {a['beams']['recall@10']:.4f}, NDCG@10 {a['merged']['ndcg@10']:.4f} vs "
