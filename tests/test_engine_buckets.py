@@ -15,6 +15,7 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.host_reads import HostReads, uncounted
 from recsvc.engine.ledger import PhaseLedger
 from recsvc.engine.speculative import speculative_search
+from recsvc.engine.state_cache import UserStateCache
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16
@@ -212,6 +213,28 @@ def test_graphs_replay_the_bucketed_forward_on_cuda() -> None:
     c = BeamSearch(graphs, trie, TEXT_VOCAB).search(prompts, 10)  # replays
     _same(a, c)
     assert runner.summary()["replays"] > 0
+    search = BeamSearch(graphs, trie, TEXT_VOCAB)  # each step's head + selection: one captured graph
+    for _ in range(2):
+        _same(a, search.search(prompts, 10))
+    steps = search.step_graphs()
+    assert steps is not None and steps.capture and not steps.failed
+    assert steps.summary()["graphs"] == L and steps.summary()["replays"] == 2 * L
+
+
+def test_bucketed_plain_with_the_user_state_cache(setup) -> None:
+    """The sync-free step (head + selection as one function) keeps the user-state cache's first-step log-probs:
+    a returning prompt (a full hit) gives the same list as the first time and as the fast forward."""
+    _, _, _, plain_fast = _models(setup, "fast")
+    _, bucketed, _, plain_bucketed = _models(setup, "bucketed")
+    assert plain_bucketed.step_graphs() is not None and plain_fast.step_graphs() is None
+    prompts = batch(random_prompts(3, 80, min_len=3, max_len=30))
+    ref = plain_fast.search(prompts, 10)
+    states = UserStateCache(1 << 30)
+    first = plain_bucketed.search(prompts, 10, states=states)
+    again = plain_bucketed.search(prompts, 10, states=states)
+    assert states.hits >= 3  # every prompt came back
+    _same(first, ref)
+    _same(again, ref)
 
 
 def test_each_search_in_turn_gets_the_static_pool(setup) -> None:

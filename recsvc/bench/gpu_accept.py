@@ -283,16 +283,18 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         res: dict = {**label, "users": min(len(prompts), 10)}
         for name, fn in (("plain", plain), ("strict", strict)):
             ledger = SyncedLedger(device)
-            launches = []
+            launches, replays = [], []
             for pb in prompts[:10]:
                 fn(pb, ledger=ledger)
                 with Launches() as ops:
                     fn(pb)
                 launches.append(ops.total)
+                replays.append(ops.replays)
             users = res["users"]
             res[name] = {"ms_per_request": {k: v / users for k, v in ledger.ms.items()},
                          "phase_calls_per_request": {k: v / users for k, v in ledger.calls.items()},
-                         "eager_ops_per_request": statistics.mean(launches), "top_ops": ops.summary(8)["by_op"]}
+                         "eager_ops_per_request": statistics.mean(launches),
+                         "replayed_forwards_per_request": statistics.mean(replays), "top_ops": ops.summary(8)["by_op"]}
         emit("phases", res)
 
     # batched vs one at a time

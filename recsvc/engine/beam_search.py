@@ -16,6 +16,7 @@ import torch
 
 from recsvc.engine.beam_cache import BeamCache
 from recsvc.engine.compiled_scoring import MIN_BEST
+from recsvc.engine.cuda_graphs import FunctionGraphs
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.expand import candidate_scores, select_candidates, select_from_best
 from recsvc.engine.last_step import Score, bounded_last_step
@@ -65,6 +66,18 @@ class BeamSearch:
         """``model``: ``EngineModel.build(transformers_model, attention)`` (it holds the attention mode)."""
         self.model, self.trie, self.code_offset = model, trie.to(model.device), code_offset
         self.select = make_selector(model, trie, code_offset, tie_break)
+        self._steps: FunctionGraphs | None = None  # the sync-free forwards' head + selection per step
+
+    def step_graphs(self) -> FunctionGraphs | None:
+        """With a sync-free forward, a step's LM head, trie expansion and selection run as one function of its
+        tensors (``_head_select``): captured as a CUDA graph per (rows, beams, step, width) under ``graphs`` on a
+        GPU, eager elsewhere. Per search object, since the graphs read this trie's tables. None otherwise."""
+        if not self.model.sync_free or self.model.scoring() is not None:
+            return None
+        capture = self.model.forward_name == "graphs"
+        if self._steps is None or self._steps.capture != capture:
+            self._steps = FunctionGraphs(capture=capture)
+        return self._steps
 
     @torch.inference_mode()
     def search(self, prompts: PromptBatch, width: int, dead: torch.Tensor | None = None,
@@ -101,6 +114,18 @@ class BeamSearch:
             # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
+            remember = step == 0 and pre is not None and pre.states is not None  # the user-state cache keeps logp
+            if (graphs := self.step_graphs()) is not None and not (remember and pre.cached_first() is not None):
+                with ledger.phase("head"):  # head + selection: one function, one graph replay on a GPU
+                    nodes, scores, parents, logp = graphs.run(
+                        ("plain step", step, width, remember),
+                        lambda h, n, s, d, p, step=step, keep=remember: self._head_select(h, n, s, d, p, step, width,
+                                                                                         keep),
+                        (hidden, nodes, scores, dead, prior))
+                if remember:
+                    pre.remember(hidden[:, 0], logp[:, 0])
+                beams.append(nodes)
+                continue
             with ledger.phase("head"):  # the LM head and the candidates' scores (one compiled graph where it can)
                 if step == 0 and pre is not None and (logp := pre.cached_first()) is not None:
                     cand, child = candidate_scores(self.trie, nodes, scores, logp[:, None], dead, prior)
@@ -116,6 +141,17 @@ class BeamSearch:
         if top is not None and top < nodes.shape[1]:  # the bounded last step returns top already
             nodes, scores, beams[-1] = nodes[:, :top], scores[:, :top], nodes[:, :top]
         return BeamOutput(nodes, scores, cache.calls, beams)
+
+    def _head_select(self, hidden: torch.Tensor, nodes: torch.Tensor, scores: torch.Tensor,
+                     dead: torch.Tensor | None, prior: torch.Tensor | None, step: int, width: int,
+                     keep_logp: bool = False) -> tuple[torch.Tensor, ...]:
+        """One step after its forward: hidden [B, n, H] of the beams ``nodes`` / ``scores`` [B, n] -> the next
+        (nodes, scores, parents) [B, width], as the eager "head" and "select" phases compute them, and the step's
+        log-probs [B, n, C] when ``keep_logp`` (else an empty tensor)."""
+        logp = self._step_logprobs(hidden, step)
+        cand, child = candidate_scores(self.trie, nodes, scores, logp, dead, prior)
+        picked = select_candidates(self.trie, nodes, cand, child, width, self.select)
+        return (*picked, logp if keep_logp else logp[:0])
 
     def _last_score(self, cache: BeamCache, nodes: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
                     step: int, dead: torch.Tensor | None, prior: torch.Tensor | None) -> Score:

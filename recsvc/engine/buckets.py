@@ -28,12 +28,14 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from recsvc.engine.fast import _KV, FastCache, FastLlama
+from recsvc.engine.launches import replayable
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +264,9 @@ class BucketedForward:
         padded = pad_inputs(ids, positions, slots, visible, keep, rows, tokens, width)
         if self.runner is not None and cache.leased:
             out = self.runner.run(self, cache, padded)
-        else:
+        else:  # off CUDA this stands in for the graph a GPU replays (``launches.replayable``: counted as one)
             keys, values = cache.buffers_of(rows, width)
-            out = self.fast.forward_static(keys, values, padded.ids, padded.positions, padded.slots, padded.visible,
-                                           padded.keep)
+            with replayable() if not padded.ids.is_cuda else nullcontext():
+                out = self.fast.forward_static(keys, values, padded.ids, padded.positions, padded.slots,
+                                               padded.visible, padded.keep)
         return out[:b] if keep is not None else out[:b, :q]

@@ -22,11 +22,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
 from recsvc.engine.buckets import BucketedForward, PaddedInputs, StaticCache
+from recsvc.engine.launches import replayable
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,88 @@ class GraphRunner:
 
     def summary(self) -> dict:
         return {"graphs": len(self.graphs), "capture_s": round(self.capture_s, 3), "eager_forwards": self.eager,
+                "replays": sum(g.replays for g in self.graphs.values()), "failed": self.failed}
+
+
+@dataclass
+class _FnGraph:
+    graph: object  # torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor | None, ...]  # static input tensors (None: an absent optional input)
+    outputs: tuple[torch.Tensor, ...]  # static outputs
+    replays: int = 0
+
+
+Inputs = tuple[torch.Tensor | None, ...]
+
+
+@dataclass
+class FunctionGraphs:
+    """Pure device functions of tensors, each captured as a CUDA graph per key and replayed: the eager work
+    between two forwards (a plain step's LM head, trie expansion and selection: ~100 small kernels) becomes one
+    launch. ``fn(*inputs)`` must read nothing from the host and allocate no shape that depends on the data (the
+    sync-free searches), and may read other tensors only if their addresses and contents never change (the trie's
+    tables, the model's weights). The key names the function and every Python value it bakes in; the inputs'
+    shapes, dtypes and absences are added to it.
+
+    ``capture`` False (a CPU, or the ``bucketed`` forward on a GPU): ``fn`` runs eagerly; off CUDA inside
+    ``launches.replayable`` (a CPU's launch count then shows what a GPU launches). A capture that fails is logged
+    once and every key then runs eagerly."""
+
+    capture: bool = False
+    max_graphs: int = 128
+    graphs: dict[tuple, _FnGraph] = field(default_factory=dict)
+    capture_s: float = 0.0
+    eager: int = 0  # calls run eagerly with capture on (past max_graphs, or after a failed capture)
+    failed: str = ""
+    _pool: object = None
+
+    def run(self, key: tuple, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Inputs) -> tuple[torch.Tensor, ...]:
+        if not self.capture:
+            first = next(t for t in inputs if t is not None)
+            with replayable() if not first.is_cuda else nullcontext():
+                return fn(*inputs)
+        full = (*key, *((None if t is None else (tuple(t.shape), t.dtype)) for t in inputs))
+        g = self.graphs.get(full)
+        if g is None:
+            if len(self.graphs) < self.max_graphs and not self.failed:
+                try:
+                    g = self._capture(full, fn, inputs)
+                except RuntimeError as exc:
+                    self.failed = repr(exc)[:500]
+                    log.warning("CUDA graph capture of a step failed (%s); steps run eagerly", self.failed)
+            if g is None:
+                self.eager += 1
+                return fn(*inputs)
+        for dst, src in zip(g.inputs, inputs, strict=True):
+            if dst is not None:
+                dst.copy_(src)
+        g.graph.replay()  # type: ignore[attr-defined]
+        g.replays += 1
+        return tuple(o.clone() for o in g.outputs)
+
+    def _capture(self, key: tuple, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Inputs) -> _FnGraph:
+        start = time.perf_counter()
+        static = tuple(None if t is None else t.clone() for t in inputs)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: the inputs' own call, twice
+            for _ in range(2):
+                fn(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            outputs = tuple(fn(*static))
+        g = _FnGraph(graph, static, outputs)
+        self.graphs[key] = g
+        took = time.perf_counter() - start
+        self.capture_s += took
+        log.info("captured CUDA graph of %s in %.2f s", key[0], took)
+        return g
+
+    def summary(self) -> dict:
+        return {"graphs": len(self.graphs), "capture_s": round(self.capture_s, 3), "eager_calls": self.eager,
                 "replays": sum(g.replays for g in self.graphs.values()), "failed": self.failed}
 
 

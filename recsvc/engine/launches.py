@@ -2,10 +2,11 @@
 
 At batch 1 a GPU search is bound by launches, not arithmetic (docs/GPU.md), so the count per request is the
 hardware-independent figure to drive down, the way target forward calls are for speculation. Work replayed
-from a captured CUDA graph does not pass through torch's dispatcher and is not counted; on a CPU, where nothing
-is captured, the bucketed forward's operations are counted too (``EngineModel.sync_free`` paths). Views and
-metadata-only operations (``view``, ``reshape`` of a contiguous tensor, ``expand``, ...) launch nothing and are
-left out.
+from a captured CUDA graph does not pass through torch's dispatcher. On a CPU nothing is captured, so the
+forward that a GPU would replay (the ``graphs`` forward's bucketed ``forward_static``) runs inside
+``replayable()``: its operations are not counted and the forward counts as one replay (``replays``). So the count
+on a CPU is what a GPU launches from Python, the graphs' input copies aside. Views and metadata-only operations
+(``view``, ``expand``, ...) launch nothing and are left out.
 
     >>> import torch
     >>> with Launches() as n:
@@ -17,6 +18,9 @@ left out.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -27,6 +31,25 @@ _NO_KERNEL = {"view", "_unsafe_view", "reshape", "expand", "as_strided", "slice"
               "is_same_size", "empty", "empty_strided", "empty_like", "_to_copy_meta"}
 
 
+_REPLAYED: ContextVar[bool] = ContextVar("recsvc_replayed", default=False)
+_OPEN: list[Launches] = []  # the counters open now (innermost last)
+
+
+@contextmanager
+def replayable() -> Iterator[None]:
+    """Marks work that a GPU replays as one captured graph (the caller runs it eagerly here)."""
+    if _REPLAYED.get():
+        yield
+        return
+    for counter in _OPEN:
+        counter.replays += 1
+    token = _REPLAYED.set(True)
+    try:
+        yield
+    finally:
+        _REPLAYED.reset(token)
+
+
 class _Mode(TorchDispatchMode):
     def __init__(self, owner: Launches) -> None:
         super().__init__()
@@ -34,29 +57,33 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__.rstrip("_")
-        if name not in _NO_KERNEL:
+        if name not in _NO_KERNEL and not _REPLAYED.get():
             self.owner.total += 1
             self.owner.by_op[name] += 1
         return func(*args, **(kwargs or {}))
 
 
 class Launches:
-    """``with Launches() as n: search()`` -> ``n.total`` device operations run eagerly, ``n.by_op`` by name."""
+    """``with Launches() as n: search()`` -> ``n.total`` device operations run eagerly, ``n.by_op`` by name,
+    ``n.replays`` forwards a GPU replays as captured graphs."""
 
     def __init__(self) -> None:
         self.total = 0
+        self.replays = 0
         self.by_op: Counter[str] = Counter()
         self._mode: _Mode | None = None
 
     def __enter__(self) -> Launches:
         self._mode = _Mode(self)
         self._mode.__enter__()
+        _OPEN.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         assert self._mode is not None
+        _OPEN.remove(self)
         self._mode.__exit__(*exc)
         self._mode = None
 
     def summary(self, top: int = 10) -> dict:
-        return {"total": self.total, "by_op": dict(self.by_op.most_common(top))}
+        return {"total": self.total, "replays": self.replays, "by_op": dict(self.by_op.most_common(top))}
