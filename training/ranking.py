@@ -13,6 +13,7 @@ from recsvc.bundle.prompt import PromptBuilder
 from recsvc.content.dense_head import DenseRetriever, last_hidden
 from recsvc.data.split import EvalUser, SplitData
 from recsvc.engine.beam_search import BeamSearch
+from recsvc.engine.decode import decode
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
@@ -63,7 +64,8 @@ def rank_users(
         dead = trie.dead_nodes(excluded) if excluded else None
         fused = (prior_log_mass(trie, torch.from_numpy(prior.probs([u.history for u in chunk])),
                                 prior.settings.weight) if fuse else None)
-        res = engine.search(prompts, width, dead, fused, top=top)  # leaves [B, k]
+        res = decode(engine, None, prompts, [u.history for u in chunk], "plain", width, (0, 0), dead=dead, prior=fused,
+                     top=top)  # leaves [B, k] (the decoding entry the server uses)
         sims = (dense.similarities(last_hidden(model.model, [builder.prompt_ids(u.history) for u in chunk]))
                 if merging else None)
         for r, u in enumerate(chunk):

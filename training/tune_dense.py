@@ -64,6 +64,7 @@ def beams_and_similarities(model, builder, trie, users, width: int, retriever, e
     """user id -> (the beams' items best first, their scores, the head's cosine to every catalog item [n] fp16)."""
     from recsvc.content.dense_head import last_hidden
     from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.decode import decode
     from recsvc.engine.prior import prior_log_mass
     from recsvc.engine.prompts import PromptBatch
     from recsvc.progress import progress_bar
@@ -79,7 +80,8 @@ def beams_and_similarities(model, builder, trie, users, width: int, retriever, e
         dead = trie.dead_nodes(excluded) if excluded else None
         fused = (prior_log_mass(trie, torch.from_numpy(prior.probs([u.history for u in chunk])),
                                 prior.settings.weight) if fuse else None)
-        res = engine.search(PromptBatch.from_lists(prompt_ids), width, dead, fused)
+        res = decode(engine, None, PromptBatch.from_lists(prompt_ids), [u.history for u in chunk], "plain", width,
+                     (0, 0), dead=dead, prior=fused)
         sims = retriever.similarities(last_hidden(model.model, prompt_ids)).half()
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
