@@ -20,6 +20,7 @@ the same code eagerly (``recsvc.engine.buckets``).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -143,6 +144,7 @@ class FunctionGraphs:
     eager: int = 0  # calls run eagerly with capture on (past max_graphs, or after a failed capture)
     failed: str = ""
     _pool: object = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self, key: tuple, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Inputs) -> tuple[torch.Tensor, ...]:
         if not self.capture:
@@ -150,6 +152,11 @@ class FunctionGraphs:
             with replayable() if not first.is_cuda else nullcontext():
                 return fn(*inputs)
         full = (*key, *((None if t is None else (tuple(t.shape), t.dtype)) for t in inputs))
+        with self._lock:  # one caller's copy, replay and clone enqueued together (shared static inputs)
+            return self._run(full, fn, inputs)
+
+    def _run(self, full: tuple, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Inputs
+             ) -> tuple[torch.Tensor, ...]:
         g = self.graphs.get(full)
         if g is None:
             if len(self.graphs) < self.max_graphs and not self.failed:
