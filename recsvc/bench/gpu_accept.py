@@ -354,8 +354,10 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
             fn()
         except Exception as exc:  # one stage's failure is recorded; the others still run
             emit(name, {**label, "error": repr(exc)[:1000]})
+    steps = engine.step_graphs()
     emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
-                                                                (target, drafter.model) if m.graph_runner]})
+                                                                (target, drafter.model) if m.graph_runner],
+                    "plain_steps": steps.summary() if steps is not None else None})
 
 
 def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
