@@ -86,7 +86,7 @@ beauty-target: install
 	$(VENV)/bin/recsvc tune mix --bundle $(BUNDLE) --trials 25 --budget-minutes 20 --users 1000 --threads 1 \
 	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --exclude-history
 	$(VENV)/bin/recsvc tune history --bundle $(BUNDLE) --threads 1
-	$(VENV)/bin/recsvc tune dense --bundle $(BUNDLE) --users 1000 --threads 1 --rule cold-guard
+	$(VENV)/bin/recsvc tune dense --bundle $(BUNDLE) --threads 1 --rule cold-guard
 	$(VENV)/bin/recsvc tune fresh --bundle $(BUNDLE) --threads 1 --gate rate
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
 
