@@ -58,7 +58,7 @@ SEED ?= 0
 # SASRec's time bound (early stopping ends it first on an idle 2-core machine); tune mix and eval share its fits
 SASREC_MINUTES ?= 30
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle beauty-ids beauty-target quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
+.PHONY: beauty-bundle beauty-ids beauty-target beauty-seeds quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
 # the whole recipe: the ids, then the target and its tunings over them
 beauty-bundle: install
@@ -89,6 +89,18 @@ beauty-target: install
 	$(VENV)/bin/recsvc tune dense --bundle $(BUNDLE) --threads 1 --rule cold-guard
 	$(VENV)/bin/recsvc tune fresh --bundle $(BUNDLE) --threads 1 --gate rate
 	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
+
+# three seeds of the recipe on the same ids (about 40 min each on two threads), each evaluated as served, then the
+# mean of their ratios with one interval (docs/QUALITY.md "Three seeds of today's recipe")
+SEEDS ?= 0 1 2
+beauty-seeds: install
+	for s in $(SEEDS); do $(MAKE) beauty-target SEED=$$s BUNDLE=artifacts/beauty-s$$s/bundle IDS=$(IDS) || exit 1; \
+	  mkdir -p artifacts/beauty-s$$s/bench; $(VENV)/bin/recsvc eval --bundle artifacts/beauty-s$$s/bundle --split test \
+	  --k 5,10,20 --baselines $(QUALITY_BASELINES) --protocol deploy --cache-dir artifacts/baselines \
+	  --sasrec-max-minutes $(SASREC_MINUTES) --json artifacts/beauty-s$$s/bench/quality_deploy.json || exit 1; done
+	mkdir -p artifacts/beauty-seeds
+	$(VENV)/bin/recsvc eval summarize $(foreach s,$(SEEDS),artifacts/beauty-s$(s)/bench/quality_deploy.json) \
+	  --json artifacts/beauty-seeds/summary.json
 
 # the quality comparison (BENCHMARKS.md "Quality"): the served target beside the baselines, both protocols
 QUALITY_BASELINES ?= popularity,transition,transition-window,sasrec
