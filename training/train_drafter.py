@@ -84,13 +84,13 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
 
     @torch.inference_mode()
     def evaluate(model) -> dict[str, float]:
-        device = next(model.parameters()).device  # the target, the trie and the copy sit on the drafter's device
+        device = next(model.parameters()).device  # the target sits on the drafter's device (searches move the trie)
         if "engine" not in state:
             state["engine"] = BeamSearch(EngineModel.build(bundle.load_target(dtype=dtype, device=str(device)),
-                                                           attention), trie.to(device), builder.code_offset)
+                                                           attention), trie, builder.code_offset)
         engine = state["engine"]
         draft = copy.deepcopy(model).to(torch_dtype(dtype, str(device))).eval()
-        drafter = LlamaDrafter(EngineModel.build(draft, attention), trie.to(device), builder.code_offset)  # as served
+        drafter = LlamaDrafter(EngineModel.build(draft, attention), trie, builder.code_offset)  # as served
         n_draft = draft_beams or k
         accepted, calls, acc_r, calls_r = [], [], [], []
         for i in range(0, len(users), batch_size):

@@ -151,18 +151,16 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
         pools, calibrations = ["all"], ["none"]  # a head saved without its target's items
     grid: list[dict[str, Any]] = []
     per_trial = []
-    for pool in pools:
-        for calibrate in calibrations:
-            for blend in blends:
-                for floor in floors if blend > 0 else [0.0]:
-                    if blend == 0 and (pool, calibrate) != (pools[0], calibrations[0]):
-                        continue  # the beams alone: one trial
-                    trial = retriever.with_settings(blend=blend, floor=floor, pool=pool, calibrate=calibrate)
-                    lists = merged_lists(cache, tuning, trial, ids, 10, exclude)
-                    grid.append({"pool": pool, "calibrate": calibrate, "blend": blend, "floor": floor,
-                                 **evaluate_rankings(lists, tuning, (10,)),
-                                 "cold": evaluate_slices(lists, tuning, (10,), cold)["cold"]})
-                    per_trial.append(per_user(lists, tuning, 10, "ndcg"))
+    trials = [(pool, calibrate, blend, floor) for pool in pools for calibrate in calibrations for blend in blends
+              for floor in (floors if blend > 0 else [0.0])
+              if blend > 0 or (pool, calibrate) == (pools[0], calibrations[0])]  # the beams alone: one trial
+    for pool, calibrate, blend, floor in trials:
+        trial = retriever.with_settings(blend=blend, floor=floor, pool=pool, calibrate=calibrate)
+        lists = merged_lists(cache, tuning, trial, ids, 10, exclude)
+        grid.append({"pool": pool, "calibrate": calibrate, "blend": blend, "floor": floor,
+                     **evaluate_rankings(lists, tuning, (10,)),
+                     "cold": evaluate_slices(lists, tuning, (10,), cold)["cold"]})
+        per_trial.append(per_user(lists, tuning, 10, "ndcg"))
     best = max(grid, key=lambda g: (g["ndcg@10"], -g["blend"]))  # ties: the smaller blend
     if args.rule == "cold-guard":  # the most cold recall among the settings within one paired SE of the best NDCG
         top = per_trial[grid.index(best)]

@@ -143,10 +143,28 @@ def _request_end_reads(reads) -> int:
     return sum(c for site, c in reads.by_site.items() if site.startswith("recsvc/engine/decode.py:"))
 
 
+def _load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
+    """The bundle's target and LLaMA drafter (the aligned one when there is one) in ``dtype`` on ``device`` with
+    ``forward``, and one prompt per measured user -> (context, target, search, drafter, aligned, prompts)."""
+    from recsvc.bench.common import load_context
+    from recsvc.bench.speculative import make_drafter
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.prompts import PromptBatch
+
+    ctx = load_context(bundle, cfg["users"], "test", dtype, None, device=device)
+    target = EngineModel.build(ctx.model, "fp32", forward=forward)
+    engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
+    aligned = (bundle / "drafters" / "atspeed" / "config.json").is_file()
+    drafter = make_drafter("llama", ctx, engine, cfg["width"], dtype, "atspeed" if aligned else None, device=device)
+    drafter.model.set_forward(forward)
+    prompts = [PromptBatch.from_lists([ctx.builder.prompt_ids(u.history)]) for u in ctx.users]
+    return ctx, target, engine, drafter, aligned, prompts
+
+
 def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
     """Every timed stage on one loaded bundle; ``emit(stage, result)`` records a finished stage."""
-    from recsvc.bench.common import load_context, synchronize
-    from recsvc.bench.speculative import make_drafter
+    from recsvc.bench.common import synchronize
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.cuda_graphs import warm_up
     from recsvc.engine.decode import decode
@@ -158,19 +176,13 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     from recsvc.engine.sampling import make_generators
 
     k, width, n, gamma = cfg["k"], cfg["width"], cfg["n"], cfg["gamma"]
-    ctx = load_context(bundle, cfg["users"], "test", "auto", None, device=device)
+    ctx, target, engine, drafter, aligned, prompts = _load(bundle, cfg, device, forward, "auto")
     off = ctx.builder.code_offset
-    target = EngineModel.build(ctx.model, "fp32", forward=forward)
-    eager = EngineModel.build(ctx.model, "fp32", forward="fast")
-    engine, engine_eager = BeamSearch(target, ctx.trie, off), BeamSearch(eager, ctx.trie, off)
-    aligned = (bundle / "drafters" / "atspeed" / "config.json").is_file()
-    drafter = make_drafter("llama", ctx, engine, width, "auto", "atspeed" if aligned else None, device=device)
-    drafter.model.set_forward(forward)
+    engine_eager = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="fast"), ctx.trie, off)
     label = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
              "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,
              "drafter": "llama (AtSpeed-S)" if aligned else "llama (SFT)", "target_valid": valid_recall(bundle),
              "k": k, "width": width}
-    prompts = [PromptBatch.from_lists([ctx.builder.prompt_ids(u.history)]) for u in ctx.users]
     temp = torch.tensor([1.0], device=device)
 
     def timed(fn):
@@ -363,24 +375,13 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
 def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
     """Strict speculation against plain decoding with the target and drafter in fp32 on the same device: the
     lossless claim without bf16 near-ties (in bf16 the kernels' sums depend on the batch shape)."""
-    from recsvc.bench.common import load_context
-    from recsvc.bench.speculative import make_drafter
-    from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.cuda_graphs import warm_up
     from recsvc.engine.decode import decode
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.prompts import PromptBatch
 
     if time.perf_counter() > deadline:
         return
     k, width = cfg["k"], cfg["width"]
-    ctx = load_context(bundle, cfg["users"], "test", "fp32", None, device=device)
-    target = EngineModel.build(ctx.model, "fp32", forward=forward)
-    engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
-    aligned = (bundle / "drafters" / "atspeed" / "config.json").is_file()
-    drafter = make_drafter("llama", ctx, engine, width, "fp32", "atspeed" if aligned else None, device=device)
-    drafter.model.set_forward(forward)
-    prompts = [PromptBatch.from_lists([ctx.builder.prompt_ids(u.history)]) for u in ctx.users]
+    _, target, engine, drafter, _, prompts = _load(bundle, cfg, device, forward, "fp32")
 
     def plain(pb):
         return decode(engine, None, pb, [[]], "plain", width, (0, 0), top=k)

@@ -11,6 +11,7 @@ see ``recsvc.engine.topk``. An optional item prior is fused step by step (``recs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -101,6 +102,7 @@ class BeamSearch:
         parents = torch.zeros(b, 1, dtype=torch.long, device=dev)
         beams = []
         levels = self.trie.levels
+        graphs = self.step_graphs()
         bounded = (top is not None and 0 < top < width and levels > 1 and self.model.is_fast and not cache.keeps_steps
                    and not self.model.sync_free)  # its stopping test reads the device: sync-free runs the full step
         for step in range(levels):
@@ -115,12 +117,11 @@ class BeamSearch:
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
             remember = step == 0 and pre is not None and pre.states is not None  # the user-state cache keeps logp
-            if (graphs := self.step_graphs()) is not None and not (remember and pre.cached_first() is not None):
+            if graphs is not None and not (remember and pre.cached_first() is not None):
                 with ledger.phase("head"):  # head + selection: one function, one graph replay on a GPU
                     nodes, scores, parents, logp = graphs.run(
                         ("plain step", step, width, remember),
-                        lambda h, n, s, d, p, step=step, keep=remember: self._head_select(h, n, s, d, p, step, width,
-                                                                                         keep),
+                        partial(self._head_select, step=step, width=width, keep_logp=remember),
                         (hidden, nodes, scores, dead, prior))
                 if remember:
                     pre.remember(hidden[:, 0], logp[:, 0])

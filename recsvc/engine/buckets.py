@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -266,7 +265,7 @@ class BucketedForward:
             out = self.runner.run(self, cache, padded)
         else:  # off CUDA this stands in for the graph a GPU replays (``launches.replayable``: counted as one)
             keys, values = cache.buffers_of(rows, width)
-            with replayable() if not padded.ids.is_cuda else nullcontext():
+            with replayable(padded.ids.device):
                 out = self.fast.forward_static(keys, values, padded.ids, padded.positions, padded.slots,
                                                padded.visible, padded.keep)
         return out[:b] if keep is not None else out[:b, :q]

@@ -23,8 +23,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -32,10 +32,28 @@ from recsvc.engine.buckets import BucketedForward, PaddedInputs, StaticCache
 from recsvc.engine.launches import replayable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def cuda_graphs_available(device: torch.device) -> bool:
     return torch.cuda.is_available() and device.type == "cuda"
+
+
+def _capture_graph(step: Callable[[], T], pool: object) -> tuple[object, T, object]:
+    """``step`` (over static inputs) warmed up twice on a side stream (cuBLAS handles, workspace), then captured
+    into a graph of the memory ``pool`` (made on first use) -> (graph, its static output, the pool)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    if pool is None:
+        pool = torch.cuda.graph_pool_handle()
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):  # other threads' work goes on
+        output = step()
+    return graph, output, pool
 
 
 @dataclass
@@ -89,17 +107,7 @@ class GraphRunner:
             return fwd.fast.forward_static(keys, values, static.ids, static.positions, static.slots,
                                            static.visible, static.keep)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up (cuBLAS handles, workspace): the inputs' own forward, twice
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):  # other threads' work
-            output = step()
+        graph, output, self._pool = _capture_graph(step, self._pool)
         g = _Graph(graph, static, output)
         self.graphs[key] = g
         took = time.perf_counter() - start
@@ -148,8 +156,7 @@ class FunctionGraphs:
 
     def run(self, key: tuple, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Inputs) -> tuple[torch.Tensor, ...]:
         if not self.capture:
-            first = next(t for t in inputs if t is not None)
-            with replayable() if not first.is_cuda else nullcontext():
+            with replayable(next(t for t in inputs if t is not None).device):
                 return fn(*inputs)
         full = (*key, *((None if t is None else (tuple(t.shape), t.dtype)) for t in inputs))
         with self._lock:  # one caller's copy, replay and clone enqueued together (shared static inputs)
@@ -178,17 +185,7 @@ class FunctionGraphs:
     def _capture(self, key: tuple, fn: Callable[..., tuple[torch.Tensor, ...]], inputs: Inputs) -> _FnGraph:
         start = time.perf_counter()
         static = tuple(None if t is None else t.clone() for t in inputs)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: the inputs' own call, twice
-            for _ in range(2):
-                fn(*static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            outputs = tuple(fn(*static))
+        graph, outputs, self._pool = _capture_graph(lambda: tuple(fn(*static)), self._pool)
         g = _FnGraph(graph, static, outputs)
         self.graphs[key] = g
         took = time.perf_counter() - start

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # operations that only make a new view or read metadata (no kernel)
@@ -36,9 +37,10 @@ _OPEN: list[Launches] = []  # the counters open now (innermost last)
 
 
 @contextmanager
-def replayable() -> Iterator[None]:
-    """Marks work that a GPU replays as one captured graph (the caller runs it eagerly here)."""
-    if _REPLAYED.get():
+def replayable(device: torch.device | None = None) -> Iterator[None]:
+    """Marks work that a GPU replays as one captured graph, run eagerly here on ``device``: on a CUDA device the
+    work really launches and is counted as such; elsewhere (default) it counts as one replay."""
+    if _REPLAYED.get() or (device is not None and device.type == "cuda"):
         yield
         return
     for counter in _OPEN:

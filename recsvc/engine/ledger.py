@@ -31,14 +31,21 @@ import torch
 class PhaseLedger:
     def __init__(self) -> None:
         self.ms: defaultdict[str, float] = defaultdict(float)  # phase -> milliseconds, summed over calls
+        self.calls: defaultdict[str, int] = defaultdict(int)  # phase -> times entered
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        self._wait()
         start = time.perf_counter()
         try:
             yield
         finally:
+            self._wait()
             self.ms[name] += 1000.0 * (time.perf_counter() - start)
+            self.calls[name] += 1
+
+    def _wait(self) -> None:
+        """Before and after each phase: nothing here (``SyncedLedger`` waits for the device)."""
 
     def total(self) -> float:
         return sum(self.ms.values())
@@ -52,20 +59,10 @@ class SyncedLedger(PhaseLedger):
     def __init__(self, device: torch.device | str = "cpu") -> None:
         super().__init__()
         self.cuda = torch.device(device).type == "cuda"
-        self.calls: defaultdict[str, int] = defaultdict(int)  # phase -> times entered
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
+    def _wait(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self.cuda:
-                torch.cuda.synchronize()
-            self.ms[name] += 1000.0 * (time.perf_counter() - start)
-            self.calls[name] += 1
 
 
 class _NoLedger:
