@@ -23,6 +23,8 @@ its time limit keeps what it measured; every stage is skipped once the wall-time
               (``SyncedLedger``), and the eager device operations per request (``recsvc.engine.launches``:
               kernel launches outside the captured graphs)
   quality  -> the target's test Recall@10 / NDCG@10 (plain beam search over up to 4,000 test users, batched)
+  compiled -> the "compiled-graphs" forward (each decoder layer one torch.compile graph inside the buckets'
+              CUDA graphs) vs "graphs": plain ms per request, the same lists, compile seconds; strict over it
   lossless_fp32 -> strict vs plain with the target and drafter loaded in fp32: the same-list share without
               bf16 near-ties
 Every figure is labelled with the device, the precision and the target's validation Recall@10.
@@ -47,11 +49,14 @@ from recsvc.errors import UserError
 TARGET_INFO = "train" + "ing.json"  # what the target's training wrote beside it (a file, not a module)
 FULL = {"preset": "base", "drafter": "llama-68m", "target_minutes": 2.5, "train_batch": 128, "drafter_epochs": 1,
         "teacher_prefixes": 3000, "align_epochs": 1, "users": 30, "batch": 16, "k": 10, "width": 20, "n": 40,
-        "gamma": 3, "budget_minutes": 7.0, "warmup_seconds": 45.0, "calibration": 4, "quality_users": 4000}
+        "gamma": 3, "budget_minutes": 7.0, "warmup_seconds": 45.0, "compile_seconds": 150.0, "calibration": 4,
+        "quality_users": 4000}
 SMOKE = {"preset": "tiny", "drafter": "drafter-tiny", "target_minutes": 0.1, "train_batch": 32, "drafter_epochs": 1,
          "teacher_prefixes": 48, "align_epochs": 1, "users": 3, "batch": 4, "k": 10, "width": 20, "n": 20,
-         "gamma": 3, "budget_minutes": 2.0, "warmup_seconds": 20.0, "calibration": 1, "quality_users": 16}
+         "gamma": 3, "budget_minutes": 2.0, "warmup_seconds": 20.0, "compile_seconds": 60.0, "calibration": 1,
+         "quality_users": 16}
 
+STAGES = ("measure", "compiled", "lossless_fp32")  # what --stages picks from (after the build)
 # one line of `recsvc bench --help`
 HELP = ("the GPU acceptance figures in one <= 7 minute script (make gpu-bench): smoke first; bf16 base target, K "
         "10 of width 20: plain vs generate, strict / relaxed with the AtSpeed-aligned llama-68m drafter, 16 "
@@ -75,6 +80,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-align", action="store_true", help="the SFT drafter only (no teacher / AtSpeed-S)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", dest="json_path", help="default OUT/gpu_accept.json")
+    p.add_argument("--stages", default=",".join(STAGES),
+                   help=f"comma-separated, of {', '.join(STAGES)} (measure: plain ... quality; compiled: the "
+                        "compiled-graphs forward against graphs)")
 
 
 def run_command(name: str, argv: list[str]) -> None:
@@ -399,6 +407,64 @@ def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: 
                                "users": len(same), "same_lists": sum(same), "same_share": sum(same) / len(same)})
 
 
+def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit) -> None:
+    """The "compiled-graphs" forward (each decoder layer one ``torch.compile`` graph, replayed in the buckets'
+    CUDA graphs: ``recsvc.engine.compiled_layer``) against "graphs" over the same bf16 target, one request at a
+    time, alternating: plain ms per request, the same lists, compile + capture seconds; then strict with the
+    target and the drafter compiled."""
+    from recsvc.bench.common import synchronize
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.cuda_graphs import warm_up
+    from recsvc.engine.decode import decode
+    from recsvc.engine.engine_model import EngineModel
+
+    if time.perf_counter() > deadline:
+        return
+    k, width = cfg["k"], cfg["width"]
+    ctx, target, engine, drafter, aligned, prompts = _load(bundle, cfg, device, "compiled-graphs", "auto")
+    graphs = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="graphs"), ctx.trie, ctx.builder.code_offset)
+    label = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+             "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,
+             "baseline_forward": graphs.model.forward_name, "k": k, "width": width}
+
+    def plain(pb, eng):
+        return decode(eng, None, pb, [[]], "plain", width, (0, 0), top=k)
+
+    def strict(pb):
+        return decode(engine, drafter, pb, [[]], "strict", width, (cfg["n"], cfg["gamma"]))
+
+    def timed(fn):
+        start = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        return out, 1000 * (time.perf_counter() - start)
+
+    t0 = time.perf_counter()
+    warm = warm_up([target, drafter.model, graphs.model],
+                   [lambda pb=pb: (plain(pb, engine), plain(pb, graphs), strict(pb)) for pb in prompts],
+                   cfg["compile_seconds"])
+    layer = target.fast().compiled_layer
+    res = {**label, "warmup": warm, "compile_and_capture_s": round(time.perf_counter() - t0, 1),
+           "layer_failed": layer.failed if layer is not None else "no compiled layer"}
+    emit("compiled", res)
+    rows = []
+    for pb in prompts:
+        if time.perf_counter() > deadline:
+            break
+        ref, ms_g = timed(lambda pb=pb: plain(pb, graphs))
+        out, ms_c = timed(lambda pb=pb: plain(pb, engine))
+        spec, ms_s = timed(lambda pb=pb: strict(pb))
+        rows.append((ms_g, ms_c, ms_s, torch.equal(out.leaves, ref.leaves), torch.equal(spec.leaves[0, :k],
+                                                                                        out.leaves[0])))
+    if rows:
+        g, c, s = (statistics.mean(r[i] for r in rows) for i in range(3))
+        res.update({"users": len(rows), "graphs_ms": g, "compiled_ms": c, "speedup": g / c, "strict_ms": s,
+                    "strict_WS_vs_compiled_plain": c / s, "same_as_graphs": sum(r[3] for r in rows) / len(rows),
+                    "strict_same_as_plain": sum(r[4] for r in rows) / len(rows),
+                    "runners": [m.graph_runner.summary() for m in (target, drafter.model) if m.graph_runner]})
+        emit("compiled", res)
+
+
 def run(args: argparse.Namespace) -> dict:
     from recsvc.bench.common import machine, set_threads, write_json
 
@@ -443,11 +509,17 @@ def run(args: argparse.Namespace) -> dict:
         print(json.dumps({stage: result}, default=str)[:2000], flush=True)
 
     emit("build", build(data, bundle, cfg, device, not args.no_align, args.threads))
-    measure(bundle, cfg, device, args.forward, deadline, emit)
-    try:
-        lossless_fp32(bundle, cfg, device, args.forward, deadline, emit)
-    except Exception as exc:  # recorded; the run's other figures stand
-        emit("lossless_fp32", {"error": repr(exc)[:1000]})
+    stages = set(args.stages.split(","))
+    if "measure" in stages:
+        measure(bundle, cfg, device, args.forward, deadline, emit)
+    for name, fn in (("compiled", compiled_forward), ("lossless_fp32", lossless_fp32)):
+        if name not in stages:
+            continue
+        try:
+            fn(bundle, cfg, device, deadline, emit) if name == "compiled" else fn(bundle, cfg, device, args.forward,
+                                                                                 deadline, emit)
+        except Exception as exc:  # recorded; the run's other figures stand
+            emit(name, {"error": repr(exc)[:1000]})
     payload["complete"] = True
     payload["elapsed_s"] = round(time.perf_counter() - start, 1)
     write_json(json_path, payload)

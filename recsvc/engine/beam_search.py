@@ -75,7 +75,7 @@ class BeamSearch:
         GPU, eager elsewhere. Per search object, since the graphs read this trie's tables. None otherwise."""
         if not self.model.sync_free or self.model.scoring() is not None:
             return None
-        capture = self.model.forward_name == "graphs"
+        capture = self.model.captures
         if self._steps is None or self._steps.capture != capture:
             self._steps = FunctionGraphs(capture=capture)
         return self._steps

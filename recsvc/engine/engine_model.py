@@ -32,8 +32,9 @@ from recsvc.engine.fast import FastCache, FastLlama
 from recsvc.engine.lean import LeanCache, LeanLlama
 from recsvc.engine.ledger import ForwardLedger
 
-FORWARDS = ("auto", "fast", "compiled", "lean", "bucketed", "graphs")
-STATIC = ("bucketed", "graphs")  # the fast forward at bucketed shapes over a static KV cache (recsvc.engine.buckets)
+FORWARDS = ("auto", "fast", "compiled", "lean", "bucketed", "graphs", "compiled-graphs")
+# the fast forward at bucketed shapes over a static KV cache (recsvc.engine.buckets)
+STATIC = ("bucketed", "graphs", "compiled-graphs")
 
 
 class EngineModel:
@@ -46,9 +47,10 @@ class EngineModel:
         # "fast" (recsvc.engine.fast: few ops per layer, float-rounding tolerance) serves fp32 / bf16 CPU models
         # in the "fp32" attention mode; "exact" keeps the bit-identical lean forward; "lean" forces today's path
         # the fast forward, uncompiled (False) and compiled (True), each with the parameters' version it was built at
-        self._fasts: dict[bool, tuple[FastLlama, tuple[int, ...]]] = {}
+        self._fasts: dict[tuple[bool, bool], tuple[FastLlama, tuple[int, ...]]] = {}
         self.forward_ledger: ForwardLedger | None = None  # benches: every forward's tokens and time
         self._compiled = False  # the fast forward's layers compiled (forward "compiled")
+        self._layer_compiled = False  # each decoder layer a torch.compile graph (forward "compiled-graphs")
         self._scoring: tuple[FastLlama, ExportedScoring] | None = None  # the compiled forward's step scoring
         self._static = ""  # "bucketed" | "graphs" | "" (recsvc.engine.buckets / cuda_graphs)
         self._bucketed: BucketedForward | None = None
@@ -60,7 +62,8 @@ class EngineModel:
         "lean" (today's bit-identical path), "auto" (fast for fp32 / bf16 models on a CPU in "fp32" attention),
         "bucketed" (the fast forward at bucketed, padded shapes over a static KV cache: ``recsvc.engine.buckets``;
         any device) or "graphs" (the same, each bucket a CUDA graph: ``recsvc.engine.cuda_graphs``; on a CUDA
-        device, elsewhere "bucketed"). "fast" is accepted on a GPU too (eager)."""
+        device, elsewhere "bucketed") or "compiled-graphs" (the same with each decoder layer compiled by
+        ``torch.compile``: ``recsvc.engine.compiled_layer``). "fast" is accepted on a GPU too (eager)."""
         if forward not in FORWARDS:
             raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
         static = forward in STATIC and self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
@@ -71,8 +74,9 @@ class EngineModel:
             require_compiler()  # before anything changes
         self._fast_wanted, self._compiled = fast, fast and forward == "compiled"
         # "graphs" captures on CUDA only; elsewhere it is the bucketed path, uncaptured
-        self._static = ("graphs" if forward == "graphs" and cuda_graphs_available(self.model.device)
-                        else "bucketed") if static else ""
+        captured = forward in ("graphs", "compiled-graphs") and cuda_graphs_available(self.model.device)
+        self._static = ("graphs" if captured else "bucketed") if static else ""
+        self._layer_compiled = static and forward == "compiled-graphs"
         self._bucketed = None
 
     @classmethod
@@ -131,10 +135,11 @@ class EngineModel:
         lean = self.lean()  # rebuilt when stale: its recorded version is the parameters' current one
         assert lean is not None and self._fast_wanted
         version = lean.built_version
-        built = self._fasts.get(self._compiled)
+        key = (self._compiled, self._layer_compiled)
+        built = self._fasts.get(key)
         if built is None or built[1] != version:
-            built = self._fasts[self._compiled] = (
-                FastLlama(self.model, compiled_layers if self._compiled else None), version)
+            built = self._fasts[key] = (
+                FastLlama(self.model, compiled_layers if self._compiled else None, self._layer_compiled), version)
         return built[0]
 
     def scoring(self) -> ExportedScoring | None:
@@ -167,9 +172,14 @@ class EngineModel:
         return self._bucketed
 
     @property
+    def captures(self) -> bool:
+        """Forwards and plain steps are replayed from CUDA graphs ("graphs" / "compiled-graphs" on CUDA)."""
+        return self._static == "graphs"
+
+    @property
     def forward_name(self) -> str:
         if self._static:
-            return self._static
+            return f"compiled-{self._static}" if self._layer_compiled else self._static
         if self._fast_wanted:
             return "compiled" if self._compiled else "fast"
         return "lean" if self._lean_supported else "transformers"

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
+from recsvc.engine.compiled_layer import CompiledLayer, LayerShape
 from recsvc.engine.lean import _Linear as PackedLinear
 
 GROW = 64  # minimum extra slots when a cache grows
@@ -172,10 +173,13 @@ class _Linear(PackedLinear):
 
 class FastLlama:
     def __init__(self, model: LlamaForCausalLM,
-                 compile_layers: Callable[[FastLlama], Callable[..., torch.Tensor]] | None = None) -> None:
+                 compile_layers: Callable[[FastLlama], Callable[..., torch.Tensor]] | None = None,
+                 compile_layer: bool = False) -> None:
         """``compile_layers``: builds the decoder layers as one compiled callable from this forward's fused
         weights (``recsvc.engine.compiled``), run instead of the per-op loop below; None: the loop. (The LM head
-        stays eager: compiled, its log-softmax over the vocabulary measured slower than ATen's.)"""
+        stays eager: compiled, its log-softmax over the vocabulary measured slower than ATen's.)
+        ``compile_layer``: each decoder layer of the loop as one ``torch.compile`` graph
+        (``recsvc.engine.compiled_layer``: the bucketed / CUDA-graph forwards' "compiled-graphs")."""
         decoder = model.get_decoder()
         cfg = model.config
         self.rotary = decoder.rotary_emb
@@ -208,6 +212,16 @@ class FastLlama:
         self.hidden_shape = (int(cfg.hidden_size),)
         self.rotary_table = _rotary_table(self.rotary, cfg, self.embed)
         self.compiled_layers = compile_layers(self) if compile_layers is not None else None
+        self.compiled_layer = self._compiled_layer() if compile_layer and decoder.layers else None
+
+    def _compiled_layer(self) -> CompiledLayer | None:
+        """One compiled layer function for all layers (None when their norms' epsilons differ)."""
+        eps = {(float(layer[1]), float(layer[5])) for layer in self.layers}
+        if len(eps) != 1:
+            return None
+        e1, e2 = eps.pop()
+        return CompiledLayer(LayerShape(self.hidden_shape[0], int(self.heads), int(self.kv_heads),
+                                        int(self.head_dim), int(self.intermediate), float(self.scaling), e1, e2))
 
     def _cos_sin(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin [B, q, d] of the positions: rows of the table when it covers them (the same bits as the
@@ -280,6 +294,12 @@ class FastLlama:
         last = len(self.layers) - 1
         for i, ((n1, e1, qkv, o, n2, e2, gate_up, down), k_i, v_i) in enumerate(zip(self.layers, keys, values,
                                                                                    strict=True)):
+            if self.compiled_layer is not None and not (i == last and keep is not None):
+                out_i = self.compiled_layer(hidden, cos, sin, slots, mask, k_i, v_i, n1, qkv.weight, o.weight, n2,
+                                            gate_up.weight, down.weight)
+                if out_i is not None:  # else compilation failed: the loop below
+                    hidden = out_i
+                    continue
             x = F.rms_norm(hidden, self.hidden_shape, n1, e1)
             if i == last and keep is not None:  # k / v of every token; the rest for the kept ones
                 assert self.last_q is not None and self.last_kv is not None

@@ -45,12 +45,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
     p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
-    p.add_argument("--forward", choices=["auto", "fast", "compiled", "lean", "bucketed", "graphs"], default="auto",
+    p.add_argument("--forward", default="auto",
+                   choices=["auto", "fast", "compiled", "lean", "bucketed", "graphs", "compiled-graphs"],
                    help="engine forward: fast (few ops per layer; fp32 models, fp32 attention), compiled (the fast "
                         "forward's layers exported and compiled by inductor at start-up: faster per forward, needs a "
                         "C++ compiler, ~20-40 s more start-up), lean (the previous, bit-identical path), bucketed "
                         "(the fast forward at bucketed shapes over a static KV cache, sync-free rounds), graphs "
-                        "(bucketed, each bucket a CUDA graph captured at start-up; CUDA only, else bucketed) or auto "
+                        "(bucketed, each bucket a CUDA graph captured at start-up; CUDA only, else bucketed), "
+                        "compiled-graphs (graphs with each decoder layer compiled by torch.compile) or auto "
                         "(fast where it applies)")
     p.add_argument("--count-host-reads", type=int, default=0, metavar="N",
                    help="count the device-to-host reads of every N-th engine call (0: off; the count costs a "
@@ -236,7 +238,8 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
 
         step("target_unused", reason=PRIOR_RANKED, forward_compiled=False, speculation_calibrated=False)
     else:
-        if loaded.target.forward_name in ("compiled", "graphs"):  # compile / capture before calibration times anything
+        # compile / capture before calibration times anything
+        if loaded.target.forward_name in ("compiled", "graphs", "compiled-graphs", "compiled-bucketed"):
             step("compiling_forward")
             step("forward_compiled", seconds=round(loaded.warm_up(), 3))
         spec = calibrate_speculation(loaded, settings.spec, settings.bundle, budget_s=settings.startup_budget_s,
