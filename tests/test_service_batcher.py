@@ -9,12 +9,12 @@ from concurrent.futures import CancelledError, ThreadPoolExecutor
 
 import pytest
 
-from recsvc.recommender.answer import NO_HISTORY_REASON
+from recsvc.recommender.answer import NO_HISTORY_REASON, Answering
 from recsvc.recommender.api import RecQuery, WithoutModel
 from recsvc.service.batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
 
 
-class Gate(WithoutModel):
+class Gate(WithoutModel, Answering):
     """A recommender that blocks each engine call until released and records batch sizes."""
 
     def __init__(self, inner, fail_first: bool = False) -> None:

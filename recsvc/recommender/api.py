@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from recsvc.engine.decoding import MODES, DecodedMode, Decoding, Mode
 from recsvc.rules.spec import Rules
@@ -66,6 +66,20 @@ class RecResult:
     #                 cosine similarity of the item's text to the history's, not log-probs
 
 
+Fallback = Literal["", "no_history", "nothing_left", "short"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A query's answer as its response tells it (``recsvc.recommender.answer`` builds it): the result, why it
+    holds fewer than k items, and why no model decoded it when none did."""
+
+    result: RecResult
+    reason: str = ""  # why fewer than k items, or no history ("" when neither)
+    fallback: Fallback = ""  # the kind of fallback, as counted ("": none)
+    not_decoded: str = ""  # why no model decoded it (result.decoding is None): popular items answered
+
+
 class Recommender(Protocol):
     """What the service calls: anything that answers batches of queries (a bundle's engine, a popularity table).
 
@@ -101,6 +115,12 @@ class Recommender(Protocol):
 
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]: ...
 
+    # the service's two calls: a query that needs no decoding answered at once (None: it is to be decoded), and a
+    # batch decoded, each result with why it is short (``recsvc.recommender.answer``; ``Answering`` gives both)
+    def answer_now(self, query: RecQuery) -> Answer | None: ...
+
+    def answers(self, queries: Sequence[RecQuery]) -> list[Answer]: ...
+
     def prefill_ahead(self, history: Sequence[int]) -> None: ...  # a user's next request computed ahead
 
 
@@ -118,5 +138,5 @@ class WithoutModel:
         return None
 
 
-__all__ = ["MODES", "DecodedMode", "Decoding", "EngineFacts", "Mode", "RecQuery", "RecResult", "RecStats",
-           "Recommender", "WithoutModel"]
+__all__ = ["MODES", "Answer", "DecodedMode", "Decoding", "EngineFacts", "Fallback", "Mode", "RecQuery", "RecResult",
+           "RecStats", "Recommender", "WithoutModel"]

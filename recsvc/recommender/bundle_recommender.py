@@ -40,7 +40,8 @@ from recsvc.engine.state_cache import UserStateCache
 from recsvc.errors import UserError
 from recsvc.priors.mixed import MixedPrior, load_prior
 from recsvc.priors.transition import TransitionPrior
-from recsvc.recommender.api import EngineFacts, RecQuery, RecResult, RecStats
+from recsvc.recommender.answer import explained_all, without_decoding
+from recsvc.recommender.api import Answer, EngineFacts, RecQuery, RecResult, RecStats
 from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
 from recsvc.recommender.prior_ranked import prior_ranked, ranks_alone
 from recsvc.rule_decoding.decode import RuleSettings, decode_rules
@@ -345,6 +346,15 @@ class BundleRecommender:
         return self.ids.item_ids[rows[picked]].tolist()
 
     # ---- decoding -------------------------------------------------------------------------------------------
+    def answer_now(self, query: RecQuery) -> Answer | None:
+        """The answer of a query that needs no decoding (no history, nothing left); None: to be decoded."""
+        return without_decoding(self, query)
+
+    def answers(self, queries: Sequence[RecQuery]) -> list[Answer]:
+        """The queries decoded (``recommend``), each list with why it is short (``recsvc.recommender.answer``)."""
+        results = self.recommend(queries)
+        return explained_all(self, queries, results)
+
     def recommend(self, queries: Sequence[RecQuery], ledger: Ledger = NO_LEDGER) -> list[RecResult]:
         """``ledger``: phase timers of plain and rule-aware decoding (``recsvc.engine.ledger``; benches only)."""
         if self.prior_ranks:  # no target decoding: every mode gets the prior's ranking (prior_ranked)

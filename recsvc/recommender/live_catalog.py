@@ -35,6 +35,7 @@ from recsvc.catalog.file import LiveCatalog
 from recsvc.content.fresh import FreshItems
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.state_cache import UserStateCache
+from recsvc.recommender.answer import Answering
 from recsvc.recommender.api import EngineFacts, RecQuery, RecResult
 from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
 from recsvc.rules.catalog import RuleCatalog
@@ -98,7 +99,7 @@ class CatalogState:
         return len(self.recommender.ids) - len(self.retired)
 
 
-class LiveRecommender:
+class LiveRecommender(Answering):
     """A ``Recommender`` (``recsvc.recommender.api``) over a bundle's recommender whose catalog :meth:`apply`
     replaces while it serves. It holds the current state (composition): every member of the contract reads the
     current state's recommender, built with its settings (speculation, rules, caches) before it is wrapped."""

@@ -26,8 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 
-from recsvc.recommender.answer import Answer, explained, without_decoding
-from recsvc.recommender.api import Recommender, RecQuery, RecResult
+from recsvc.recommender.api import Answer, Recommender, RecQuery
 
 from .logs import log_event
 from .metrics import ServiceMetrics
@@ -97,7 +96,7 @@ class Batcher:
         ``deadline`` (time.monotonic()): DeadlineExpired after it. ``on_end(callback)``: registers a callback
         for when the caller goes away (the query is then skipped; CancelledError). Overloaded when the queue
         is full, BatcherClosed once closing."""
-        answer = without_decoding(self.recommender, query)  # (answered while closing too, as it needs no engine)
+        answer = self.recommender.answer_now(query)  # (answered while closing too, as it needs no engine)
         if answer is not None:
             return BatchOutcome(answer, 0)
         pending = self._queue(query, deadline)
@@ -234,15 +233,12 @@ class Batcher:
         for item, result in zip(live, results, strict=True):
             self._finish(item, result, len(live))
 
-    def _finish(self, item: _Pending, result: RecResult, batch_size: int) -> None:
-        try:
-            item.future.set_result(BatchOutcome(explained(self.recommender, item.query, result), batch_size))
-        except Exception as exc:
-            item.future.set_exception(exc)
+    def _finish(self, item: _Pending, answer: Answer, batch_size: int) -> None:
+        item.future.set_result(BatchOutcome(answer, batch_size))
 
-    def _call(self, items: list[_Pending]) -> list[RecResult]:
+    def _call(self, items: list[_Pending]) -> list[Answer]:
         started = time.perf_counter()
-        results = list(self.recommender.recommend([item.query for item in items]))
+        results = list(self.recommender.answers([item.query for item in items]))
         if len(results) != len(items):
             raise RuntimeError(f"engine returned {len(results)} results for {len(items)} queries")
         if self.metrics is not None:

@@ -14,11 +14,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from recsvc.errors import UserError
+from recsvc.recommender.answer import Answering
 from recsvc.recommender.api import RecQuery, RecResult, RecStats, WithoutModel
 from recsvc.rules.spec import Rules
 
 
-class PopularityRecommender(WithoutModel):
+class PopularityRecommender(WithoutModel, Answering):
     """Most popular items first (ties: smaller item id first); thread-safe (read-only after construction)."""
 
     def __init__(
