@@ -78,6 +78,14 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", help="the target preset (default: base; smoke: tiny); a CPU rehearsal: tiny")
     p.add_argument("--drafter-preset", dest="drafter", help="the drafter preset (default: llama-68m)")
     p.add_argument("--no-align", action="store_true", help="the SFT drafter only (no teacher / AtSpeed-S)")
+    p.add_argument("--bundle", help="measure this prebuilt bundle (no smoke, no build; e.g. the served one, slimmed "
+                                    "by `make gpu-bundle`); --data then names its split")
+    p.add_argument("--drafter-kind", choices=["llama", "head"], default="llama",
+                   help="llama: the bundle's LLaMA drafter (aligned when there is one); head: its draft head")
+    p.add_argument("--prior", choices=["auto", "off"], default="auto",
+                   help="auto: every search fuses the bundle's prior as served, when it has one (built: none)")
+    p.add_argument("--n", type=int, default=None, help="draft beams N (default 40)")
+    p.add_argument("--gamma", type=int, default=None, help="draft depths per round (default 3)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", dest="json_path", help="default OUT/gpu_accept.json")
     p.add_argument("--stages", default=",".join(STAGES),
@@ -151,23 +159,60 @@ def _request_end_reads(reads) -> int:
     return sum(c for site, c in reads.by_site.items() if site.startswith("recsvc/engine/decode.py:"))
 
 
+class _Inputs:
+    """Each measured prompt batch's histories and fused prior ([B, num_nodes]: the bundle's prior as served, when
+    it fuses one and ``--prior auto``; else none), made once per batch, outside every timer."""
+
+    def __init__(self, ctx, fused, device: str) -> None:
+        self.ctx, self.fused, self.device = ctx, fused, device
+        self._by: dict[int, tuple[list[list[int]], torch.Tensor | None]] = {}
+
+    def add(self, histories: list[list[int]]):
+        """A PromptBatch of ``histories``, its inputs kept."""
+        from recsvc.engine.prior import prior_log_mass
+        from recsvc.engine.prompts import PromptBatch
+
+        pb = PromptBatch.from_lists([self.ctx.builder.prompt_ids(h) for h in histories])
+        prior = None if self.fused is None else prior_log_mass(self.ctx.trie, self.fused.probs(histories),
+                                                                self.fused.settings.weight).to(self.device)
+        self._by[id(pb)] = ([list(h) for h in histories], prior)
+        return pb
+
+    def of(self, pb) -> tuple[list[list[int]], torch.Tensor | None]:
+        return self._by[id(pb)]
+
+
 def _load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
-    """The bundle's target and LLaMA drafter (the aligned one when there is one) in ``dtype`` on ``device`` with
-    ``forward``, and one prompt per measured user -> (context, target, search, drafter, aligned, prompts)."""
+    """The bundle's target and drafter (``cfg["drafter_kind"]``: its LLaMA drafter, the aligned one when there is
+    one, with ``forward`` too; or its draft head, no opener) in ``dtype`` on ``device`` with ``forward``, and one
+    prompt per measured user -> (context, target, search, drafter, drafter label, prompts, inputs)."""
     from recsvc.bench.common import load_context
-    from recsvc.bench.speculative import make_drafter
+    from recsvc.bench.speculative import load_fused_prior, make_drafter
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.prompts import PromptBatch
 
-    ctx = load_context(bundle, cfg["users"], "test", dtype, None, device=device)
+    ctx = load_context(bundle, cfg["users"], "test", dtype, cfg.get("data"), device=device)
     target = EngineModel.build(ctx.model, "fp32", forward=forward)
     engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
-    aligned = (bundle / "drafters" / "atspeed" / "config.json").is_file()
-    drafter = make_drafter("llama", ctx, engine, cfg["width"], dtype, "atspeed" if aligned else None, device=device)
-    drafter.model.set_forward(forward)
-    prompts = [PromptBatch.from_lists([ctx.builder.prompt_ids(u.history)]) for u in ctx.users]
-    return ctx, target, engine, drafter, aligned, prompts
+    if cfg.get("drafter_kind", "llama") == "head":
+        drafter = make_drafter("head", ctx, engine, cfg["width"], dtype, None, head_opener="none", device=device)
+        label = "draft head (no opener)"
+    else:
+        aligned = (bundle / "drafters" / "atspeed" / "config.json").is_file()
+        drafter = make_drafter("llama", ctx, engine, cfg["width"], dtype, "atspeed" if aligned else None,
+                               device=device)
+        drafter.model.set_forward(forward)
+        label = "llama (AtSpeed-S)" if aligned else "llama (SFT)"
+    inputs = _Inputs(ctx, load_fused_prior(bundle, cfg.get("prior", "auto")), device)
+    prompts = [inputs.add([u.history]) for u in ctx.users]
+    return ctx, target, engine, drafter, label, prompts, inputs
+
+
+def _engines(target, drafter) -> list:
+    """The engine models whose graphs a warm-up captures: the target's, and the LLaMA drafter's."""
+    from recsvc.drafters.llama import LlamaDrafter
+
+    return [target, drafter.model] if isinstance(drafter, LlamaDrafter) else [target]
 
 
 def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
@@ -179,18 +224,17 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.host_reads import HostReads
     from recsvc.engine.ledger import NO_LEDGER
-    from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.reference import generate_topk
     from recsvc.engine.sampling import make_generators
 
     k, width, n, gamma = cfg["k"], cfg["width"], cfg["n"], cfg["gamma"]
-    ctx, target, engine, drafter, aligned, prompts = _load(bundle, cfg, device, forward, "auto")
+    ctx, target, engine, drafter, drafter_label, prompts, inputs = _load(bundle, cfg, device, forward, "auto")
     off = ctx.builder.code_offset
     engine_eager = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="fast"), ctx.trie, off)
     label = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
              "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,
-             "drafter": "llama (AtSpeed-S)" if aligned else "llama (SFT)", "target_valid": valid_recall(bundle),
-             "k": k, "width": width}
+             "drafter": drafter_label, "target_valid": valid_recall(bundle),
+             "prior": "fused" if inputs.fused is not None else "none", "k": k, "width": width}
     temp = torch.tensor([1.0], device=device)
 
     def timed(fn):
@@ -199,27 +243,33 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         synchronize(device)
         return out, 1000 * (time.perf_counter() - start)
 
-    # every search through the one decoding entry (no history: the measured users' lists are not filtered)
-    def plain(pb, eng=engine, ledger=NO_LEDGER):
-        return decode(eng, None, pb, [[]] * len(pb.lengths), "plain", width, (0, 0), top=k, ledger=ledger)
+    # every search through the one decoding entry (no exclusions: the measured users' lists are not filtered)
+    def plain(pb, eng=engine, ledger=NO_LEDGER, fuse=True):
+        hist, prior = inputs.of(pb)
+        return decode(eng, None, pb, hist, "plain", width, (0, 0), prior=prior if fuse else None, top=k,
+                      ledger=ledger)
 
     def strict(pb, eng=engine, ledger=NO_LEDGER):
-        return decode(eng, drafter, pb, [[]] * len(pb.lengths), "strict", width, (n, gamma), ledger=ledger)
+        hist, prior = inputs.of(pb)
+        return decode(eng, drafter, pb, hist, "strict", width, (n, gamma), prior=prior, ledger=ledger)
 
     def relaxed(pb, seed):
-        return decode(engine, drafter, pb, [[]], "relaxed", width, (n, gamma), temperatures=temp,
+        hist, prior = inputs.of(pb)
+        return decode(engine, drafter, pb, hist, "relaxed", width, (n, gamma), prior=prior, temperatures=temp,
                       generators=make_generators([seed]))
 
     def sampling(pb, seed):  # the target's own sampling beam search (no drafter)
-        return decode(engine, None, pb, [[]], "relaxed", width, (0, 0), temperatures=temp,
+        hist, prior = inputs.of(pb)
+        return decode(engine, None, pb, hist, "relaxed", width, (0, 0), prior=prior, temperatures=temp,
                       generators=make_generators([seed]))
 
-    batch_pb = PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in ctx.users[:cfg["batch"]]])
+    batch_pb = inputs.add([u.history for u in ctx.users[:cfg["batch"]]])
     # every measured user's searches once (their buckets' graphs captured before any clock runs), then the batch
-    searches = [lambda pb=pb: (plain(pb), strict(pb), relaxed(pb, 0), sampling(pb, 0)) for pb in prompts]
+    searches = [lambda pb=pb: (plain(pb), plain(pb, fuse=False), strict(pb), relaxed(pb, 0), sampling(pb, 0))
+                for pb in prompts]
     searches = [lambda: plain(batch_pb), lambda: strict(batch_pb), *searches,
-                *[lambda pb=pb: plain(pb, engine_eager) for pb in prompts[:cfg["calibration"]]]]
-    emit("warmup", {**label, **warm_up([target, drafter.model], searches, cfg["warmup_seconds"])})
+                *[lambda pb=pb: plain(pb, engine_eager, fuse=False) for pb in prompts[:cfg["calibration"]]]]
+    emit("warmup", {**label, **warm_up(_engines(target, drafter), searches, cfg["warmup_seconds"])})
 
     def over() -> bool:
         return time.perf_counter() > deadline
@@ -230,8 +280,8 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         for pb in prompts:
             if over():
                 break
-            out, ms = timed(lambda pb=pb: plain(pb))
-            eager_out, ms_eager = timed(lambda pb=pb: plain(pb, engine_eager))
+            out, ms = timed(lambda pb=pb: plain(pb, fuse=False))  # generate knows no prior
+            eager_out, ms_eager = timed(lambda pb=pb: plain(pb, engine_eager, fuse=False))
             same_eager += torch.equal(out.leaves, eager_out.leaves)  # graphs vs the eager forward (bf16 near-ties)
             (codes, _), ms_gen = timed(lambda pb=pb: generate_topk(ctx.model, ctx.trie, off, pb.ids[0].tolist(), width))
             mine = [tuple(c) for c in ctx.trie.codes_of_nodes(out.leaves[0]).tolist() if c[0] >= 0]
@@ -239,7 +289,7 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
             rows.append((ms, ms_eager, ms_gen))
         if rows:
             p = statistics.mean(r[0] for r in rows)
-            emit("plain", {**label, "users": len(rows), "engine_ms": p,
+            emit("plain", {**label, "prior": "none (as generate)", "users": len(rows), "engine_ms": p,
                            "engine_eager_ms": statistics.mean(r[1] for r in rows),
                            "generate_ms": statistics.mean(r[2] for r in rows),
                            "speedup_vs_generate": statistics.mean(r[2] for r in rows) / p,
@@ -356,7 +406,7 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                 if over():
                     break
                 group = users[i:i + cfg["batch"]]
-                out = plain(PromptBatch.from_lists([ctx.builder.prompt_ids(u.history) for u in group]))
+                out = plain(inputs.add([u.history for u in group]))
                 for u, leaves in zip(group, out.leaves, strict=True):
                     ranks[u.user_id] = ctx.trie.leaf_items(leaves[leaves >= 0])
             scored = [u for u in users if u.user_id in ranks]
@@ -376,7 +426,7 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
             emit(name, {**label, "error": repr(exc)[:1000]})
     steps = engine.step_graphs()
     emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
-                                                                (target, drafter.model) if m.graph_runner],
+                                                                _engines(target, drafter) if m.graph_runner],
                     "plain_steps": steps.summary() if steps is not None else None})
 
 
@@ -389,15 +439,17 @@ def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: 
     if time.perf_counter() > deadline:
         return
     k, width = cfg["k"], cfg["width"]
-    _, target, engine, drafter, _, prompts = _load(bundle, cfg, device, forward, "fp32")
+    _, target, engine, drafter, _, prompts, inputs = _load(bundle, cfg, device, forward, "fp32")
 
     def plain(pb):
-        return decode(engine, None, pb, [[]], "plain", width, (0, 0), top=k)
+        hist, prior = inputs.of(pb)
+        return decode(engine, None, pb, hist, "plain", width, (0, 0), prior=prior, top=k)
 
     def strict(pb):
-        return decode(engine, drafter, pb, [[]], "strict", width, (cfg["n"], cfg["gamma"]))
+        hist, prior = inputs.of(pb)
+        return decode(engine, drafter, pb, hist, "strict", width, (cfg["n"], cfg["gamma"]), prior=prior)
 
-    warm_up([target, drafter.model], [lambda pb=pb: (plain(pb), strict(pb)) for pb in prompts],
+    warm_up(_engines(target, drafter), [lambda pb=pb: (plain(pb), strict(pb)) for pb in prompts],
             cfg["warmup_seconds"] / 3)
     same = [torch.equal(strict(pb).leaves[0, :k], plain(pb).leaves[0]) for pb in prompts
             if time.perf_counter() < deadline]
@@ -421,17 +473,20 @@ def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit
     if time.perf_counter() > deadline:
         return
     k, width = cfg["k"], cfg["width"]
-    ctx, target, engine, drafter, aligned, prompts = _load(bundle, cfg, device, "compiled-graphs", "auto")
+    ctx, target, engine, drafter, drafter_label, prompts, inputs = _load(bundle, cfg, device, "compiled-graphs",
+                                                                         "auto")
     graphs = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="graphs"), ctx.trie, ctx.builder.code_offset)
     label = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
              "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,
-             "baseline_forward": graphs.model.forward_name, "k": k, "width": width}
+             "baseline_forward": graphs.model.forward_name, "drafter": drafter_label, "k": k, "width": width}
 
     def plain(pb, eng):
-        return decode(eng, None, pb, [[]], "plain", width, (0, 0), top=k)
+        hist, prior = inputs.of(pb)
+        return decode(eng, None, pb, hist, "plain", width, (0, 0), prior=prior, top=k)
 
     def strict(pb):
-        return decode(engine, drafter, pb, [[]], "strict", width, (cfg["n"], cfg["gamma"]))
+        hist, prior = inputs.of(pb)
+        return decode(engine, drafter, pb, hist, "strict", width, (cfg["n"], cfg["gamma"]), prior=prior)
 
     def timed(fn):
         start = time.perf_counter()
@@ -440,7 +495,7 @@ def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit
         return out, 1000 * (time.perf_counter() - start)
 
     t0 = time.perf_counter()
-    warm = warm_up([target, drafter.model, graphs.model],
+    warm = warm_up([*_engines(target, drafter), graphs.model],
                    [lambda pb=pb: (plain(pb, engine), plain(pb, graphs), strict(pb)) for pb in prompts],
                    cfg["compile_seconds"])
     layer = target.fast().compiled_layer
@@ -461,7 +516,7 @@ def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit
         res.update({"users": len(rows), "graphs_ms": g, "compiled_ms": c, "speedup": g / c, "strict_ms": s,
                     "strict_WS_vs_compiled_plain": c / s, "same_as_graphs": sum(r[3] for r in rows) / len(rows),
                     "strict_same_as_plain": sum(r[4] for r in rows) / len(rows),
-                    "runners": [m.graph_runner.summary() for m in (target, drafter.model) if m.graph_runner]})
+                    "runners": [m.graph_runner.summary() for m in _engines(target, drafter) if m.graph_runner]})
         emit("compiled", res)
 
 
@@ -501,7 +556,7 @@ def run(args: argparse.Namespace) -> dict:
     json_path = Path(args.json_path) if args.json_path else out / "gpu_accept.json"
     start = time.perf_counter()
     payload: dict = {"bench": "gpu-accept", "device": device, "machine": machine(), "stages": {}, "complete": False}
-    if not args.smoke and not args.no_smoke:  # the whole script at tiny sizes first, on the same device
+    if not args.smoke and not args.no_smoke and not args.bundle:  # the script at tiny sizes first, same device
         sub = argparse.Namespace(**{**vars(args), "smoke": True, "out": str(out / "smoke"), "json_path": None,
                                     "users": None, "target_minutes": None, "train_batch": None,
                                     "budget_minutes": None, "preset": None, "drafter": None})
@@ -513,9 +568,12 @@ def run(args: argparse.Namespace) -> dict:
             payload["stages"]["smoke"] = {"ok": False, "error": repr(exc)[:500]}
         write_json(json_path, payload)
     cfg = dict(SMOKE if args.smoke else FULL)
-    for key in ("users", "target_minutes", "train_batch", "budget_minutes", "preset", "drafter"):
+    for key in ("users", "target_minutes", "train_batch", "budget_minutes", "preset", "drafter", "n", "gamma"):
         if getattr(args, key, None):
             cfg[key] = getattr(args, key)
+    cfg["drafter_kind"], cfg["prior"] = args.drafter_kind, args.prior
+    if args.bundle:
+        cfg["data"] = args.data
     payload["config"] = {**cfg, "forward": args.forward, "smoke": args.smoke}
     deadline = start + 60 * cfg["budget_minutes"]
     data = out / "data" if args.smoke else Path(args.data)
@@ -523,7 +581,7 @@ def run(args: argparse.Namespace) -> dict:
         run_command("data", ["synth", "--out", str(data), "--items", "80", "--users", "160", "--seed", "0"])
     if args.smoke:
         smoke_ids(data)
-    bundle = out / "bundle"
+    bundle = Path(args.bundle) if args.bundle else out / "bundle"
 
     def emit(stage: str, result: dict) -> None:
         payload["stages"][stage] = result
@@ -533,7 +591,10 @@ def run(args: argparse.Namespace) -> dict:
         write_json(json_path, payload)
         print(json.dumps({stage: result}, default=str)[:2000], flush=True)
 
-    emit("build", build(data, bundle, cfg, device, not args.no_align, args.threads))
+    if args.bundle:
+        emit("build", {"prebuilt": str(bundle), "device": device})
+    else:
+        emit("build", build(data, bundle, cfg, device, not args.no_align, args.threads))
     stages = set(args.stages.split(","))
     if "measure" in stages:
         measure(bundle, cfg, device, args.forward, deadline, emit)
