@@ -138,3 +138,28 @@ def test_head_samples_for_relaxed_verification() -> None:
                                        drafter.sampling_session(batch(prompts), [[]] * 3, None), 8, 3,
                                        torch.ones(3), make_generators([1, 2, 3]))
     assert torch.equal(out.leaves, again.leaves)
+
+
+def test_head_drafts_without_host_reads_over_the_bucketed_forward() -> None:
+    """Over a sync-free target (the bucketed / CUDA-graph forwards) the head reads nothing from the device: both
+    sides of each choice are computed, so a strict round reads once (the rows' depths), and the lists stay the
+    plain search's, as over the fast forward (where the head reads to skip work)."""
+    from recsvc.engine.host_reads import HostReads
+
+    ids, trie, llama, _, head = _setup(7)
+    bucketed = EngineModel.build(llama, "fp32", forward="bucketed")
+    fast = EngineModel.build(llama, "fp32", forward="fast")
+    prompts = batch(random_prompts(3, seed=7))
+    for k, n in ((10, 10), (5, 8)):
+        plain = BeamSearch(fast, trie, TEXT_VOCAB).search(prompts, k)
+        engine = BeamSearch(bucketed, trie, TEXT_VOCAB)
+        session = HeadDrafter(head, trie).session(prompts, [[]] * 3, None)
+        assert session.closed_tree  # the verification feeds its bound
+        bucketed.fast()  # built once per model (its probes read the device), not per request
+        with HostReads("cpu") as reads:
+            spec = speculative_search(bucketed, trie, TEXT_VOCAB, prompts, k, session, n, 3, None, engine.select)
+        assert torch.equal(spec.leaves, plain.leaves)
+        assert torch.allclose(spec.scores, plain.scores, atol=1e-4)
+        head_reads = {s: c for s, c in reads.by_site.items() if s.startswith("recsvc/drafters/")}
+        assert head_reads == {}, head_reads
+        assert session.head_steps > 0

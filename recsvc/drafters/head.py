@@ -42,6 +42,9 @@ class HeadDraftSession:
         self.head, self.trie, self.dead, self.prior = head, trie, dead, prior
         self.opener = opener  # drafts the rows whose target has run no forward yet (see HeadDrafter)
         self.head_steps = 0
+        # every drafted node's parent is a root or a node drafted one depth above (beam search over the trie);
+        # the opener's first round must promise the same for the verification to feed its bound
+        self.closed_tree = opener is None or bool(getattr(opener, "closed_tree", False))
 
     def _roots(self, roots: torch.Tensor, target: TargetState
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
@@ -59,16 +62,18 @@ class HeadDraftSession:
         h = target.hidden_at(base).to(head.out.dtype)  # [R, Kc, H]
         state = head.start(h.reshape(r * kc, -1))  # [R Kc, S]
         logp = target.logprobs_at(torch.where(from_parent, -1, roots))  # [R, Kc, C]: exact where cached
-        if bool(from_parent.any()):
+        read = not target.sync_free  # sync-free: step every root and keep the stepped ones (no host read)
+        any_parent = bool(from_parent.any()) if read else True
+        if any_parent:
             safe = roots.clamp(min=1)
             stepped, logq = head.step(state, h.reshape(r * kc, -1), (trie.depth[safe] - 1).reshape(-1),
-                                      trie.node_code[safe].reshape(-1))
+                                      trie.node_code[safe].reshape(-1), read=read)
             self.head_steps += 1
             state = torch.where(from_parent.reshape(-1, 1), stepped, state)
             logp = torch.where(from_parent[..., None], logq.view(r, kc, -1), logp)
-        return h, state.view(r, kc, -1), logp, not bool(from_parent.any())
+        return h, state.view(r, kc, -1), logp, read and not any_parent
 
-    def _step(self, nodes: torch.Tensor, state: torch.Tensor, h: torch.Tensor
+    def _step(self, nodes: torch.Tensor, state: torch.Tensor, h: torch.Tensor, read: bool = True
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over the codes of ``nodes`` [R, n] (states / conditioning [R, n, S] / [R, n, H]) ->
         (new states [R, n, S], next-code log q [R, n, C]; -inf on dead nodes)."""
@@ -78,7 +83,7 @@ class HeadDraftSession:
         safe = torch.where(alive, nodes, 1)
         level = (trie.depth[safe] - 1).clamp(max=trie.levels - 2)  # [R, n] the consumed code's level
         new_state, logq = self.head.step(state.reshape(r * n, -1), h.reshape(r * n, -1), level.reshape(-1),
-                                         trie.node_code[safe].reshape(-1))
+                                         trie.node_code[safe].reshape(-1), read=read)
         self.head_steps += 1
         return new_state.view(r, n, -1), torch.where(alive[..., None], logq.view(r, n, -1), float("-inf"))
 
@@ -88,7 +93,8 @@ class HeadDraftSession:
         g = depths if depths is not None else (int(steps.max()) if len(steps) else 0)
         if g == 0:
             return []
-        if self.opener is not None and not bool(target.cached(roots[:, :1]).all()):
+        first = (not bool(target.cached(roots[:, :1]).all())) if not target.sync_free else not target.prefilled
+        if self.opener is not None and first:
             # the first round: the opener's drafts ride along with the prompt prefill in one forward
             return self.opener.propose(roots, root_scores, steps, width, target)
         h, state, logp, exact = self._roots(roots, target)
@@ -103,7 +109,7 @@ class HeadDraftSession:
             if s == g:
                 break
             h, state = _gather(h, parent), _gather(state, parent)  # [R, N, .] follow the kept beams
-            state, logp = self._step(nodes, state, h)
+            state, logp = self._step(nodes, state, h, read=not target.sync_free)
         return drafts
 
     @torch.inference_mode()

@@ -74,11 +74,12 @@ class DraftHead(nn.Module):
         h: torch.Tensor,  # [M, H] the target's hidden state at the draft's root
         level: torch.Tensor,  # [M] 0-based level of the code consumed (its node's depth - 1), < L - 1
         code: torch.Tensor,  # [M] the code consumed
+        read: bool = True,  # False: no host read (the sync-free searches): the all-levels path whatever the rows
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (state [M, S], log q [M, C] over level + 1's codes)
         e = self.embed(level * self.cfg.codebook + code)
         state = F.silu(self.u(state) + self.w(e))
         z = h + self.mlp(torch.cat([state, h], -1))  # [M, H]
-        lo, hi = int(level.min()), int(level.max())
+        lo, hi = (int(level.min()), int(level.max())) if read else (0, 1)
         if lo == hi:  # one level for every row (training; most draft steps)
             logits = z @ self.out[lo + 1].T + self.out_bias[lo + 1]  # [M, C]
         else:  # one matmul over all levels' codes, then each row's slice

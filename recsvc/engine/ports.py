@@ -48,6 +48,17 @@ class TargetState:
         self.model = model  # the target (its embeddings / LM head: ``model.model``)
         self._cache = cache
 
+    @property
+    def sync_free(self) -> bool:
+        """The target's forwards read nothing from the device (``EngineModel.sync_free``): a drafter then avoids
+        host reads too, computing both sides of a choice rather than asking which one applies."""
+        return self.model.sync_free
+
+    @property
+    def prefilled(self) -> bool:
+        """The prompt prefill has run (known on the host: no device read)."""
+        return self._cache.prefilled
+
     def cached(self, nodes: torch.Tensor) -> torch.Tensor:
         """[R, m] nodes (-1 none) -> [R, m] bool: True where reading them costs no target forward."""
         c = self._cache
