@@ -163,3 +163,16 @@ def test_head_drafts_without_host_reads_over_the_bucketed_forward() -> None:
         head_reads = {s: c for s, c in reads.by_site.items() if s.startswith("recsvc/drafters/")}
         assert head_reads == {}, head_reads
         assert session.head_steps > 0
+        # with the search's step graphs (decode's path) each replay depth runs as one function (one CUDA graph on
+        # a GPU, counted as a replay here, as the head's drafting already is): the same lists, fewer eager ops
+        from recsvc.engine.launches import Launches
+
+        counts = []
+        for graphs in (None, engine.step_graphs()):
+            with Launches() as ops:
+                out = speculative_search(bucketed, trie, TEXT_VOCAB, prompts, k,
+                                         HeadDrafter(head, trie).session(prompts, [[]] * 3, None), n, 3, None,
+                                         engine.select, graphs=graphs)
+            assert torch.equal(out.leaves, plain.leaves)
+            counts.append(ops.total)
+        assert counts[1] < 0.7 * counts[0], counts

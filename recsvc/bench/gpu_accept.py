@@ -40,6 +40,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -151,6 +153,29 @@ class _Rounds:
     def phase(self, name: str):
         self.rounds += name == "verify"
         return self.inner.phase(name)
+
+
+class _PhaseOps:
+    """A ledger adding up, per phase, the eager device operations a ``Launches`` counter saw inside it."""
+
+    def __init__(self) -> None:
+        from collections import Counter
+
+        self.ops: Counter[str] = Counter()
+        self._launches = None
+
+    def counting(self, launches) -> _PhaseOps:
+        self._launches = launches
+        return self
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        assert self._launches is not None
+        start = self._launches.total
+        try:
+            yield
+        finally:
+            self.ops[name] += self._launches.total - start
 
 
 def _request_end_reads(reads) -> int:
@@ -353,17 +378,18 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         res: dict = {**label, "users": min(len(prompts), 10)}
         for name, fn in (("plain", plain), ("strict", strict)):
             ledger = SyncedLedger(device)
-            launches, replays = [], []
+            launches, replays, by_phase = [], [], _PhaseOps()
             for pb in prompts[:10]:
                 fn(pb, ledger=ledger)
                 with Launches() as ops:
-                    fn(pb)
+                    fn(pb, ledger=by_phase.counting(ops))
                 launches.append(ops.total)
                 replays.append(ops.replays)
             users = res["users"]
             res[name] = {"ms_per_request": {k: v / users for k, v in ledger.ms.items()},
                          "phase_calls_per_request": {k: v / users for k, v in ledger.calls.items()},
                          "eager_ops_per_request": statistics.mean(launches),
+                         "eager_ops_by_phase": {k: v / users for k, v in by_phase.ops.items()},
                          "replayed_forwards_per_request": statistics.mean(replays), "top_ops": ops.summary(8)["by_op"]}
         emit("phases", res)
 

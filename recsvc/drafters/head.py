@@ -17,11 +17,14 @@ Shapes: R rows, Kc the target's beams, N draft width, H hidden, S head state, C 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
 from recsvc.drafters.head_model import DraftHead
+from recsvc.engine.cuda_graphs import FunctionGraphs
 from recsvc.engine.expand import expand_beams
 from recsvc.engine.ports import Drafter, DraftSession, DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
@@ -38,10 +41,12 @@ class HeadDraftSession:
     calls = 0  # no drafter forward: the head's steps are a few small matmuls
 
     def __init__(self, head: DraftHead, trie: CatalogTrie, dead: torch.Tensor | None,
-                 prior: torch.Tensor | None, opener: DraftSession | None = None) -> None:
+                 prior: torch.Tensor | None, opener: DraftSession | None = None,
+                 graphs: Callable[[bool], FunctionGraphs] | None = None) -> None:
         self.head, self.trie, self.dead, self.prior = head, trie, dead, prior
         self.opener = opener  # drafts the rows whose target has run no forward yet (see HeadDrafter)
         self.head_steps = 0
+        self.graphs = graphs  # capture? -> the drafter's graphs of a round's drafting (sync-free targets)
         # every drafted node's parent is a root or a node drafted one depth above (beam search over the trie);
         # the opener's first round must promise the same for the verification to feed its bound
         self.closed_tree = opener is None or bool(getattr(opener, "closed_tree", False))
@@ -51,30 +56,45 @@ class HeadDraftSession:
         """The round's start: (h [R, Kc, H] the hidden state each root's drafts are conditioned on, the head's
         state there [R, Kc, S], next-code log-probs at the roots [R, Kc, C], whether those are all the target's
         own (no root was stepped from its parent))."""
-        trie, head = self.trie, self.head
-        r, kc = roots.shape
+        h, logp, from_parent = self._root_inputs(roots, target)
+        read = not target.sync_free  # sync-free: step every root and keep the stepped ones (no host read)
+        any_parent = bool(from_parent.any()) if read else True
+        self.head_steps += any_parent
+        state, logp = self._root_state(roots, h, logp, from_parent, any_parent, read)
+        return h, state, logp, read and not any_parent
+
+    def _root_inputs(self, roots: torch.Tensor, target: TargetState
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the target gives a round: (h [R, Kc, H], its next-code log-probs at the cached roots [R, Kc, C],
+        which roots are not cached [R, Kc])."""
         # a root the target chose at a rejected depth is not cached yet (the next verification feeds it): read
         # its parent's hidden state (cached: the target scored the root from it) and step the head over the
         # root's code instead of spending a target forward on it; the root node itself (first round) costs the
         # prompt prefill, which is a target call
         from_parent = (roots >= 1) & ~target.cached(roots)  # [R, Kc]
-        base = torch.where(from_parent, trie.parent[roots.clamp(min=0)], roots)
-        h = target.hidden_at(base).to(head.out.dtype)  # [R, Kc, H]
+        base = torch.where(from_parent, self.trie.parent[roots.clamp(min=0)], roots)
+        # every base is cached: a root, or the parent the target scored an uncached root from
+        h = target.hidden_at(base, cached=True).to(self.head.out.dtype)  # [R, Kc, H]
+        logp = target.logprobs_at(torch.where(from_parent, -1, roots), cached=True)  # [R, Kc, C]: exact where cached
+        return h, logp, from_parent
+
+    def _root_state(self, roots: torch.Tensor, h: torch.Tensor, logp: torch.Tensor, from_parent: torch.Tensor,
+                    any_parent: bool, read: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's state at the roots [R, Kc, S] and the next-code log-probs there [R, Kc, C]: the target's, or
+        the head's stepped over an uncached root's code from its parent."""
+        trie, head = self.trie, self.head
+        r, kc = roots.shape
         state = head.start(h.reshape(r * kc, -1))  # [R Kc, S]
-        logp = target.logprobs_at(torch.where(from_parent, -1, roots))  # [R, Kc, C]: exact where cached
-        read = not target.sync_free  # sync-free: step every root and keep the stepped ones (no host read)
-        any_parent = bool(from_parent.any()) if read else True
         if any_parent:
             safe = roots.clamp(min=1)
             stepped, logq = head.step(state, h.reshape(r * kc, -1), (trie.depth[safe] - 1).reshape(-1),
                                       trie.node_code[safe].reshape(-1), read=read)
-            self.head_steps += 1
             state = torch.where(from_parent.reshape(-1, 1), stepped, state)
             logp = torch.where(from_parent[..., None], logq.view(r, kc, -1), logp)
-        return h, state.view(r, kc, -1), logp, read and not any_parent
+        return state.view(r, kc, -1), logp
 
-    def _step(self, nodes: torch.Tensor, state: torch.Tensor, h: torch.Tensor, read: bool = True
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, nodes: torch.Tensor, state: torch.Tensor, h: torch.Tensor, read: bool = True,
+              count: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over the codes of ``nodes`` [R, n] (states / conditioning [R, n, S] / [R, n, H]) ->
         (new states [R, n, S], next-code log q [R, n, C]; -inf on dead nodes)."""
         trie = self.trie
@@ -84,7 +104,7 @@ class HeadDraftSession:
         level = (trie.depth[safe] - 1).clamp(max=trie.levels - 2)  # [R, n] the consumed code's level
         new_state, logq = self.head.step(state.reshape(r * n, -1), h.reshape(r * n, -1), level.reshape(-1),
                                          trie.node_code[safe].reshape(-1), read=read)
-        self.head_steps += 1
+        self.head_steps += count  # (a captured round counts its steps outside: its Python runs once)
         return new_state.view(r, n, -1), torch.where(alive[..., None], logq.view(r, n, -1), float("-inf"))
 
     @torch.inference_mode()
@@ -97,19 +117,42 @@ class HeadDraftSession:
         if self.opener is not None and first:
             # the first round: the opener's drafts ride along with the prompt prefill in one forward
             return self.opener.propose(roots, root_scores, steps, width, target)
+        if target.sync_free:  # the target's part eagerly, then the whole drafting as one function (a CUDA graph)
+            h, logp, from_parent = self._root_inputs(roots, target)
+            self.head_steps += g  # the root step and g - 1 depth steps
+            fn = partial(self._draft_round, g, width)
+            inputs = (roots, root_scores, steps, h, logp, from_parent, self.dead, self.prior)
+            graphs = self.graphs(target.model.captures) if self.graphs is not None else None
+            return list(graphs.run(("head draft", g, width), fn, inputs) if graphs is not None else fn(*inputs))
         h, state, logp, exact = self._roots(roots, target)
+        return self._depths(g, width, exact, roots, root_scores, steps, h, state, logp, self.dead, self.prior,
+                            read=True)
+
+    def _draft_round(self, g: int, width: int, roots: torch.Tensor, root_scores: torch.Tensor,
+                     steps: torch.Tensor, h: torch.Tensor, logp: torch.Tensor, from_parent: torch.Tensor,
+                     dead: torch.Tensor | None, prior: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """A sync-free round's drafting from the target's part (``_root_inputs``) as a pure function of tensors:
+        g tensors [R, N] (every root stepped, kept where it was not cached; no host read)."""
+        state, logp = self._root_state(roots, h, logp, from_parent, True, False)
+        return tuple(self._depths(g, width, False, roots, root_scores, steps, h, state, logp, dead, prior,
+                                  read=False))
+
+    def _depths(self, g: int, width: int, exact: bool, roots: torch.Tensor, root_scores: torch.Tensor,
+                steps: torch.Tensor, h: torch.Tensor, state: torch.Tensor, logp: torch.Tensor,
+                dead: torch.Tensor | None, prior: torch.Tensor | None, read: bool) -> list[torch.Tensor]:
+        """Beam search inside the head over g depths from the roots: the drafted nodes of each depth [R, N]."""
         nodes, scores = roots, root_scores
         drafts: list[torch.Tensor] = []
         for s in range(1, g + 1):
             # depth j + 1 from cached roots is the target's own step: its top K (= the roots' count after the
             # first depth of a request) are exactly the beams the target will keep, so drafting more is waste
             n = min(width, roots.shape[1]) if s == 1 and exact and roots.shape[1] > 1 else width
-            nodes, scores, parent = expand_beams(self.trie, nodes, scores, logp, n, self.dead, prior=self.prior)
+            nodes, scores, parent = expand_beams(self.trie, nodes, scores, logp, n, dead, prior=prior)
             drafts.append(torch.where((steps >= s)[:, None], nodes, -1))
             if s == g:
                 break
             h, state = _gather(h, parent), _gather(state, parent)  # [R, N, .] follow the kept beams
-            state, logp = self._step(nodes, state, h, read=not target.sync_free)
+            state, logp = self._step(nodes, state, h, read=read, count=read)
         return drafts
 
     @torch.inference_mode()
@@ -168,6 +211,16 @@ class HeadDrafter:
 
     def __init__(self, head: DraftHead, trie: CatalogTrie, opener: Drafter | None = None) -> None:
         self.draft_head, self.trie, self.opener = head, trie, opener
+        self._graphs: dict[bool, FunctionGraphs] = {}  # capture? -> a round's drafting per (depths, width)
+        self._lock = threading.Lock()
+
+    def graphs(self, capture: bool) -> FunctionGraphs:
+        """The drafter's graphs of a sync-free round's drafting (captured on a GPU, eager elsewhere): per drafter,
+        since they bake in its head's weights and trie."""
+        with self._lock:
+            if capture not in self._graphs:
+                self._graphs[capture] = FunctionGraphs(capture=capture)
+            return self._graphs[capture]
 
     def over(self, trie: CatalogTrie) -> HeadDrafter:
         return HeadDrafter(self.draft_head, trie, self.opener.over(trie) if self.opener is not None else None)
@@ -175,7 +228,7 @@ class HeadDrafter:
     def session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                 dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> HeadDraftSession:
         opener = self.opener.session(prompts, histories, dead, prior) if self.opener is not None else None
-        return HeadDraftSession(self.draft_head, self.trie, dead, prior, opener)
+        return HeadDraftSession(self.draft_head, self.trie, dead, prior, opener, self.graphs)
 
     def sampling_session(self, prompts: PromptBatch, histories: Sequence[Sequence[int]],
                          dead: torch.Tensor | None, prior: torch.Tensor | None = None) -> HeadDraftSession:

@@ -39,10 +39,14 @@ class BeamOutput:
 
 def node_logprobs(model: EngineModel, cache: TreeCache, nodes: torch.Tensor) -> torch.Tensor:
     """[B, m] cached nodes -> [B, m, C] log-probs of the codes that may follow each (level = node depth)."""
-    trie = cache.trie
-    hidden = cache.hidden_at(nodes)  # [B, m, H]
+    return hidden_logprobs(model, cache.trie, cache.code_offset, cache.hidden_at(nodes), nodes)
+
+
+def hidden_logprobs(model: EngineModel, trie: CatalogTrie, code_offset: int, hidden: torch.Tensor,
+                    nodes: torch.Tensor) -> torch.Tensor:
+    """The nodes' hidden states [B, m, H] -> [B, m, C] log-probs of the codes that may follow each node [B, m]."""
     levels = trie.depth[nodes.clamp(min=0)].clamp(max=trie.levels - 1)  # [B, m]
-    flat = model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), levels.reshape(-1), cache.code_offset,
+    flat = model.code_logprobs(hidden.reshape(-1, hidden.shape[-1]), levels.reshape(-1), code_offset,
                                trie.codebook_size)
     return flat.view(*nodes.shape, -1)
 

@@ -69,7 +69,8 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
             drafts = cast(DraftSession, session) if session is not None else drafter.session(batch, histories, dead,
                                                                                              prior)
             spec = speculative_search(engine.model, engine.trie, engine.code_offset, batch, width, drafts, n, gamma,
-                                      dead, engine.select, prior, ledger=ledger, states=states)
+                                      dead, engine.select, prior, ledger=ledger, states=states,
+                                      graphs=engine.step_graphs())
             return Decoded(spec.leaves, spec.scores, spec.target_calls.tolist(), spec.accepted.tolist(),
                            spec.draft_calls, Decoding("strict", width, n, gamma))
         return _plain(engine, batch, width, dead, prior, top, ledger, states, b, why)

@@ -65,16 +65,18 @@ class TargetState:
         slot = c.slot_of_node.gather(1, nodes.clamp(min=0))
         return (nodes < 0) | ((nodes == 0) & c.prefilled) | ((nodes >= 1) & (slot >= 0))
 
-    def hidden_at(self, nodes: torch.Tensor) -> torch.Tensor:
+    def hidden_at(self, nodes: torch.Tensor, cached: bool = False) -> torch.Tensor:
         """[R, m] trie nodes (0 = the root = the prompt's last token; -1 none: zeros) -> [R, m, H] the target's
-        final hidden state there (after the last norm)."""
-        self._cache.feed(nodes)  # no-op when all are cached
+        final hidden state there (after the last norm). ``cached``: the caller knows every node is cached (the
+        root aside, which the prompt prefill caches): a sync-free target then runs no forward to find out (a
+        wrong promise fails the search's bound check)."""
+        self._cache.feed(nodes, bound=0 if cached else None)  # no-op when all are cached
         return self._cache.hidden_at(nodes)
 
-    def logprobs_at(self, nodes: torch.Tensor) -> torch.Tensor:
+    def logprobs_at(self, nodes: torch.Tensor, cached: bool = False) -> torch.Tensor:
         """[R, m] trie nodes -> [R, m, C] the target's next-code log-probs there (``node_logprobs``: full-vocabulary
-        log_softmax, the level's codes; neither trie-masked nor prior-fused)."""
-        self._cache.feed(nodes)
+        log_softmax, the level's codes; neither trie-masked nor prior-fused). ``cached``: as ``hidden_at``."""
+        self._cache.feed(nodes, bound=0 if cached else None)
         return node_logprobs(self.model, self._cache, nodes)
 
 

@@ -18,10 +18,12 @@ though a drafter given the prior drafts the fused beams and is accepted more oft
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
-from recsvc.engine.beam_search import node_logprobs, to_device
+from recsvc.engine.beam_search import hidden_logprobs, to_device
+from recsvc.engine.cuda_graphs import FunctionGraphs
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.expand import expand_beams
 from recsvc.engine.ledger import NO_LEDGER, Ledger
@@ -51,6 +53,21 @@ def accepted_depth(target_beams: torch.Tensor, drafted: torch.Tensor) -> torch.T
     return hit.all(1)
 
 
+def _replay_step(target: EngineModel, trie: CatalogTrie, code_offset: int, width: int, select: Selector | None,
+                 s: int, hidden: torch.Tensor, live: torch.Tensor, scores: torch.Tensor, dead: torch.Tensor | None,
+                 prior: torch.Tensor | None, go: torch.Tensor, steps: torch.Tensor, draft: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One replay depth as a pure function of its tensors (captured per (depth, width) under the sync-free
+    forwards): the target's step over its live beams ``live`` [R, Kc] (hidden [R, Kc, H]) -> (new beams
+    [R, K], their scores [R, K], whether depth ``s`` is accepted [R]: the draft ``draft`` [R, N] holds every new
+    beam; no draft: the free depth, never accepted)."""
+    logp = hidden_logprobs(target, trie, code_offset, hidden, live)  # [R, Kc, C]
+    new_nodes, new_scores, _ = expand_beams(trie, live, scores, logp, width, dead, select, prior)
+    ok = go & (steps >= s)
+    ok = ok & accepted_depth(new_nodes, draft) if draft is not None else torch.zeros_like(ok)
+    return new_nodes, new_scores, ok
+
+
 @torch.inference_mode()
 def speculative_search(
     target: EngineModel,
@@ -66,6 +83,7 @@ def speculative_search(
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior (recsvc.engine.prior), as given to plain
     ledger: Ledger = NO_LEDGER,  # phase timers (recsvc.engine.ledger); results never depend on it
     states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
+    graphs: FunctionGraphs | None = None,  # sync-free: each replay depth one function (a CUDA graph on a GPU)
 ) -> SpecOutput:
     # Host synchronisation (CUDA), the eager forwards: a round reads the device only where a decision needs it:
     # how many tokens the verification feeds (TreeCache.missing: a shape; the lean forward also groups them by
@@ -111,13 +129,12 @@ def speculative_search(
                 break
             with ledger.phase("replay"):
                 live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
-                logp = node_logprobs(target, cache, live)  # [R, Kc, C]
-                new_nodes, new_scores, _ = expand_beams(trie, live, beams.scores, logp, width, dead, select, row_prior)
-                ok = go & (steps >= s)
-                if s <= len(drafted):
-                    ok &= accepted_depth(new_nodes, drafted[s - 1])
-                else:
-                    ok &= False  # the free depth after all g drafted depths passed
+                hidden = cache.hidden_at(live)  # [R, Kc, H]
+                draft = drafted[s - 1] if s <= len(drafted) else None  # None: the free depth after all g passed
+                step = partial(_replay_step, target, trie, code_offset, width, select, s)
+                inputs = (hidden, live, beams.scores, dead, row_prior, go, steps, draft)
+                new_nodes, new_scores, ok = (graphs.run(("replay depth", s, width), step, inputs)
+                                             if graphs is not None and sync else step(*inputs))
                 beams.advance(go, new_nodes, new_scores)
             accepted[beams.rows] += ok.long()
             running = ok

@@ -106,6 +106,8 @@ class TreeCache:
         ``bound``: at most this many are missing (a sync-free model feeds that many columns, see ``missing``)."""
         if self.states is not None and not self.prefilled:
             self._prefill_states()
+        if bound == 0 and self.prefilled and self.model.sync_free:
+            return 0  # the caller knows every node is cached (hidden_at checks it on a CPU): nothing to look up
         new = self.missing(nodes, bound) if nodes.numel() else nodes[:, :0]
         if self.prefilled and new.shape[1] == 0:
             return 0
