@@ -234,10 +234,9 @@ def _load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
 
 
 def _engines(target, drafter) -> list:
-    """The engine models whose graphs a warm-up captures: the target's, and the LLaMA drafter's."""
-    from recsvc.drafters.llama import LlamaDrafter
-
-    return [target, drafter.model] if isinstance(drafter, LlamaDrafter) else [target]
+    """The engine models whose graphs a warm-up captures: the target's, and the drafter's when it has a
+    transformer of its own (the LLaMA drafter; the draft head has none)."""
+    return [target] if drafter.model is None else [target, drafter.model]
 
 
 def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
