@@ -165,3 +165,12 @@ def test_rate_survives_save_and_load(tmp_path: Path) -> None:
     f.save(tmp_path / "fresh")
     back = FreshItems.load(tmp_path / "fresh")
     assert back.settings == f.settings and back.settings.rate == 0.5
+
+
+def test_prefix_sharing_counts_new_items_on_trained_code_paths() -> None:
+    from tokenizer_rqvae.ids import SemanticIds
+    from training.fresh_eval import prefix_sharing
+
+    ids = SemanticIds.from_mapping({1: (1, 2, 3, 4), 2: (1, 2, 9, 9), 3: (1, 5, 0, 0), 4: (7, 0, 0, 0)}, 16)
+    assert prefix_sharing(ids, [2, 3, 4], [1]) == {"1": 2 / 3, "2": 1 / 3, "3": 0.0}
+    assert prefix_sharing(ids, [], [1]) == {"1": 0.0, "2": 0.0, "3": 0.0}

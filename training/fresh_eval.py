@@ -7,17 +7,37 @@ lists, read at every cutoff (``fresh_lists``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from recsvc.content.fresh import FreshItems
 from recsvc.data.metrics import ndcg_at_k, recall_at_k, slice_users, standard_error
 from recsvc.data.split import EvalUser, SplitData
+
+if TYPE_CHECKING:
+    from tokenizer_rqvae.ids import SemanticIds
 
 
 def cold_items(data: SplitData, fit_on: str, catalog: Sequence[int]) -> set[int]:
     """Catalog items nobody interacted with in the fitting period ("train" or "train+valid"): the cold slice."""
     seen = interacted(data, fit_on)
     return {int(i) for i in catalog if int(i) not in seen}
+
+
+def prefix_sharing(ids: SemanticIds, items: Iterable[int], known: Iterable[int]) -> dict[str, float]:
+    """The share of ``items`` (e.g. the cold slice's) whose first n codes begin some ``known`` item's id (the items
+    the target was trained on), for n = 1 .. L - 1: how many new items the target's beams could reach along code
+    paths it saw continue. A new item on an unseen n-code prefix asks the target for a code after a prefix that no
+    trained item continues. Example: known (1, 2, 3, 4), new (1, 2, 9, 9) -> {"1": 1.0, "2": 1.0, "3": 0.0}."""
+    rows = {int(i): r for r, i in enumerate(ids.item_ids.tolist())}
+    codes = ids.codes.tolist()
+    new = [tuple(codes[rows[int(i)]]) for i in items if int(i) in rows]
+    trained = [tuple(codes[rows[int(i)]]) for i in known if int(i) in rows]
+    out = {}
+    for n in range(1, ids.levels):
+        seen = {c[:n] for c in trained}
+        out[str(n)] = sum(c[:n] in seen for c in new) / len(new) if new else 0.0
+    return out
 
 
 def fresh_candidates(data: SplitData, split: str, fit_on: str, catalog: Sequence[int]) -> set[int]:

@@ -108,7 +108,7 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
     from tokenizer_rqvae.trie import CatalogTrie
-    from training.fresh_eval import cold_items
+    from training.fresh_eval import cold_items, prefix_sharing
     from training.lead import paired_lead, per_user
     from training.ranking import period_catalog_rows, serving_model
     from training.studies import validation_model
@@ -178,7 +178,9 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
                                                        "candidates": chosen.settings.candidates,
                                                        "pool": chosen.settings.pool,
                                                        "calibrate": chosen.settings.calibrate},
-                              "rule": args.rule}
+                              "rule": args.rule,
+                              # how many cold items sit on code paths the target saw continue (the beams' reach)
+                              "cold_prefix_shared": prefix_sharing(ids, cold, set(ids.item_ids.tolist()) - cold)}
     for name, part in (("all", users), ("held_out", held_out)):
         if not part:
             continue
@@ -209,4 +211,6 @@ def cmd_tune_dense(args: argparse.Namespace) -> int:
           f"vs beams {a['beams']['recall@10']:.4f}, NDCG@10 {a['merged']['ndcg@10']:.4f} vs "
           f"{a['beams']['ndcg@10']:.4f}; cold Recall@10 {a['merged']['cold'].get('recall@10', 0):.4f}, "
           f"warm {a['merged']['warm'].get('recall@10', 0):.4f} vs {a['beams']['warm'].get('recall@10', 0):.4f}")
+    shared = ", ".join(f"{n} codes {v:.3f}" for n, v in report["cold_prefix_shared"].items())
+    print(f"cold items whose id prefix some trained item's id begins with: {shared}")
     return 0
