@@ -46,7 +46,7 @@ class HeadDraftSession:
         self.head, self.trie, self.dead, self.prior = head, trie, dead, prior
         self.opener = opener  # drafts the rows whose target has run no forward yet (see HeadDrafter)
         self.head_steps = 0
-        self.graphs = graphs  # capture? -> the drafter's graphs of a round's drafting (sync-free targets)
+        self.graphs_for = graphs  # capture? -> the drafter's graphs of a round's drafting (sync-free targets)
         # every drafted node's parent is a root or a node drafted one depth above (beam search over the trie);
         # the opener's first round must promise the same for the verification to feed its bound
         self.closed_tree = opener is None or bool(getattr(opener, "closed_tree", False))
@@ -122,7 +122,7 @@ class HeadDraftSession:
             self.head_steps += g  # the root step and g - 1 depth steps
             fn = partial(self._draft_round, g, width)
             inputs = (roots, root_scores, steps, h, logp, from_parent, self.dead, self.prior)
-            graphs = self.graphs(target.model.captures) if self.graphs is not None else None
+            graphs = self.graphs_for(target.model.captures) if self.graphs_for is not None else None
             return list(graphs.run(("head draft", g, width), fn, inputs) if graphs is not None else fn(*inputs))
         h, state, logp, exact = self._roots(roots, target)
         return self._depths(g, width, exact, roots, root_scores, steps, h, state, logp, self.dead, self.prior,
