@@ -300,10 +300,14 @@ gpu-bench:
 	  --out $(GPU_OUT) $(GPU_ARGS)
 # `make gpu-bundle`: the served bundle slimmed for a GPU machine (GPU_BUNDLE, under 64 MiB with the split: the
 # target's weights, the draft head, ids, tokenizer and the fused prior; no checkpoints, traces or dense head),
-# then on that machine: make gpu-bench GPU_ARGS="--bundle cache/served --drafter-kind head --n 20 ..." (no build).
+# then on that machine `make gpu-bench-served` (no smoke, no build: the served target and its draft head, the prior
+# fused as served, every stage incl. compiled-graphs; about 2-3 minutes).
 SERVED ?= artifacts/beauty/bundle
 GPU_BUNDLE ?= cache/served
-.PHONY: gpu-bundle
+.PHONY: gpu-bundle gpu-bench-served
+gpu-bench-served:
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m recsvc.bench.gpu_accept --bundle $(GPU_BUNDLE) --data $(BEAUTY) --drafter-kind head \
+	  --n 20 --out $(GPU_OUT)-served $(GPU_ARGS)
 gpu-bundle:
 	test -f $(SERVED)/bundle.json || (echo "no bundle at SERVED=$(SERVED): make beauty-bundle first"; exit 2)
 	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)/target $(GPU_BUNDLE)/ids $(GPU_BUNDLE)/prior
