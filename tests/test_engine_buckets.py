@@ -168,6 +168,9 @@ def test_graphs_off_cuda_is_the_bucketed_forward(setup) -> None:
     graphs = EngineModel.build(model, "fp32", forward="graphs")
     assert graphs.sync_free and graphs.forward_name == ("graphs" if model.device.type == "cuda" else "bucketed")
     assert graphs.graph_runner is None or model.device.type == "cuda"
+    auto = EngineModel.build(model, "fp32", forward="auto")  # the default: graphs on a CUDA GPU, else fast
+    assert auto.forward_name == ("graphs" if model.device.type == "cuda" else "fast")
+    assert EngineModel.build(model, "exact", forward="auto").forward_name == "lean"  # exact attention: the lean path
 
 
 def test_buckets_fit() -> None:

@@ -59,13 +59,16 @@ class EngineModel:
 
     def set_forward(self, forward: str) -> None:
         """"fast", "compiled" (the fast forward with its layers compiled by inductor: ``recsvc.engine.compiled``),
-        "lean" (today's bit-identical path), "auto" (fast for fp32 / bf16 models on a CPU in "fp32" attention),
+        "lean" (today's bit-identical path), "auto" (fast for fp32 / bf16 models on a CPU in "fp32" attention;
+        "graphs" on a CUDA GPU, where the launches set a request's time: docs/GPU.md),
         "bucketed" (the fast forward at bucketed, padded shapes over a static KV cache: ``recsvc.engine.buckets``;
         any device) or "graphs" (the same, each bucket a CUDA graph: ``recsvc.engine.cuda_graphs``; on a CUDA
         device, elsewhere "bucketed") or "compiled-graphs" (the same with each decoder layer compiled by
         ``torch.compile``: ``recsvc.engine.compiled_layer``). "fast" is accepted on a GPU too (eager)."""
         if forward not in FORWARDS:
             raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
+        if forward == "auto" and self.attention == "fp32" and cuda_graphs_available(self.model.device):
+            forward = "graphs"
         static = forward in STATIC and self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
         fast = static or (self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
                           and (self.model.device.type == "cpu" or forward == "fast")

@@ -53,7 +53,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "(the fast forward at bucketed shapes over a static KV cache, sync-free rounds), graphs "
                         "(bucketed, each bucket a CUDA graph captured at start-up; CUDA only, else bucketed), "
                         "compiled-graphs (graphs with each decoder layer compiled by torch.compile) or auto "
-                        "(fast where it applies)")
+                        "(graphs on a CUDA GPU, fast on a CPU, where they apply)")
     p.add_argument("--count-host-reads", type=int, default=0, metavar="N",
                    help="count the device-to-host reads of every N-th engine call (0: off; the count costs a "
                         "Python call per torch call): RecStats.host_reads, metric recsvc_host_reads")
