@@ -298,8 +298,8 @@ GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-bench:
 	PYTHONPATH=$(CURDIR) $(GPU_PY) -m recsvc.bench.gpu_accept $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) \
 	  --out $(GPU_OUT) $(GPU_ARGS)
-# `make gpu-bundle`: the served bundle slimmed for a GPU machine (GPU_BUNDLE, under 64 MiB with the split: the
-# target's weights, the draft head, ids, tokenizer and the fused prior; no checkpoints, traces or dense head),
+# `make gpu-bundle`: the served bundle slimmed for a GPU machine (GPU_BUNDLE, ~52 MiB: what serving reads, the
+# target's weights in bf16; recsvc/bench/gpu_bundle.py),
 # then on that machine `make gpu-bench-served` (no smoke, no build: the served target and its draft head, the prior
 # fused as served, every stage incl. compiled-graphs; about 2-3 minutes).
 SERVED ?= artifacts/beauty/bundle
@@ -309,15 +309,7 @@ gpu-bench-served:
 	PYTHONPATH=$(CURDIR) $(GPU_PY) -m recsvc.bench.gpu_accept --bundle $(GPU_BUNDLE) --data $(BEAUTY) --drafter-kind head \
 	  --n 20 --out $(GPU_OUT)-served $(GPU_ARGS)
 gpu-bundle:
-	test -f $(SERVED)/bundle.json || (echo "no bundle at SERVED=$(SERVED): make beauty-bundle first"; exit 2)
-	rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)/target $(GPU_BUNDLE)/ids $(GPU_BUNDLE)/prior
-	cp $(SERVED)/bundle.json $(GPU_BUNDLE)/
-	cp -r $(SERVED)/tokenizer $(SERVED)/head $(GPU_BUNDLE)/
-	cp $(SERVED)/target/config.json $(SERVED)/target/model.safetensors $(SERVED)/target/training.json $(GPU_BUNDLE)/target/
-	cp $(SERVED)/ids/semantic_ids.json $(GPU_BUNDLE)/ids/
-	cp $(SERVED)/prior/prior.json $(SERVED)/prior/transition.safetensors $(GPU_BUNDLE)/prior/
-	if [ -d $(SERVED)/prior/sequence ]; then cp -r $(SERVED)/prior/sequence $(GPU_BUNDLE)/prior/; fi
-	du -sh $(GPU_BUNDLE)
+	$(PY) -m recsvc.bench.gpu_bundle --from $(SERVED) --to $(GPU_BUNDLE)
 gpu-bench-long:
 	test -x $(PY) || (echo "no $(VENV): carry the venv or run make install (see docs/GPU.md)"; exit 2)
 	$(VENV)/bin/recsvc bench gpu $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) --out $(GPU_OUT)-long $(GPU_ARGS)

@@ -83,9 +83,13 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
     # a prebuilt bundle (`make gpu-bundle`'s way): no smoke, no build
     again = tmp_path / "again"
     assert accept_main(["--bundle", str(out / "bundle"), "--data", str(out / "data"), "--out", str(again),
-                        "--threads", "1", "--stages", "lossless_fp32", "--users", "2"]) == 0
+                        "--threads", "1", "--stages", "served,lossless_fp32", "--users", "2"]) == 0
     stages = json.loads((again / "gpu_accept.json").read_text())["stages"]
     assert stages["build"]["prebuilt"] == str(out / "bundle") and "smoke" not in stages
+    served = stages["served"]  # the recommender as `recsvc serve` builds it, one request at a time
+    assert served["plain"]["users"] == 2 and served["plain"]["ms_per_request"] > 0
+    assert served["plain"]["decoded"] == ["plain"] and served["strict"]["decoded"] == ["strict"]
+    assert {"forward", "head"} <= set(served["plain"]["engine_phases_ms"])
     assert stages["lossless_fp32"]["users"] == 2 and stages["lossless_fp32"]["same_share"] == 1.0
 
 

@@ -58,7 +58,7 @@ SMOKE = {"preset": "tiny", "drafter": "drafter-tiny", "target_minutes": 0.1, "tr
          "gamma": 3, "budget_minutes": 2.0, "warmup_seconds": 20.0, "compile_seconds": 60.0, "calibration": 1,
          "quality_users": 16}
 
-STAGES = ("measure", "compiled", "lossless_fp32")  # what --stages picks from (after the build)
+STAGES = ("measure", "served", "compiled", "lossless_fp32")  # what --stages picks from (after the build)
 # one line of `recsvc bench --help`
 HELP = ("the GPU acceptance figures in one <= 7 minute script (make gpu-bench): smoke first; bf16 base target, K "
         "10 of width 20: plain vs generate, strict / relaxed with the AtSpeed-aligned llama-68m drafter, 16 "
@@ -91,8 +91,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", dest="json_path", help="default OUT/gpu_accept.json")
     p.add_argument("--stages", default=",".join(STAGES),
-                   help=f"comma-separated, of {', '.join(STAGES)} (measure: plain ... quality; compiled: the "
-                        "compiled-graphs forward against graphs)")
+                   help=f"comma-separated, of {', '.join(STAGES)} (measure: plain ... quality; served: the "
+                        "recommender as served, --bundle only; compiled: the compiled-graphs forward against graphs)")
 
 
 def run_command(name: str, argv: list[str]) -> None:
@@ -545,6 +545,50 @@ def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit
         emit("compiled", res)
 
 
+def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
+    """The served path on this device: ``BundleRecommender.from_bundle`` with the bundle's own settings (history
+    rule, fused prior, dense head, fresh slots, draft head, beam width), warmed up, then one request at a time,
+    plain and strict, K = 10: ms per request, and the engine's phases (device synchronised) beside the rest
+    (prompts, prior, dense head, fresh slots)."""
+    from recsvc.bench.common import load_context, synchronize
+    from recsvc.bundle.directory import Bundle
+    from recsvc.engine.ledger import SyncedLedger
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender
+
+    if time.perf_counter() > deadline:
+        return
+    b = Bundle.open(bundle)  # served as `recsvc serve` serves it: its history rule and beam width
+    exclude = b.serves_excluding_history()
+    rec = BundleRecommender.from_bundle(bundle, dtype="auto", device=device, exclude_history=exclude,
+                                        beam_width=b.served_beam_width(), forward=forward,
+                                        drafter_name="head" if (bundle / "head").is_dir() else None)
+    t0 = time.perf_counter()
+    rec.warm_up()
+    users = load_context(bundle, cfg["users"], "test", "auto", cfg.get("data"), device="cpu").users
+    res: dict = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "facts": vars(rec.facts),
+                 "forward": rec.target.forward_name, "exclude_history": exclude, "k": cfg["k"],
+                 "warm_up_s": round(time.perf_counter() - t0, 1)}
+    for mode in ("plain", "strict"):
+        rows, used, ledger = [], set(), SyncedLedger(device)
+        for u in users:
+            if time.perf_counter() > deadline:
+                break
+            query = RecQuery(history=list(u.history), k=cfg["k"], mode=mode)
+            rec.recommend([query])  # the user's buckets and steps captured before the clock runs
+            start = time.perf_counter()
+            (out,) = rec.recommend([query])
+            synchronize(device)
+            rows.append(1000 * (time.perf_counter() - start))
+            used.add(out.decoding.mode if out.decoding is not None else "none")
+            rec.recommend([query], ledger=ledger)  # a third run, phases synchronised (not in the ms above)
+        if rows:
+            res[mode] = {"users": len(rows), "ms_per_request": statistics.mean(rows),
+                         "ms_median": statistics.median(rows), "decoded": sorted(used),
+                         "engine_phases_ms": {k: v / len(rows) for k, v in ledger.ms.items()}}
+    emit("served", res)
+
+
 def smoke_ids(data: Path, seed: int = 0) -> None:
     """DATA/reference_semantic_ids.json for the synthetic smoke data when the sentence-embedding package is not
     installed (a bare GPU image has torch and transformers only): seeded, distinct 4-token ids, so the smoke run
@@ -623,6 +667,11 @@ def run(args: argparse.Namespace) -> dict:
     stages = set(args.stages.split(","))
     if "measure" in stages:
         measure(bundle, cfg, device, args.forward, deadline, emit)
+    if args.bundle and "served" in stages:
+        try:
+            served(bundle, cfg, device, args.forward, deadline, emit)
+        except Exception as exc:  # recorded; the run's other figures stand
+            emit("served", {"error": repr(exc)[:1000]})
     for name, fn in (("compiled", compiled_forward), ("lossless_fp32", lossless_fp32)):
         if name not in stages:
             continue

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.content.dense_head import DenseRetriever, has_dense_head, last_hidden
 from recsvc.content.fresh import FreshItems
@@ -315,7 +316,7 @@ class BundleRecommender:
         history = self.ids.item_ids[:3].tolist()
         modes = ["plain"] + (["strict"] if self.drafter is not None else [])
         for mode in modes:
-            for k in (self.beam_width, 1):
+            for k in (self.beam_width or DEFAULT_BEAM_WIDTH, 1):  # width 0 (= each request's k): a wide search
                 for n in (1, 2):
                     cold.recommend([RecQuery(history=history[: 3 - i], k=k, mode=mode) for i in range(n)])
         return time.monotonic() - start
