@@ -1,0 +1,77 @@
+"""What every GPU acceptance stage loads (``recsvc.bench.gpu_accept``): the bundle's target and drafter on the
+device with a forward, one prompt per measured user with its history and fused prior, and the target's own
+validation figure for the labels."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+TARGET_INFO = "train" + "ing.json"  # what the target's training wrote beside it (a file, not a module)
+
+
+def valid_recall(bundle: Path) -> dict:
+    """The target's validation figure its training selected on (BUNDLE/target/training.json)."""
+    path = bundle / "target" / TARGET_INFO
+    info = json.loads(path.read_text()) if path.is_file() else {}
+    best = info.get("best") or {}
+    return {"metric": best.get("metric"), "value": best.get("value"), "best_epoch": info.get("best_epoch"),
+            "preset": info.get("preset"), "params": info.get("params"), "train_seconds": info.get("seconds"),
+            "train_tokens_per_s": info.get("train_tokens_per_s")}
+
+
+class Inputs:
+    """Each measured prompt batch's histories and fused prior ([B, num_nodes]: the bundle's prior as served, when
+    it fuses one and ``--prior auto``; else none), made once per batch, outside every timer."""
+
+    def __init__(self, ctx, fused, device: str) -> None:
+        self.ctx, self.fused, self.device = ctx, fused, device
+        self._by: dict[int, tuple[list[list[int]], torch.Tensor | None]] = {}
+
+    def add(self, histories: list[list[int]]):
+        """A PromptBatch of ``histories``, its inputs kept."""
+        from recsvc.engine.prior import prior_log_mass
+        from recsvc.engine.prompts import PromptBatch
+
+        pb = PromptBatch.from_lists([self.ctx.builder.prompt_ids(h) for h in histories])
+        prior = None if self.fused is None else prior_log_mass(self.ctx.trie, self.fused.probs(histories),
+                                                                self.fused.settings.weight).to(self.device)
+        self._by[id(pb)] = ([list(h) for h in histories], prior)
+        return pb
+
+    def of(self, pb) -> tuple[list[list[int]], torch.Tensor | None]:
+        return self._by[id(pb)]
+
+
+def load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
+    """The bundle's target and drafter (``cfg["drafter_kind"]``: its LLaMA drafter, the aligned one when there is
+    one, with ``forward`` too; or its draft head, no opener) in ``dtype`` on ``device`` with ``forward``, and one
+    prompt per measured user -> (context, target, search, drafter, drafter label, prompts, inputs)."""
+    from recsvc.bench.common import load_context
+    from recsvc.bench.speculative import load_fused_prior, make_drafter
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.engine_model import EngineModel
+
+    ctx = load_context(bundle, cfg["users"], "test", dtype, cfg.get("data"), device=device)
+    target = EngineModel.build(ctx.model, "fp32", forward=forward)
+    engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
+    if cfg.get("drafter_kind", "llama") == "head":
+        drafter = make_drafter("head", ctx, engine, cfg["width"], dtype, None, head_opener="none", device=device)
+        label = "draft head (no opener)"
+    else:
+        aligned = (bundle / "drafters" / "atspeed" / "config.json").is_file()
+        drafter = make_drafter("llama", ctx, engine, cfg["width"], dtype, "atspeed" if aligned else None,
+                               device=device)
+        drafter.model.set_forward(forward)
+        label = "llama (AtSpeed-S)" if aligned else "llama (SFT)"
+    inputs = Inputs(ctx, load_fused_prior(bundle, cfg.get("prior", "auto")), device)
+    prompts = [inputs.add([u.history]) for u in ctx.users]
+    return ctx, target, engine, drafter, label, prompts, inputs
+
+
+def engines(target, drafter) -> list:
+    """The engine models whose graphs a warm-up captures: the target's, and the drafter's when it has a
+    transformer of its own (the LLaMA drafter; the draft head has none)."""
+    return [target] if drafter.model is None else [target, drafter.model]

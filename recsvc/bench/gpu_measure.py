@@ -1,0 +1,272 @@
+"""The measured stages of `make gpu-bench` on one loaded bundle (``recsvc.bench.gpu_accept``'s docstring lists
+them): plain vs generate, strict, host reads, phases, batched, relaxed, quality, graphs."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from recsvc.bench.gpu_inputs import engines, load, valid_recall
+
+
+class _Rounds:
+    """A ledger counting strict rounds (one "verify" phase each)."""
+
+    def __init__(self) -> None:
+        from recsvc.engine.ledger import NO_LEDGER
+
+        self.rounds, self.inner = 0, NO_LEDGER
+
+    def phase(self, name: str):
+        self.rounds += name == "verify"
+        return self.inner.phase(name)
+
+
+class _PhaseOps:
+    """A ledger adding up, per phase, the eager device operations a ``Launches`` counter saw inside it."""
+
+    def __init__(self) -> None:
+        from collections import Counter
+
+        self.ops: Counter[str] = Counter()
+        self._launches = None
+
+    def counting(self, launches) -> _PhaseOps:
+        self._launches = launches
+        return self
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        assert self._launches is not None
+        start = self._launches.total
+        try:
+            yield
+        finally:
+            self.ops[name] += self._launches.total - start
+
+
+def _request_end_reads(reads) -> int:
+    """The reads ``decode`` itself makes (``recsvc/engine/decode.py``): its per-row counters turned into lists
+    once at the end of a request, after the search's rounds."""
+    return sum(c for site, c in reads.by_site.items() if site.startswith("recsvc/engine/decode.py:"))
+
+
+def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
+    """Every timed stage on one loaded bundle; ``emit(stage, result)`` records a finished stage."""
+    from recsvc.bench.common import synchronize
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.cuda_graphs import warm_up
+    from recsvc.engine.decode import decode
+    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.ledger import NO_LEDGER
+    from recsvc.engine.reference import generate_topk
+    from recsvc.engine.sampling import make_generators
+
+    k, width, n, gamma = cfg["k"], cfg["width"], cfg["n"], cfg["gamma"]
+    ctx, target, engine, drafter, drafter_label, prompts, inputs = load(bundle, cfg, device, forward, "auto")
+    off = ctx.builder.code_offset
+    engine_eager = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="fast"), ctx.trie, off)
+    label = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+             "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,
+             "drafter": drafter_label, "target_valid": valid_recall(bundle),
+             "prior": "fused" if inputs.fused is not None else "none", "k": k, "width": width}
+    temp = torch.tensor([1.0], device=device)
+
+    def timed(fn):
+        start = time.perf_counter()
+        out = fn()
+        synchronize(device)
+        return out, 1000 * (time.perf_counter() - start)
+
+    # every search through the one decoding entry (no exclusions: the measured users' lists are not filtered)
+    def plain(pb, eng=engine, ledger=NO_LEDGER, fuse=True):
+        hist, prior = inputs.of(pb)
+        return decode(eng, None, pb, hist, "plain", width, (0, 0), prior=prior if fuse else None, top=k,
+                      ledger=ledger)
+
+    def strict(pb, eng=engine, ledger=NO_LEDGER):
+        hist, prior = inputs.of(pb)
+        return decode(eng, drafter, pb, hist, "strict", width, (n, gamma), prior=prior, ledger=ledger)
+
+    def relaxed(pb, seed):
+        hist, prior = inputs.of(pb)
+        return decode(engine, drafter, pb, hist, "relaxed", width, (n, gamma), prior=prior, temperatures=temp,
+                      generators=make_generators([seed]))
+
+    def sampling(pb, seed):  # the target's own sampling beam search (no drafter)
+        hist, prior = inputs.of(pb)
+        return decode(engine, None, pb, hist, "relaxed", width, (0, 0), prior=prior, temperatures=temp,
+                      generators=make_generators([seed]))
+
+    batch_pb = inputs.add([u.history for u in ctx.users[:cfg["batch"]]])
+    # every measured user's searches once (their buckets' graphs captured before any clock runs), then the batch
+    searches = [lambda pb=pb: (plain(pb), plain(pb, fuse=False), strict(pb), relaxed(pb, 0), sampling(pb, 0))
+                for pb in prompts]
+    searches = [lambda: plain(batch_pb), lambda: strict(batch_pb), *searches,
+                *[lambda pb=pb: plain(pb, engine_eager, fuse=False) for pb in prompts[:cfg["calibration"]]]]
+    emit("warmup", {**label, **warm_up(engines(target, drafter), searches, cfg["warmup_seconds"])})
+
+    def over() -> bool:
+        return time.perf_counter() > deadline
+
+    # plain decoding vs generate
+    def stage_plain() -> None:
+        rows, same, same_eager = [], 0, 0
+        for pb in prompts:
+            if over():
+                break
+            out, ms = timed(lambda pb=pb: plain(pb, fuse=False))  # generate knows no prior
+            eager_out, ms_eager = timed(lambda pb=pb: plain(pb, engine_eager, fuse=False))
+            same_eager += torch.equal(out.leaves, eager_out.leaves)  # graphs vs the eager forward (bf16 near-ties)
+            (codes, _), ms_gen = timed(lambda pb=pb: generate_topk(ctx.model, ctx.trie, off, pb.ids[0].tolist(), width))
+            mine = [tuple(c) for c in ctx.trie.codes_of_nodes(out.leaves[0]).tolist() if c[0] >= 0]
+            same += mine == codes[:k]
+            rows.append((ms, ms_eager, ms_gen))
+        if rows:
+            p = statistics.mean(r[0] for r in rows)
+            emit("plain", {**label, "prior": "none (as generate)", "users": len(rows), "engine_ms": p,
+                           "engine_eager_ms": statistics.mean(r[1] for r in rows),
+                           "generate_ms": statistics.mean(r[2] for r in rows),
+                           "speedup_vs_generate": statistics.mean(r[2] for r in rows) / p,
+                           "same_as_generate": same / len(rows), "same_as_eager": same_eager / len(rows)})
+
+    # strict speculation vs plain
+    def stage_strict() -> None:
+        rows, same, ran = [], 0, set()
+        for pb in prompts:
+            if over():
+                break
+            ref, ms_p = timed(lambda pb=pb: plain(pb))
+            out, ms_s = timed(lambda pb=pb: strict(pb))
+            same += torch.equal(out.leaves[0, :k], ref.leaves[0])
+            ran.add(out.decoding.mode)
+            rows.append((ms_p, ms_s, out.target_calls[0], out.accepted[0]))
+        if rows:
+            p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
+            emit("strict", {**label, "users": len(rows), "N": n, "gamma": gamma, "decoded": sorted(ran),
+                            "plain_ms": p, "strict_ms": s,
+                            "WS": p / s, "AS": statistics.mean(r[3] for r in rows),
+                            "target_calls": statistics.mean(r[2] for r in rows), "same_lists": same,
+                            "same_share": same / len(rows), "differing": len(rows) - same})
+
+    # host reads (counting slows every torch call: separate, untimed runs)
+    def stage_host_reads() -> None:
+        if not over():
+            res = {**label}
+            for name, eng in (("sync_free", engine), ("eager_fast", engine_eager)):
+                per_round, per_req, at_end, beyond, plain_reads, plain_end = [], [], [], [], [], []
+                for pb in prompts[:5]:
+                    rounds = _Rounds()
+                    with HostReads(device) as reads:
+                        strict(pb, eng, rounds)
+                    end = _request_end_reads(reads)  # decode's counters made lists once the search is done
+                    per_round.append((reads.total - end) / max(rounds.rounds, 1))
+                    per_req.append(reads.total)
+                    at_end.append(end)
+                    beyond.append(reads.total - end - rounds.rounds)  # the search's reads beyond one per round
+                    with HostReads(device) as reads_p:
+                        plain(pb, eng)
+                    plain_reads.append(reads_p.total)
+                    plain_end.append(_request_end_reads(reads_p))
+                res[name] = {"strict_reads_per_round": statistics.mean(per_round),
+                             "strict_reads_per_round_max": max(per_round),
+                             "strict_reads_per_request": statistics.mean(per_req),
+                             "strict_reads_at_request_end": statistics.mean(at_end),
+                             "strict_reads_beyond_one_per_round_max": max(beyond),
+                             "plain_reads_per_request": statistics.mean(plain_reads),
+                             "plain_reads_at_request_end": statistics.mean(plain_end), "where": reads.summary(8)}
+            emit("host_reads", res)
+
+    # where a request's time goes: phases with the device synchronised around each, and the eager device
+    # operations (kernel launches outside the captured graphs) per request
+    def stage_phases() -> None:
+        from recsvc.engine.launches import Launches
+        from recsvc.engine.ledger import SyncedLedger
+
+        if over():
+            return
+        res: dict = {**label, "users": min(len(prompts), 10)}
+        for name, fn in (("plain", plain), ("strict", strict)):
+            ledger = SyncedLedger(device)
+            launches, replays, by_phase = [], [], _PhaseOps()
+            for pb in prompts[:10]:
+                fn(pb, ledger=ledger)
+                with Launches() as ops:
+                    fn(pb, ledger=by_phase.counting(ops))
+                launches.append(ops.total)
+                replays.append(ops.replays)
+            users = res["users"]
+            res[name] = {"ms_per_request": {k: v / users for k, v in ledger.ms.items()},
+                         "phase_calls_per_request": {k: v / users for k, v in ledger.calls.items()},
+                         "eager_ops_per_request": statistics.mean(launches),
+                         "eager_ops_by_phase": {k: v / users for k, v in by_phase.ops.items()},
+                         "replayed_forwards_per_request": statistics.mean(replays), "top_ops": ops.summary(8)["by_op"]}
+        emit("phases", res)
+
+    # batched vs one at a time
+    def stage_batched() -> None:
+        if not over():
+            singles = [timed(lambda pb=pb: plain(pb))[1] for pb in prompts[:cfg["batch"]]]
+            _, ms_batch = timed(lambda: plain(batch_pb))
+            _, ms_batch = timed(lambda: plain(batch_pb))  # the second run: every bucket captured
+            rps_one, rps_batch = 1000 / statistics.mean(singles), 1000 * len(batch_pb.lengths) / ms_batch
+            emit("batched", {**label, "batch": len(batch_pb.lengths), "one_at_a_time_rps": rps_one,
+                             "batched_rps": rps_batch, "ratio": rps_batch / rps_one, "batch_ms": ms_batch})
+
+    # relaxed speculation vs the target's own sampling beam search
+    def stage_relaxed() -> None:
+        rows, ran = [], set()
+        for i, pb in enumerate(prompts):
+            if over():
+                break
+            ref, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
+            out, ms_s = timed(lambda pb=pb, i=i: relaxed(pb, i))
+            ran |= {ref.decoding.mode, out.decoding.mode}
+            rows.append((ms_p, ms_s, out.target_calls[0]))
+        if rows:
+            p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
+            emit("relaxed", {**label, "users": len(rows), "N": n, "gamma": gamma, "decoded": sorted(ran),
+                             "sampling_ms": p, "relaxed_ms": s,
+                             "WS": p / s, "target_calls": statistics.mean(r[2] for r in rows)})
+
+    # the target's test quality (the served lists' quality: plain beam search, what strict returns too)
+    def stage_quality() -> None:
+        if not over():
+            from recsvc.data.metrics import evaluate_rankings
+            from recsvc.data.sampling import sample_users
+
+            users = sample_users(ctx.data.eval_users("test"), cfg["quality_users"], seed=0)
+            ranks: dict[int, list[int]] = {}
+            start = time.perf_counter()
+            for i in range(0, len(users), cfg["batch"]):
+                if over():
+                    break
+                group = users[i:i + cfg["batch"]]
+                out = plain(inputs.add([u.history for u in group]))
+                for u, leaves in zip(group, out.leaves, strict=True):
+                    ranks[u.user_id] = ctx.trie.leaf_items(leaves[leaves >= 0])
+            scored = [u for u in users if u.user_id in ranks]
+            if scored:
+                metrics = evaluate_rankings(ranks, scored, [k])
+                emit("quality", {**label, "split": "test", "users": len(scored), "recall@10": metrics[f"recall@{k}"],
+                                 "ndcg@10": metrics[f"ndcg@{k}"], "seconds": round(time.perf_counter() - start, 2),
+                                 "decoding": f"plain beam search, width {width}, batches of {cfg['batch']}, "
+                                             "history not excluded"})
+
+    for name, fn in (("plain", stage_plain), ("strict", stage_strict), ("host_reads", stage_host_reads),
+                     ("phases", stage_phases), ("batched", stage_batched), ("relaxed", stage_relaxed),
+                     ("quality", stage_quality)):
+        try:
+            fn()
+        except Exception as exc:  # one stage's failure is recorded; the others still run
+            emit(name, {**label, "error": repr(exc)[:1000]})
+    steps = engine.step_graphs()
+    emit("graphs", {"forward": target.forward_name, "runners": [m.graph_runner.summary() for m in
+                                                                engines(target, drafter) if m.graph_runner],
+                    "plain_steps": steps.summary() if steps is not None else None})
