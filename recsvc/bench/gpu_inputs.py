@@ -5,9 +5,20 @@ validation figure for the labels."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
+
+if TYPE_CHECKING:  # the engine is imported when a stage runs, not when the bench's commands are listed
+    from recsvc.engine.decode import Decoded
+    from recsvc.engine.ledger import Ledger
+    from recsvc.engine.prompts import PromptBatch
+
+T = TypeVar("T")
 
 TARGET_INFO = "train" + "ing.json"  # what the target's training wrote beside it (a file, not a module)
 
@@ -22,33 +33,70 @@ def valid_recall(bundle: Path) -> dict:
             "train_tokens_per_s": info.get("train_tokens_per_s")}
 
 
+@dataclass(frozen=True)
+class Request:
+    """A measured batch: its prompts, histories and fused prior ([B, num_nodes], or None)."""
+
+    pb: PromptBatch
+    histories: list[list[int]]
+    prior: torch.Tensor | None
+
+
 class Inputs:
-    """Each measured prompt batch's histories and fused prior ([B, num_nodes]: the bundle's prior as served, when
-    it fuses one and ``--prior auto``; else none), made once per batch, outside every timer."""
+    """Makes the measured requests: prompts and the fused prior (the bundle's prior as served, when it fuses one
+    and ``--prior auto``; else none), made once per batch, outside every timer."""
 
     def __init__(self, ctx, fused, device: str) -> None:
         self.ctx, self.fused, self.device = ctx, fused, device
-        self._by: dict[int, tuple[list[list[int]], torch.Tensor | None]] = {}
 
-    def add(self, histories: list[list[int]]):
-        """A PromptBatch of ``histories``, its inputs kept."""
+    def request(self, histories: list[list[int]]) -> Request:
         from recsvc.engine.prior import prior_log_mass
         from recsvc.engine.prompts import PromptBatch
 
         pb = PromptBatch.from_lists([self.ctx.builder.prompt_ids(h) for h in histories])
         prior = None if self.fused is None else prior_log_mass(self.ctx.trie, self.fused.probs(histories),
                                                                 self.fused.settings.weight).to(self.device)
-        self._by[id(pb)] = ([list(h) for h in histories], prior)
-        return pb
+        return Request(pb, [list(h) for h in histories], prior)
 
-    def of(self, pb) -> tuple[list[list[int]], torch.Tensor | None]:
-        return self._by[id(pb)]
+
+def plain_search(engine, req: Request, width: int, top: int, ledger: Ledger | None = None,
+                 fuse: bool = True) -> Decoded:
+    """Plain beam search of ``req`` through the one decoding entry (``fuse`` False: without its prior)."""
+    from recsvc.engine.decode import decode
+    from recsvc.engine.ledger import NO_LEDGER
+
+    return decode(engine, None, req.pb, req.histories, "plain", width, (0, 0), prior=req.prior if fuse else None,
+                  top=top, ledger=ledger or NO_LEDGER)
+
+
+def strict_search(engine, drafter, req: Request, width: int, speculation: tuple[int, int],
+           ledger: Ledger | None = None) -> Decoded:
+    """Strict speculation of ``req`` with ``drafter`` at (N, gamma) ``speculation``."""
+    from recsvc.engine.decode import decode
+    from recsvc.engine.ledger import NO_LEDGER
+
+    return decode(engine, drafter, req.pb, req.histories, "strict", width, speculation, prior=req.prior,
+                  ledger=ledger or NO_LEDGER)
+
+
+def timed(fn: Callable[[], T], device: str) -> tuple[T, float]:
+    """``fn()`` and its milliseconds, the device's queue drained before the clock stops."""
+    from recsvc.bench.common import synchronize
+
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return out, 1000 * (time.perf_counter() - start)
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
 
 
 def load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
     """The bundle's target and drafter (``cfg["drafter_kind"]``: its LLaMA drafter, the aligned one when there is
     one, with ``forward`` too; or its draft head, no opener) in ``dtype`` on ``device`` with ``forward``, and one
-    prompt per measured user -> (context, target, search, drafter, drafter label, prompts, inputs)."""
+    request per measured user -> (context, target, search, drafter, drafter label, requests, inputs)."""
     from recsvc.bench.common import load_context
     from recsvc.bench.speculative import load_fused_prior, make_drafter
     from recsvc.engine.beam_search import BeamSearch
@@ -67,8 +115,8 @@ def load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
         drafter.model.set_forward(forward)
         label = "llama (AtSpeed-S)" if aligned else "llama (SFT)"
     inputs = Inputs(ctx, load_fused_prior(bundle, cfg.get("prior", "auto")), device)
-    prompts = [inputs.add([u.history]) for u in ctx.users]
-    return ctx, target, engine, drafter, label, prompts, inputs
+    requests = [inputs.request([u.history]) for u in ctx.users]
+    return ctx, target, engine, drafter, label, requests, inputs
 
 
 def engines(target, drafter) -> list:

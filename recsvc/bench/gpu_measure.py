@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from recsvc.bench.gpu_inputs import engines, load, valid_recall
+from recsvc.bench.gpu_inputs import device_name, engines, load, plain_search, strict_search, timed, valid_recall
 
 
 class _Rounds:
@@ -58,58 +58,48 @@ def _request_end_reads(reads) -> int:
 
 def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
     """Every timed stage on one loaded bundle; ``emit(stage, result)`` records a finished stage."""
-    from recsvc.bench.common import synchronize
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.cuda_graphs import warm_up
     from recsvc.engine.decode import decode
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.host_reads import HostReads
-    from recsvc.engine.ledger import NO_LEDGER
     from recsvc.engine.reference import generate_topk
     from recsvc.engine.sampling import make_generators
 
     k, width, n, gamma = cfg["k"], cfg["width"], cfg["n"], cfg["gamma"]
-    ctx, target, engine, drafter, drafter_label, prompts, inputs = load(bundle, cfg, device, forward, "auto")
+    ctx, target, engine, drafter, drafter_label, requests, inputs = load(bundle, cfg, device, forward, "auto")
     off = ctx.builder.code_offset
     engine_eager = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="fast"), ctx.trie, off)
-    label = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+    label = {"device": device_name(device),
              "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,
              "drafter": drafter_label, "target_valid": valid_recall(bundle),
              "prior": "fused" if inputs.fused is not None else "none", "k": k, "width": width}
     temp = torch.tensor([1.0], device=device)
 
-    def timed(fn):
-        start = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        return out, 1000 * (time.perf_counter() - start)
+    def timed_ms(fn):
+        return timed(fn, device)
 
     # every search through the one decoding entry (no exclusions: the measured users' lists are not filtered)
-    def plain(pb, eng=engine, ledger=NO_LEDGER, fuse=True):
-        hist, prior = inputs.of(pb)
-        return decode(eng, None, pb, hist, "plain", width, (0, 0), prior=prior if fuse else None, top=k,
-                      ledger=ledger)
+    def plain(req, eng=engine, ledger=None, fuse=True):
+        return plain_search(eng, req, width, k, ledger, fuse)
 
-    def strict(pb, eng=engine, ledger=NO_LEDGER):
-        hist, prior = inputs.of(pb)
-        return decode(eng, drafter, pb, hist, "strict", width, (n, gamma), prior=prior, ledger=ledger)
+    def strict(req, eng=engine, ledger=None):
+        return strict_search(eng, drafter, req, width, (n, gamma), ledger)
 
-    def relaxed(pb, seed):
-        hist, prior = inputs.of(pb)
-        return decode(engine, drafter, pb, hist, "relaxed", width, (n, gamma), prior=prior, temperatures=temp,
-                      generators=make_generators([seed]))
+    def relaxed(req, seed):
+        return decode(engine, drafter, req.pb, req.histories, "relaxed", width, (n, gamma), prior=req.prior,
+                      temperatures=temp, generators=make_generators([seed]))
 
-    def sampling(pb, seed):  # the target's own sampling beam search (no drafter)
-        hist, prior = inputs.of(pb)
-        return decode(engine, None, pb, hist, "relaxed", width, (0, 0), prior=prior, temperatures=temp,
-                      generators=make_generators([seed]))
+    def sampling(req, seed):  # the target's own sampling beam search (no drafter)
+        return decode(engine, None, req.pb, req.histories, "relaxed", width, (0, 0), prior=req.prior,
+                      temperatures=temp, generators=make_generators([seed]))
 
-    batch_pb = inputs.add([u.history for u in ctx.users[:cfg["batch"]]])
+    batch = inputs.request([u.history for u in ctx.users[:cfg["batch"]]])
     # every measured user's searches once (their buckets' graphs captured before any clock runs), then the batch
-    searches = [lambda pb=pb: (plain(pb), plain(pb, fuse=False), strict(pb), relaxed(pb, 0), sampling(pb, 0))
-                for pb in prompts]
-    searches = [lambda: plain(batch_pb), lambda: strict(batch_pb), *searches,
-                *[lambda pb=pb: plain(pb, engine_eager, fuse=False) for pb in prompts[:cfg["calibration"]]]]
+    searches = [lambda req=req: (plain(req), plain(req, fuse=False), strict(req), relaxed(req, 0), sampling(req, 0))
+                for req in requests]
+    searches = [lambda: plain(batch), lambda: strict(batch), *searches,
+                *[lambda req=req: plain(req, engine_eager, fuse=False) for req in requests[:cfg["calibration"]]]]
     emit("warmup", {**label, **warm_up(engines(target, drafter), searches, cfg["warmup_seconds"])})
 
     def over() -> bool:
@@ -118,13 +108,14 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     # plain decoding vs generate
     def stage_plain() -> None:
         rows, same, same_eager = [], 0, 0
-        for pb in prompts:
+        for req in requests:
             if over():
                 break
-            out, ms = timed(lambda pb=pb: plain(pb, fuse=False))  # generate knows no prior
-            eager_out, ms_eager = timed(lambda pb=pb: plain(pb, engine_eager, fuse=False))
+            out, ms = timed_ms(lambda req=req: plain(req, fuse=False))  # generate knows no prior
+            eager_out, ms_eager = timed_ms(lambda req=req: plain(req, engine_eager, fuse=False))
             same_eager += torch.equal(out.leaves, eager_out.leaves)  # graphs vs the eager forward (bf16 near-ties)
-            (codes, _), ms_gen = timed(lambda pb=pb: generate_topk(ctx.model, ctx.trie, off, pb.ids[0].tolist(), width))
+            (codes, _), ms_gen = timed_ms(lambda req=req: generate_topk(ctx.model, ctx.trie, off,
+                                                                        req.pb.ids[0].tolist(), width))
             mine = [tuple(c) for c in ctx.trie.codes_of_nodes(out.leaves[0]).tolist() if c[0] >= 0]
             same += mine == codes[:k]
             rows.append((ms, ms_eager, ms_gen))
@@ -139,11 +130,11 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     # strict speculation vs plain
     def stage_strict() -> None:
         rows, same, ran = [], 0, set()
-        for pb in prompts:
+        for req in requests:
             if over():
                 break
-            ref, ms_p = timed(lambda pb=pb: plain(pb))
-            out, ms_s = timed(lambda pb=pb: strict(pb))
+            ref, ms_p = timed_ms(lambda req=req: plain(req))
+            out, ms_s = timed_ms(lambda req=req: strict(req))
             same += torch.equal(out.leaves[0, :k], ref.leaves[0])
             ran.add(out.decoding.mode)
             rows.append((ms_p, ms_s, out.target_calls[0], out.accepted[0]))
@@ -161,17 +152,17 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
             res = {**label}
             for name, eng in (("sync_free", engine), ("eager_fast", engine_eager)):
                 per_round, per_req, at_end, beyond, plain_reads, plain_end = [], [], [], [], [], []
-                for pb in prompts[:5]:
+                for req in requests[:5]:
                     rounds = _Rounds()
                     with HostReads(device) as reads:
-                        strict(pb, eng, rounds)
+                        strict(req, eng, rounds)
                     end = _request_end_reads(reads)  # decode's counters made lists once the search is done
                     per_round.append((reads.total - end) / max(rounds.rounds, 1))
                     per_req.append(reads.total)
                     at_end.append(end)
                     beyond.append(reads.total - end - rounds.rounds)  # the search's reads beyond one per round
                     with HostReads(device) as reads_p:
-                        plain(pb, eng)
+                        plain(req, eng)
                     plain_reads.append(reads_p.total)
                     plain_end.append(_request_end_reads(reads_p))
                 res[name] = {"strict_reads_per_round": statistics.mean(per_round),
@@ -191,14 +182,14 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
 
         if over():
             return
-        res: dict = {**label, "users": min(len(prompts), 10)}
+        res: dict = {**label, "users": min(len(requests), 10)}
         for name, fn in (("plain", plain), ("strict", strict)):
             ledger = SyncedLedger(device)
             launches, replays, by_phase = [], [], _PhaseOps()
-            for pb in prompts[:10]:
-                fn(pb, ledger=ledger)
+            for req in requests[:10]:
+                fn(req, ledger=ledger)
                 with Launches() as ops:
-                    fn(pb, ledger=by_phase.counting(ops))
+                    fn(req, ledger=by_phase.counting(ops))
                 launches.append(ops.total)
                 replays.append(ops.replays)
             users = res["users"]
@@ -212,21 +203,21 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     # batched vs one at a time
     def stage_batched() -> None:
         if not over():
-            singles = [timed(lambda pb=pb: plain(pb))[1] for pb in prompts[:cfg["batch"]]]
-            _, ms_batch = timed(lambda: plain(batch_pb))
-            _, ms_batch = timed(lambda: plain(batch_pb))  # the second run: every bucket captured
-            rps_one, rps_batch = 1000 / statistics.mean(singles), 1000 * len(batch_pb.lengths) / ms_batch
-            emit("batched", {**label, "batch": len(batch_pb.lengths), "one_at_a_time_rps": rps_one,
+            singles = [timed_ms(lambda req=req: plain(req))[1] for req in requests[:cfg["batch"]]]
+            _, ms_batch = timed_ms(lambda: plain(batch))
+            _, ms_batch = timed_ms(lambda: plain(batch))  # the second run: every bucket captured
+            rps_one, rps_batch = 1000 / statistics.mean(singles), 1000 * len(batch.pb.lengths) / ms_batch
+            emit("batched", {**label, "batch": len(batch.pb.lengths), "one_at_a_time_rps": rps_one,
                              "batched_rps": rps_batch, "ratio": rps_batch / rps_one, "batch_ms": ms_batch})
 
     # relaxed speculation vs the target's own sampling beam search
     def stage_relaxed() -> None:
         rows, ran = [], set()
-        for i, pb in enumerate(prompts):
+        for i, req in enumerate(requests):
             if over():
                 break
-            ref, ms_p = timed(lambda pb=pb, i=i: sampling(pb, i))
-            out, ms_s = timed(lambda pb=pb, i=i: relaxed(pb, i))
+            ref, ms_p = timed_ms(lambda req=req, i=i: sampling(req, i))
+            out, ms_s = timed_ms(lambda req=req, i=i: relaxed(req, i))
             ran |= {ref.decoding.mode, out.decoding.mode}
             rows.append((ms_p, ms_s, out.target_calls[0]))
         if rows:
@@ -248,7 +239,7 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                 if over():
                     break
                 group = users[i:i + cfg["batch"]]
-                out = plain(inputs.add([u.history for u in group]))
+                out = plain(inputs.request([u.history for u in group]))
                 for u, leaves in zip(group, out.leaves, strict=True):
                     ranks[u.user_id] = ctx.trie.leaf_items(leaves[leaves >= 0])
             scored = [u for u in users if u.user_id in ranks]

@@ -9,34 +9,31 @@ from pathlib import Path
 
 import torch
 
-from recsvc.bench.gpu_inputs import engines, load
+from recsvc.bench.gpu_inputs import device_name, engines, load, plain_search, strict_search, timed
 
 
 def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
     """Strict speculation against plain decoding with the target and drafter in fp32 on the same device: the
     lossless claim without bf16 near-ties (in bf16 the kernels' sums depend on the batch shape)."""
     from recsvc.engine.cuda_graphs import warm_up
-    from recsvc.engine.decode import decode
 
     if time.perf_counter() > deadline:
         return
-    k, width = cfg["k"], cfg["width"]
-    _, target, engine, drafter, _, prompts, inputs = load(bundle, cfg, device, forward, "fp32")
+    k, width, spec = cfg["k"], cfg["width"], (cfg["n"], cfg["gamma"])
+    _, target, engine, drafter, _, requests, _ = load(bundle, cfg, device, forward, "fp32")
 
-    def plain(pb):
-        hist, prior = inputs.of(pb)
-        return decode(engine, None, pb, hist, "plain", width, (0, 0), prior=prior, top=k)
+    def plain(req):
+        return plain_search(engine, req, width, k)
 
-    def strict(pb):
-        hist, prior = inputs.of(pb)
-        return decode(engine, drafter, pb, hist, "strict", width, (cfg["n"], cfg["gamma"]), prior=prior)
+    def strict(req):
+        return strict_search(engine, drafter, req, width, spec)
 
-    warm_up(engines(target, drafter), [lambda pb=pb: (plain(pb), strict(pb)) for pb in prompts],
+    warm_up(engines(target, drafter), [lambda req=req: (plain(req), strict(req)) for req in requests],
             cfg["warmup_seconds"] / 3)
-    same = [torch.equal(strict(pb).leaves[0, :k], plain(pb).leaves[0]) for pb in prompts
+    same = [torch.equal(strict(req).leaves[0, :k], plain(req).leaves[0]) for req in requests
             if time.perf_counter() < deadline]
     if same:
-        emit("lossless_fp32", {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        emit("lossless_fp32", {"device": device_name(device),
                                "precision": "float32", "forward": target.forward_name, "k": k, "width": width,
                                "users": len(same), "same_lists": sum(same), "same_share": sum(same) / len(same)})
 
@@ -46,52 +43,41 @@ def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit
     CUDA graphs: ``recsvc.engine.compiled_layer``) against "graphs" over the same bf16 target, one request at a
     time, alternating: plain ms per request, the same lists, compile + capture seconds; then strict with the
     target and the drafter compiled."""
-    from recsvc.bench.common import synchronize
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.cuda_graphs import warm_up
-    from recsvc.engine.decode import decode
     from recsvc.engine.engine_model import EngineModel
 
     if time.perf_counter() > deadline:
         return
-    k, width = cfg["k"], cfg["width"]
-    ctx, target, engine, drafter, drafter_label, prompts, inputs = load(bundle, cfg, device, "compiled-graphs",
-                                                                         "auto")
+    k, width, spec = cfg["k"], cfg["width"], (cfg["n"], cfg["gamma"])
+    ctx, target, engine, drafter, drafter_label, requests, _ = load(bundle, cfg, device, "compiled-graphs", "auto")
     graphs = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="graphs"), ctx.trie, ctx.builder.code_offset)
-    label = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+    label = {"device": device_name(device),
              "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,
              "baseline_forward": graphs.model.forward_name, "drafter": drafter_label, "k": k, "width": width}
 
-    def plain(pb, eng):
-        hist, prior = inputs.of(pb)
-        return decode(eng, None, pb, hist, "plain", width, (0, 0), prior=prior, top=k)
+    def plain(req, eng):
+        return plain_search(eng, req, width, k)
 
-    def strict(pb):
-        hist, prior = inputs.of(pb)
-        return decode(engine, drafter, pb, hist, "strict", width, (cfg["n"], cfg["gamma"]), prior=prior)
-
-    def timed(fn):
-        start = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        return out, 1000 * (time.perf_counter() - start)
+    def strict(req):
+        return strict_search(engine, drafter, req, width, spec)
 
     t0 = time.perf_counter()
     warm = warm_up([*engines(target, drafter), graphs.model],
-                   [lambda pb=pb: (plain(pb, engine), plain(pb, graphs), strict(pb)) for pb in prompts],
+                   [lambda req=req: (plain(req, engine), plain(req, graphs), strict(req)) for req in requests],
                    cfg["compile_seconds"])
     layer = target.fast().compiled_layer
     res = {**label, "warmup": warm, "compile_and_capture_s": round(time.perf_counter() - t0, 1),
            "layer_failed": layer.failed if layer is not None else "no compiled layer"}
     emit("compiled", res)
     rows = []
-    for pb in prompts:
+    for req in requests:
         if time.perf_counter() > deadline:
             break
-        ref, ms_g = timed(lambda pb=pb: plain(pb, graphs))
-        out, ms_c = timed(lambda pb=pb: plain(pb, engine))
-        spec, ms_s = timed(lambda pb=pb: strict(pb))
-        rows.append((ms_g, ms_c, ms_s, torch.equal(out.leaves, ref.leaves), torch.equal(spec.leaves[0, :k],
+        ref, ms_g = timed(lambda req=req: plain(req, graphs), device)
+        out, ms_c = timed(lambda req=req: plain(req, engine), device)
+        fast, ms_s = timed(lambda req=req: strict(req), device)
+        rows.append((ms_g, ms_c, ms_s, torch.equal(out.leaves, ref.leaves), torch.equal(fast.leaves[0, :k],
                                                                                         out.leaves[0])))
     if rows:
         g, c, s = (statistics.mean(r[i] for r in rows) for i in range(3))
@@ -107,8 +93,9 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
     rule, fused prior, dense head, fresh slots, draft head, beam width), warmed up, then one request at a time,
     plain and strict, K = 10: ms per request, and the engine's phases (device synchronised) beside the rest
     (prompts, prior, dense head, fresh slots)."""
-    from recsvc.bench.common import load_context, synchronize
     from recsvc.bundle.directory import Bundle
+    from recsvc.data.sampling import sample_users
+    from recsvc.data.split import load_split_dir
     from recsvc.engine.ledger import SyncedLedger
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
@@ -122,8 +109,8 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
                                         drafter_name="head" if (bundle / "head").is_dir() else None)
     t0 = time.perf_counter()
     rec.warm_up()
-    users = load_context(bundle, cfg["users"], "test", "auto", cfg.get("data"), device="cpu").users
-    res: dict = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "facts": vars(rec.facts),
+    users = sample_users(load_split_dir(b.resolve_data_dir(cfg.get("data"))).eval_users("test"), cfg["users"], 0)
+    res: dict = {"device": device_name(device), "facts": vars(rec.facts),
                  "forward": rec.target.forward_name, "exclude_history": exclude, "k": cfg["k"],
                  "warm_up_s": round(time.perf_counter() - t0, 1)}
     for mode in ("plain", "strict"):
@@ -133,10 +120,8 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
                 break
             query = RecQuery(history=list(u.history), k=cfg["k"], mode=mode)
             rec.recommend([query])  # the user's buckets and steps captured before the clock runs
-            start = time.perf_counter()
-            (out,) = rec.recommend([query])
-            synchronize(device)
-            rows.append(1000 * (time.perf_counter() - start))
+            (out,), ms = timed(lambda query=query: rec.recommend([query]), device)
+            rows.append(ms)
             used.add(out.decoding.mode if out.decoding is not None else "none")
             rec.recommend([query], ledger=ledger)  # a third run, phases synchronised (not in the ms above)
         if rows:

@@ -42,11 +42,11 @@ class HeadDraftSession:
 
     def __init__(self, head: DraftHead, trie: CatalogTrie, dead: torch.Tensor | None,
                  prior: torch.Tensor | None, opener: DraftSession | None = None,
-                 graphs: Callable[[bool], FunctionGraphs] | None = None) -> None:
+                 graphs_for: Callable[[bool], FunctionGraphs] | None = None) -> None:
         self.head, self.trie, self.dead, self.prior = head, trie, dead, prior
         self.opener = opener  # drafts the rows whose target has run no forward yet (see HeadDrafter)
         self.head_steps = 0
-        self.graphs_for = graphs  # capture? -> the drafter's graphs of a round's drafting (sync-free targets)
+        self.graphs_for = graphs_for  # capture? -> the drafter's graphs of a round's drafting (sync-free targets)
         # every drafted node's parent is a root or a node drafted one depth above (beam search over the trie);
         # the opener's first round must promise the same for the verification to feed its bound
         self.closed_tree = opener is None or bool(getattr(opener, "closed_tree", False))

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from recsvc.engine.fast import _rotary, attention
+
 
 @dataclass(frozen=True)
 class LayerShape:
@@ -42,10 +44,6 @@ class LayerShape:
     scaling: float
     eps1: float
     eps2: float
-
-
-def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
 
 
 def layer_function(shape: LayerShape) -> Callable[..., torch.Tensor]:
@@ -72,8 +70,7 @@ def layer_function(shape: LayerShape) -> Callable[..., torch.Tensor]:
         keys.transpose(1, 2)[rows, slots] = qk[:, :, h:]
         values.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
         query = qk[:, :, :h].transpose(1, 2)  # [B, h, q, d]
-        attn = F.scaled_dot_product_attention(query.float(), keys.float(), values.float(), attn_mask=mask,
-                                              scale=shape.scaling, enable_gqa=gqa).to(hidden.dtype)
+        attn = attention(query, keys, values, mask, shape.scaling, gqa)  # [B, h, q, d]
         hidden = hidden + F.linear(attn.transpose(1, 2).reshape(b, q, h * d), o)
         gu = F.linear(F.rms_norm(hidden, norm_shape, n2, shape.eps2), gate_up)  # [B, q, 2 I]
         return hidden + F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], down)

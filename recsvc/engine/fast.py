@@ -43,13 +43,16 @@ Shapes: B requests, q new tokens, S cache width (slots), H hidden, h heads, h_kv
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from recsvc.engine.compiled_layer import CompiledLayer, LayerShape
 from recsvc.engine.lean import _Linear as PackedLinear
+
+if TYPE_CHECKING:
+    from recsvc.engine.compiled_layer import CompiledLayer
 
 GROW = 64  # minimum extra slots when a cache grows
 
@@ -216,6 +219,8 @@ class FastLlama:
 
     def _compiled_layer(self) -> CompiledLayer | None:
         """One compiled layer function for all layers (None when their norms' epsilons differ)."""
+        from recsvc.engine.compiled_layer import CompiledLayer, LayerShape  # it builds on this module's ops
+
         eps = {(float(layer[1]), float(layer[5])) for layer in self.layers}
         if len(eps) != 1:
             return None

@@ -71,7 +71,7 @@ class _NoLedger:
 
 
 NO_LEDGER = _NoLedger()
-Ledger = PhaseLedger | SyncedLedger | _NoLedger
+Ledger = PhaseLedger | _NoLedger  # (a SyncedLedger is a PhaseLedger)
 
 
 class ForwardLedger:

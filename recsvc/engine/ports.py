@@ -68,8 +68,8 @@ class TargetState:
     def hidden_at(self, nodes: torch.Tensor, cached: bool = False) -> torch.Tensor:
         """[R, m] trie nodes (0 = the root = the prompt's last token; -1 none: zeros) -> [R, m, H] the target's
         final hidden state there (after the last norm). ``cached``: the caller knows every node is cached (the
-        root aside, which the prompt prefill caches): a sync-free target then runs no forward to find out (a
-        wrong promise fails the search's bound check)."""
+        root aside, which the prompt prefill caches): a sync-free target then neither looks them up nor runs a
+        forward (the promise is checked on a CPU, ``TreeCache.hidden_at``)."""
         self._cache.feed(nodes, bound=0 if cached else None)  # no-op when all are cached
         return self._cache.hidden_at(nodes)
 
