@@ -306,3 +306,47 @@ def test_a_growing_catalog_keeps_each_items_embedding_and_joins_new_ones() -> No
     assert over.merge([10], [-1.0], sims, grown, 3)[0] == [15, 30, 10]  # the new item 15 leads
     blind = ret.over(grown, np.array([15]), np.zeros((1, 0)))  # no vectors: 15 is never added
     assert blind.merge([10], [-1.0], sims, grown, 3)[0] == [30, 10]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_heads_query_is_the_decodings_prefill_not_another_forward(dense_bundle) -> None:
+    """Plain and strict decoding return each prompt's final hidden state [B, H] from their own prefill: the dense
+    head's query, which transformers computes the same, so serving a merged list runs the prompt once."""
+    from dataclasses import replace
+
+    from recsvc.content.dense_head import last_hidden, write_settings
+    from recsvc.drafters.oracle import OracleDrafter
+    from recsvc.engine.decode import decode
+    from recsvc.engine.prompts import PromptBatch
+    from recsvc.recommender.api import RecQuery
+    from recsvc.recommender.bundle_recommender import BundleRecommender
+
+    b = Bundle.open(dense_bundle)
+    write_settings(b.target_dir, replace(read_settings(b.target_dir), blend=8.0, floor=0.0, candidates=5))
+    split = load_split_dir(b.data_dir())
+    histories = [h for h in split.train.values() if h][:3]
+    rec = BundleRecommender.from_bundle(dense_bundle, dtype="fp32", use_drafter=False, beam_width=10)
+    prompts = [rec.prompts.prompt_ids(h) for h in histories]
+    batch = PromptBatch.from_lists(prompts, rec.target.device)
+    expected = last_hidden(rec.target.model, prompts)  # [B, H]
+    plain = decode(rec.engine, None, batch, histories, "plain", 10, (0, 0))
+    strict = decode(rec.engine, OracleDrafter(rec.engine, 10), batch, histories, "strict", 10, (10, 2))
+    assert strict.decoding.mode == "strict"
+    for out in (plain, strict):
+        assert out.prompt_hidden is not None and out.prompt_hidden.shape == expected.shape
+        torch.testing.assert_close(out.prompt_hidden.float(), expected, atol=1e-4, rtol=1e-4)
+
+    calls = []  # forwards of the transformers backbone, the engine's own included
+    hook = rec.target.model.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        merged = rec.recommend([RecQuery(history=histories[0], k=5, mode="plain")])[0]
+        with_head = len(calls)
+        calls.clear()
+        beams = BundleRecommender.from_bundle(dense_bundle, dtype="fp32", use_drafter=False, beam_width=10,
+                                              use_dense=False)
+        beams.target.model.model.register_forward_hook(lambda *_: calls.append(1))
+        beams.recommend([RecQuery(history=histories[0], k=5, mode="plain")])
+    finally:
+        hook.remove()
+    assert rec.dense is not None and rec.dense.active and len(merged.item_ids) == 5
+    assert with_head == len(calls)  # the merge ran no forward of its own

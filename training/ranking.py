@@ -66,8 +66,12 @@ def rank_users(
                                 prior.settings.weight) if fuse else None)
         res = decode(engine, None, prompts, [u.history for u in chunk], "plain", width, (0, 0), dead=dead, prior=fused,
                      top=top)  # leaves [B, k] (the decoding entry the server uses)
-        sims = (dense.similarities(last_hidden(model.model, [builder.prompt_ids(u.history) for u in chunk]))
-                if merging else None)
+        sims = None
+        if merging:  # the head's query as served: the decoding prefill's hidden state [B, H]
+            hidden = res.prompt_hidden
+            if hidden is None:
+                hidden = last_hidden(model.model, [builder.prompt_ids(u.history) for u in chunk])
+            sims = dense.similarities(hidden)
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
             items = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())

@@ -84,7 +84,8 @@ def beams_and_similarities(model, builder, trie, users, width: int, retriever, e
                                 prior.settings.weight) if fuse else None)
         res = decode(engine, None, PromptBatch.from_lists(prompt_ids), [u.history for u in chunk], "plain", width,
                      (0, 0), dead=dead, prior=fused)
-        sims = retriever.similarities(last_hidden(model.model, prompt_ids)).half()
+        hidden = res.prompt_hidden if res.prompt_hidden is not None else last_hidden(model.model, prompt_ids)
+        sims = retriever.similarities(hidden).half()  # the query as served: the decoding prefill's hidden state
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
             items = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())

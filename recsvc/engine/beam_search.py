@@ -35,6 +35,7 @@ class BeamOutput:
     scores: torch.Tensor  # [B, K] float32 sums of log-probs (-inf where leaves == -1)
     target_calls: int  # forward calls of the model for the whole batch
     beams: list[torch.Tensor]  # L tensors [B, K]: the beams (nodes) after each step (the oracle drafts these)
+    prompt_hidden: torch.Tensor | None = None  # [B, H] final hidden state at each prompt's last token (the prefill's)
 
 
 def node_logprobs(model: EngineModel, cache: TreeCache, nodes: torch.Tensor) -> torch.Tensor:
@@ -107,6 +108,7 @@ class BeamSearch:
         beams = []
         levels = self.trie.levels
         graphs = self.step_graphs()
+        prompt_hidden: torch.Tensor | None = None
         bounded = (top is not None and 0 < top < width and levels > 1 and self.model.is_fast and not cache.keeps_steps
                    and not self.model.sync_free)  # its stopping test reads the device: sync-free runs the full step
         for step in range(levels):
@@ -120,6 +122,8 @@ class BeamSearch:
             # the prompt prefill first, then the beams' last tokens: [B * K, H] -> [B, K, C] next-code log-probs
             with ledger.phase("forward"):
                 hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
+            if step == 0:  # a copy: a captured forward's output buffer is overwritten by the next replay
+                prompt_hidden = hidden[:, 0].clone()
             remember = step == 0 and pre is not None and pre.states is not None  # the user-state cache keeps logp
             if graphs is not None and not (remember and pre.cached_first() is not None):
                 with ledger.phase("head"):  # head + selection: one function, one graph replay on a GPU
@@ -145,7 +149,7 @@ class BeamSearch:
             beams.append(nodes)
         if top is not None and top < nodes.shape[1]:  # the bounded last step returns top already
             nodes, scores, beams[-1] = nodes[:, :top], scores[:, :top], nodes[:, :top]
-        return BeamOutput(nodes, scores, cache.calls, beams)
+        return BeamOutput(nodes, scores, cache.calls, beams, prompt_hidden)
 
     def _head_select(self, hidden: torch.Tensor, nodes: torch.Tensor, scores: torch.Tensor,
                      dead: torch.Tensor | None, prior: torch.Tensor | None, step: int, width: int,

@@ -44,6 +44,9 @@ class Decoded:
     accepted: list[int]  # [B] draft depths accepted per row (0 unless speculating)
     draft_calls: int  # drafter forward calls for the batch
     decoding: Decoding  # the path that ran
+    # [B, H] the target's final hidden state at each prompt's last token, as its prefill computed it (beam search,
+    # plain or strict; None for sampling): the dense head's query reads it instead of running the prompt again
+    prompt_hidden: torch.Tensor | None = None
 
 
 def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, histories: Sequence[Sequence[int]],
@@ -72,7 +75,7 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
                                       dead, engine.select, prior, ledger=ledger, states=states,
                                       graphs=engine.step_graphs())
             return Decoded(spec.leaves, spec.scores, spec.target_calls.tolist(), spec.accepted.tolist(),
-                           spec.draft_calls, Decoding("strict", width, n, gamma))
+                           spec.draft_calls, Decoding("strict", width, n, gamma), spec.prompt_hidden)
         return _plain(engine, batch, width, dead, prior, top, ledger, states, b, why)
     if mode == "relaxed":
         device = engine.model.device
@@ -102,4 +105,4 @@ def _plain(engine: BeamSearch, batch: PromptBatch, width: int, dead: torch.Tenso
            fallback: str) -> Decoded:
     out = engine.search(batch, width, dead, prior, ledger, states=states, top=top)
     return Decoded(out.leaves, out.scores, [out.target_calls] * b, [0] * b, 0,
-                   Decoding("plain", width, fallback=fallback))
+                   Decoding("plain", width, fallback=fallback), out.prompt_hidden)

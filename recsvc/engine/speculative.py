@@ -43,6 +43,7 @@ class SpecOutput:
     target_calls: torch.Tensor  # [B] target forward calls per request (rounds, + any a drafter's TargetState made)
     accepted: torch.Tensor  # [B] draft depths accepted per request (AS)
     draft_calls: int  # drafter forward calls for the batch
+    prompt_hidden: torch.Tensor | None = None  # [B, H] final hidden state at each prompt's last token
 
 
 def accepted_depth(target_beams: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
@@ -109,6 +110,7 @@ def speculative_search(
     if sync:
         beams.host_depth = [0] * b
     closed = bool(getattr(drafts, "closed_tree", False))
+    prompt_hidden: torch.Tensor | None = None  # read after the first verification, which prefills every row
     while len(beams.rows):  # a shape: no sync
         dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]
         steps = (levels - beams.depth).clamp(max=gamma)  # [R]
@@ -122,6 +124,8 @@ def speculative_search(
             tree = torch.cat([beams.nodes, *drafted], 1)
             cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1),  # leaves need no forward
                        bound=tree.shape[1] if sync and closed else None)
+            if prompt_hidden is None and cache.last_prompt_hidden is not None:
+                prompt_hidden = cache.last_prompt_hidden.clone()  # [B, H]: no row has retired yet
         running = torch.ones(len(beams.rows), dtype=torch.bool, device=dev)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
@@ -144,4 +148,4 @@ def speculative_search(
         out_leaves[rows], out_scores[rows] = leaves, scores
     if sync and closed and not cache.check_bound():  # one read per search; a drafter's broken promise
         raise RuntimeError("a drafter marked closed_tree proposed a node whose parent it did not propose")
-    return SpecOutput(out_leaves, out_scores, calls, accepted, drafts.calls)
+    return SpecOutput(out_leaves, out_scores, calls, accepted, drafts.calls, prompt_hidden)

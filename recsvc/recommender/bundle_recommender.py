@@ -506,7 +506,7 @@ class BundleRecommender:
         if merging:
             return [replace(r, decoding=out.decoding)
                     for r in self._merged(queries, out.leaves, out.scores, excluded, out.target_calls,
-                                          out.draft_calls, out.accepted)]
+                                          out.draft_calls, out.accepted, out.prompt_hidden)]
         return [  # the first k of the width's beams, best first
             replace(self._result(out.leaves[r][: q.k], out.scores[r][: q.k], excluded[r],
                                  RecStats(target_calls=out.target_calls[r], draft_calls=out.draft_calls,
@@ -516,12 +516,16 @@ class BundleRecommender:
         ]
 
     def _merged(self, queries: list[RecQuery], leaves: torch.Tensor, scores: torch.Tensor, excluded: list[list[int]],
-                calls: list[int], draft_calls: int, accepted: list[int]) -> list[RecResult]:
+                calls: list[int], draft_calls: int, accepted: list[int], prompt_hidden: torch.Tensor | None
+                ) -> list[RecResult]:
         """Every beam of the width and the dense head's nearest items, ranked by one score
-        (``DenseRetriever.merge``): one extra forward of the prompts for the head's queries."""
+        (``DenseRetriever.merge``). The head's query reads the prompts' final hidden states [B, H] the decoding's
+        prefill computed (``prompt_hidden``); only a path that returns none runs the prompts again."""
         assert self.dense is not None
-        with torch.inference_mode():
-            hidden = last_hidden(self.target.model, [self.prompts.prompt_ids(q.history) for q in queries])
+        hidden = prompt_hidden
+        if hidden is None:
+            with torch.inference_mode():
+                hidden = last_hidden(self.target.model, [self.prompts.prompt_ids(q.history) for q in queries])
         sims = self.dense.similarities(hidden)  # [B, n]
         out = []
         for r, q in enumerate(queries):
