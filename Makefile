@@ -310,6 +310,17 @@ gpu-bench-served:
 	  --n 20 --out $(GPU_OUT)-served $(GPU_ARGS)
 gpu-bundle:
 	$(PY) -m recsvc.bench.gpu_bundle --from $(SERVED) --to $(GPU_BUNDLE)
+# `make gpu-capacity` (on that machine, with the slimmed bundle's ids): the recipe's target at each of
+# CAPACITY_PRESETS, each with the same training budget (5 minutes, fewer when its 10 epochs fit sooner), batch and
+# seed, compared on validation against the first, paired per user (`recsvc tune capacity`,
+# training/tune_capacity.py; at most 8 minutes in all).
+CAPACITY_PRESETS ?= small,base
+CAPACITY_IDS ?= $(GPU_BUNDLE)/ids/semantic_ids.json
+.PHONY: gpu-capacity
+gpu-capacity:
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m training.tune_capacity --data $(BEAUTY) --ids $(CAPACITY_IDS) \
+	  --out $(GPU_OUT)-capacity --presets $(CAPACITY_PRESETS) --epochs 10 --preset-minutes 5 --batch-size 128 \
+	  --budget-minutes 8 --sasrec-max-minutes 1 $(GPU_ARGS)
 gpu-bench-long:
 	test -x $(PY) || (echo "no $(VENV): carry the venv or run make install (see docs/GPU.md)"; exit 2)
 	$(VENV)/bin/recsvc bench gpu $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) --out $(GPU_OUT)-long $(GPU_ARGS)

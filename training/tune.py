@@ -80,11 +80,13 @@ def register(subparsers) -> None:
     t.set_defaults(func=cmd_tune_target)
 
     from training.fresh_signals import register_fresh_signals
+    from training.tune_capacity import register_capacity
     from training.tune_dense import register_dense
     from training.tune_fresh import register_fresh
     from training.tune_history import register_history
     from training.tune_mix import register_mix
 
+    register_capacity(sub)
     register_dense(sub)
     register_fresh(sub)
     register_history(sub)
