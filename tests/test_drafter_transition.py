@@ -44,3 +44,21 @@ def test_transition_drafter_is_exact_under_strict_verification(device) -> None:
     spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), 6,
                               drafter.session(batch(prompts), histories, None), 8, 3, None, engine.select)
     assert torch.equal(spec.leaves, plain.leaves)
+
+
+def test_each_depth_extends_the_nodes_drafted_above_it() -> None:
+    """A closed tree: a node whose parent was not drafted is never drafted, even when the prior ranks it highest,
+    and its slot goes to a child of a drafted node."""
+    # items 7 = (1, 2), 8 = (1, 3), 9 = (2, 0), 10 = (3, 0), 11 = (3, 1); after item 9: 9 five times, 7 and 10 four,
+    # 8 and 11 three: (1,) and (3,) hold 7 / 19 each, (2,) 5 / 19, yet 9 is the likeliest single item
+    ids = SemanticIds.from_mapping({7: (1, 2), 8: (1, 3), 9: (2, 0), 10: (3, 0), 11: (3, 1)}, codebook_size=4)
+    trie = CatalogTrie(ids)
+    seqs = [[9, 9]] * 5 + [[9, 7]] * 4 + [[9, 10]] * 4 + [[9, 8]] * 3 + [[9, 11]] * 3
+    prior = TransitionPrior.fit(seqs, [7, 8, 9, 10, 11], PriorSettings(beta=0.0))
+    session = TransitionDrafter(prior, trie).session(batch([[1]]), [[9]], None)
+    assert session.closed_tree
+    first, second = session.propose(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1), torch.tensor([2]), 2,
+                                    None)  # type: ignore[arg-type]
+    assert {int(trie.node_code[n]) for n in first[0].tolist()} == {1, 3}
+    assert set(trie.leaf_items(second[0])) == {7, 10}  # not 9: its parent (2,) was not drafted
+    assert {int(trie.ancestors[n, 0]) for n in second[0].tolist()} <= set(first[0].tolist())

@@ -27,7 +27,7 @@ class _Rounds:
         return self.inner.phase(name)
 
 
-class _PhaseOps:
+class PhaseOps:
     """A ledger adding up, per phase, the eager device operations a ``Launches`` counter saw inside it."""
 
     def __init__(self) -> None:
@@ -36,7 +36,7 @@ class _PhaseOps:
         self.ops: Counter[str] = Counter()
         self._launches = None
 
-    def counting(self, launches) -> _PhaseOps:
+    def counting(self, launches) -> PhaseOps:
         self._launches = launches
         return self
 
@@ -185,7 +185,7 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
         res: dict = {**label, "users": min(len(requests), 10)}
         for name, fn in (("plain", plain), ("strict", strict)):
             ledger = SyncedLedger(device)
-            launches, replays, by_phase = [], [], _PhaseOps()
+            launches, replays, by_phase = [], [], PhaseOps()
             for req in requests[:10]:
                 fn(req, ledger=ledger)
                 with Launches() as ops:

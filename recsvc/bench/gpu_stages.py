@@ -95,9 +95,11 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
     (prompts, prior, dense head, fresh slots). Each measured user's first request (``ms_first``: nothing of the
     user cached; validation users ran first, so the prompt shapes have been seen) and its repeat
     (``ms_per_request``: the user-state cache's hit, a returning user)."""
+    from recsvc.bench.gpu_measure import PhaseOps
     from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
+    from recsvc.engine.launches import Launches
     from recsvc.engine.ledger import SyncedLedger
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
@@ -122,6 +124,7 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
                  "warm_up_s": round(time.perf_counter() - t0, 1)}
     for mode in ("plain", "strict"):
         rows, first, used, ledger = [], [], set(), SyncedLedger(device)
+        launches, calls, by_phase = [], [], PhaseOps()
         for u in users:
             if time.perf_counter() > deadline:
                 break
@@ -132,9 +135,16 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
             rows.append(ms)
             used.add(out.decoding.mode if out.decoding is not None else "none")
             rec.recommend([query], ledger=ledger)  # a third run, phases synchronised (not in the ms above)
+            with Launches() as ops:  # a fourth: what a GPU launches from Python, by phase
+                (out,) = rec.recommend([query], ledger=by_phase.counting(ops))
+            launches.append(ops.total)
+            calls.append(out.stats.target_calls)
         if rows:
             res[mode] = {"users": len(rows), "ms_first": statistics.mean(first),
                          "ms_per_request": statistics.mean(rows),
                          "ms_median": statistics.median(rows), "decoded": sorted(used),
-                         "engine_phases_ms": {k: v / len(rows) for k, v in ledger.ms.items()}}
+                         "engine_phases_ms": {k: v / len(rows) for k, v in ledger.ms.items()},
+                         "target_calls_per_request": statistics.mean(calls),
+                         "eager_ops_per_request": statistics.mean(launches),
+                         "eager_ops_by_phase": {k: v / len(rows) for k, v in by_phase.ops.items()}}
     emit("served", res)

@@ -9,8 +9,12 @@ and is ranked by
 
 i.e. the target's own score of the beam so far plus the prior's log-probability of the continuation: the
 drafter is "the prior, conditioned on what the target has already decided". Its top-N nodes per depth are the
-draft. When the target fuses the same prior into its scores (``PriorSettings.weight`` > 0), the target's
-beams lean toward exactly these continuations, which is what makes the drafts acceptable.
+draft, each depth's chosen among the children of the nodes drafted one depth above (a beam search over the trie):
+a node whose parent was not drafted could only be accepted after a depth that was not, so no slot is spent on one,
+and every drafted node's parent is a root or a drafted node (``closed_tree``: the verification feeds the tree alone,
+without asking which ancestors are missing). When the target fuses the same prior into its scores
+(``PriorSettings.weight`` > 0), the target's beams lean toward exactly these continuations, which is what makes the
+drafts acceptable.
 
 Worked example (the trie of ``tokenizer_rqvae.trie``: items 7 = (1, 2), 8 = (1, 3), 9 = (2, 0)) with
 P = [0.5, 0.3, 0.2], from the root (score 0), N = 2: depth 1 drafts node 1 (log 0.8) then node 2 (log 0.2);
@@ -33,6 +37,7 @@ from tokenizer_rqvae.trie import CatalogTrie
 
 class TransitionDraftSession:
     calls = 0  # no drafter forward calls: drafting is a table lookup
+    closed_tree = True  # every drafted node's parent is a root or a node drafted one depth above
 
     def __init__(self, trie: CatalogTrie, log_mass: torch.Tensor, dead: torch.Tensor | None,
                  nodes_at: list[torch.Tensor]) -> None:
@@ -54,6 +59,7 @@ class TransitionDraftSession:
             r, rs = roots[row][ok], root_scores[row][ok]  # [Kr]
             j = int(self.trie.depth[r[0]])
             lm = self.log_mass[row]
+            drafted: torch.Tensor | None = None  # [n] the nodes drafted one depth above
             for s in range(1, int(steps[row]) + 1):
                 cand = self.nodes_at[j + s]  # [M]
                 anc = cand.new_zeros(cand.shape) if j == 0 else self.trie.ancestors[cand, j - 1]  # depth-j prefix
@@ -62,11 +68,15 @@ class TransitionDraftSession:
                 which = match.to(torch.int8).argmax(1)  # the extended beam
                 score = rs[which] + lm[cand] - lm[r[which]]
                 score = torch.where(has, score, float("-inf"))
+                if drafted is not None:  # only children of the nodes drafted one depth above
+                    score = torch.where(torch.isin(self.trie.ancestors[cand, j + s - 2], drafted), score,
+                                        float("-inf"))
                 if self.dead is not None:
                     score = torch.where(self.dead[row, cand], float("-inf"), score)
                 top = torch.topk(score, min(width, len(cand)))
                 keep = torch.isfinite(top.values)
-                out[s - 1][row, : int(keep.sum())] = cand[top.indices[keep]]
+                drafted = cand[top.indices[keep]]
+                out[s - 1][row, : len(drafted)] = drafted
         return out
 
     def observe(self, beams: torch.Tensor) -> None:
