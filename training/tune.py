@@ -39,6 +39,7 @@ from typing import Any
 
 from recsvc.errors import UserError
 from recsvc.progress import print_record
+from training.cli import user_count
 from training.studies import check_budget as _check_budget
 from training.studies import files_fingerprint, validation_model, weights_fingerprint
 from training.studies import run_trials as _run
@@ -55,7 +56,8 @@ def register(subparsers) -> None:
     p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
     p.add_argument("--trials", type=int, default=40)
     p.add_argument("--budget-minutes", type=float, default=15.0)
-    p.add_argument("--users", type=int, default=1000, help="validation users (a fixed random sample)")
+    p.add_argument("--users", type=user_count, default=1000, metavar="N|all",
+                   help="validation users: a fixed random sample of N, or all (every one; the recipe's)")
     p.add_argument("--metric", choices=PRIOR_METRICS, default="ndcg@10")
     p.add_argument("--max-weight", type=float, default=2.0, help="upper end of the fusion weight range")
     p.add_argument("--exclude-history", action="store_true",
@@ -109,7 +111,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     from training.ranking import rank_users, serving_model
 
     _check_budget(args.trials, args.budget_minutes)
-    if args.users < 1 or not 0 < args.max_weight <= 10:
+    if not 0 < args.max_weight <= 10:
         raise UserError("--users must be >= 1 and --max-weight in (0, 10]")
     if args.threads:
         torch.set_num_threads(args.threads)

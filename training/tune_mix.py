@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from recsvc.errors import UserError
 from recsvc.progress import print_record
+from training.cli import user_count
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -68,7 +69,8 @@ def register_mix(sub) -> None:
     p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
     p.add_argument("--trials", type=int, default=25)
     p.add_argument("--budget-minutes", type=float, default=15.0)
-    p.add_argument("--users", type=int, default=1000, help="validation users (a fixed random sample)")
+    p.add_argument("--users", type=user_count, default=1000, metavar="N|all",
+                   help="validation users: a fixed random sample of N, or all (every one; the recipe's)")
     p.add_argument("--metric", choices=("ndcg@10", "recall@10"), default="ndcg@10")
     p.add_argument("--max-weight", type=float, default=MAX_WEIGHT,
                    help="upper end of the fusion weight range (searched as the prior's share w / (1 + w))")
@@ -105,7 +107,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training.studies import check_budget, run_trials, study, validation_model, weights_fingerprint
 
     check_budget(args.trials, args.budget_minutes)
-    if args.users < 1 or not 0 < args.max_weight <= WEIGHT_LIMIT:
+    if not 0 < args.max_weight <= WEIGHT_LIMIT:
         raise UserError(f"--users must be >= 1 and --max-weight in (0, {WEIGHT_LIMIT:g}]")
     if args.threads:
         torch.set_num_threads(args.threads)
