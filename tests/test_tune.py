@@ -45,6 +45,21 @@ def test_tune_prior_writes_the_best_trial_and_resumes(tmp_path, capsys) -> None:
     assert "--trials" in capsys.readouterr().err
 
 
+def test_tune_prior_on_every_validation_user(tmp_path) -> None:
+    """``--users all`` (the recipe's): every validation user, the count recorded; a wrong count is refused."""
+    from recsvc.data.split import load_split_dir
+
+    root = make_tiny_bundle(tmp_path, n_users=30)
+    argv = ["tune", "prior", "--bundle", str(root), "--trials", "1", "--budget-minutes", "5", "--users", "all",
+            "--dtype", "fp32"]
+    assert cli.main(argv) == 0
+    b = Bundle.open(root)
+    assert b.read()["tuning"]["prior"]["valid_users"] == len(load_split_dir(b.data_dir()).eval_users("valid"))
+    with pytest.raises(SystemExit) as refused:  # argparse: "must be >= 1", exit code 2
+        cli.main([*argv[:8], "--users", "0"])
+    assert refused.value.code == 2
+
+
 def test_a_search_whose_objective_changed_starts_afresh_instead_of_resuming(tmp_path) -> None:
     """The study resumes only what was scored on the same objective: other validation users, or a retrained
     target (new weights in the model directory the search ranks with), start a new study in the same file; the
