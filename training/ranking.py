@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from recsvc.bundle.prompt import PromptBuilder
-from recsvc.content.dense_head import DenseRetriever, last_hidden
+from recsvc.content.dense_head import DenseRetriever
 from recsvc.data.split import EvalUser, SplitData
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.decode import decode
@@ -67,11 +67,9 @@ def rank_users(
         res = decode(engine, None, prompts, [u.history for u in chunk], "plain", width, (0, 0), dead=dead, prior=fused,
                      top=top)  # leaves [B, k] (the decoding entry the server uses)
         sims = None
-        if merging:  # the head's query as served: the decoding prefill's hidden state [B, H]
-            hidden = res.prompt_hidden
-            if hidden is None:
-                hidden = last_hidden(model.model, [builder.prompt_ids(u.history) for u in chunk])
-            sims = dense.similarities(hidden)
+        if merging:  # the head's query as served: the decoding prefill's hidden state [B, H] (plain returns it)
+            assert res.prompt_hidden is not None
+            sims = dense.similarities(res.prompt_hidden)
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
             items = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())

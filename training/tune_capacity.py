@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recsvc.cli.main import run_command
 from recsvc.errors import UserError
 
 EVAL_RESERVE_MINUTES = 1.5  # kept back from a build's training cap for its validation ranking
@@ -59,18 +60,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sasrec-max-minutes", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", dest="json_path", type=Path, default=None, help="default: OUT/capacity.json")
-
-
-def run_recsvc(name: str, argv: list[str]) -> None:
-    """One ``recsvc`` subcommand in this process (only its own module registered: no gRPC import)."""
-    from recsvc.cli.main import register_command
-
-    print("$ recsvc " + name + " " + " ".join(argv), flush=True)
-    parser = argparse.ArgumentParser(prog="recsvc")
-    register_command(name, parser.add_subparsers(dest="command"))
-    args = parser.parse_args([name, *argv])
-    if int(args.func(args) or 0) != 0:
-        raise UserError(f"`recsvc {name} {' '.join(argv)}` failed")
 
 
 def _presets(text: str) -> list[str]:
@@ -144,7 +133,7 @@ def cmd_tune_capacity(args: argparse.Namespace) -> int:
                 report["skipped"].append(preset)
                 continue
             t0 = time.perf_counter()
-            run_recsvc("build", ["--data", str(args.data), "--out", str(bundle), "--ids", str(args.ids),
+            run_command("build", ["--data", str(args.data), "--out", str(bundle), "--ids", str(args.ids),
                                  "--stages", "ids,tokenizer,target", "--preset", preset, "--prompt", "compact",
                                  "--window-stride", "5", "--protocol", "paper", "--epochs", str(args.epochs),
                                  "--seed", str(args.seed),
@@ -165,7 +154,7 @@ def cmd_tune_capacity(args: argparse.Namespace) -> int:
             continue
         path = out / f"eval_{preset}.json"
         if not path.is_file():
-            run_recsvc("eval", ["--bundle", str(out / preset), "--against", str(reference), "--against-label",
+            run_command("eval", ["--bundle", str(out / preset), "--against", str(reference), "--against-label",
                                 presets[0], "--split", "valid", "--protocol", "paper", "--k", "10,20",
                                 "--exclude-history", "--no-prior", "--no-fresh", "--baselines", args.baselines,
                                 "--cache-dir", str(out / "baselines"), "--sasrec-max-minutes",

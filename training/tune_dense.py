@@ -64,7 +64,6 @@ def _floats(text: str, name: str) -> list[float]:
 def beams_and_similarities(model, builder, trie, users, width: int, retriever, exclude_history: bool, prior: Any,
                            batch_size: int = 64) -> dict[int, tuple[list[int], list[float], torch.Tensor]]:
     """user id -> (the beams' items best first, their scores, the head's cosine to every catalog item [n] fp16)."""
-    from recsvc.content.dense_head import last_hidden
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.decode import decode
     from recsvc.engine.prior import prior_log_mass
@@ -84,8 +83,8 @@ def beams_and_similarities(model, builder, trie, users, width: int, retriever, e
                                 prior.settings.weight) if fuse else None)
         res = decode(engine, None, PromptBatch.from_lists(prompt_ids), [u.history for u in chunk], "plain", width,
                      (0, 0), dead=dead, prior=fused)
-        hidden = res.prompt_hidden if res.prompt_hidden is not None else last_hidden(model.model, prompt_ids)
-        sims = retriever.similarities(hidden).half()  # the query as served: the decoding prefill's hidden state
+        assert res.prompt_hidden is not None  # plain decoding returns its prefill's hidden states [B, H]
+        sims = retriever.similarities(res.prompt_hidden).half()  # the query as served
         for r, u in enumerate(chunk):
             ok = res.leaves[r] >= 0
             items = trie.leaf_items(res.leaves[r][ok], excluded[r] if excluded else ())

@@ -50,6 +50,7 @@ import torch
 
 from recsvc.bench.gpu_measure import measure
 from recsvc.bench.gpu_stages import compiled_forward, lossless_fp32, served
+from recsvc.cli.main import run_command
 from recsvc.errors import UserError
 
 FULL = {"preset": "base", "drafter": "llama-68m", "target_minutes": 2.5, "train_batch": 128, "drafter_epochs": 1,
@@ -96,18 +97,6 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stages", default=",".join(STAGES),
                    help=f"comma-separated, of {', '.join(STAGES)} (measure: plain ... quality; served: the "
                         "recommender as served, --bundle only; compiled: the compiled-graphs forward against graphs)")
-
-
-def run_command(name: str, argv: list[str]) -> None:
-    """One ``recsvc`` subcommand, registering only its own module (the service's gRPC code is not imported)."""
-    from recsvc.cli.main import register_command
-
-    print("$ recsvc " + name + " " + " ".join(argv), flush=True)
-    parser = argparse.ArgumentParser(prog="recsvc")
-    register_command(name, parser.add_subparsers(dest="command"))
-    args = parser.parse_args([name, *argv])
-    if int(args.func(args) or 0) != 0:
-        raise UserError(f"`recsvc {name} {' '.join(argv)}` failed")
 
 
 def build(data: Path, bundle: Path, cfg: dict, device: str, align: bool, threads: int | None) -> dict:

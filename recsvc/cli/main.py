@@ -27,6 +27,17 @@ def register_command(name: str, sub: argparse._SubParsersAction) -> None:
     found[0][1](sub)
 
 
+def run_command(name: str, argv: list[str]) -> None:
+    """One ``recsvc`` subcommand in this process, registering only its own module (the service's gRPC code is not
+    imported: a GPU image without it runs the build and training commands); a non-zero exit raises UserError."""
+    print("$ recsvc " + name + " " + " ".join(argv), flush=True)
+    parser = argparse.ArgumentParser(prog="recsvc")
+    register_command(name, parser.add_subparsers(dest="command"))
+    args = parser.parse_args([name, *argv])
+    if int(args.func(args) or 0) != 0:
+        raise UserError(f"`recsvc {name} {' '.join(argv)}` failed")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recsvc", description=__doc__.splitlines()[0])
     parser.add_argument("--progress", choices=MODES, default=None,

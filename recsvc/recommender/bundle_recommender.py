@@ -26,7 +26,7 @@ import torch
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH
 from recsvc.bundle.prompt import PromptBuilder
-from recsvc.content.dense_head import DenseRetriever, has_dense_head, last_hidden
+from recsvc.content.dense_head import DenseRetriever, has_dense_head
 from recsvc.content.fresh import FreshItems
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.decode import Decoding, Mode, decode
@@ -519,14 +519,10 @@ class BundleRecommender:
                 calls: list[int], draft_calls: int, accepted: list[int], prompt_hidden: torch.Tensor | None
                 ) -> list[RecResult]:
         """Every beam of the width and the dense head's nearest items, ranked by one score
-        (``DenseRetriever.merge``). The head's query reads the prompts' final hidden states [B, H] the decoding's
-        prefill computed (``prompt_hidden``); only a path that returns none runs the prompts again."""
-        assert self.dense is not None
-        hidden = prompt_hidden
-        if hidden is None:
-            with torch.inference_mode():
-                hidden = last_hidden(self.target.model, [self.prompts.prompt_ids(q.history) for q in queries])
-        sims = self.dense.similarities(hidden)  # [B, n]
+        (``DenseRetriever.merge``). The head's query reads the prompts' final hidden states [B, H] that the
+        decoding's prefill computed (``prompt_hidden``: plain and strict always return them)."""
+        assert self.dense is not None and prompt_hidden is not None
+        sims = self.dense.similarities(prompt_hidden)  # [B, n]
         out = []
         for r, q in enumerate(queries):
             ok = leaves[r] >= 0
