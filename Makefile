@@ -287,7 +287,7 @@ report: install
 	  $(if $(REPORT_MACHINE),--machine "$(REPORT_MACHINE)") $(REPORT_FILES)
 
 # The engine on a GPU (docs/GPU.md). `make gpu-bench`: the acceptance figures in one prepared script of <= 7
-# minutes (recsvc/bench/gpu_accept.py): the smoke run first (tiny presets, same device), then a Beauty bundle
+# minutes (bench/gpu_accept.py): the smoke run first (tiny presets, same device), then a Beauty bundle
 # (bf16 base target, llama-68m drafter aligned with AtSpeed-S) and plain / strict / relaxed / batched / host-read
 # figures at K = 10 of width 20; JSON after each stage under GPU_OUT. It runs with the venv's python when there
 # is one, else the machine's python3 (a GPU image with torch + transformers: no gRPC needed), the repository
@@ -298,20 +298,20 @@ GPU_ARGS ?=
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 .PHONY: gpu-bench gpu-bench-long
 gpu-bench:
-	PYTHONPATH=$(CURDIR) $(GPU_PY) -m recsvc.bench.gpu_accept $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) \
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m bench.gpu_accept $(if $(findstring --smoke,$(GPU_ARGS)),,--data $(BEAUTY)) \
 	  --out $(GPU_OUT) $(GPU_ARGS)
 # `make gpu-bundle`: the served bundle slimmed for a GPU machine (GPU_BUNDLE, ~52 MiB: what serving reads, the
-# target's weights in bf16; recsvc/bench/gpu_bundle.py),
+# target's weights in bf16; bench/gpu_bundle.py),
 # then on that machine `make gpu-bench-served` (no smoke, no build: the served target and its draft head, the prior
 # fused as served, every stage incl. compiled-graphs; about 2-3 minutes).
 SERVED ?= artifacts/beauty/bundle
 GPU_BUNDLE ?= cache/served
 .PHONY: gpu-bundle gpu-bench-served
 gpu-bench-served:
-	PYTHONPATH=$(CURDIR) $(GPU_PY) -m recsvc.bench.gpu_accept --bundle $(GPU_BUNDLE) --data $(BEAUTY) --drafter-kind head \
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m bench.gpu_accept --bundle $(GPU_BUNDLE) --data $(BEAUTY) --drafter-kind head \
 	  --n 20 --out $(GPU_OUT)-served $(GPU_ARGS)
 gpu-bundle:
-	$(PY) -m recsvc.bench.gpu_bundle --from $(SERVED) --to $(GPU_BUNDLE)
+	$(PY) -m bench.gpu_bundle --from $(SERVED) --to $(GPU_BUNDLE)
 # `make gpu-capacity` (on that machine, with the slimmed bundle's ids): the recipe's target at each of
 # CAPACITY_PRESETS, each with the same training budget (5 minutes, fewer when its 10 epochs fit sooner), batch and
 # seed, compared on validation against the first, paired per user (`recsvc tune capacity`,

@@ -67,3 +67,13 @@ def describe(device: str = "cpu", dtype: str | None = None) -> dict[str, object]
     if dtype is not None:
         out["dtype"] = resolve_dtype(dtype, device)
     return out
+
+
+def machine() -> str:
+    """One line for benchmark reports: CPU model, the vector-ISA flags that decide speed, threads, GPU, torch."""
+    import torch
+
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    flags = " ".join(cpu_flags()) or "no AVX flags read"
+    return (f"{cpu_model()} [{flags}; native bf16: {'yes' if native_bf16() else 'no'}], "
+            f"{torch.get_num_threads()} threads, {dev}, torch {torch.__version__}")

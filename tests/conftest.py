@@ -33,14 +33,14 @@ def _isolated_recsvc_logging() -> Iterator[None]:
     root.handlers[:], root.level, root.propagate = saved[0], saved[1], saved[2]
 
 
-def _redis_process(tmp_path, persistent: bool):
+def _redis_process(tmp_path, name: str):
     if shutil.which("redis-server") is None:
         pytest.skip(REDIS_MISSING)
-    from recsvc.bench.redis_spawn import RedisProcess
+    from harness.redis_server import RedisProcess
 
-    data_dir = tmp_path / ("redis-aof" if persistent else "redis")
+    data_dir = tmp_path / name
     data_dir.mkdir()
-    return RedisProcess(persistent=persistent, data_dir=data_dir)
+    return RedisProcess(data_dir=data_dir)
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def redis_server(tmp_path) -> Iterator:
 
     The fixture value is a RedisProcess (``.url``, ``.stop()``, ``.start()``); skipped without redis-server.
     """
-    proc = _redis_process(tmp_path, persistent=False)
+    proc = _redis_process(tmp_path, "redis")
     proc.start()
     yield proc
     proc.close()
@@ -58,7 +58,7 @@ def redis_server(tmp_path) -> Iterator:
 @pytest.fixture
 def persistent_redis_server(tmp_path) -> Iterator:
     """Like ``redis_server`` (also an fsync-always append-only file): data survives ``.restart()``."""
-    proc = _redis_process(tmp_path, persistent=True)
+    proc = _redis_process(tmp_path, "redis-aof")
     proc.start()
     yield proc
     proc.close()

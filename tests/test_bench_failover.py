@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from recsvc.bench.failover_load import lost_writes
+from bench.failover_load import lost_writes
 
 
 def test_lost_writes_counts_missing_acknowledged_items():

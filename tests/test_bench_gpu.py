@@ -40,7 +40,7 @@ def test_smoke_builds_a_bundle_and_writes_every_stage(tmp_path, one_thread) -> N
 def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -> None:  # noqa: F811
     """`make gpu-bench GPU_ARGS=--smoke`'s script on the CPU: every stage, each labelled with the device, the
     precision and the target's validation recall; the bucketed path's strict rounds read the device once."""
-    from recsvc.bench.gpu_accept import main as accept_main
+    from bench.gpu_accept import main as accept_main
 
     out = tmp_path / "accept"
     assert accept_main(["--smoke", "--out", str(out), "--threads", "1"]) == 0
@@ -97,7 +97,7 @@ def test_smoke_ids_without_the_embedding_package(tmp_path, monkeypatch) -> None:
     """A bare GPU image lacks the sentence-embedding package: the smoke data then gets seeded, distinct ids."""
     import importlib.util
 
-    from recsvc.bench.gpu_accept import smoke_ids
+    from bench.gpu_accept import smoke_ids
     from tokenizer_rqvae.ids import SemanticIds
 
     (tmp_path / "items.json").write_text(json.dumps({str(i): {"title": f"item {i}"} for i in range(1, 301)}))

@@ -8,7 +8,7 @@ import math
 import pytest
 
 import recsvc.cli.main as cli
-from recsvc.bench.seeds import split_seed, summarize, verdict
+from bench.seeds import split_seed, summarize, verdict
 from recsvc.errors import UserError
 
 

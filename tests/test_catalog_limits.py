@@ -20,7 +20,7 @@ from cli_commands import only_commands
 from test_train_fixtures import one_thread, random_ids  # noqa: F401 (one_thread: a fixture)
 
 import recsvc.cli.main as cli
-from recsvc.bench.catalog import catalog_document, write_catalog
+from bench.catalog import catalog_document, write_catalog
 from recsvc.catalog.file import MAX_MB_ENV, check_size, read_catalog
 from recsvc.catalog.reader import read_catalog_isolated
 from recsvc.client.client import RecClient

@@ -17,7 +17,7 @@ from recsvc import commands
 from recsvc.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-PROJECT_PACKAGES = ("recsvc", "training", "tokenizer_rqvae")
+PROJECT_PACKAGES = ("recsvc", "training", "tokenizer_rqvae", "bench")
 
 
 def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

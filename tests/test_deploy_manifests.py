@@ -27,7 +27,7 @@ import yaml
 from kubernetes_validate.utils import all_versions, latest_version
 from packaging.version import Version
 
-from recsvc.bench.redis_spawn import free_port
+from harness.redis_server import free_port
 from recsvc.service import cli as serve_cli
 from recsvc.service.server import STORE_HEALTH_NAME
 from recsvc.service.servicer import SERVICE_NAME
@@ -318,6 +318,10 @@ def test_dockerfile_essentials():
     for sources, _ in _copies(dockerfile):
         for source in sources:
             assert (REPO / source).exists(), source
+    # The image carries the product, not the benchmarks nor the tests' and drills' launchers.
+    copied = {source.split("/")[0] for sources, _ in _copies(dockerfile) for source in sources}
+    assert copied.isdisjoint({"bench", "harness", "tests", "."}), copied
+    assert not (REPO / "recsvc" / "bench").exists()
     # The port: EXPOSE == the image's RECSVC_GRPC_PORT == the ConfigMap's == the Service's target.
     env = _env(dockerfile)
     resources = _base_resources()

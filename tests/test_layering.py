@@ -1,6 +1,9 @@
 """The package layering, read from the source with ``ast`` (every import statement, also the lazy ones inside
 functions and ``TYPE_CHECKING`` blocks; nothing is imported):
 
+- the benchmarks (``bench/``) and the local process launchers of the tests and drills (``harness/``) stand
+  outside the product: neither ``recsvc/``, ``tokenizer_rqvae/`` nor ``training/`` imports them (the service
+  image ships without them), and the tests take their Redis launchers from ``harness/``, not from the benchmarks.
 - ``recsvc/`` never imports ``training/``: a service image ships without it. Training's commands and bench
   declare themselves as entry points in pyproject.toml (``recsvc/commands.py`` loads them and skips them when
   ``training`` is not installed); no string in ``recsvc/`` names a ``training`` module.
@@ -43,29 +46,29 @@ GENERATED = ROOT / "recsvc" / "service" / "gen"
 
 # what recsvc/engine/ may not import: the layers above decoding
 ABOVE_ENGINE = (
-    "recsvc.recommender", "recsvc.service", "recsvc.bench", "recsvc.cli", "recsvc.drafters", "recsvc.rules",
+    "recsvc.recommender", "recsvc.service", "bench", "recsvc.cli", "recsvc.drafters", "recsvc.rules",
     "recsvc.rule_decoding",
     "recsvc.bundle",  # the bundle and model loading: the engine is handed loaded models
     "training",
 )
-ABOVE_RECOMMENDER = ("recsvc.service", "recsvc.bench", "recsvc.cli", "training")
+ABOVE_RECOMMENDER = ("recsvc.service", "bench", "recsvc.cli", "training")
 BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules", "recsvc/rule_decoding")  # + bundle, data
 DRAFTER_REGISTRY = "recsvc/recommender/drafter_registry.py"  # the one place above the drafters that builds them
 DATA_LAYER = ("recsvc/data", "recsvc/priors", "recsvc/content", "recsvc/catalog", "recsvc/hardware.py",
               "recsvc/errors.py", "recsvc/progress.py", "tokenizer_rqvae")
 ABOVE_DATA = ("recsvc.bundle", "recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.rule_decoding",
-              "recsvc.recommender", "recsvc.service", "recsvc.client", "recsvc.bench", "recsvc.cli", "training")
+              "recsvc.recommender", "recsvc.service", "recsvc.client", "bench", "recsvc.cli", "training")
 # the bundle (its directory, LM presets, loading, tokenizer, prompt): on the data layer, beside the engine
 BUNDLE = ("recsvc/bundle",)
 ABOVE_BUNDLE = ABOVE_DATA[1:]
-ABOVE_SERVICE = ("recsvc.bench", "recsvc.cli", "recsvc.client", "training")
+ABOVE_SERVICE = ("bench", "recsvc.cli", "recsvc.client", "training")
 MODULE_NAME = re.compile(r"^training(\.\w+)*$")
 # the rules in their two rooms: the trie-level rules (below the engine, beside the data layer) and the
 # decoding-level rules (above the engine, below the recommender)
 RULES_TRIE_LEVEL = ("recsvc/rules",)
 RULES_DECODING = ("recsvc/rule_decoding",)
 ABOVE_TRIE_RULES = ("recsvc.engine", "recsvc.drafters", "recsvc.rule_decoding", "recsvc.recommender",
-                    "recsvc.service", "recsvc.bench", "recsvc.cli", "recsvc.client", "training")
+                    "recsvc.service", "bench", "recsvc.cli", "recsvc.client", "training")
 RECOMMENDER_NAME = re.compile(r"(^|\.|_)(rec|recommender)$")
 DATA_FILE = re.compile(r"\.json$")  # a file name such as a training record's "training.json" names no module
 
@@ -164,7 +167,7 @@ def test_nothing_below_the_recommender_imports_it() -> None:
 
 
 def test_drafters_are_built_only_by_the_registry() -> None:
-    found = violations(("recsvc/recommender", "recsvc/service", "recsvc/bench", "recsvc/cli"), ("recsvc.drafters",))
+    found = violations(("recsvc/recommender", "recsvc/service", "bench", "recsvc/cli"), ("recsvc.drafters",))
     assert [f for f in found if f[0] != DRAFTER_REGISTRY] == []
     assert found, "the registry builds the drafters"
 
@@ -182,10 +185,20 @@ def test_service_imports_no_bench_or_cli() -> None:
     assert violations(("recsvc/service",), ABOVE_SERVICE) == []
 
 
+def test_benchmarks_and_harness_stand_outside_the_product() -> None:
+    assert sources("bench") and sources("harness")
+    assert violations(("recsvc", "tokenizer_rqvae", "training"), ("bench", "harness")) == []
+    assert violations(("harness",), ("bench", "training")) == []  # the launchers need nothing of the benchmarks
+    defined = {node.name for p in sources("bench") for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+               if isinstance(node, ast.ClassDef | ast.FunctionDef)}
+    assert defined.isdisjoint({"RedisProcess", "RedisClusterProcesses", "free_port"})  # harness/ defines them
+    assert [m for p in sources("tests") for _, m in imports(p) if m.startswith("bench.") and "redis" in m] == []
+
+
 
 def test_every_place_named_holds_source() -> None:
     places = (*BELOW_RECOMMENDER, *DATA_LAYER, *BUNDLE, *RULES_TRIE_LEVEL, *RULES_DECODING, DRAFTER_REGISTRY,
-              "recsvc/recommender", "recsvc/service", "recsvc/bench", "recsvc/cli")
+              "recsvc/recommender", "recsvc/service", "bench", "recsvc/cli")
     assert [place for place in places if not sources(place)] == []
     modules = {*ABOVE_ENGINE, *ABOVE_DATA, *ABOVE_TRIE_RULES, *ABOVE_SERVICE}
     path_of = {m: m.replace(".", "/") for m in modules}
@@ -229,7 +242,7 @@ def imports_by_string(path: Path, root: Path = ROOT) -> list[tuple[str, int, str
 def test_no_module_is_imported_by_a_string(tmp_path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("import importlib\nfrom importlib import import_module\nimportlib.import_module('training.cli')\n"
-                     "import_module(name)\n__import__('recsvc.bench.' + name)\n")
+                     "import_module(name)\n__import__('bench.' + name)\n")
     assert [line for _, line, _ in imports_by_string(probe, tmp_path)] == [3, 4, 5]  # the reader sees each form
     found = [f for path in sources("recsvc", "training", "tokenizer_rqvae") for f in imports_by_string(path)]
     assert found == []

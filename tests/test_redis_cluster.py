@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _spawn(node_timeout_ms: int = 1000):
-    from recsvc.bench.redis_cluster_spawn import RedisClusterProcesses
+    from harness.redis_cluster import RedisClusterProcesses
 
     return RedisClusterProcesses(node_timeout_ms=node_timeout_ms).start()
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from service_helpers import json_line
 
-from recsvc.bench.redis_spawn import free_port
+from harness.redis_server import free_port
 from recsvc.client.client import CHANNEL_OPTIONS, RecClient, channel_target
 from recsvc.errors import UserError
 from recsvc.service.gen import recommender_pb2 as pb

@@ -11,7 +11,7 @@ import pytest
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
-from recsvc.bench.processes import serve_args
+from bench.processes import serve_args
 from recsvc.cli.main import build_parser, main
 from recsvc.service import startup
 from recsvc.service.settings import DEFAULT_BEAM_WIDTH, ServeSettings

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from recsvc.bench import serve as bench
+from bench import serve as bench
 from recsvc.errors import UserError
 
 
@@ -53,15 +53,15 @@ def test_bench_argument_errors(catalog):
     with pytest.raises(UserError, match="in-process"):
         bench.run_serve_bench("127.0.0.1:1", [1], 0.1, "spawn", outage=True)
     parser = argparse.ArgumentParser()
-    bench.register_serve_bench(parser.add_subparsers())
-    args = parser.parse_args(["serve", "--target", "h:1", "--concurrency", "1,8", "--batching", "off"])
+    bench.add_args(parser)  # as `recsvc bench serve` adds them (bench/cli.py)
+    args = parser.parse_args(["--target", "h:1", "--concurrency", "1,8", "--batching", "off"])
     assert args.concurrency == [1, 8] and args.batching == "off"
     with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "--target", "h:1", "--concurrency", "0"])
+        parser.parse_args(["--target", "h:1", "--concurrency", "0"])
 
 
 def test_fuzz_bench_with_deadlines_cancellations_and_extreme_temperatures(catalog, make_server):
-    from recsvc.bench import fuzz
+    from bench import fuzz
 
     server = make_server(catalog, max_wait_ms=1.0)
     args = argparse.Namespace(bundle=None, target=server.address, requests=300, concurrency=3, seed=1,

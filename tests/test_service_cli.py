@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from service_helpers import json_line
 
-from recsvc.bench.redis_spawn import free_port
+from harness.redis_server import free_port
 from recsvc.client import cli as client_cli
 from recsvc.client.client import RecClient
 from recsvc.service import cli as serve_cli

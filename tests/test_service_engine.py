@@ -175,7 +175,7 @@ def test_serve_process_is_not_serving_until_loaded_and_bounds_calibration(tiny_b
     import time
     from pathlib import Path
 
-    from recsvc.bench.redis_spawn import free_port
+    from harness.redis_server import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--bundle", str(tiny_bundle), "--dtype", "fp32",

@@ -8,7 +8,7 @@ from contextlib import closing
 
 import pytest
 
-from recsvc.bench.redis_spawn import free_port
+from harness.redis_server import free_port
 from recsvc.service.stores import HistoryStoreUnavailable, InMemoryHistoryStore, open_store
 
 

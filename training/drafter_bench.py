@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import argparse
 
-from recsvc.bench.common import machine, markdown_table, parse_int_list, set_threads, write_json
+from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.errors import UserError
-from recsvc.hardware import resolve_dtype
+from recsvc.hardware import machine, resolve_dtype
+from recsvc.report.records import markdown_table, write_json
 
 # one line of `recsvc bench --help`
 HELP = "drafter alignment methods: WS@K, AS@K strict + relaxed (Table 1)"

@@ -171,7 +171,7 @@ def _eval(args: argparse.Namespace, names: tuple[str, ...], ks: list[int]) -> in
         print(format_against(result))
     if args.json_path:
         # the model's figures flat (as before) and whole under "model" (with its cold / warm slices)
-        from recsvc.bench.common import machine
+        from recsvc.hardware import machine
 
         flat = {"machine": machine(), **{k: v for k, v in result.items() if k not in ("model", "popularity")},
                 **{k: v for k, v in result["model"].items() if not isinstance(v, dict)}, "model": result["model"],

@@ -250,8 +250,9 @@ def fit_causal_lm(
                              "budget_plan": budget_plan, "schedule_epochs": schedule_epochs, "scores": []}
     if cfg.resume and (ckpt_dir / "last" / "state.json").is_file():
         state = load_checkpoint(ckpt_dir / "last", acc.unwrap_model(model), optimizer, scheduler)
-        if "scores" not in state:  # a checkpoint from before per-user scores: its epochs compare by their means
-            state["scores"] = [_legacy_score(row, cfg.metric if evaluator else None) for row in state["history"]]
+        if "scores" not in state:
+            raise UserError(f"{ckpt_dir / 'last'} was written before checkpoints kept per-user scores and cannot be "
+                            "resumed: pass --force to start over")
         acc.print(f"resumed {desc} from epoch {state['epoch']} batch {state['batch']} (step {state['step']})")
     score_name = cfg.metric if evaluator else "-valid_loss"
     stopped = "epochs"
@@ -380,12 +381,6 @@ def cosine_schedule(optimizer, steps_per_epoch: int, schedule_epochs: int, warmu
     total_steps = steps_per_epoch * schedule_epochs
     steps = int(warmup * total_steps) if warmup < 1 else int(warmup)
     return get_cosine_schedule_with_warmup(optimizer, steps, max(total_steps, 1))
-
-
-def _legacy_score(row: dict[str, float], metric: str | None) -> dict[str, Any]:
-    """A score entry (no per-user values) for a history row of a checkpoint written before they were kept."""
-    score = row[metric] if metric is not None else -row["valid_loss"]
-    return {"epoch": row["epoch"], "score": row["epoch"] if math.isnan(score) else score, "per_user": None}
 
 
 def _selection(scores: list[dict[str, Any]], rule: str) -> list[dict[str, Any]]:

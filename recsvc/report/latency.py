@@ -2,7 +2,7 @@
 ``generate``, the baseline) and `recsvc bench speculative` (speculative settings beside plain beam search, the
 baseline, with the wall-clock speedup WS).
 
-Layouts (``recsvc/bench/decode.py``, ``recsvc/bench/speculative.py``): ``"rows"`` of ``{"k", "engine_ms",
+Layouts (``bench/decode.py``, ``bench/speculative.py``): ``"rows"`` of ``{"k", "engine_ms",
 "generate_ms", "speedup", "identical_rate", "users"}``, resp. ``{"k", "setting": "fixed"|"auto", "N", "gamma",
 "plain_ms", "spec_ms", "WS", "AS", ...}``; ``"machine"``, ``"dtype"``, ``"device"``, ``"mode"``, ``"drafter"``.
 """

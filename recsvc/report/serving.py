@@ -2,10 +2,10 @@
 `recsvc bench replay` (throughput and tail latency against concurrency per state-cache configuration) and
 `recsvc bench serve` (the gRPC service under load per batching / decoding configuration).
 
-Layouts: cache (``recsvc/bench/cache.py``): ``"rows"`` of ``{"path": lean|fast|compiled|cached|repeat, "p50_ms",
+Layouts: cache (``bench/cache.py``): ``"rows"`` of ``{"path": lean|fast|compiled|cached|repeat, "p50_ms",
 "mean_ms", "forwards_per_request", ...}``, ``"floor_uncached_ms"`` / ``"floor_cached_ms"`` where measured; replay
-(``recsvc/bench/replay.py``): ``"rows"`` of ``{"cache", "concurrency", "requests_per_s", "p50_ms", "p99_ms",
-"hit_rate", ...}``; serve (``recsvc/bench/serve.py``): ``"rows"`` of ``{"config": "batch16/strict", "max_batch",
+(``bench/replay.py``): ``"rows"`` of ``{"cache", "concurrency", "requests_per_s", "p50_ms", "p99_ms",
+"hit_rate", ...}``; serve (``bench/serve.py``): ``"rows"`` of ``{"config": "batch16/strict", "max_batch",
 "mode", "concurrency", "throughput_rps", "p50_ms", "p99_ms", ...}``, ``"serving"`` (``"precision"``, ...).
 """
 

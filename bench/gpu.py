@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
-from recsvc.bench.common import machine, markdown_table, synchronize, write_json
+from bench.common import synchronize
 from recsvc.errors import UserError
+from recsvc.hardware import machine
+from recsvc.report.records import markdown_table, write_json
 
 # (target preset, drafter preset, target minutes, drafter epochs, head prefixes, head epochs, users, batch)
 FULL = {"preset": "base", "drafter": "llama-68m", "minutes": 12.0, "epochs": 6, "drafter_epochs": 2,
@@ -121,8 +123,9 @@ def batched(bundle: Path, device: str, users, k: int, batch: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from recsvc.bench import decode, speculative
-    from recsvc.bench.common import load_context, set_threads
+    from bench import decode, speculative
+    from bench.common import load_context
+    from recsvc.cli.args import set_threads
 
     cfg = dict(SMOKE if args.smoke else FULL)
     if args.users:

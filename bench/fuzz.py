@@ -20,7 +20,8 @@ from collections import Counter
 
 import grpc
 
-from recsvc.bench.common import machine, write_json
+from recsvc.hardware import machine
+from recsvc.report.records import write_json
 
 # one line of `recsvc bench --help`
 HELP = "generated bad requests against a real server: status codes, no INTERNAL"

@@ -19,7 +19,7 @@ plain searches of K = 1..40 beams, so 1..40 tokens per decode forward), for the 
 has them, the LLaMA drafter and the draft head (its step: a few matmuls, no transformer forward).
 Outputs: ``fast`` and ``compiled`` vs ``lean`` (same items in the same order; float rounding may reorder
 near-ties) and ``cached`` / ``repeat`` vs the uncached path of their forward (identical items and scores).
-The linear-layer floor (``recsvc.bench.floor``): the target's packed linears alone, back to back, at 1 row
+The linear-layer floor (``bench.floor``): the target's packed linears alone, back to back, at 1 row
 (weight streaming per forward), at an uncached request's row counts (a prompt of the users' median length + the
 decode forwards at B beams) and at a prompt-cached one's (the decode forwards), each over the lean p50: the
 best ratio a path that runs every beam can reach with these weights in this dtype on this machine (the bounded
@@ -35,8 +35,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from recsvc.bench.common import machine, markdown_table, set_threads, write_json
+from recsvc.cli.args import set_threads
+from recsvc.hardware import machine
 from recsvc.progress import progress_bar
+from recsvc.report.records import markdown_table, write_json
 
 if TYPE_CHECKING:
     from recsvc.bundle.directory import Bundle
@@ -145,7 +147,7 @@ def _llama_drafter(rec: BundleRecommender, bundle: Bundle, args: argparse.Namesp
 
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
-    from recsvc.bench import floor
+    from bench import floor
     from recsvc.bundle.directory import Bundle
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.ledger import ForwardLedger

@@ -16,20 +16,13 @@ import time
 
 import torch
 
-from recsvc.bench.common import (
-    add_bundle_bench_args,
-    load_context,
-    machine,
-    markdown_table,
-    parse_int_list,
-    set_threads,
-    synchronize,
-    write_json,
-)
+from bench.common import add_bundle_bench_args, load_context, synchronize
+from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.prior import prior_log_mass
-from recsvc.hardware import resolve_dtype
+from recsvc.hardware import machine, resolve_dtype
 from recsvc.progress import progress_bar
+from recsvc.report.records import markdown_table, write_json
 
 # one line of `recsvc bench --help`
 HELP = "plain vs speculative beam search: WS@K, AS@K, target calls"

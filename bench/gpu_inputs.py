@@ -1,4 +1,4 @@
-"""What every GPU acceptance stage loads (``recsvc.bench.gpu_accept``): the bundle's target and drafter on the
+"""What every GPU acceptance stage loads (``bench.gpu_accept``): the bundle's target and drafter on the
 device with a forward, one prompt per measured user with its history and fused prior, and the target's own
 validation figure for the labels."""
 
@@ -81,7 +81,7 @@ def strict_search(engine, drafter, req: Request, width: int, speculation: tuple[
 
 def timed(fn: Callable[[], T], device: str) -> tuple[T, float]:
     """``fn()`` and its milliseconds, the device's queue drained before the clock stops."""
-    from recsvc.bench.common import synchronize
+    from bench.common import synchronize
 
     start = time.perf_counter()
     out = fn()
@@ -97,8 +97,8 @@ def load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
     """The bundle's target and drafter (``cfg["drafter_kind"]``: its LLaMA drafter, the aligned one when there is
     one, with ``forward`` too; or its draft head, no opener) in ``dtype`` on ``device`` with ``forward``, and one
     request per measured user -> (context, target, search, drafter, drafter label, requests, inputs)."""
-    from recsvc.bench.common import load_context
-    from recsvc.bench.speculative import load_fused_prior, make_drafter
+    from bench.common import load_context
+    from bench.speculative import load_fused_prior, make_drafter
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
 

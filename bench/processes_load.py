@@ -28,7 +28,7 @@ def channel(target: str, index: int) -> grpc.Channel:
     channel, so the kernel places each on a worker independently. No service config: no retries, every error
     is counted as the client saw it."""
     return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1),
-                                                   ("recsvc.bench.channel", index)])
+                                                   ("bench.channel", index)])
 
 
 def open_channels(target: str, concurrency: int, workers: int, placed_on: Callable[[grpc.Channel], int],

@@ -1,9 +1,8 @@
-"""Starts a private ``redis-server`` process on a free localhost port (tests, benchmarks, local demos).
+"""Starts a private ``redis-server`` process on a free localhost port (the tests and the drills).
 
 Not used by the server itself. Every spawned server runs with ``appendonly yes`` and ``appendfsync always``
-(the settings the service's "acknowledged = durable" promise needs, see README's operator notes), so data
-survives :meth:`RedisProcess.restart` (an outage drill) as long as ``data_dir`` is kept. ``persistent`` is
-kept for callers that ask for it explicitly; it no longer changes the configuration.
+(the settings the service's "acknowledged = durable" promise needs, see deploy/README.md), so data survives
+:meth:`RedisProcess.restart` (an outage drill) as long as ``data_dir`` is kept.
 """
 
 from __future__ import annotations
@@ -31,13 +30,12 @@ class RedisProcess:
     """One ``redis-server`` child process; ``start`` / ``stop`` / ``restart`` keep the same port."""
 
     def __init__(
-        self, *, persistent: bool = False, data_dir: str | Path | None = None, port: int | None = None
+        self, *, data_dir: str | Path | None = None, port: int | None = None
     ):
         binary = redis_server_path()
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (apt-get install -y redis-server)")
         self.binary = binary
-        self.persistent = persistent
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="recsvc-redis-")
         self.data_dir = Path(data_dir) if data_dir else Path(self._tmp.name)
         self.port = port or free_port()

@@ -1,4 +1,4 @@
-"""`make gpu-bench` (`python -m recsvc.bench.gpu_accept`, `recsvc bench gpu-accept`): the GPU acceptance figures
+"""`make gpu-bench` (`python -m bench.gpu_accept`, `recsvc bench gpu-accept`): the GPU acceptance figures
 in one prepared script of at most ~7 minutes, the smoke run first.
 
 Stages (OUT/gpu_accept.json is rewritten after each, ``"complete": false`` until the end, so a run stopped at
@@ -24,14 +24,14 @@ its time limit keeps what it measured; every stage is skipped once the wall-time
               kernel launches outside the captured graphs)
   quality  -> the target's test Recall@10 / NDCG@10 (plain beam search over up to 4,000 test users, batched)
   served   -> (--bundle only) the recommender as `recsvc serve` builds it, one request at a time, plain and strict:
-              ms per request beside the engine's synchronised phases (recsvc.bench.gpu_stages.served)
+              ms per request beside the engine's synchronised phases (bench.gpu_stages.served)
   compiled -> the "compiled-graphs" forward (each decoder layer one torch.compile graph inside the buckets'
               CUDA graphs) vs "graphs": plain ms per request, the same lists, compile seconds; strict over it
   lossless_fp32 -> strict vs plain with the target and drafter loaded in fp32: the same-list share without
               bf16 near-ties
 Every figure is labelled with the device, the precision and the target's validation Recall@10. The measured
-stages are ``recsvc.bench.gpu_measure``; served, compiled and lossless_fp32 (each loads the bundle again) are
-``recsvc.bench.gpu_stages``; what they load, ``recsvc.bench.gpu_inputs``. ``--bundle DIR`` measures a prebuilt
+stages are ``bench.gpu_measure``; served, compiled and lossless_fp32 (each loads the bundle again) are
+``bench.gpu_stages``; what they load, ``bench.gpu_inputs``. ``--bundle DIR`` measures a prebuilt
 bundle (no smoke, no build; ``make gpu-bundle``).
 
 The script imports neither gRPC nor the service (a GPU image without them runs it), reads semantic ids from
@@ -48,8 +48,8 @@ from pathlib import Path
 
 import torch
 
-from recsvc.bench.gpu_measure import measure
-from recsvc.bench.gpu_stages import compiled_forward, lossless_fp32, served
+from bench.gpu_measure import measure
+from bench.gpu_stages import compiled_forward, lossless_fp32, served
 from recsvc.cli.main import run_command
 from recsvc.errors import UserError
 
@@ -148,7 +148,9 @@ def smoke_ids(data: Path, seed: int = 0) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from recsvc.bench.common import machine, set_threads, write_json
+    from recsvc.cli.args import set_threads
+    from recsvc.hardware import machine
+    from recsvc.report.records import write_json
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -222,7 +224,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recsvc.bench.gpu_accept", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_accept", description=__doc__.splitlines()[0])
     add_args(p)
     try:
         run(p.parse_args(argv))

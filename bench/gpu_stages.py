@@ -1,4 +1,4 @@
-"""The stages of `make gpu-bench` that load the bundle again (``recsvc.bench.gpu_accept``): strict against plain in
+"""The stages of `make gpu-bench` that load the bundle again (``bench.gpu_accept``): strict against plain in
 fp32, the compiled-graphs forward against graphs, and the recommender as served."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from recsvc.bench.gpu_inputs import device_name, engines, load, plain_search, strict_search, timed
+from bench.gpu_inputs import device_name, engines, load, plain_search, strict_search, timed
 
 
 def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
@@ -95,7 +95,7 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
     (prompts, prior, dense head, fresh slots). Each measured user's first request (``ms_first``: nothing of the
     user cached; validation users ran first, so the prompt shapes have been seen) and its repeat
     (``ms_per_request``: the user-state cache's hit, a returning user)."""
-    from recsvc.bench.gpu_measure import PhaseOps
+    from bench.gpu_measure import PhaseOps
     from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir

@@ -22,7 +22,7 @@ STOP_TIMEOUT_S = 60.0
 
 def free_port_run(n: int, attempts: int = 100) -> int:
     """The first of ``n`` consecutive free loopback TCP ports (a worker i serves metrics on first + i)."""
-    from recsvc.bench.redis_spawn import free_port
+    from harness.redis_server import free_port
 
     for _ in range(attempts):
         first = free_port()
@@ -58,7 +58,7 @@ class ServeProcess:
     (JSON log lines) go to ``log_path``."""
 
     def __init__(self, bundle: str, processes: int, serve_args: list[str], log_path: Path) -> None:
-        from recsvc.bench.redis_spawn import free_port
+        from harness.redis_server import free_port
 
         self.processes = processes
         self.port = free_port()

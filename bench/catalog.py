@@ -1,7 +1,7 @@
 """``recsvc bench catalog``: a large live-catalog file offered to a server under load must not stall serving.
 
 One real gRPC server (in this process) serves the bundle and watches a live-catalog file, checked every
-0.5 s as ``recsvc serve`` does; a load process (``recsvc.bench.catalog_load``: ``--callers`` threads, inline
+0.5 s as ``recsvc serve`` does; a load process (``bench.catalog_load``: ``--callers`` threads, inline
 histories of the bundle's test users, PLAIN) calls it back to back the whole time. The phases, one after
 another under that one load:
 
@@ -38,9 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from recsvc.bench.common import machine, markdown_table, set_threads, write_json
+from recsvc.cli.args import set_threads
 from recsvc.errors import UserError
+from recsvc.hardware import machine
 from recsvc.progress import print_record
+from recsvc.report.records import markdown_table, write_json
 
 # one line of `recsvc bench --help`
 HELP = ("a large live-catalog file offered to a server under load: latency against the same load without it, the "
@@ -143,7 +145,7 @@ class _Load:
     def __init__(self, target: str, callers: int, k: int, histories: Path) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "recsvc.bench.catalog_load", "--target", target, "--callers", str(callers),
+            [sys.executable, "-m", "bench.catalog_load", "--target", target, "--callers", str(callers),
              "--k", str(k), "--histories", str(histories)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         line = self.proc.stdout.readline()

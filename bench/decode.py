@@ -15,9 +15,11 @@ import statistics
 
 import torch
 
-from recsvc.bench import common
-from recsvc.hardware import resolve_dtype
+from bench import common
+from recsvc.cli.args import parse_int_list, set_threads
+from recsvc.hardware import machine, resolve_dtype
 from recsvc.progress import progress_bar
+from recsvc.report.records import markdown_table, write_json
 
 # one line of `recsvc bench --help`
 HELP = "engine beam search vs transformers generate (same model, same users)"
@@ -38,8 +40,8 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.reference import generate_topk
 
-    common.set_threads(args.threads)
-    ks = common.parse_int_list(args.k, "--k")
+    set_threads(args.threads)
+    ks = parse_int_list(args.k, "--k")
     device = getattr(args, "device", "cpu")
     ctx = common.load_context(args.bundle, args.users, args.split, args.dtype, args.data, device=device)
     engine = BeamSearch(EngineModel.build(ctx.model, args.attention), ctx.trie, ctx.builder.code_offset)
@@ -73,10 +75,10 @@ def run(args: argparse.Namespace) -> dict:
                "device": device,
                "split": args.split,
                "attention": args.attention, "warm_per_length": not args.cold,
-               "machine": common.machine(), "rows": rows}
-    print(common.markdown_table(rows, [("k", "K"), ("engine_ms", "engine ms/req"), ("generate_ms", "generate ms/req"),
+               "machine": machine(), "rows": rows}
+    print(markdown_table(rows, [("k", "K"), ("engine_ms", "engine ms/req"), ("generate_ms", "generate ms/req"),
                                 ("speedup", "speedup"), ("identical_rate", "identical"), ("users", "users")]))
-    common.write_json(args.json_path, payload)
+    write_json(args.json_path, payload)
     return payload
 
 

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> None:
 def run_drill(*, duration: float, concurrency: int, wait_replicas: int = 0, wait_timeout_ms: int = 500,
               kill_at: float, rejoin_after: float = 10.0, node_timeout_ms: int = 2000, users_per_thread: int = 8,
               seed: int = 0) -> dict:
-    from recsvc.bench.redis_cluster_spawn import RedisClusterProcesses
+    from harness.redis_cluster import RedisClusterProcesses
 
     with tempfile.TemporaryDirectory(prefix="recsvc-drill-") as tmp, \
             RedisClusterProcesses(node_timeout_ms=node_timeout_ms, data_dir=Path(tmp) / "cluster") as cluster:
@@ -254,7 +254,7 @@ class _Server:
     """``recsvc serve --popularity`` on the cluster, a child process; its JSON log goes to a file."""
 
     def __init__(self, tmp: Path, redis_url: str, wait_replicas: int, wait_timeout_ms: int) -> None:
-        from recsvc.bench.redis_spawn import free_port
+        from harness.redis_server import free_port
 
         self.port, self.metrics_port = free_port(), free_port()
         self.target = f"127.0.0.1:{self.port}"

@@ -1,4 +1,4 @@
-"""`make gpu-bundle` (`python -m recsvc.bench.gpu_bundle --from SERVED --to DIR`): a served bundle slimmed to what
+"""`make gpu-bundle` (`python -m bench.gpu_bundle --from SERVED --to DIR`): a served bundle slimmed to what
 serving reads, small enough to travel to a GPU machine beside the repository (under ~55 MB).
 
 Kept: bundle.json, the tokenizer, the semantic ids, the target (its weights stored in bf16, what a GPU loads with
@@ -52,7 +52,7 @@ def slim(src: Path, dst: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recsvc.bench.gpu_bundle", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_bundle", description=__doc__.splitlines()[0])
     p.add_argument("--from", dest="src", required=True, help="the served bundle")
     p.add_argument("--to", dest="dst", required=True, help="the slim copy (replaced)")
     args = p.parse_args(argv)

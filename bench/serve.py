@@ -38,12 +38,6 @@ SPEC_ON, SPEC_OFF = "strict", "plain"
 # --- CLI -------------------------------------------------------------------------------------------------
 
 
-def register_serve_bench(subparsers: argparse._SubParsersAction) -> None:
-    """Adds ``serve`` to a ``recsvc bench`` subparsers group (``recsvc/bench/cli.py`` uses add_args/run)."""
-    p = subparsers.add_parser("serve", help="load-test the gRPC service", description=__doc__)
-    add_args(p)
-    p.set_defaults(func=lambda args: run(args) or 0)
-
 # one line of `recsvc bench --help`
 HELP = "load test of the gRPC service: throughput, latency percentiles"
 
@@ -284,7 +278,7 @@ def run_serve_bench(
     ``redis_url``: None (in-memory store), a URL, or ``"spawn"`` (a private redis-server; needed by
     ``outage``).
     """
-    from recsvc.bench.redis_spawn import RedisProcess
+    from harness.redis_server import RedisProcess
     from recsvc.service.server import RecServer, ServerConfig
     from recsvc.service.stores import open_store
 
@@ -299,7 +293,7 @@ def run_serve_bench(
     if duration <= 0 or not concurrency:
         raise UserError("duration must be > 0 and at least one concurrency level given")
     client_kwargs = {"api_key": api_key, "tls_ca": tls_ca, "timeout_s": 30.0}
-    redis_proc = RedisProcess(persistent=outage).start() if redis_url == "spawn" else None
+    redis_proc = RedisProcess().start() if redis_url == "spawn" else None
     store_url = redis_proc.url if redis_proc else redis_url
     store = None if remote else open_store(store_url, max_len=1000)
     user_ids = [f"bench-user-{i}" for i in range(users)]
@@ -348,7 +342,7 @@ def run_serve_bench(
             redis_proc.close()
     serving = ({"target": remote} if remote else
                {**(settings.describe() if settings is not None else {}), **engine_fields(target_or_bundle)})
-    from recsvc.bench.common import machine
+    from recsvc.hardware import machine
 
     report = {"duration_s": duration, "k": k, "users": users, "serving": serving, "rows": rows,
               "outage": outage_report, "machine": None if remote else machine()}  # a remote server's: unknown

@@ -22,9 +22,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from recsvc.bench.common import markdown_table, write_json
 from recsvc.data.metrics import standard_error
 from recsvc.errors import UserError
+from recsvc.report.records import markdown_table, write_json
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
 

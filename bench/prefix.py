@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 
-from recsvc.bench.common import machine, parse_int_list, set_threads, write_json
+from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.errors import UserError
+from recsvc.hardware import machine
+from recsvc.report.records import write_json
 
 # one line of `recsvc bench --help`
 HELP = "beam width contract: every top-k is the head of the top-B (counts)"

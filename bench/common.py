@@ -2,42 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from recsvc.errors import UserError
-
-
-def parse_int_list(text: str, flag: str, lo: int = 1, hi: int = 100) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"{flag} takes comma-separated integers, got {text!r}") from None
-    if not values or min(values) < lo or max(values) > hi:
-        raise UserError(f"{flag} values must lie in {lo}..{hi}, got {text!r}")
-    return values
-
-
-def set_threads(threads: int | None) -> None:
-    if threads is not None:
-        if threads < 1:
-            raise UserError("--threads must be >= 1")
-        torch.set_num_threads(threads)
-
-
-def machine() -> str:
-    """One line for benchmark reports: CPU model, the vector-ISA flags that decide speed, threads, GPU, torch."""
-    from recsvc.hardware import cpu_flags, cpu_model, native_bf16
-
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    flags = " ".join(cpu_flags()) or "no AVX flags read"
-    return (f"{cpu_model()} [{flags}; native bf16: {'yes' if native_bf16() else 'no'}], "
-            f"{torch.get_num_threads()} threads, {dev}, torch {torch.__version__}")
 
 
 @dataclass
@@ -101,20 +71,3 @@ def timed(fn, *args, device: str = "cpu", **kwargs) -> tuple[Any, float]:
     out = fn(*args, **kwargs)
     synchronize(device)
     return out, 1000 * (time.perf_counter() - start)
-
-
-def write_json(path: str | Path | None, payload: dict) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(payload, indent=1))
-
-
-def markdown_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    """columns: (key, header). Floats get 3 decimals."""
-    head = "| " + " | ".join(h for _, h in columns) + " |"
-    sep = "| " + " | ".join("---" for _ in columns) + " |"
-    body = []
-    for r in rows:
-        cells = [f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k, _ in columns]
-        body.append("| " + " | ".join(cells) + " |")
-    return "\n".join([head, sep, *body])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import redis
 
-from .redis_spawn import RedisProcess, free_port
+from harness.redis_server import RedisProcess, free_port
 
 SLOTS = 16384
 

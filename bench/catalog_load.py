@@ -3,7 +3,7 @@ GIL): C threads, each with its own channel, sending inline-history PLAIN Recomme
 line (or end of file) arrives on stdin; then one JSON document on stdout: ``{"calls": [[end, ms, code], ...]}``
 with ``end`` the wall-clock time (``time.time()``) the answer came.
 
-    python -m recsvc.bench.catalog_load --target 127.0.0.1:PORT --callers 4 --k 10 --histories H.json
+    python -m bench.catalog_load --target 127.0.0.1:PORT --callers 4 --k 10 --histories H.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 
 import grpc
 
-from recsvc.bench.processes_load import channel
+from bench.processes_load import channel
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
 

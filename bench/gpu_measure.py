@@ -1,4 +1,4 @@
-"""The measured stages of `make gpu-bench` on one loaded bundle (``recsvc.bench.gpu_accept``'s docstring lists
+"""The measured stages of `make gpu-bench` on one loaded bundle (``bench.gpu_accept``'s docstring lists
 them): plain vs generate, strict, host reads, phases, batched, relaxed, quality, graphs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from recsvc.bench.gpu_inputs import device_name, engines, load, plain_search, strict_search, timed, valid_recall
+from bench.gpu_inputs import device_name, engines, load, plain_search, strict_search, timed, valid_recall
 
 
 class _Rounds:

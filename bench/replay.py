@@ -153,8 +153,8 @@ def _metrics(port: int) -> dict[str, float]:
 
 
 def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, workdir: Path) -> dict:
-    from recsvc.bench.processes_server import ServeProcess
-    from recsvc.bench.redis_spawn import RedisProcess
+    from bench.processes_server import ServeProcess
+    from harness.redis_server import RedisProcess
     from recsvc.client.client import RecClient
 
     cache_mb = 0 if config in ("off", "lean") else args.state_cache_mb
@@ -197,7 +197,8 @@ def run_one(args: argparse.Namespace, trace, config: str, concurrency: int, work
 
 
 def run(args: argparse.Namespace) -> dict:
-    from recsvc.bench.common import machine, markdown_table, write_json
+    from recsvc.hardware import machine
+    from recsvc.report.records import markdown_table, write_json
 
     levels = [int(x) for x in str(args.concurrency).split(",") if x.strip()]
     if not levels or min(levels) < 1:

@@ -22,10 +22,12 @@ from collections.abc import Sequence
 
 import torch
 
-from recsvc.bench.common import machine, markdown_table, set_threads, write_json
+from recsvc.cli.args import set_threads
 from recsvc.engine.ledger import NO_LEDGER, Ledger, PhaseLedger
 from recsvc.errors import UserError
+from recsvc.hardware import machine
 from recsvc.progress import progress_bar
+from recsvc.report.records import markdown_table, write_json
 from recsvc.rules.attributes import ItemAttributes
 from recsvc.rules.spec import STRATEGIES, Cap, Rules, ValueFilter, normalize_value
 
