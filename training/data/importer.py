@@ -58,8 +58,12 @@ def _split(events: list[tuple[float, str, str]], config: ImportConfig) -> TimeSp
     return split_by_global_time(events, config.split, config.min_train)
 
 
-def import_log(log: str | Path, items_file: str | Path, out: str | Path, log_cols: LogColumns = LogColumns(),
-               item_cols: ItemColumns = ItemColumns(), config: ImportConfig = ImportConfig()) -> dict[str, Any]:
+DEFAULT_LOG_COLUMNS, DEFAULT_ITEM_COLUMNS = LogColumns(), ItemColumns()
+
+
+def import_log(log: str | Path, items_file: str | Path, out: str | Path,
+               log_cols: LogColumns = DEFAULT_LOG_COLUMNS, item_cols: ItemColumns = DEFAULT_ITEM_COLUMNS,
+               config: ImportConfig = ImportConfig()) -> dict[str, Any]:
     """Run the pipeline (module docstring); returns the ``stats.json`` content."""
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -121,8 +125,8 @@ def summary_line(out: str | Path, stats: dict[str, Any]) -> str:
             f"interactions; from {log['rows']} log rows: {log['duplicates']} duplicate pairs, "
             f"{log['below_min_rating']} below --min-rating, {log['unknown_item_rows']} rows dropped for "
             f"{log['unknown_items']} items missing from the item table, {log['after_dedupe'] - log['after_kcore']} "
-            f"outside the {stats['params']['kcore']}-core; {stats['dropped_users']} users ({stats['dropped_interactions']} "
-            f"interactions) with too few train items dropped")
+            f"outside the {stats['params']['kcore']}-core; {stats['dropped_users']} users "
+            f"({stats['dropped_interactions']} interactions) with too few train items dropped")
 
 
 def print_summary(out: str | Path, stats: dict[str, Any]) -> None:
