@@ -1,9 +1,9 @@
 """Starts a private ``redis-server`` process on a free localhost port (tests, benchmarks, local demos).
 
 Not used by the server itself. Every spawned server runs with ``appendonly yes`` and ``appendfsync always``
-(the settings the service's "acknowledged = durable" promise needs, see README's operator notes), so data
-survives :meth:`RedisProcess.restart` (an outage drill) as long as ``data_dir`` is kept. ``persistent`` is
-kept for callers that ask for it explicitly; it no longer changes the configuration.
+(the settings the service's "acknowledged = durable" promise needs, see deploy/README.md, "Notes for
+operators"), so data survives :meth:`RedisProcess.restart` (an outage drill) as long as ``data_dir`` is kept.
+``persistent`` is kept for callers that ask for it explicitly; it no longer changes the configuration.
 """
 
 from __future__ import annotations
