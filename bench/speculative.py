@@ -42,8 +42,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "transition drafter when the bundle has a prior; none: the head after a prefill forward)")
     p.add_argument("--prior", choices=["auto", "off"], default="auto",
                    help="auto: plain and speculative both fuse the bundle's prior when it has one (as served)")
-    p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, "
-                   "e.g. 10:3,20:2")
+    p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, N a "
+                   "number or relative to each K (K, 2K, K/2), gamma 1..5: e.g. 10:3,20:2 or K:3,2K:3")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--calibration-users", type=int, default=8)
 

@@ -1,8 +1,8 @@
 """Starts a private ``redis-server`` process on a free localhost port (the tests and the drills).
 
 Not used by the server itself. Every spawned server runs with ``appendonly yes`` and ``appendfsync always``
-(the settings the service's "acknowledged = durable" promise needs, see deploy/README.md), so data survives
-:meth:`RedisProcess.restart` (an outage drill) as long as ``data_dir`` is kept.
+(the settings the service's "acknowledged = durable" promise needs, see deploy/README.md, "Notes for
+operators"), so data survives :meth:`RedisProcess.restart` (an outage drill) as long as ``data_dir`` is kept.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Health-based removal of a replica with gRPC client-side health checking: the documented service config plus
-``"healthCheckConfig": {"serviceName": "recsvc.v1.Recommender"}`` (README, "Several servers") makes
+``"healthCheckConfig": {"serviceName": "recsvc.v1.Recommender"}`` (deploy/README.md, "Several servers") makes
 round_robin skip a replica that listens but is not SERVING (starting: engine loading / calibrating; draining),
 and take it in once it serves. Real servers on loopback, a real gRPC channel."""
 

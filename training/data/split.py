@@ -1,4 +1,5 @@
-"""Pipeline steps shared by ``prepare-amazon`` and ``synth``: iterative k-core and the global-time split."""
+"""Pipeline steps shared by ``prepare-amazon``, ``import`` and ``synth``: iterative k-core, the global-time split
+and the per-user leave-last-out split."""
 
 from __future__ import annotations
 
@@ -99,4 +100,32 @@ def split_by_global_time(
     dropped_events = sum(len(p[u]) for p in parts for u in p if u not in kept_set)
     train, valid, test = ({u: p.get(u, []) for u in kept} for p in parts)
     return TimeSplit(train=train, valid=valid, test=test, dropped_users=len(all_users) - len(kept),
+                     dropped_interactions=dropped_events)
+
+
+def split_leave_last_out(events: Iterable[tuple[float, U, I]], min_train: int = 2) -> TimeSplit[U, I]:
+    """Per user, in time order (ties by item): the last item is test, the one before it valid, the rest train.
+
+    Users with fewer than ``min_train + 2`` events are dropped (with all their events), so every user kept has
+    ``min_train`` train items, one valid and one test item.
+
+    >>> s = split_leave_last_out([(3, "a", "z"), (1, "a", "x"), (2, "a", "y"), (4, "a", "w"), (1, "b", "x")])
+    >>> s.train, s.valid, s.test, s.dropped_users
+    ({'a': ['x', 'y']}, {'a': ['z']}, {'a': ['w']}, 1)
+    """
+    by_user: dict[U, list[tuple[float, I]]] = {}
+    for when, user, item in events:
+        by_user.setdefault(user, []).append((when, item))
+    train: dict[U, list[I]] = {}
+    valid: dict[U, list[I]] = {}
+    test: dict[U, list[I]] = {}
+    dropped_users = dropped_events = 0
+    for user in sorted(by_user):  # type: ignore[type-var]
+        seq = [item for _, item in sorted(by_user[user])]  # type: ignore[type-var]
+        if len(seq) < min_train + 2:
+            dropped_users += 1
+            dropped_events += len(seq)
+            continue
+        train[user], valid[user], test[user] = seq[:-2], [seq[-2]], [seq[-1]]
+    return TimeSplit(train=train, valid=valid, test=test, dropped_users=dropped_users,
                      dropped_interactions=dropped_events)
