@@ -89,7 +89,7 @@ def _synth_log(args: argparse.Namespace) -> int:
     from training.data.synth_log import SynthLogConfig, write_synth_log
 
     config = SynthLogConfig(interactions=args.interactions, items=args.items, seed=args.seed, min_len=args.min_len,
-                            max_len=args.max_len, formats=args.formats)
+                            max_len=args.max_len, new_share=args.new_share, formats=args.formats)
     _print_json(write_synth_log(args.out, config))
     return 0
 
@@ -171,6 +171,8 @@ def register(subparsers: Any) -> None:
     g.add_argument("--max-len", type=positive_int, default=20, help="longest user sequence (20)")
     g.add_argument("--formats", type=_formats, default=("csv", "parquet"),
                    help="files to write: csv, parquet or both (csv,parquet; parquet needs pyarrow)")
+    g.add_argument("--new-share", type=float, default=0.1,
+                   help="share of the items launched during the year, first taken late: cold items (0.1)")
     g.set_defaults(func=_synth_log)
 
     s = sub.add_parser("synth", help="synthetic catalog + user sequences with learnable structure")

@@ -8,8 +8,10 @@ item, leaves, preferred leaves), written *before* any split, so that ``recsvc da
 - the same two tables as ``interactions.parquet`` (timestamps as int64 epoch milliseconds) and ``items.parquet``
   (categories as a list of strings), when Parquet is asked for (pyarrow).
 
-Users are added until the log holds ``interactions`` rows (the last user's sequence is cut). Deterministic for
-a seed.
+Users are added until the log holds ``interactions`` rows (the last user's sequence is cut). A share of the
+catalog (``new_share``) launches during the year, at a time drawn in its last half: nobody takes such an item
+before its launch, so the latest launches are first taken in the valid or test period, as the cold items of a
+real catalog are. Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class SynthLogConfig:
     seed: int = 0
     min_len: int = 5
     max_len: int = 20
+    new_share: float = 0.1
     formats: tuple[str, ...] = FORMATS
 
     def check(self) -> None:
@@ -45,6 +48,8 @@ class SynthLogConfig:
         if not 2 <= self.min_len <= self.max_len <= self.items:
             raise UserError(f"need 2 <= --min-len <= --max-len <= --items, got {self.min_len}, {self.max_len}, "
                             f"{self.items}")
+        if not 0.0 <= self.new_share < 1.0:
+            raise UserError(f"--new-share must lie in [0, 1), got {self.new_share}")
         unknown = sorted(set(self.formats) - set(FORMATS))
         if unknown or not self.formats:
             raise UserError(f"--formats: expected some of {', '.join(FORMATS)}, got {', '.join(self.formats)}")
@@ -58,6 +63,8 @@ def synth_rows(config: SynthLogConfig) -> tuple[list[Row], list[dict[str, Any]]]
     config.check()
     rng = random.Random(config.seed)
     cat = make_catalog(config.items, rng)
+    launch = {item: START + int(rng.uniform(0.5, 0.98) * HORIZON_S) if rng.random() < config.new_share else START
+              for item in sorted(cat.items)}
     rows: list[Row] = []
     user = 0
     while len(rows) < config.interactions:
@@ -68,6 +75,8 @@ def synth_rows(config: SynthLogConfig) -> tuple[list[Row], list[dict[str, Any]]]
         end = rng.uniform(start + 0.3 * HORIZON_S, HORIZON_S)
         times = sorted(START + int(rng.uniform(start, end)) for _ in seq)
         for when, item in zip(times, seq, strict=True):
+            if when < launch[item]:
+                continue  # not on sale yet
             rating = 5 if rng.random() < 0.6 else rng.randint(1, 4)
             rows.append((f"user{user:07d}", f"SKU{item:07d}", when, rating))
     rows.sort(key=lambda r: (r[2], r[0], r[1]))
