@@ -4,8 +4,8 @@ mounted read-only into the image, checked from outside through the published por
 Runs when a Docker daemon answers; skipped, with the reason, otherwise. The image is (re)built from this checkout with
 `make image` within RECSVC_IMAGE_BUILD_TIMEOUT_S (default 900 s; skipped past it, or where the Docker client has no
 BuildKit); with the build cache that takes seconds when nothing changed.
-The Docker client: $DOCKER (as the Makefile's), else `make image` picks one that can build (deploy/docker/pick-docker.sh)
-and the checks run `docker`; RECSVC_IMAGE names another image.
+The Docker client: $DOCKER (as the Makefile's), else `make image` picks one that can build
+(deploy/docker/pick-docker.sh) and the checks run `docker`; RECSVC_IMAGE names another image.
 """
 
 from __future__ import annotations
