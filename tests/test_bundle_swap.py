@@ -276,3 +276,17 @@ def test_a_broken_version_leaves_the_old_one_serving(served) -> None:
     assert 'recsvc_bundle_swaps_total{outcome="rejected"} 1.0' in metrics
     assert f'recsvc_bundle_serving_info{{bundle="{serving}"}} 1.0' in metrics
     s.flip(serving)  # back: the served version again, nothing to load
+
+
+def test_sighup_reloads_the_served_version(served) -> None:
+    """The same directory again (changed in place, e.g. re-tuned): SIGHUP loads it beside itself and swaps."""
+    import signal
+
+    s = served
+    mark = len(s.events)
+    s.proc.send_signal(signal.SIGHUP)
+    _, line = s.event("bundle_swapped", after=mark, timeout_s=60)
+    assert line["bundle"] == line["previous"] == str(s.serving)
+    assert line["catalog_added"] == 1 and line["catalog_retired"] == 1  # the live catalog carried over again
+    with RecClient(s.address) as client:
+        assert len(client.recommend(USERS[0], k=K, mode="plain").items) == K
