@@ -3,8 +3,9 @@
 
 Every member of the ``Recommender`` contract reads the current recommender once, so a batch that started on
 the previous bundle finishes on it (``answers`` decodes the whole batch on the recommender it read), and the
-next one runs on the new bundle. A request validated against the previous bundle may reach the new one: its
-history items that the new bundle does not know are left out of the prompt rather than failing the batch.
+next one runs on the new bundle. A request validated against the previous bundle may reach the new one: once a
+swap happened, history items that the serving bundle does not know are left out of the prompt rather than failing
+the batch (before any swap, validation against the only bundle already did that).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from recsvc.rules.catalog import RuleCatalog
 
 
-def known_only(rec: Recommender, queries: Sequence[RecQuery]) -> list[RecQuery]:
+def known_only(rec: Recommender, queries: Sequence[RecQuery]) -> Sequence[RecQuery]:
     """``queries`` with history items ``rec`` does not know left out (the same objects when it knows them all)."""
     out = []
     for q in queries:
@@ -92,15 +93,15 @@ class SwappableRecommender:
 
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]:
         rec = self._current  # read once: the whole batch on one bundle
-        return rec.recommend(known_only(rec, queries))
+        return rec.recommend(known_only(rec, queries) if self.swaps else queries)
 
     def answer_now(self, query: RecQuery) -> Answer | None:
         rec = self._current
-        return rec.answer_now(known_only(rec, [query])[0])
+        return rec.answer_now(known_only(rec, [query])[0] if self.swaps else query)
 
     def answers(self, queries: Sequence[RecQuery]) -> list[Answer]:
         rec = self._current
-        return rec.answers(known_only(rec, queries))
+        return rec.answers(known_only(rec, queries) if self.swaps else queries)
 
     def prefill_ahead(self, history: Sequence[int]) -> None:
         rec = self._current

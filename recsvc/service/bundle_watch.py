@@ -73,15 +73,16 @@ def version_key(path: str | Path) -> Key | None:
 class BundleWatch:
     def __init__(self, served: SwappableRecommender, path: str | Path, load: Callable[[str], BundleRecommender],
                  warm: Callable[[Recommender, list[list[int]]], object], catalog: CatalogWatch | None = None,
-                 check_every_s: float = 1.0, on_swapped: Callable[[], None] | None = None) -> None:
+                 check_every_s: float = 1.0, on_swapped: Callable[[], None] | None = None,
+                 serving: str | None = None) -> None:
         """``served``: what the server answers with; ``path``: the bundle path given to ``recsvc serve``;
         ``load(version_dir)``: a new version's recommender (UserError / any exception: rejected); ``warm(rec,
         histories)``: raises when ``rec`` cannot answer; ``catalog``: the live-catalog watch whose catalog is
-        carried over; ``on_swapped``: called after each swap (e.g. ``gc.freeze``)."""
+        carried over; ``on_swapped``: called after each swap (e.g. ``gc.freeze``); ``serving``: the version
+        directory served now (default: the one ``path`` resolves to)."""
         self.served, self.path, self.load, self.warm = served, str(path), load, warm
         self.catalog, self.check_every_s, self.on_swapped = catalog, check_every_s, on_swapped
-        key = version_key(self.path)
-        self.serving = key[0] if key is not None else os.path.realpath(self.path)  # the version served
+        self.serving = serving or os.path.realpath(self.path)  # the version directory served
         self._rejected: Key | None = None
         self._reload = threading.Event()
         self._lock = threading.Lock()

@@ -84,21 +84,26 @@ def store_options(args: argparse.Namespace) -> dict:
             "wait_timeout_ms": args.redis_wait_timeout_ms}
 
 
-def watch_bundle(args: argparse.Namespace, served, server, catalog, stop: threading.Event):
-    """Follows ``--bundle`` (``recsvc.service.bundle_watch``): a new version is built by the same factory with
-    the same flags, carried the live catalog, warmed by the server's warm-up, then swapped in; SIGHUP reloads."""
-    import copy
+def with_bundle(args: argparse.Namespace, bundle: str) -> argparse.Namespace:
+    """``args`` with ``--bundle`` replaced (a version directory); ``args`` is not changed."""
+    flags = argparse.Namespace(**vars(args))
+    flags.bundle = bundle
+    return flags
 
+
+def watch_bundle(args: argparse.Namespace, serving: str, served, server, catalog, stop: threading.Event):
+    """Follows ``--bundle`` (``recsvc.service.bundle_watch``) from ``serving``, the version directory loaded at
+    start: a new version is built by the same factory with the same flags, carried the live catalog, warmed by
+    the server's warm-up, then swapped in; SIGHUP reloads."""
     from .bundle_watch import BundleWatch
     from .settings import ServeSettings, build_recommender
 
     def load(version_dir: str):
-        flags = copy.copy(args)
-        flags.bundle = version_dir
-        return build_recommender(ServeSettings.from_args(flags), should_stop=stop.is_set)
+        return build_recommender(ServeSettings.from_args(with_bundle(args, version_dir)), should_stop=stop.is_set)
 
     watch = BundleWatch(served, args.bundle, load, server.warm, catalog, check_every_s=args.bundle_watch_s,
-                        on_swapped=gc.freeze)  # the new version's objects out of the collector's reach too
+                        on_swapped=gc.freeze,  # the new version's objects out of the collector's reach too
+                        serving=serving)
     server.metrics.registry.register(watch)
     signal.signal(signal.SIGHUP, lambda _signum, _frame: watch.request_reload())
     return watch.start()
@@ -152,7 +157,10 @@ def serve_one(args: argparse.Namespace) -> int:
         server.start()
         if args.redis_url and not store.ping():
             log_step("history_store_unreachable", logging.WARNING, url=redacted(args.redis_url))
-        recommender = load_recommender(args, should_stop=stop.is_set)
+        # the version directory --bundle points to now, read from there: a flip of a symlink during the load
+        # cannot mix two versions' files (the bundle watch takes it from here)
+        version = os.path.realpath(args.bundle) if args.bundle else None
+        recommender = load_recommender(with_bundle(args, version) if version else args, should_stop=stop.is_set)
         if args.bundle and not stop.is_set():  # the live catalog: added / retired items, re-read on change
             from recsvc.catalog.file import CATALOG_FILE, MB
 
@@ -175,7 +183,7 @@ def serve_one(args: argparse.Namespace) -> int:
             server.attach(recommender, startup_s=round(time.monotonic() - started, 3),
                           grace_s=args.grace_s, **serving_fields(args, recommender))
             if args.bundle and getattr(args, "bundle_watch_s", 0) > 0:
-                bundle_watch = watch_bundle(args, recommender, server, watch, stop)
+                bundle_watch = watch_bundle(args, version, recommender, server, watch, stop)
             while not stop.wait(0.2):
                 pass
         log_step("signal_received", grace_s=args.grace_s)
