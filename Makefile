@@ -331,38 +331,43 @@ gpu-bench-long:
 # BASE_IMAGE, or, where that cannot be pulled, from LOCAL_BASE made by `make base-image` (Debian's packages via
 # debootstrap; root). The torch CPU wheel is taken from this host when pip finds it locally (copied into .whl/),
 # else the Dockerfile downloads it from torch's CPU index. BUILD_CA: a CA bundle pip trusts during the build
-# (a TLS-inspecting proxy; default: pip's own PIP_CERT). DOCKER: a client with BuildKit (buildx, or a 20.10 client).
+# (a TLS-inspecting proxy; default: pip's own PIP_CERT). DOCKER: a client with BuildKit (buildx, or a 20.10 client;
+# default: the first such client here, deploy/docker/pick-docker.sh).
 # `make image-smoke` builds the image of this checkout, runs it with a tiny bundle (target and drafter, built here
 # by the repository's commands) and checks it from outside (deploy/docker/image_smoke.py).
 IMAGE ?= recsvc:0.1.0-cpu
 BASE_IMAGE ?= python:3.11-slim
 LOCAL_BASE ?= recsvc-base:bookworm
-DOCKER ?= docker
+DOCKER ?=
 BUILD_CA ?= $(PIP_CERT)
 TORCH_WHEEL_PIN := torch==2.13.0+cpu
 comma := ,
 SMOKE_DIR ?= artifacts/image-smoke
 SMOKE_GRACE_S ?= 10
-DOCKER_BUILD = $(if $(shell $(DOCKER) buildx version 2>/dev/null),$(DOCKER) buildx build --load,DOCKER_BUILDKIT=1 $(DOCKER) build)
+# the client that builds: DOCKER when given, else the first of docker on PATH, /usr/bin/docker, /usr/local/bin/docker
+# that has buildx or is a 20.10 client (deploy/docker/pick-docker.sh prints "PATH buildx|buildkit"; when none can
+# build it stops with the one line that fixes it)
+PICK_DOCKER = picked=$$(deploy/docker/pick-docker.sh "$(DOCKER)") || exit 2; docker=$${picked% *}; \
+  case $$picked in *buildx) build="$$docker buildx build --load";; *) build="env DOCKER_BUILDKIT=1 $$docker build";; esac
 PIP_WHEEL = $(PY) -m pip download --no-deps --only-binary=:all: --python-version 3.11 --implementation cp \
   --platform manylinux_2_28_x86_64 --dest .whl
 .PHONY: image base-image image-wheels image-smoke
 base-image:
-	$(DOCKER) image inspect $(LOCAL_BASE) >/dev/null 2>&1 || deploy/docker/base-image.sh $(LOCAL_BASE)
+	@$(PICK_DOCKER); $$docker image inspect $(LOCAL_BASE) >/dev/null 2>&1 || \
+	  PATH="$$(dirname $$docker):$$PATH" deploy/docker/base-image.sh $(LOCAL_BASE)
 
 image-wheels: install
 	@ls .whl/torch-2.13.0+cpu-*.whl >/dev/null 2>&1 || $(PIP_WHEEL) --no-index $(TORCH_WHEEL_PIN) \
 	  || echo "no local $(TORCH_WHEEL_PIN) wheel: the build downloads it from torch's CPU index"
 
 image: image-wheels
-	@base=$(BASE_IMAGE); \
-	if ! $(DOCKER) image inspect $$base >/dev/null 2>&1 && ! $(DOCKER) pull $$base; then \
+	@$(PICK_DOCKER); echo "docker client: $$picked"; base=$(BASE_IMAGE); \
+	if ! $$docker image inspect $$base >/dev/null 2>&1 && ! $$docker pull $$base; then \
 	  echo "cannot pull $$base: building on $(LOCAL_BASE) (make base-image)"; \
-	  $(MAKE) base-image && base=$(LOCAL_BASE) || exit 1; \
+	  $(MAKE) base-image DOCKER=$$docker && base=$(LOCAL_BASE) || exit 1; \
 	fi; \
-	set -x; $(DOCKER_BUILD) --build-arg BASE_IMAGE=$$base $(if $(BUILD_CA),--secret id=build-ca$(comma)src=$(BUILD_CA)) \
-	  -t $(IMAGE) .
-	$(DOCKER) image ls $(IMAGE)
+	set -x; $$build --build-arg BASE_IMAGE=$$base $(if $(BUILD_CA),--secret id=build-ca$(comma)src=$(BUILD_CA)) \
+	  -t $(IMAGE) . && $$docker image ls $(IMAGE)
 
 image-smoke: install
 	test -f $(SMOKE_DIR)/data/items.json || $(VENV)/bin/recsvc data synth --out $(SMOKE_DIR)/data --items 80 \
@@ -370,9 +375,11 @@ image-smoke: install
 	test -f $(SMOKE_DIR)/bundle/drafter/config.json || $(VENV)/bin/recsvc build --data $(SMOKE_DIR)/data \
 	  --out $(SMOKE_DIR)/bundle --preset tiny --epochs 1 --prompt compact --window-stride 5 --recall-users 64 \
 	  --eval-users 64 --drafter-preset drafter-tiny --drafter-epochs 1 --threads 1
+	@# a bundle built before bundles held what serving reads (popularity, calibration histories): add them
+	test -f $(SMOKE_DIR)/bundle/popularity.json || $(VENV)/bin/recsvc bundle serving-files --bundle $(SMOKE_DIR)/bundle
 	@# safetensors writes weight files 0600: the image runs as uid 10001, which must read them (deploy/README.md)
 	chmod -R a+rX $(SMOKE_DIR)/bundle
 	@# the image of this checkout (the build cache makes this quick when nothing changed)
-	$(MAKE) image
-	DOCKER=$(DOCKER) PYTHONPATH=$(CURDIR) $(PY) deploy/docker/image_smoke.py --image $(IMAGE) --bundle $(SMOKE_DIR)/bundle \
+	@$(PICK_DOCKER); $(MAKE) image DOCKER=$$docker && \
+	DOCKER=$$docker PYTHONPATH=$(CURDIR) $(PY) deploy/docker/image_smoke.py --image $(IMAGE) --bundle $(SMOKE_DIR)/bundle \
 	  --grace-s $(SMOKE_GRACE_S) --json $(SMOKE_DIR)/smoke.json

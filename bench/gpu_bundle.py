@@ -17,7 +17,8 @@ from pathlib import Path
 from recsvc.errors import UserError
 
 # (path inside the bundle, required): files and folders copied as they are
-KEEP = (("bundle.json", True), ("calibration.json", False), ("tokenizer", True), ("ids/semantic_ids.json", True),
+KEEP = (("bundle.json", True), ("calibration.json", False), ("popularity.json", False),
+        ("calibration_histories.json", False), ("tokenizer", True), ("ids/semantic_ids.json", True),
         ("target/config.json", True), ("target/training.json", False), ("target/generation_config.json", False),
         ("target/dense_head.json", False), ("target/dense_head.safetensors", False), ("head", False),
         ("fresh", False), ("prior/prior.json", False), ("prior/transition.safetensors", False),

@@ -11,6 +11,8 @@ from test_train_fixtures import make_data, small_tokenizer, write_ids
 from recsvc.bundle.directory import Bundle
 from recsvc.bundle.loading import save_causal_lm
 from recsvc.bundle.presets import new_model
+from recsvc.bundle.serving_files import write_serving_files
+from recsvc.data.split import load_split_dir
 
 
 def tiny_bundle(root: Path, n_users: int = 40) -> Path:
@@ -25,6 +27,7 @@ def tiny_bundle(root: Path, n_users: int = 40) -> Path:
     save_causal_lm(new_model("drafter-tiny", tok, seed=1), bundle.drafter_dir)
     for stage in ("ids", "tokenizer", "target", "drafter"):
         bundle.mark_done(stage)
+    write_serving_files(bundle.root, load_split_dir(data))  # as `recsvc build` does
     return bundle.root
 
 

@@ -128,7 +128,7 @@ def test_auto_speculation_calibrates_on_the_bundles_validation_users(tiny_bundle
     valid = {tuple(u.history[-50:]) for u in data.eval_users("valid")}
     histories, source = calibration_histories(recommender, str(tiny_bundle), n=4)
     assert source == "4 validation users" and len(histories) == 4 and all(tuple(h) in valid for h in histories)
-    # no readable bundle data (here: no bundle at all): short lists of popular items
+    # no calibration histories in the bundle (here: no bundle at all): short lists of popular items
     histories, source = calibration_histories(recommender, str(tmp_path / "nowhere"), n=4)
     popular = set(recommender.popular_items(40))
     assert source == "popular items" and len(histories) == 4 and all(h and set(h) <= popular for h in histories)

@@ -8,6 +8,9 @@ interrupted training stage resumes from its checkpoint):
     ids        item texts -> RQ-VAE -> collision-free semantic ids (tokenizer_rqvae.build), or --ids FILE
     tokenizer  text BPE + 1024 code tokens (or --base-model's tokenizer)
     target     the LC-Rec style target LM (training.train_target)
+
+then what serving reads of the data (BUNDLE/popularity.json, BUNDLE/calibration_histories.json:
+recsvc.bundle.serving_files), so a deployed bundle never reads its training data directory.
 """
 
 from __future__ import annotations
@@ -206,5 +209,11 @@ def cmd_build(args: argparse.Namespace) -> int:
                                  args.window_stride, args.force)
             info = {k: v for k, v in info.items() if k != "config"}
             print(f"[drafter] finished in {time.monotonic() - t0:.1f}s: {json.dumps(info, default=str)}")
+    if not args.plan and bundle.semantic_ids_path.is_file():
+        from recsvc.bundle.serving_files import write_serving_files
+
+        # what serving reads of the data, inside the bundle: it never opens this data directory
+        report = write_serving_files(bundle.root, data or load_split_dir(args.data))
+        print(f"[serving files] {json.dumps(report)}")
     print(f"bundle: {bundle.root}")
     return 0

@@ -102,6 +102,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
 
     from recsvc.bundle.directory import Bundle
     from recsvc.bundle.loading import load_causal_lm
+    from recsvc.bundle.serving_files import missing_serving_files, write_serving_files
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
@@ -117,6 +118,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     bundle = Bundle.open(args.bundle)
     data = load_split_dir(bundle.resolve_data_dir(args.data))
+    if missing_serving_files(bundle.root):  # a bundle built before `recsvc build` wrote them
+        print(f"tune prior: serving files written {write_serving_files(bundle.root, data)}")
     protocol, model_dir = validation_model(bundle, "the prior")
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))  # one lean forward for every trial
     ids = bundle.load_ids()

@@ -56,6 +56,8 @@ opt RECSVC_DRAFTER --drafter
 opt RECSVC_BEAM_WIDTH --beam-width
 opt RECSVC_SPEC --spec
 opt RECSVC_STARTUP_BUDGET_S --startup-budget-s
+opt RECSVC_CATALOG --catalog
+opt RECSVC_BUNDLE_WATCH_S --bundle-watch-s
 switch RECSVC_EXCLUDE_HISTORY --exclude-history
 switch RECSVC_NO_PRIOR --no-prior
 if [[ -n "${RECSVC_EXTRA_ARGS:-}" ]]; then

@@ -4,12 +4,15 @@
 
 Starts the image with the bundle mounted read-only at /models/bundle and the Kubernetes Deployment's restrictions
 (read-only root filesystem with a tmpfs on /tmp, every capability dropped, no privilege escalation), publishes the
-gRPC port on 127.0.0.1 only, then: waits for health SERVING, and for Docker's own HEALTHCHECK (the image's
-`recsvc-healthcheck`) to report healthy; checks that the server process runs as the image's non-root user; calls
-Recommend, RecordInteractions and GetHistory with the repository's client; stops the container with SIGTERM
-(`docker stop -t GRACE`: Docker kills it only after GRACE seconds) and checks that it exited by itself, with code 0,
-within the grace period. Prints one line per step and a JSON summary (also written to --json); exit 0 when every
-check passed, 1 when one failed, 2 when Docker or the image is missing. The container is removed in every case.
+gRPC port on 127.0.0.1 only, and puts the training data directory recorded in the bundle's bundle.json in the
+container at its recorded path, unreadable by the image's user (a root-owned 0700 directory: what a clone under
+/root gives; serving must never open it, docs/ARCHITECTURE.md "Bundle"). Then: waits for health SERVING, and for
+Docker's own HEALTHCHECK (the image's `recsvc-healthcheck`) to report healthy; checks that the server process runs
+as the image's non-root user; calls Recommend (no history: the bundle's popularity.json order),
+RecordInteractions and GetHistory with the repository's client; stops the container with SIGTERM (`docker stop -t
+GRACE`: Docker kills it only after GRACE seconds) and checks that it exited by itself, with code 0, within the
+grace period. Prints one line per step and a JSON summary (also written to --json); exit 0 when every check
+passed, 1 when one failed, 2 when Docker or the image is missing. The container is removed in every case.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,6 +94,7 @@ class Smoke:
         self.name = f"recsvc-smoke-{os.getpid()}"
         self.t0 = time.monotonic()
         self.summary: dict = {"image": args.image, "bundle": str(args.bundle), "grace_s": args.grace_s}
+        self.blocked: str | None = None  # the unreadable stand-in for the recorded data directory
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {text}", flush=True)
@@ -128,22 +134,38 @@ class Smoke:
             raise
         finally:
             docker("rm", "-f", self.name, check=False, timeout_s=60)
+            if self.blocked is not None:
+                shutil.rmtree(self.blocked, ignore_errors=True)
         self.summary["seconds"] = round(time.monotonic() - self.t0, 1)
         return self.summary
 
+    def _blocked_data(self, bundle: Path) -> list[str]:
+        """``--volume`` arguments putting an unreadable directory at the bundle's recorded data path (none when it
+        records none, or one inside the bundle's mount)."""
+        recorded = json.loads((bundle / "bundle.json").read_text()).get("data")
+        if not recorded or not recorded.startswith("/") or recorded.startswith("/models"):
+            return []
+        self.blocked = tempfile.mkdtemp(prefix="recsvc-smoke-data-")  # 0700, this (root) user's
+        Path(self.blocked, "sequential_train.txt").write_text("1 1 2 3\n")
+        self.summary["data_dir_unreadable_at"] = recorded
+        return ["--volume", f"{self.blocked}:{recorded}:ro"]
+
     def _start(self, bundle: Path) -> None:
+        blocked = self._blocked_data(bundle)
         cid = docker(
             "run", "--detach", "--name", self.name,
             "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
             "--publish", f"127.0.0.1::{CONTAINER_PORT}",
-            "--volume", f"{bundle}:/models/bundle:ro",
+            "--volume", f"{bundle}:/models/bundle:ro", *blocked,
             "--env", f"RECSVC_GRACE_S={self.args.grace_s:g}",
             "--env", f"RECSVC_STARTUP_BUDGET_S={self.args.startup_budget_s:g}",
             "--env", "OMP_NUM_THREADS=1",
             self.args.image,
         )
         self.say(f"started {self.name} ({cid[:12]}): bundle {bundle} read-only at /models/bundle, read-only root "
-                 f"filesystem, capabilities dropped")
+                 f"filesystem, capabilities dropped"
+                 + (f"; its recorded data directory {self.summary['data_dir_unreadable_at']} unreadable"
+                    if blocked else ""))
 
     def _check_user(self) -> None:
         # The server is PID 1 (the entrypoint execs recsvc serve): its real and effective uid, and what exec gets.
@@ -217,6 +239,12 @@ class Smoke:
                      f"(fallback: {first['fallback_reason'] or 'none'})")
             if len(items) != 5:
                 raise SmokeFailure(f"Recommend returned {len(items)} items, wanted 5")
+            popularity = self.args.bundle / "popularity.json"
+            if popularity.is_file():  # the bundle's own counts (serving reads nothing else of the data)
+                counts = {int(k): v for k, v in json.loads(popularity.read_text()).items()}
+                top = sorted(counts, key=lambda i: (-counts[i], i))[:5]
+                if items != top:
+                    raise SmokeFailure(f"no-history Recommend returned {items}, popularity.json's top 5 are {top}")
             recorded = items[:3]
             length = client.record(user, recorded)
             self.say(f"RecordInteractions({user}, {recorded}) -> history length {length}")

@@ -15,7 +15,6 @@ exclusions; caps and boosts are decoded by ``RuleSettings.strategy``.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ import torch
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH
 from recsvc.bundle.prompt import PromptBuilder
+from recsvc.bundle.serving_files import read_popularity
 from recsvc.content.dense_head import DenseRetriever, has_dense_head
 from recsvc.content.fresh import FreshItems
 from recsvc.engine.beam_search import BeamSearch
@@ -90,22 +90,10 @@ def state_cache_for(target: EngineModel, budget_bytes: int, version: str = "") -
     return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.is_fast else None
 
 
-def load_popularity(bundle_dir: Path, data_dir: Path | None) -> dict[int, int] | None:
-    """Item -> interaction count for the cold-start fallback: BUNDLE/popularity.json if present, else counted
-    over the bundle's data (every period a deployed model may have seen), else None (item id order)."""
-    pop_file = bundle_dir / "popularity.json"
-    if pop_file.is_file():
-        return {int(k): int(v) for k, v in json.loads(pop_file.read_text()).items()}
-    if data_dir is not None and (Path(data_dir) / "sequential_train.txt").is_file():
-        counts: dict[int, int] = {}
-        for name in ("sequential_train.txt", "sequential_valid.txt", "sequential_test.txt"):
-            f = Path(data_dir) / name
-            if f.is_file():
-                for line in f.read_text().splitlines():
-                    for tok in line.split()[1:]:
-                        counts[int(tok)] = counts.get(int(tok), 0) + 1
-        return counts
-    return None
+def load_popularity(bundle_dir: Path) -> dict[int, int] | None:
+    """Item -> interaction count for the cold-start fallback: BUNDLE/popularity.json (``recsvc.bundle.
+    serving_files``), else None (item id order). The bundle's recorded data directory is never opened."""
+    return read_popularity(bundle_dir)
 
 
 def popular_order(ids: SemanticIds, counts: dict[int, int] | None) -> list[int]:
@@ -219,7 +207,7 @@ class BundleRecommender:
         target.set_forward(forward)
         stored_prior = (load_prior(bundle.prior_dir_for(exclude_history))  # read once (mixed with SASRec if tuned)
                         if bundle.has_prior(exclude_history) else None)
-        popular = popular_order(ids, load_popularity(Path(path), bundle.data_dir()))
+        popular = popular_order(ids, load_popularity(Path(path)))
         prior = stored_prior if use_prior else None
         width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
         attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"

@@ -29,23 +29,19 @@ def torch_threads() -> int:
 
 def calibration_histories(rec: BundleRecommender, bundle: str | None, n: int = 8,
                           max_len: int = 50) -> tuple[list[list[int]], str]:
-    """Histories to time speculation on: ``n`` validation users of the bundle's recorded data (seeded sample;
-    their last ``max_len`` items), the traffic the target and drafter were trained for; when that data is not
-    readable here, short lists of popular items. Returns (histories, where they came from)."""
+    """Histories to time speculation on: the first ``n`` of the bundle's calibration histories
+    (BUNDLE/calibration_histories.json: seeded validation users, the traffic the target and drafter were
+    trained for; ``recsvc.bundle.serving_files``), their last ``max_len`` known items; for a bundle without
+    them, short lists of popular items. The bundle's recorded data directory is never opened. Returns
+    (histories, where they came from)."""
     if bundle is not None:
-        from recsvc.bundle.directory import Bundle
-        from recsvc.data.sampling import sample_users
-        from recsvc.data.split import load_split_dir
+        from recsvc.bundle.serving_files import read_calibration_histories
 
-        try:
-            data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
-            users = sample_users(data.eval_users("valid"), n, seed=1)
-            known = [[i for i in u.history[-max_len:] if rec.known_item(i)] for u in users]
-            known = [h for h in known if h]
-            if known:
-                return known, f"{len(known)} validation users"
-        except (UserError, OSError):
-            pass
+        stored = read_calibration_histories(bundle) if os.path.isdir(bundle) else None
+        known = [[i for i in h[-max_len:] if rec.known_item(i)] for h in (stored or [])[:n]]
+        known = [h for h in known if h]
+        if known:
+            return known, f"{len(known)} validation users"
     popular = rec.popular_items(40)
     return [popular[i : i + 5 + i % 7] for i in range(0, 3 * n, 3)], "popular items"
 

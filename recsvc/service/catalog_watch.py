@@ -24,6 +24,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -55,6 +57,18 @@ class CatalogWatch:
         self.rejected = 0
         self.last_reason: str | None = None  # the latest rejection's
         self.last_timing: tuple[float, float, float] | None = None  # the latest update's read, built, swapped
+
+    @contextmanager
+    def paused(self) -> Iterator[LiveRecommender]:
+        """No file check runs meanwhile (a bundle swap carries the current catalog over, then :meth:`rebind`s):
+        yields the live recommender changes are applied to now."""
+        with self._lock:
+            yield self.live
+
+    def rebind(self, live: LiveRecommender) -> None:
+        """Later changes of the file go to ``live`` (a new bundle version's, the catalog carried over; inside
+        :meth:`paused`)."""
+        self.live = live
 
     def _stat(self) -> Stamp | None:
         try:

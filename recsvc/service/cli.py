@@ -65,6 +65,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--catalog-max-mb", type=positive_float, default=None,
                    help="size limit of the live-catalog file in MB (10^6 bytes): a larger file is rejected "
                         "unread (default: $RECSVC_CATALOG_MAX_MB, else 64)")
+    p.add_argument("--bundle-watch-s", type=float, default=1.0,
+                   help="follow --bundle (e.g. a symlink `current` -> a version directory): when it points to "
+                        "another version, or on SIGHUP, load that version beside the serving one, carry the live "
+                        "catalog over, warm it and swap it in; a version that fails keeps the old one serving "
+                        "(deploy/README.md, \"A new model without downtime\"). Seconds between looks; 0: off "
+                        "(default: %(default)s)")
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--log-level", type=log_level, default="INFO",
                    help=f"log level, one of {', '.join(LOG_LEVELS)} (JSON lines on stderr)")

@@ -284,18 +284,26 @@ class RecServer:
 
     def _warm_up(self) -> None:
         """One engine call per mode before serving, so the first user request does not pay for lazy init."""
-        seed_items = list(self.recommender.popular_items(2))
+        modes = self.warm(self.recommender)
+        log_event(log, "warmed_up", modes=modes)
+
+    def warm(self, recommender: Recommender, histories: list[list[int]] | None = None) -> list[str]:
+        """Runs ``recommender`` on the warm-up queries (the default mode and plain; over ``histories`` too, when
+        given) and checks it answers each; returns the modes. UserError / RuntimeError when it cannot serve (a
+        bundle swap then keeps the serving one)."""
+        seed_items = list(recommender.popular_items(2))
         if not seed_items:
             raise UserError("the recommender has an empty catalog")
-        k = min(10, self.recommender.max_k, self.config.limits.max_k)
-        modes = dict.fromkeys((self.config.default_mode, "plain"))
-        queries = [RecQuery(history=tuple(seed_items), k=k, mode=mode) for mode in modes]
-        results = self.recommender.recommend(queries)
-        if len(results) != len(queries):
-            raise RuntimeError(
-                f"warm-up: the engine returned {len(results)} results for {len(queries)} queries"
-            )
-        log_event(log, "warmed_up", modes=list(modes))
+        k = min(10, recommender.max_k, self.config.limits.max_k)
+        modes = list(dict.fromkeys((self.config.default_mode, "plain")))
+        for history in [seed_items, *(histories or [])]:
+            queries = [RecQuery(history=tuple(history), k=k, mode=mode) for mode in modes]
+            results = recommender.recommend(queries)
+            if len(results) != len(queries):
+                raise RuntimeError(
+                    f"warm-up: the engine returned {len(results)} results for {len(queries)} queries"
+                )
+        return modes
 
     def stop(self, grace_s: float | None = 5.0) -> None:
         """Drains: NOT_SERVING, refuse new RPCs, let in-flight ones finish for ``grace_s``, then release."""

@@ -11,6 +11,7 @@ bench measures the beam width, speculation policy and precision that the server 
 from __future__ import annotations
 
 import argparse
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -201,6 +202,22 @@ def engine_fields(rec: Recommender) -> dict[str, Any]:
             "speculation_per_width": {str(w): list(v) for w, v in sorted((per_width or {}).items())} or None}
 
 
+def warn_missing_serving_files(bundle: str, step: Step) -> list[str]:
+    """The one warning at load for a bundle made before it held its serving files
+    (``recsvc.bundle.serving_files``): what is missing and what serves instead. Returns the missing names."""
+    from recsvc.bundle.serving_files import CALIBRATION_FILE, POPULARITY_FILE, missing_serving_files
+
+    missing = missing_serving_files(bundle)
+    if missing:
+        instead = {POPULARITY_FILE: "popular items (no-history requests) in item-id order",
+                   CALIBRATION_FILE: "--spec auto calibrated on popular items"}
+        step("bundle_without_serving_files", logging.WARNING, bundle=bundle, missing=missing,
+             reason="the bundle was made before bundles held what serving reads; its training data is not read",
+             serving="; ".join(instead[m] for m in missing),
+             fix=f"recsvc bundle serving-files --bundle {bundle} --data DATA_DIR")
+    return missing
+
+
 def build_recommender(settings: ServeSettings, *, step: Step | None = None,
                       should_stop: Callable[[], bool] | None = None) -> BundleRecommender:
     """The served ``BundleRecommender``, built once from ``settings``: loaded with its forward, its speculation
@@ -226,6 +243,7 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
                                            rules=RuleSettings(strategy=settings.rules_strategy),
                                            use_fresh=settings.fresh, forward=settings.forward)
     facts = loaded.facts
+    warn_missing_serving_files(settings.bundle, step)
     step("models_loaded", seconds=round(time.monotonic() - started, 3), drafter=facts.drafter_loaded,
          prior_weight=facts.prior_weight, precision=facts.precision)
     if loaded.prior is not None and facts.prior_weight > 0:

@@ -1,6 +1,7 @@
 """One ``recsvc serve`` process from start to exit: the port listens first (health NOT_SERVING), the engine is
 loaded (``--bundle`` or ``--popularity``) and calibrated (``settings.build_recommender``), the live catalog
-watched, then the server is attached (health SERVING) until SIGTERM / SIGINT, and drained."""
+watched, then the server is attached (health SERVING) and ``--bundle`` followed (a new version swapped in:
+``bundle_watch``) until SIGTERM / SIGINT, and drained."""
 
 from __future__ import annotations
 
@@ -83,6 +84,31 @@ def store_options(args: argparse.Namespace) -> dict:
             "wait_timeout_ms": args.redis_wait_timeout_ms}
 
 
+def with_bundle(args: argparse.Namespace, bundle: str) -> argparse.Namespace:
+    """``args`` with ``--bundle`` replaced (a version directory); ``args`` is not changed."""
+    flags = argparse.Namespace(**vars(args))
+    flags.bundle = bundle
+    return flags
+
+
+def watch_bundle(args: argparse.Namespace, serving: str, served, server, catalog, stop: threading.Event):
+    """Follows ``--bundle`` (``recsvc.service.bundle_watch``) from ``serving``, the version directory loaded at
+    start: a new version is built by the same factory with the same flags, carried the live catalog, warmed by
+    the server's warm-up, then swapped in; SIGHUP reloads."""
+    from .bundle_watch import BundleWatch
+    from .settings import ServeSettings, build_recommender
+
+    def load(version_dir: str):
+        return build_recommender(ServeSettings.from_args(with_bundle(args, version_dir)), should_stop=stop.is_set)
+
+    watch = BundleWatch(served, args.bundle, load, server.warm, catalog, check_every_s=args.bundle_watch_s,
+                        on_swapped=gc.freeze,  # the new version's objects out of the collector's reach too
+                        serving=serving)
+    server.metrics.registry.register(watch)
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: watch.request_reload())
+    return watch.start()
+
+
 def serve_one(args: argparse.Namespace) -> int:
     """Serves ``args`` in this process until a signal, drains, and exits the process (``os._exit(0)``)."""
     from .logs import configure_json_logging
@@ -123,14 +149,18 @@ def serve_one(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a reload before the bundle is followed: start-up loads it anyway
     store = open_store(args.redis_url, max_len=args.max_history, **store_options(args))
     server = RecServer(None, store, config)  # listens with health NOT_SERVING until attach()
-    watch = None
+    watch = bundle_watch = None
     try:
         server.start()
         if args.redis_url and not store.ping():
             log_step("history_store_unreachable", logging.WARNING, url=redacted(args.redis_url))
-        recommender = load_recommender(args, should_stop=stop.is_set)
+        # the version directory --bundle points to now, read from there: a flip of a symlink during the load
+        # cannot mix two versions' files (the bundle watch takes it from here)
+        version = os.path.realpath(args.bundle) if args.bundle else None
+        recommender = load_recommender(with_bundle(args, version) if version else args, should_stop=stop.is_set)
         if args.bundle and not stop.is_set():  # the live catalog: added / retired items, re-read on change
             from recsvc.catalog.file import CATALOG_FILE, MB
 
@@ -140,6 +170,10 @@ def serve_one(args: argparse.Namespace) -> int:
             recommender, watch = watch_catalog(recommender, args.catalog or os.path.join(args.bundle, CATALOG_FILE),
                                                server.metrics.registry,
                                                max_bytes=None if max_mb is None else int(max_mb * MB))
+        if args.bundle and not stop.is_set():
+            from recsvc.recommender.swappable import SwappableRecommender
+
+            recommender = SwappableRecommender(recommender)  # a new bundle version swaps in behind it
         if not stop.is_set():
             # what start-up loaded (models, libraries: about 400k objects) leaves the cyclic collector's reach: a
             # full collection, which any burst of allocations sets off (a live-catalog rebuild), would otherwise
@@ -148,12 +182,16 @@ def serve_one(args: argparse.Namespace) -> int:
             gc.freeze()
             server.attach(recommender, startup_s=round(time.monotonic() - started, 3),
                           grace_s=args.grace_s, **serving_fields(args, recommender))
+            if args.bundle and getattr(args, "bundle_watch_s", 0) > 0:
+                bundle_watch = watch_bundle(args, version, recommender, server, watch, stop)
             while not stop.wait(0.2):
                 pass
         log_step("signal_received", grace_s=args.grace_s)
         server.stop(grace_s=args.grace_s)
     finally:
         server.stop(grace_s=0)
+        if bundle_watch is not None:
+            bundle_watch.close()
         if watch is not None:
             watch.close()
         store.close()

@@ -76,6 +76,9 @@ def run_workers(args: argparse.Namespace) -> int:
         proc = ctx.Process(target=worker_main, args=(args, index), name=f"recsvc-worker-{index}")
         proc.start()
         workers.append(proc)
+    # SIGHUP: each worker loads the bundle version --bundle points to (recsvc.service.bundle_watch)
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: [os.kill(w.pid, signal.SIGHUP) for w in workers
+                                                          if w.is_alive()])
     log_step("workers_started", processes=n, port=args.port, pids=[w.pid for w in workers],
              metrics_ports=None if args.metrics_port is None
              else [args.metrics_port + i if args.metrics_port else 0 for i in range(n)])
