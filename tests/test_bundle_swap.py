@@ -95,7 +95,7 @@ def _version(src: Path, dst: Path, seed: int) -> Path:
 def served(tmp_path_factory):
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    from recsvc.bench.redis_spawn import RedisProcess
+    from harness.redis_server import RedisProcess
 
     root = tmp_path_factory.mktemp("swap")
     v1 = live_bundle(root / "build", n_users=40)
@@ -108,7 +108,7 @@ def served(tmp_path_factory):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 3])  # a copy cut short
     os.symlink(versions / "v1", root / "current")
     (root / "redis").mkdir()
-    redis = RedisProcess(persistent=False, data_dir=root / "redis")
+    redis = RedisProcess(data_dir=root / "redis")
     redis.start()
     cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--bundle", str(root / "current"), *FLAGS,
            "--port", "0", "--metrics-port", "0", "--threads", "1", "--redis-url", redis.url,

@@ -90,7 +90,7 @@ def test_readme_is_a_newcomers_page():
     assert "What goes in" in first_screen and "What comes out" in first_screen
     commands = readme_commands()
     assert ["make", "test"] in commands and ["make", "demo"] in commands
-    assert "<!-- HOT-SWAP" in text
+    assert "## A new model without downtime" in text and "--bundle /models/current" in text
 
 
 def test_every_recsvc_command_in_a_code_block_parses(parser):

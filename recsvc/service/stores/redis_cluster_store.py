@@ -2,7 +2,8 @@
 
 Keys carry the user id as a hash tag, ``{prefix}{{user_id}}`` (``recsvc:hist:{alice}``), so everything
 stored for a user hashes to one slot, served by one master (and its replicas). A standalone store names the
-same history ``recsvc:hist:alice``: moving data between the two means renaming keys (README, "Redis Cluster").
+same history ``recsvc:hist:alice``: moving data between the two means renaming keys (deploy/README.md,
+"Running with a Redis Cluster").
 
 Reads are LRANGEs through the cluster client (it follows MOVED redirections and refreshes its slot map after a
 connection error). An append runs the Lua script of :mod:`.redis_append` on the master that owns the user's
