@@ -47,6 +47,9 @@ class LayerShape:
     head_dim: int  # d
     intermediate: int  # I
     scaling: float  # attention's softmax scale
+    # fewer kv heads than heads (grouped-query attention): a bool of its own, since under
+    # ``torch.compile(dynamic=True)`` the ints read inside the graph are symbolic and SDPA takes a plain bool
+    gqa: bool
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> LayerShape:
@@ -54,8 +57,9 @@ class LayerShape:
         cfg, layers = model.config, model.get_decoder().layers
         heads = int(cfg.num_attention_heads)
         d = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        return cls(int(cfg.hidden_size), heads, int(cfg.num_key_value_heads), d, int(cfg.intermediate_size),
-                   float(layers[0].self_attn.scaling) if len(layers) else 1.0)
+        kv_heads = int(cfg.num_key_value_heads)
+        return cls(int(cfg.hidden_size), heads, kv_heads, d, int(cfg.intermediate_size),
+                   float(layers[0].self_attn.scaling) if len(layers) else 1.0, heads != kv_heads)
 
 
 class LayerWeights(NamedTuple):
@@ -146,7 +150,7 @@ def slot_layer(shape: LayerShape, w: LayerWeights, hidden: torch.Tensor, cos: to
         values.transpose(1, 2)[rows, slots] = value
         mask = visible if keep is None else visible.gather(1, keep[..., None].expand(b, keep.shape[1], width))
         out = attention(query.transpose(1, 2), keys[:, :, :width], values[:, :, :width], mask[:, None],
-                        shape.scaling, shape.heads != shape.kv_heads)  # [B, h, q', d]
+                        shape.scaling, shape.gqa)  # [B, h, q', d]
         return out.transpose(1, 2).reshape(b, query.shape[1], -1)
 
     def norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # one kernel (fp32: exact's bits)

@@ -103,7 +103,14 @@ FORWARDS: dict[str, Forward | None] = {  # None: resolved per hardware
     "compiled-graphs": Forward("fast", static=True, capture=True, compile="layer",
                                help="graphs with each decoder layer compiled by torch.compile"),
 }
-FORWARD_NAMES = tuple(FORWARDS)  # every --forward choices list
+FORWARD_NAMES = tuple(FORWARDS)  # the --forward choices of the commands that serve
+
+
+def forward_names(*, static: bool | None = None, compiled: bool | None = None) -> tuple[str, ...]:
+    """The fast forward's ``--forward`` values (a bench's choices), those with / without static shapes and a
+    compile strategy when asked; from the one table."""
+    return tuple(name for name, f in FORWARDS.items() if f is not None and f.kernel == "fast"
+                 and (static is None or f.static == static) and (compiled is None or bool(f.compile) == compiled))
 
 
 def forward_help() -> str:
