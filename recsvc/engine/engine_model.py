@@ -84,7 +84,13 @@ class EngineModel:
     @property
     def fp32(self) -> bool:
         """The generated tokens' attention runs split, in fp32 (``TreeGroups.split``)."""
-        return self.attention == "fp32"
+        return self.plan.attention == "fp32"
+
+    @property
+    def attention(self) -> str:
+        """"exact" | "fp32" (``recsvc.engine.attention``), as the plan says; ``forward_name``: what the plan is
+        called (reports and bench JSON; nothing branches on it)."""
+        return self.plan.attention
 
     @property
     def config(self):
@@ -107,6 +113,10 @@ class EngineModel:
         """Rows of the LM head (the full vocabulary the code log-probs are normalised over)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
 
+    @property
+    def forward_name(self) -> str:
+        return self.plan.name
+
     def lean(self) -> LeanLlama | None:
         """The lean forward, up to date with the parameters (rebuilt after they change in place: training
         between validations), or None for models it does not support (transformers' forward then)."""
@@ -115,16 +125,6 @@ class EngineModel:
         if self._lean is None or self._lean.stale:
             self._lean = LeanLlama(self.model)
         return self._lean
-
-    @property
-    def attention(self) -> str:
-        """"exact" | "fp32" (``recsvc.engine.attention``): the plan's."""
-        return self.plan.attention
-
-    @property
-    def forward_name(self) -> str:
-        """What the plan is called (reports and bench JSON; nothing branches on it)."""
-        return self.plan.name
 
     def fast(self) -> FastLlama:
         """The fast forward with the plan's compile strategy, rebuilt when the parameters changed in place
