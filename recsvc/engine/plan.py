@@ -8,8 +8,8 @@ and the service read these fields; no code below the CLI compares forward names.
 
 The flag values (``--forward``) are one table, ``FORWARDS``; every ``choices`` list is built from it.
 ``resolve`` turns (``--forward``, ``--attention``, the model's device, what the model supports) into a plan, or
-raises ``UserError`` for a contradiction (never a silent fallback: ``--attention exact --forward fast`` would run
-non-exact, ``--forward compiled`` on a GPU has no compiler to run). ``auto`` resolves to a preset per hardware:
+raises ``UserError`` for a contradiction, never a silent fallback (``--attention exact --forward fast`` once ran
+non-exact, ``--forward compiled`` on a GPU once ran the lean forward). ``auto`` resolves to a preset per hardware:
 
 | hardware                                  | preset         | plan                                        |
 | ----------------------------------------- | -------------- | ------------------------------------------- |
