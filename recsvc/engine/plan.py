@@ -115,9 +115,9 @@ def forward_names(*, static: bool | None = None, compiled: bool | None = None) -
 
 def forward_help() -> str:
     """The ``--forward`` help text, from the table."""
-    parts = [f"{name} ({f.help})" for name, f in FORWARDS.items() if f is not None]
-    return ("engine forward: " + ", ".join(parts) + " or auto (graphs on a CUDA GPU, fast on a CPU, where they "
-            "apply; lean with --attention exact)")
+    parts = [f"{name}: {f.help}" for name, f in FORWARDS.items() if f is not None]
+    return ("engine forward (docs/ARCHITECTURE.md, the forward plan per hardware). auto: graphs on a CUDA GPU, fast "
+            "on a CPU, where the model allows; lean with --attention exact. " + "; ".join(parts))
 
 
 # the named presets (``auto`` picks one per hardware; each is also what a flag resolves to there)
