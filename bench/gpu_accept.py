@@ -51,6 +51,7 @@ import torch
 from bench.gpu_measure import measure
 from bench.gpu_stages import compiled_forward, lossless_fp32, served
 from recsvc.cli.main import run_command
+from recsvc.engine.plan import forward_names
 from recsvc.errors import UserError
 
 FULL = {"preset": "base", "drafter": "llama-68m", "target_minutes": 2.5, "train_batch": 128, "drafter_epochs": 1,
@@ -75,7 +76,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smoke", action="store_true", help="only the smoke run: tiny presets, synthetic data")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke run before the real one")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when present")
-    p.add_argument("--forward", choices=["graphs", "bucketed", "fast"], default="graphs",
+    p.add_argument("--forward", choices=forward_names(compiled=False), default="graphs",
                    help="the engine forward measured (graphs: CUDA graphs on CUDA, the bucketed path elsewhere)")
     p.add_argument("--users", type=int, default=None, help="measured users per stage")
     p.add_argument("--target-minutes", type=float, default=None, help="the target's training budget")

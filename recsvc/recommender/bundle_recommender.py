@@ -87,7 +87,7 @@ class SpecSettings:
 def state_cache_for(target: EngineModel, budget_bytes: int, version: str = "") -> UserStateCache | None:
     """A user-state cache (``recsvc.engine.state_cache``) of ``budget_bytes`` for this target, None when off (0)
     or when its forward keeps no states (only the fast forward does: fp32 target, "fp32" attention)."""
-    return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.is_fast else None
+    return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.plan.fast else None
 
 
 def load_popularity(bundle_dir: Path) -> dict[int, int] | None:
@@ -194,17 +194,16 @@ class BundleRecommender:
         ``attributes``: the item attributes file for rules (None:
         BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded. ``use_fresh``: give
         fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present. ``forward``: the
-        engine forward of the target and a LLaMA drafter ("auto", "fast", "compiled", "lean", "bucketed",
-        "graphs"). ``use_dense``: rank the target's dense head's nearest items with the beams
-        (``recsvc.content.dense_head``) when it has one."""
+        engine forward of the target and a LLaMA drafter (a ``--forward`` value, ``recsvc.engine.plan.FORWARDS``,
+        resolved into each model's ``ForwardPlan``; UserError for a contradiction). ``use_dense``: rank the
+        target's dense head's nearest items with the beams (``recsvc.content.dense_head``) when it has one."""
         from recsvc.bundle.directory import Bundle
 
         bundle = Bundle.open(path)
         ids = bundle.load_ids()
         tokenizer = bundle.load_tokenizer()
         prompts = bundle.prompt_builder(tokenizer, ids)
-        target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention)
-        target.set_forward(forward)
+        target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention, forward)
         stored_prior = (load_prior(bundle.prior_dir_for(exclude_history))  # read once (mixed with SASRec if tuned)
                         if bundle.has_prior(exclude_history) else None)
         popular = popular_order(ids, load_popularity(Path(path)))
