@@ -109,10 +109,10 @@ def parse_value(hint: Any, text: str, setting: str) -> Any:
     """
     options = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
         else (hint,)
+    if type(None) in options and text.lower() == "none":
+        return None
     for option in options:
         if option is type(None):
-            if text.lower() == "none":
-                return None
             continue
         if typing.get_origin(option) is typing.Literal:
             if text in typing.get_args(option):
