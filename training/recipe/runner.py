@@ -78,3 +78,9 @@ def run_recipe(stages: Sequence[Stage], paths: RecipePaths, label: str = "recipe
         outcome[stage.name] = "done"
         say(f"{head}: finished in {seconds / 60:.1f} min (recipe so far {(time.monotonic() - start) / 60:.1f} min)")
     return outcome
+
+
+def run_stage(stage: Stage, paths: RecipePaths, run: Callable[[Command], None] = default_run) -> None:
+    """One stage's commands, unrecorded (a caller that keeps its own record: ``tune capacity``, the GPU benches)."""
+    for command in stage.commands(paths):
+        run(command)
