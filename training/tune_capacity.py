@@ -2,14 +2,14 @@
 
     recsvc tune capacity --data DATA --ids IDS/semantic_ids.json --out DIR --presets small,base --epochs 10
 
-Each preset of ``--presets`` is trained by the recipe's own ``recsvc build`` (the paper protocol: fitted on the
-train period; its epoch chosen on every validation user by ``--select within-se``), with the same ids, schedule,
-batch, dense head and seed: only the model's size differs. Each later preset is then ranked on validation beside
-the first, the reference (``recsvc eval --against``: the same users, history rule and metric code, paired per user
-with a 95% bootstrap interval; the model alone: no prior, no fresh slots), with SASRec fitted on the same train
-period beside them. A preset replaces the reference only when its NDCG@10 interval against it lies above 1; the
-report names that choice, and the recipe's refit and tunings are then run with it (``make beauty-target
-PRESET=...``).
+Each preset of ``--presets`` is trained by the served recipe's target stage (training/recipe; the paper protocol:
+fitted on the train period; its epoch chosen on every validation user by ``--select within-se``), with the same
+ids, schedule, batch, dense head and seed: only the model's size differs. Each later preset is then ranked on
+validation beside the first, the reference (``recsvc eval --against``: the same users, history rule and metric
+code, paired per user with a 95% bootstrap interval; the model alone: no prior, no fresh slots), with SASRec fitted
+on the same train period beside them. A preset replaces the reference only when its NDCG@10 interval against it
+lies above 1; the report names that choice, and the recipe's refit and tunings are then run with it (``make
+beauty-target PRESET=...``).
 
 Each preset gets the same training budget, ``--preset-minutes``, fitted as the recipe fits its own
 (``--max-minutes --fit-budget``: a few timed steps size the schedule to the epochs that fit, at most ``--epochs``),
