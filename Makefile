@@ -45,6 +45,8 @@ CF_WEIGHT ?= 0.1
 # the target's selection budget: the warmup/cosine schedule is sized to the epochs that fit it (--fit-budget).
 # 25 min fits Beauty the 5 epochs that a catalog with 2.5x its interactions gets from a 55-minute budget.
 TARGET_MINUTES ?= 25
+# the target's preset (`recsvc tune capacity` compares presets on validation)
+PRESET ?= small
 # threads of the target build and how the deploy refit runs (scratch: a fresh model under the selection run's
 # schedule, stopped at the chosen epoch;
 # continue: one more epoch of the chosen model over train + valid, cheaper on large catalogs)
@@ -78,7 +80,7 @@ beauty-ids: install
 # another draw of the recipe on the same ids: `make beauty-target SEED=2 BUNDLE=artifacts/beauty-s2/bundle
 # IDS=artifacts/beauty/ids`
 beauty-target: install
-	$(RECIPE) --from target --set target.refit=$(REFIT) target.threads=$(TARGET_THREADS) \
+	$(RECIPE) --from target --set target.preset=$(PRESET) target.refit=$(REFIT) target.threads=$(TARGET_THREADS) \
 	  target.max_minutes=$(TARGET_MINUTES) target.seed=$(SEED) target.dense_head=$(DENSE_HEAD) \
 	  sasrec_max_minutes=$(SASREC_MINUTES)
 

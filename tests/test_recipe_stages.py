@@ -124,3 +124,26 @@ def test_overrides_are_typed_and_refused_when_they_name_nothing() -> None:
     assert parse_value(bool, "no", "x") is False
     with pytest.raises(UserError):
         select(SERVED, "head", "ids")
+
+
+def test_the_build_refuses_its_own_flags_beside_a_recipe_and_recipe_flags_without_one(tmp_path, capsys,
+                                                                                         monkeypatch) -> None:
+    from cli_commands import only_commands
+
+    import recsvc.cli.main as cli
+
+    only_commands(monkeypatch, "build")
+    (tmp_path / "data").mkdir()
+    base = ["build", "--data", str(tmp_path / "data"), "--out", str(tmp_path / "b")]
+    assert cli.main([*base, "--recipe", "served", "--from", "target", "--preset", "tiny", "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "drop --preset, --threads" in err and "--set" in err and not (tmp_path / "b").exists()
+    assert cli.main([*base, "--from", "target"]) == 2 and "go with --recipe" in capsys.readouterr().err
+    assert cli.main([*base, "--recipe", "served", "--set", "target.seed=x"]) == 2
+    assert "target.seed=x" in capsys.readouterr().err
+    assert cli.main([*base, "--recipe", "served"]) == 2 and "--ids" in capsys.readouterr().err
+    # --dry-run prints the commands and writes nothing
+    assert cli.main([*base, "--recipe", "served", "--from", "history", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "[served 1/4] history: to run" in out and f"recsvc train head --bundle {tmp_path / 'b'}" in out
+    assert not (tmp_path / "b").exists()
