@@ -68,7 +68,8 @@ def run_recipe(stages: Sequence[Stage], paths: RecipePaths, label: str = "recipe
             say(f"{head}: done earlier ({records[stage.name].get('finished_at')}), skipped")
             continue
         if records.get(stage.name, {}).get("done"):
-            say(f"{head}: recorded with other parameters; running again (its commands resume by themselves)")
+            say(f"{head}: recorded with other parameters; running its commands again (each keeps what it finds "
+                "finished: `recsvc build` keeps a trained target, so a new target wants a new bundle)")
         say(f"{head}: running ({len(commands)} command{'s' if len(commands) > 1 else ''})")
         t0 = time.monotonic()
         for c in commands:
