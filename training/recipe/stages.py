@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 Users = int | Literal["all"]
 
@@ -164,49 +164,47 @@ class TuneMix:
 
 @dataclass(frozen=True)
 class TuneHistory:
-    """``recsvc tune history``: whether served lists leave out the user's history items."""
+    """``recsvc tune history``: whether served lists leave out the user's history items. The base of the tunings
+    that score the served lists of validation users (``users``: a sample; None: all) with one choice rule each."""
 
+    search: ClassVar[str] = "history"
     name: str = "history"
     threads: int | None = 1
     users: int | None = None
     dtype: str | None = None
 
+    def choice_flags(self) -> list[str]:
+        """The search's own choice flags."""
+        return []
+
     def commands(self, paths: RecipePaths) -> list[Command]:
-        argv = ["history", "--bundle", str(paths.bundle), *_opt("--threads", self.threads),
+        argv = [self.search, "--bundle", str(paths.bundle), *_opt("--threads", self.threads), *self.choice_flags(),
                 *_opt("--users", self.users), *_opt("--dtype", self.dtype)]
         return [Command("tune", tuple(argv))]
 
 
 @dataclass(frozen=True)
-class TuneDense:
+class TuneDense(TuneHistory):
     """``recsvc tune dense``: how the dense head's items merge into the lists (``rule``: the choice rule)."""
 
+    search: ClassVar[str] = "dense"
     name: str = "dense"
-    threads: int | None = 1
     rule: str = "cold-guard"
-    users: int | None = None
-    dtype: str | None = None
 
-    def commands(self, paths: RecipePaths) -> list[Command]:
-        argv = ["dense", "--bundle", str(paths.bundle), *_opt("--threads", self.threads), "--rule", self.rule,
-                *_opt("--users", self.users), *_opt("--dtype", self.dtype)]
-        return [Command("tune", tuple(argv))]
+    def choice_flags(self) -> list[str]:
+        return ["--rule", self.rule]
 
 
 @dataclass(frozen=True)
-class TuneFresh:
+class TuneFresh(TuneHistory):
     """``recsvc tune fresh``: the fresh-item slots (``gate``: how a fresh item qualifies)."""
 
+    search: ClassVar[str] = "fresh"
     name: str = "fresh"
-    threads: int | None = 1
     gate: str = "rate"
-    users: int | None = None
-    dtype: str | None = None
 
-    def commands(self, paths: RecipePaths) -> list[Command]:
-        argv = ["fresh", "--bundle", str(paths.bundle), *_opt("--threads", self.threads), "--gate", self.gate,
-                *_opt("--users", self.users), *_opt("--dtype", self.dtype)]
-        return [Command("tune", tuple(argv))]
+    def choice_flags(self) -> list[str]:
+        return ["--gate", self.gate]
 
 
 @dataclass(frozen=True)
