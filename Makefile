@@ -59,6 +59,8 @@ DENSE_HEAD ?= 1.0
 SEED ?= 0
 # SASRec's time bound (early stopping ends it first on an idle 2-core machine); tune mix and eval share its fits
 SASREC_MINUTES ?= 30
+# each Optuna tuning's time bound (tune prior / tune mix: --budget-minutes; --trials ends it first when sooner)
+TUNE_MINUTES ?= 25
 BENCH ?= artifacts/beauty/bench
 .PHONY: beauty-bundle beauty-ids beauty-target beauty-seeds quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10
@@ -82,7 +84,7 @@ beauty-ids: install
 beauty-target: install
 	$(RECIPE) --from target --set target.preset=$(PRESET) target.refit=$(REFIT) target.threads=$(TARGET_THREADS) \
 	  target.max_minutes=$(TARGET_MINUTES) target.seed=$(SEED) target.dense_head=$(DENSE_HEAD) \
-	  sasrec_max_minutes=$(SASREC_MINUTES)
+	  sasrec_max_minutes=$(SASREC_MINUTES) budget_minutes=$(TUNE_MINUTES)
 
 # three seeds of the recipe on the same ids (about 40 min each on two threads), each evaluated as served, then the
 # mean of their ratios with one interval (docs/QUALITY.md "Three seeds of today's recipe")
