@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from bench.common import add_bundle_bench_args, load_context, synchronize
+from bench.common import BenchContext, add_bundle_bench_args, load_context, synchronize
 from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.prior import prior_log_mass
@@ -48,16 +48,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-users", type=int, default=8)
 
 
-def make_drafter(kind: str, ctx, engine, k: int, dtype: str, drafter_name: str | None = None,
+def make_drafter(kind: str, ctx: BenchContext, engine, k: int, dtype: str, drafter_name: str | None = None,
                  head_opener: str = "auto", device: str = "cpu"):
     """The drafter ``kind`` (``recsvc.recommender.drafter_registry``; llama: BUNDLE/drafter, or
     BUNDLE/drafters/``drafter_name``; head: BUNDLE/head or BUNDLE/heads/``drafter_name``) over the bench's trie;
     the transition drafter and the head's opener use BUNDLE/prior."""
-    from recsvc.bundle.directory import Bundle
     from recsvc.priors.transition import TransitionPrior
     from recsvc.recommender.drafter_registry import TAKES_NAME, DraftSource, build_drafter
 
-    bundle = Bundle.open(ctx.bundle_dir)
+    bundle = ctx.bundle
     prior = TransitionPrior.load(bundle.prior_dir) if kind in ("head", "transition") and bundle.has_prior() else None
     name = f"{kind}:{drafter_name}" if kind in TAKES_NAME and drafter_name else kind
     return build_drafter(name, DraftSource(bundle, engine.model, ctx.trie, ctx.builder.code_offset, dtype, device,

@@ -25,8 +25,7 @@ import torch
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH
 from recsvc.bundle.prompt import PromptBuilder
-from recsvc.bundle.serving_files import read_popularity
-from recsvc.content.dense_head import DenseRetriever, has_dense_head
+from recsvc.content.dense_head import DenseRetriever
 from recsvc.content.fresh import FreshItems
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.decode import Decoding, Mode, decode
@@ -39,11 +38,11 @@ from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import make_generators
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.errors import UserError
-from recsvc.priors.mixed import MixedPrior, load_prior
+from recsvc.priors.mixed import MixedPrior
 from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.answer import explained_all, without_decoding
 from recsvc.recommender.api import Answer, EngineFacts, RecQuery, RecResult, RecStats
-from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
+from recsvc.recommender.parts import PartsChoice, load_parts
 from recsvc.recommender.prior_ranked import prior_ranked, ranks_alone
 from recsvc.rule_decoding.decode import RuleSettings, decode_rules
 from recsvc.rule_decoding.search import item_ids
@@ -88,19 +87,6 @@ def state_cache_for(target: EngineModel, budget_bytes: int, version: str = "") -
     """A user-state cache (``recsvc.engine.state_cache``) of ``budget_bytes`` for this target, None when off (0)
     or when its forward keeps no states (only the fast forward does: fp32 target, "fp32" attention)."""
     return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.is_fast else None
-
-
-def load_popularity(bundle_dir: Path) -> dict[int, int] | None:
-    """Item -> interaction count for the cold-start fallback: BUNDLE/popularity.json (``recsvc.bundle.
-    serving_files``), else None (item id order). The bundle's recorded data directory is never opened."""
-    return read_popularity(bundle_dir)
-
-
-def popular_order(ids: SemanticIds, counts: dict[int, int] | None) -> list[int]:
-    """The popularity fallback's order: the most interacted-with items first, ties (and items never seen) by
-    item id."""
-    counts = counts or {}
-    return sorted(ids.item_ids.tolist(), key=lambda i: (-counts.get(i, 0), i))
 
 
 class BundleRecommender:
@@ -197,34 +183,13 @@ class BundleRecommender:
         engine forward of the target and a LLaMA drafter ("auto", "fast", "compiled", "lean", "bucketed",
         "graphs"). ``use_dense``: rank the target's dense head's nearest items with the beams
         (``recsvc.content.dense_head``) when it has one."""
-        from recsvc.bundle.directory import Bundle
-
-        bundle = Bundle.open(path)
-        ids = bundle.load_ids()
-        tokenizer = bundle.load_tokenizer()
-        prompts = bundle.prompt_builder(tokenizer, ids)
-        target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention)
-        target.set_forward(forward)
-        stored_prior = (load_prior(bundle.prior_dir_for(exclude_history))  # read once (mixed with SASRec if tuned)
-                        if bundle.has_prior(exclude_history) else None)
-        popular = popular_order(ids, load_popularity(Path(path)))
-        prior = stored_prior if use_prior else None
-        width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
-        attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
-        fresh = FreshItems.load(bundle.fresh_dir) if use_fresh and bundle.has_fresh() else None
-        trie = CatalogTrie(ids).to(target.device)  # one trie for the searches, the drafter and the attributes
-        source = AttributeSource(attr_path, trie) if attributes is not None or attr_path.is_file() else None
-        dense = (DenseRetriever.load(bundle.target_dir, ids)
-                 if use_dense and has_dense_head(bundle.target_dir) else None)
-        name = (drafter_name or default_drafter(bundle)) if use_drafter else None
-        drafter = None
-        if name is not None:  # over the recommender's trie (on the target's device)
-            drafter = build_drafter(name, DraftSource(bundle, target, trie, prompts.code_offset, dtype, device,
-                                                      prior=stored_prior))
-            if drafter.model is not None:  # a LLaMA drafter runs the target's forward
-                drafter.model.set_forward(forward)
-        return cls(target, prompts, ids, drafter, popular, prior=prior, exclude_history=exclude_history,
-                   beam_width=width, attributes=source, rules=rules, fresh=fresh, trie=trie, dense=dense)
+        parts = load_parts(path, PartsChoice(dtype, device, attention, forward, drafter_name, use_drafter,
+                                             use_prior, exclude_history, attributes, use_fresh=use_fresh,
+                                             use_dense=use_dense))
+        width = beam_width if beam_width is not None else parts.beam_width
+        return cls(parts.target, parts.prompts, parts.ids, parts.drafter, parts.popular, prior=parts.prior,
+                   exclude_history=exclude_history, beam_width=width, attributes=parts.attributes, rules=rules,
+                   fresh=parts.fresh, trie=parts.trie, dense=parts.dense)
 
     def variant(self, *, spec: SpecSettings | None = None, states: UserStateCache | None | bool = False,
                 prefill_ahead: bool | None = None, prior: TransitionPrior | MixedPrior | None | bool = False,
