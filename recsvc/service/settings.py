@@ -14,7 +14,7 @@ import argparse
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH  # the service's default width (re-exported)
@@ -228,7 +228,8 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
 
     step = step or log_step
     try:
-        from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
+        from recsvc.recommender.bundle_recommender import BundleRecommender
+        from recsvc.recommender.settings import read_sampler_for, state_cache_for
     except ImportError as exc:
         raise UserError(f"the model engine is not available (recsvc.recommender.bundle_recommender): {exc}") from exc
     if settings.state_cache_mb < 0:
@@ -265,5 +266,6 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
     # the cache is new here, after calibration (its users are not the served ones); a reload builds a new
     # recommender: an empty cache
     states = state_cache_for(loaded.target, settings.state_cache_mb << 20, f"{settings.bundle}@{time.time_ns()}")
-    return loaded.variant(spec=spec, states=states, prefill_ahead=settings.prefill_ahead,
-                          count_host_reads=settings.count_host_reads)
+    return BundleRecommender(loaded.parts, replace(loaded.settings, spec=spec, states=states,
+                                                   prefill_ahead=settings.prefill_ahead,
+                                                   read_sampler=read_sampler_for(settings.count_host_reads)))
