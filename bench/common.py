@@ -9,6 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from recsvc.bundle.loading import PRECISIONS
+from recsvc.data.split import EVAL_SPLITS
+from recsvc.hardware import DEVICES
+
+PRIOR_USES = ("auto", "off")  # --prior: the bundle's prior as served, or none
+
 if TYPE_CHECKING:  # the engine is imported when a bench runs, not when the bench's commands are listed
     from transformers import PreTrainedModel
 
@@ -53,8 +59,8 @@ def add_bundle_bench_args(p, ks: str, attention: str) -> None:
     p.add_argument("--bundle", required=True)
     p.add_argument("--users", type=int, default=200)
     p.add_argument("--k", default=ks)
-    p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--split", choices=EVAL_SPLITS, default="test")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--attention", choices=["exact", "fp32"], default=attention,
@@ -64,7 +70,7 @@ def add_bundle_bench_args(p, ks: str, attention: str) -> None:
 
 
 def add_device_arg(p) -> None:
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+    p.add_argument("--device", choices=DEVICES, default="cpu",
                    help="where the target and drafters run (cuda: bf16 with --dtype auto)")
 
 

@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # the engine is imported when a stage runs, not when the benc
 
 T = TypeVar("T")
 
+DRAFTER_KINDS = ("llama", "head")  # --drafter-kind: the bundle's LLaMA drafter, or its draft head (no opener)
+
 TARGET_INFO = "train" + "ing.json"  # what the target's training wrote beside it (a file, not a module)
 
 

@@ -26,6 +26,7 @@ import torch
 
 from recsvc.bundle.directory import Bundle
 from recsvc.errors import UserError
+from recsvc.recommender.api import SPECULATIVE
 
 if TYPE_CHECKING:  # the engine is imported when a measurement runs
     from recsvc.data.split import SplitData
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # the engine is imported when a measurement runs
     from recsvc.engine.ports import Drafter
     from recsvc.recommender.parts import TargetParts
 
-MODES = ("strict", "relaxed")
+MODES = SPECULATIVE  # the modes a drafter is measured in
 
 
 def load_bundle(path: str | Path | Bundle) -> Bundle:
