@@ -45,6 +45,8 @@ CF_WEIGHT ?= 0.1
 # the target's selection budget: the warmup/cosine schedule is sized to the epochs that fit it (--fit-budget).
 # 25 min fits Beauty the 5 epochs that a catalog with 2.5x its interactions gets from a 55-minute budget.
 TARGET_MINUTES ?= 25
+# the target's preset (`recsvc tune capacity` compares presets on validation)
+PRESET ?= small
 # threads of the target build and how the deploy refit runs (scratch: a fresh model under the selection run's
 # schedule, stopped at the chosen epoch;
 # continue: one more epoch of the chosen model over train + valid, cheaper on large catalogs)
@@ -65,32 +67,22 @@ beauty-bundle: install
 	$(MAKE) beauty-ids
 	$(MAKE) beauty-target
 
-beauty-ids: install
-	$(VENV)/bin/recsvc train sasrec --data $(BEAUTY) --fit-on train --out $(IDS)-sasrec --threads 1 \
-	  --cache-dir artifacts/baselines --max-minutes $(SASREC_MINUTES)
-	$(VENV)/bin/recsvc tokenizer build --data $(BEAUTY) --out $(IDS) --known-through valid \
-	  --cf-embeddings $(IDS)-sasrec/model.safetensors --cf-weight $(CF_WEIGHT)
+# The recipe is code (training/recipe/recipes.py: the stages, their parameters as served); `recsvc build --recipe`
+# runs a range of its stages, skips those bundle.json records as done, and prints each stage's commands
+# (`--dry-run`: the commands alone). The Makefile's variables override the stages' parameters (--set).
+RECIPE = $(VENV)/bin/recsvc build --recipe served --data $(BEAUTY) --out $(BUNDLE) --ids $(IDS)/semantic_ids.json
 
-# the target and every tuning over existing ids; another draw of the recipe on the same ids:
-# `make beauty-target SEED=2 BUNDLE=artifacts/beauty-s2/bundle IDS=artifacts/beauty/ids`
+# the ids: a train-period SASRec (its item table: the ids' collaborative term), then the RQ-VAE ids
+beauty-ids: install
+	$(RECIPE) --to ids --set ids.cf_weight=$(CF_WEIGHT) ids.sasrec_max_minutes=$(SASREC_MINUTES)
+
+# the target and every tuning over existing ids (prior x2, mix x2, history, dense, fresh), then the draft head;
+# another draw of the recipe on the same ids: `make beauty-target SEED=2 BUNDLE=artifacts/beauty-s2/bundle
+# IDS=artifacts/beauty/ids`
 beauty-target: install
-	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(BUNDLE) --ids $(IDS)/semantic_ids.json \
-	  --preset small --prompt compact --window-stride 5 --protocol deploy --refit $(REFIT) --refit-epochs auto \
-	  --threads $(TARGET_THREADS) --max-minutes $(TARGET_MINUTES) --fit-budget --epochs 6 --seed $(SEED) \
-	  --dense-head $(DENSE_HEAD)
-	@# the prior's fusion and SASRec mix are scored on every validation user (docs/QUALITY.md "The prior tuned on
-	@# every validation user"): on a 1,000-user sample their choice was near noise
-	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 25 --users all --threads 1
-	$(VENV)/bin/recsvc tune prior --bundle $(BUNDLE) --trials 30 --budget-minutes 25 --users all --threads 1 \
-	  --exclude-history
-	$(VENV)/bin/recsvc tune mix --bundle $(BUNDLE) --trials 25 --budget-minutes 25 --users all --threads 1 \
-	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES)
-	$(VENV)/bin/recsvc tune mix --bundle $(BUNDLE) --trials 25 --budget-minutes 25 --users all --threads 1 \
-	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --exclude-history
-	$(VENV)/bin/recsvc tune history --bundle $(BUNDLE) --threads 1
-	$(VENV)/bin/recsvc tune dense --bundle $(BUNDLE) --threads 1 --rule cold-guard
-	$(VENV)/bin/recsvc tune fresh --bundle $(BUNDLE) --threads 1 --gate rate
-	$(VENV)/bin/recsvc train head --bundle $(BUNDLE) --method wordkd --alpha 1.0 --prefixes 12000 --epochs 6 --threads 1
+	$(RECIPE) --from target --set target.preset=$(PRESET) target.refit=$(REFIT) target.threads=$(TARGET_THREADS) \
+	  target.max_minutes=$(TARGET_MINUTES) target.seed=$(SEED) target.dense_head=$(DENSE_HEAD) \
+	  sasrec_max_minutes=$(SASREC_MINUTES)
 
 # three seeds of the recipe on the same ids (about 40 min each on two threads), each evaluated as served, then the
 # mean of their ratios with one interval (docs/QUALITY.md "Three seeds of today's recipe")
@@ -124,17 +116,8 @@ quality-beauty: install
 # falls below its own prior?
 WEAK ?= artifacts/beauty-weak
 weak-target-beauty: install
-	$(VENV)/bin/recsvc build --data $(BEAUTY) --out $(WEAK)/bundle --ids $(IDS)/semantic_ids.json --preset small \
-	  --prompt compact --window-stride 5 --protocol deploy --refit scratch --refit-epochs auto --threads 2 \
-	  --epochs 1 --patience 0
-	$(VENV)/bin/recsvc tune prior --bundle $(WEAK)/bundle --trials 20 --budget-minutes 8 --users 1000 --threads 2
-	$(VENV)/bin/recsvc tune prior --bundle $(WEAK)/bundle --trials 20 --budget-minutes 8 --users 1000 --threads 2 \
-	  --exclude-history
-	$(VENV)/bin/recsvc tune mix --bundle $(WEAK)/bundle --trials 25 --budget-minutes 10 --users 1000 --threads 2 \
-	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES)
-	$(VENV)/bin/recsvc tune mix --bundle $(WEAK)/bundle --trials 25 --budget-minutes 10 --users 1000 --threads 2 \
-	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --exclude-history
-	$(VENV)/bin/recsvc tune history --bundle $(WEAK)/bundle --threads 2
+	$(VENV)/bin/recsvc build --recipe weak --data $(BEAUTY) --out $(WEAK)/bundle --ids $(IDS)/semantic_ids.json \
+	  --set sasrec_max_minutes=$(SASREC_MINUTES)
 	$(VENV)/bin/recsvc eval --bundle $(WEAK)/bundle --split test --k 10,20 --baselines sasrec --protocol deploy \
 	  --cache-dir artifacts/baselines --sasrec-max-minutes $(SASREC_MINUTES) --json $(WEAK)/quality_deploy.json
 

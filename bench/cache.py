@@ -38,6 +38,7 @@ import torch
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import set_threads
 from recsvc.data.split import EVAL_SPLITS
+from recsvc.engine.plan import forward_names
 from recsvc.hardware import machine
 from recsvc.progress import progress_bar
 from recsvc.report.records import markdown_table, write_json
@@ -68,7 +69,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=10, help="training users run through every path first")
     p.add_argument("--sweep-users", type=int, default=10, help="users of the fixed-cost sweep (K = 1..40)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--state-forward", choices=["fast", "compiled"], default="compiled",
+    p.add_argument("--state-forward", choices=forward_names(static=False), default="compiled",
                    help="the forward of the user-state cache's paths (cached, repeat), compared with the same "
                         "forward uncached")
     p.add_argument("--no-compiled", action="store_true",

@@ -11,6 +11,7 @@ import torch
 
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.data.split import EVAL_SPLITS
+from recsvc.engine.plan import ATTENTIONS
 from recsvc.hardware import DEVICES
 
 PRIOR_USES = ("auto", "off")  # --prior: the bundle's prior as served, or none
@@ -63,7 +64,7 @@ def add_bundle_bench_args(p, ks: str, attention: str) -> None:
     p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    p.add_argument("--attention", choices=["exact", "fp32"], default=attention,
+    p.add_argument("--attention", choices=ATTENTIONS, default=attention,
                    help="engine attention: exact (bit-identical to generate) or fp32 (faster on CPUs)")
     add_device_arg(p)
     p.add_argument("--json", dest="json_path")

@@ -73,7 +73,7 @@ def time_plan(plan: Plan, reps: int = 30, warmup: int = 3) -> float:
 def measure(model: EngineModel, prompt_tokens: int, beams: int, decode_forwards: int, reps: int = 30) -> dict | None:
     """The floor figures of ``model`` (its fast forward; None when the fast forward does not serve it: a model
     or device the lean path serves)."""
-    if not model.is_fast:
+    if not model.plan.fast:
         return None
     fast = model.fast()
     one = forward_plan(fast, 1)

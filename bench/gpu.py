@@ -19,6 +19,7 @@ suite runs it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -29,6 +30,9 @@ from bench.common import synchronize
 from recsvc.errors import UserError
 from recsvc.hardware import DEVICES, machine
 from recsvc.report.records import markdown_table, write_json
+from training.recipe.recipes import SERVED, stage
+from training.recipe.runner import run_stage
+from training.recipe.stages import RecipePaths, Target, TrainHead
 
 # (target preset, drafter preset, target minutes, drafter epochs, head prefixes, head epochs, users, batch)
 FULL = {"preset": "base", "drafter": "llama-68m", "minutes": 12.0, "epochs": 6, "drafter_epochs": 2,
@@ -63,16 +67,21 @@ def _cli(argv: list[str]) -> None:
 
 
 def build(data: Path, bundle: Path, cfg: dict, threads: int | None) -> None:
-    """The bundle through the product's own commands (resumable: finished stages are kept)."""
-    thr = ["--threads", str(threads)] if threads else []
+    """The bundle through the served recipe's target and head stages (the paper protocol, no dense head, an SFT
+    drafter; the head as ``train head`` defaults it: AtSpeed-S at alpha 0.5), resumable: finished stages are
+    kept."""
+    target, head = stage(SERVED, "target"), stage(SERVED, "head")
+    assert isinstance(target, Target) and isinstance(head, TrainHead)
+    paths = RecipePaths(data, bundle)
     if not (bundle / "drafter" / "config.json").is_file():
-        _cli(["build", "--data", str(data), "--out", str(bundle), "--preset", cfg["preset"],
-              "--drafter-preset", cfg["drafter"], "--drafter-epochs", str(cfg["drafter_epochs"]),
-              "--epochs", str(cfg["epochs"]), "--max-minutes", str(cfg["minutes"]), "--fit-budget",
-              "--prompt", "compact", "--window-stride", "5", "--recall-users", "64", "--eval-users", "128", *thr])
+        run_stage(dataclasses.replace(
+            target, preset=cfg["preset"], protocol="paper", refit=None, refit_epochs=None, threads=threads,
+            max_minutes=cfg["minutes"], fit_budget=True, epochs=cfg["epochs"], dense_head=None,
+            drafter_preset=cfg["drafter"], drafter_epochs=cfg["drafter_epochs"], recall_users=64, eval_users=128),
+            paths)
     if not (bundle / "head" / "config.json").is_file():
-        _cli(["train", "head", "--bundle", str(bundle), "--prefixes", str(cfg["prefixes"]),
-              "--epochs", str(cfg["head_epochs"]), *thr])
+        run_stage(dataclasses.replace(head, method="atspeed-s", alpha=0.5, prefixes=cfg["prefixes"],
+                                      epochs=cfg["head_epochs"], threads=threads), paths)
 
 
 class PeakMemory:

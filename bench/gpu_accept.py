@@ -41,6 +41,7 @@ DATA/reference_semantic_ids.json when present (no sentence-embedding model neede
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -53,8 +54,12 @@ from bench.gpu_inputs import DRAFTER_KINDS
 from bench.gpu_measure import measure
 from bench.gpu_stages import compiled_forward, lossless_fp32, served
 from recsvc.cli.main import run_command
+from recsvc.engine.plan import forward_names
 from recsvc.errors import UserError
 from recsvc.hardware import DEVICES
+from training.recipe.recipes import SERVED, stage
+from training.recipe.runner import run_stage
+from training.recipe.stages import RecipePaths, Target
 
 FULL = {"preset": "base", "drafter": "llama-68m", "target_minutes": 2.5, "train_batch": 128, "drafter_epochs": 1,
         "teacher_prefixes": 3000, "align_epochs": 1, "users": 30, "batch": 16, "k": 10, "width": 20, "n": 40,
@@ -78,7 +83,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--smoke", action="store_true", help="only the smoke run: tiny presets, synthetic data")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke run before the real one")
     p.add_argument("--device", choices=("auto", *DEVICES), default="auto", help="auto: cuda when present")
-    p.add_argument("--forward", choices=["graphs", "bucketed", "fast"], default="graphs",
+    p.add_argument("--forward", choices=forward_names(compiled=False), default="graphs",
                    help="the engine forward measured (graphs: CUDA graphs on CUDA, the bucketed path elsewhere)")
     p.add_argument("--users", type=int, default=None, help="measured users per stage")
     p.add_argument("--target-minutes", type=float, default=None, help="the target's training budget")
@@ -102,18 +107,26 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "recommender as served, --bundle only; compiled: the compiled-graphs forward against graphs)")
 
 
+def gpu_target(cfg: dict, threads: int | None) -> Target:
+    """The served recipe's target stage as this bench trains it: ``cfg``'s preset under the paper protocol (no
+    refit, no dense head) with an SFT drafter beside it, the schedule sized to ``cfg``'s minutes (at most 50
+    epochs), validation on a few users."""
+    served = stage(SERVED, "target")
+    assert isinstance(served, Target)
+    return dataclasses.replace(
+        served, preset=cfg["preset"], protocol="paper", refit=None, refit_epochs=None, threads=threads,
+        max_minutes=cfg["target_minutes"], fit_budget=True, epochs=50, dense_head=None,
+        batch_size=cfg["train_batch"], drafter_preset=cfg["drafter"], drafter_epochs=cfg["drafter_epochs"],
+        recall_users=64, eval_users=128)
+
+
 def build(data: Path, bundle: Path, cfg: dict, device: str, align: bool, threads: int | None) -> dict:
     """The bundle (resumable: finished stages are kept); returns what was trained and how long it took."""
     thr = ["--threads", str(threads)] if threads else []
     t0 = time.perf_counter()
     ids = data / "reference_semantic_ids.json"
     if not (bundle / "drafter" / "config.json").is_file():
-        run_command("build", ["--data", str(data), "--out", str(bundle), "--preset", cfg["preset"],
-                              *(["--ids", str(ids)] if ids.is_file() else []),
-                              "--drafter-preset", cfg["drafter"], "--drafter-epochs", str(cfg["drafter_epochs"]),
-                              "--epochs", "50", "--max-minutes", str(cfg["target_minutes"]), "--fit-budget",
-                              "--batch-size", str(cfg["train_batch"]), "--prompt", "compact", "--window-stride",
-                              "5", "--recall-users", "64", "--eval-users", "128", *thr])
+        run_stage(gpu_target(cfg, threads), RecipePaths(data, bundle, ids if ids.is_file() else None))
     built = time.perf_counter() - t0
     aligned = bundle / "drafters" / "atspeed" / "config.json"
     if align and not aligned.is_file():

@@ -24,6 +24,7 @@ import pytest
 from catalog_fixtures import DIM, NEW, add_entry, free_codes, live_bundle
 from service_helpers import json_line
 
+from harness.processes import stop
 from recsvc.bundle.directory import Bundle
 from recsvc.bundle.loading import save_causal_lm
 from recsvc.bundle.presets import new_model
@@ -134,12 +135,7 @@ def served(tmp_path_factory):
         s.event("catalog_updated")
         yield s
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         redis.close()
 
 

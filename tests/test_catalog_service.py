@@ -22,6 +22,7 @@ from service_helpers import json_line
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
+from harness.processes import stop
 from recsvc.client.client import RecClient
 from recsvc.errors import UserError
 from recsvc.recommender.bundle_recommender import BundleRecommender
@@ -235,9 +236,4 @@ def test_recsvc_serve_follows_the_catalog_commands(bundle, tmp_path, monkeypatch
             assert "not a readable JSON file" in next_event("catalog_update_rejected", timeout_s=10)["reason"]
             assert top not in items(client.recommend("u", history=[1, 2, 3], k=K, mode="plain"))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)

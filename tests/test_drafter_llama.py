@@ -23,6 +23,8 @@ class Recording:
     """Wraps a LLaMA draft session: records every round's inputs, drafts and drafter forward calls, and every
     node its cache is fed."""
 
+    closed_tree = False  # a wrapper promises nothing of its inner session's trees
+
     def __init__(self, inner: LlamaDraftSession) -> None:
         self.inner = inner
         self.rounds: list[tuple[torch.Tensor, torch.Tensor, int, list[torch.Tensor], int]] = []

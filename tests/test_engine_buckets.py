@@ -46,7 +46,7 @@ def _same(a, b) -> None:
 def test_bucketed_plain_gives_the_fast_forwards_lists(setup, k: int) -> None:
     _, fast, _, plain_fast = _models(setup, "fast")
     _, bucketed, _, plain_bucketed = _models(setup, "bucketed")
-    assert bucketed.forward_name == "bucketed" and bucketed.sync_free and not fast.sync_free
+    assert bucketed.forward_name == "bucketed" and bucketed.plan.sync_free and not fast.plan.sync_free
     for n_prompts, seed in ((1, 30), (3, 31), (5, 32)):  # batch sizes padded to 1, 4 and 8 rows
         prompts = batch(random_prompts(n_prompts, seed, min_len=3, max_len=30))
         _same(plain_bucketed.search(prompts, k), plain_fast.search(prompts, k))
@@ -166,7 +166,7 @@ def test_static_cache_compaction_and_row_selection_keep_the_buffers(setup) -> No
 def test_graphs_off_cuda_is_the_bucketed_forward(setup) -> None:
     _, model, _ = setup
     graphs = EngineModel.build(model, "fp32", forward="graphs")
-    assert graphs.sync_free and graphs.forward_name == ("graphs" if model.device.type == "cuda" else "bucketed")
+    assert graphs.plan.sync_free and graphs.forward_name == ("graphs" if model.device.type == "cuda" else "bucketed")
     assert graphs.graph_runner is None or model.device.type == "cuda"
     auto = EngineModel.build(model, "fp32", forward="auto")  # the default: graphs on a CUDA GPU, else fast
     assert auto.forward_name == ("graphs" if model.device.type == "cuda" else "fast")

@@ -39,7 +39,7 @@ def setup():
 
 def test_compiled_is_the_fast_forward_with_compiled_layers(setup) -> None:
     _, fast, compiled = setup
-    assert compiled.is_fast and compiled.forward_name == "compiled"
+    assert compiled.plan.fast and compiled.forward_name == "compiled"
     assert compiled.fast().compiled_layers is not None and fast.fast().compiled_layers is None
     compiled.set_forward("fast")  # switching back and forth keeps both builds (no recompilation)
     built = compiled.fast()
@@ -209,7 +209,7 @@ def test_compiled_bf16_is_as_close_to_fp32_as_the_bf16_fast_forward(setup) -> No
     trie, fast, _ = setup
     half = copy.deepcopy(fast.model).to(torch.bfloat16)
     eager, compiled = EngineModel.build(half, "fp32"), EngineModel.build(half, "fp32", forward="compiled")
-    assert compiled.is_fast and compiled.forward_name == "compiled"
+    assert compiled.plan.fast and compiled.forward_name == "compiled"
     prompts = batch(random_prompts(6, 37, min_len=3, max_len=30))
     ref, a, b = (BeamSearch(m, trie, TEXT_VOCAB).search(prompts, 8) for m in (fast, eager, compiled))
     (gap_eager, shared_eager), (gap_compiled, shared_compiled) = common_item_gap(ref, a), common_item_gap(ref, b)

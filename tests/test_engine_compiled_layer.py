@@ -40,7 +40,7 @@ def test_compiled_layers_give_the_bucketed_lists_plain_and_strict(setup) -> None
     bucketed = EngineModel.build(model, "fp32", forward="bucketed")
     compiled = EngineModel.build(model, "fp32", forward="compiled-graphs")
     assert compiled.forward_name == ("compiled-graphs" if model.device.type == "cuda" else "compiled-bucketed")
-    assert compiled.sync_free and compiled.is_fast
+    assert compiled.plan.sync_free and compiled.plan.fast
     plain_b, plain_c = BeamSearch(bucketed, trie, TEXT_VOCAB), BeamSearch(compiled, trie, TEXT_VOCAB)
     for n_prompts, seed, k in ((1, 60, 10), (3, 61, 5), (2, 62, 20)):
         prompts = batch(random_prompts(n_prompts, seed, min_len=3, max_len=30))

@@ -41,7 +41,7 @@ def setup():
 def test_fast_plain_matches_generate_within_tolerance(setup, k: int) -> None:
     trie, model = setup
     fast = EngineModel.build(model, "fp32")
-    assert fast.is_fast and fast.forward_name == "fast"
+    assert fast.plan.fast and fast.forward_name == "fast"
     engine = BeamSearch(fast, trie, TEXT_VOCAB)
     for prompt in random_prompts(4, 22, min_len=3, max_len=30):
         out = engine.search(batch([prompt]), k)
@@ -53,16 +53,16 @@ def test_fast_plain_matches_generate_within_tolerance(setup, k: int) -> None:
 def test_fast_and_lean_agree_and_lean_stays_available(setup) -> None:
     trie, model = setup
     fast, lean = EngineModel.build(model, "fp32"), EngineModel.build(model, "fp32", forward="lean")
-    assert not lean.is_fast and lean.forward_name == "lean"
+    assert not lean.plan.fast and lean.forward_name == "lean"
     prompts = random_prompts(5, 23, min_len=3, max_len=30)
     a = BeamSearch(fast, trie, TEXT_VOCAB).search(batch(prompts), 8)
     b = BeamSearch(lean, trie, TEXT_VOCAB).search(batch(prompts), 8)
     assert torch.equal(a.leaves, b.leaves)
     torch.testing.assert_close(a.scores, b.scores, atol=TOL, rtol=0)
     lean.set_forward("fast")
-    assert lean.is_fast and isinstance(lean.new_cache(), FastCache)
+    assert lean.plan.fast and isinstance(lean.new_cache(), FastCache)
     exact = EngineModel.build(model, "exact")  # the bit-identical mode keeps the lean forward
-    assert not exact.is_fast
+    assert not exact.plan.fast
 
 
 def test_strict_equals_plain_on_the_fast_forward(setup) -> None:
@@ -159,7 +159,7 @@ def test_bf16_fast_forward_is_as_close_to_fp32_as_the_lean_bf16_path(setup) -> N
     trie, model = setup
     half = copy.deepcopy(model).to(torch.bfloat16)
     fast, lean = EngineModel.build(half, "fp32"), EngineModel.build(half, "fp32", forward="lean")
-    assert fast.is_fast and fast.forward_name == "fast" and isinstance(fast.new_cache(), FastCache)
+    assert fast.plan.fast and fast.forward_name == "fast" and isinstance(fast.new_cache(), FastCache)
     if native_bf16():  # oneDNN packs bf16 weights where the CPU computes in bf16 (row-independent: probed)
         assert fast.fast().layers[0][2].packed is not None
     reference = EngineModel.build(model, "fp32")

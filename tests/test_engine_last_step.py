@@ -86,7 +86,7 @@ def test_too_few_candidates_feed_every_beam(trie: CatalogTrie) -> None:
 
 def test_plain_search_with_top_on_the_fast_forward(trie: CatalogTrie) -> None:
     model = EngineModel.build(tiny_llama(L, C, 33, hidden=64, layers=2), "fp32")
-    assert model.is_fast
+    assert model.plan.fast
     engine = BeamSearch(model, trie, TEXT_VOCAB)
     prompts = random_prompts(5, 34, min_len=3, max_len=20)
     probs = torch.rand(len(prompts), trie.item_path.shape[0], generator=torch.Generator().manual_seed(35))
@@ -116,7 +116,7 @@ def test_plain_search_with_top_on_the_fast_forward(trie: CatalogTrie) -> None:
 
 def test_lean_forward_feeds_every_beam(trie: CatalogTrie) -> None:
     model = EngineModel.build(tiny_llama(L, C, 36), "exact")
-    assert not model.is_fast
+    assert not model.plan.fast
     engine = BeamSearch(model, trie, TEXT_VOCAB)
     prompts = random_prompts(2, 37)
     full = engine.search(batch(prompts), K)

@@ -24,6 +24,8 @@ class Probe:
     """A session that reads the target's state at its roots (first round only, or every round), then lets
     ``inner`` draft: what a drafter conditioned on the target does."""
 
+    closed_tree = False  # a wrapper promises nothing of its inner session's trees
+
     def __init__(self, inner: DraftSession, every_round: bool = False) -> None:
         self.inner, self.every_round = inner, every_round
         self.roots: list[torch.Tensor] = []

@@ -62,7 +62,7 @@ def setup():
     trie = CatalogTrie(random_catalog(300, L, C, 1))
     model = EngineModel.build(tiny_llama(L, C, 1), "fp32")
     drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, C, 2, hidden=16, layers=1), "fp32"), trie, TEXT_VOCAB)
-    assert model.is_fast
+    assert model.plan.fast
     return trie, model, drafter, BeamSearch(model, trie, TEXT_VOCAB)
 
 

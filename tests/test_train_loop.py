@@ -196,3 +196,37 @@ def test_the_plan_records_other_processes_cpu_use_and_warns_when_they_contend() 
     assert contention_warning({"other_cores": None}) is None and contention_warning(None) is None
     warning = contention_warning({"other_cores": 1.0})
     assert warning is not None and "1.0 core(s)" in warning and "idle machine" in warning
+
+
+# the keys of a checkpoint's state.json "state" as the loop wrote them when it kept its state in a dict
+STATE_KEYS = {"epoch", "batch", "step", "best_score", "best_epoch", "bad_epochs", "history", "train_seconds",
+              "train_tokens", "budget_plan", "schedule_epochs", "scores", "lrs"}
+
+
+def test_the_checkpoints_state_keeps_its_format_and_an_older_one_resumes(tmp_path) -> None:
+    from training.loop_state import LoopState
+
+    _, cut = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(max_minutes=0.0), tmp_path / "b",
+                           TOK.pad_token_id)
+    path = tmp_path / "b" / "last" / "state.json"
+    payload = json.loads(path.read_text())
+    state = payload["state"]
+    assert set(state) == STATE_KEYS and (state["epoch"], state["batch"], state["step"]) == (0, 1, 1)
+    assert state["schedule_epochs"] == 2 and len(state["scores"]) == 1 and len(state["lrs"]) == 1
+    # a checkpoint of the dict era without "lrs" (before the loop recorded them) resumes, and finishes the run
+    del state["lrs"]
+    path.write_text(json.dumps(payload, indent=1))
+    loaded = LoopState.resumed(json.loads(path.read_text())["state"], LoopState(schedule_epochs=2), path.parent)
+    assert (loaded.epoch, loaded.batch, loaded.step, loaded.lrs) == (0, 1, 1, [])
+    _, res = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(resume=True), tmp_path / "b",
+                           TOK.pad_token_id)
+    assert res.epochs == 2 and res.steps == 2 * ((len(TRAIN) + 7) // 8)
+    assert set(json.loads(path.read_text())["state"]) == STATE_KEYS
+    # one without per-user scores is refused with a message
+    del state["scores"]
+    path.write_text(json.dumps(payload))
+    from recsvc.errors import UserError
+
+    with pytest.raises(UserError, match="--force"):
+        fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(resume=True), tmp_path / "b",
+                      TOK.pad_token_id)

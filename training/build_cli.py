@@ -1,6 +1,8 @@
 """``recsvc build``: make a servable bundle from a data directory, stage by stage, resumable.
 
     recsvc build --data data/beauty --out artifacts/beauty --preset small --max-minutes 50
+    recsvc build --recipe served --data data/beauty --out artifacts/beauty/bundle \
+        --ids artifacts/beauty/ids/semantic_ids.json [--from STAGE] [--to STAGE] [--set [STAGE.]FIELD=VALUE ...]
 
 Stages (each recorded in BUNDLE/bundle.json when finished; a finished stage is skipped on re-runs, an
 interrupted training stage resumes from its checkpoint):
@@ -11,6 +13,11 @@ interrupted training stage resumes from its checkpoint):
 
 then what serving reads of the data (BUNDLE/popularity.json, BUNDLE/calibration_histories.json:
 recsvc.bundle.serving_files), so a deployed bundle never reads its training data directory.
+
+``--recipe NAME`` runs a whole recipe instead (training/recipe: the served one is the ids, this build, every
+tuning and the draft head), or the range ``--from``/``--to`` of its stages, each parameter as the recipe defines it
+unless ``--set`` overrides it; finished stages are recorded in bundle.json and skipped on re-runs
+(training/recipe/runner.py). ``--dry-run`` prints the stages' commands and which of them would run.
 """
 
 from __future__ import annotations
@@ -51,7 +58,30 @@ def register(subparsers) -> None:
     p.add_argument("--plan-steps", type=int, default=20, help="timed training steps of --plan")
     add_model_args(p)
     add_loop_args(p)
-    p.set_defaults(func=cmd_build)
+    add_recipe_args(p)
+    # what --recipe refuses beside it: every other flag's default, as (option, default) by dest
+    p.set_defaults(func=cmd_build, build_flag_defaults={
+        a.dest: (a.option_strings[0], a.default) for a in p._actions
+        if a.option_strings and a.dest not in RECIPE_DESTS and a.dest != "help"})
+
+
+RECIPE_DESTS = ("recipe", "from_stage", "to_stage", "settings", "dry_run", "data", "out", "ids")
+
+
+def add_recipe_args(p: argparse.ArgumentParser) -> None:
+    from training.recipe.recipes import RECIPES
+
+    p.add_argument("--recipe", choices=tuple(RECIPES), default=None,
+                   help="run this recipe's stages (served: ids, target, the tunings, the draft head) instead of the "
+                        "build alone; --ids names the ids file its ids stage writes (or that exists)")
+    p.add_argument("--from", dest="from_stage", default=None, metavar="STAGE",
+                   help="--recipe: the first stage run (default: the recipe's first)")
+    p.add_argument("--to", dest="to_stage", default=None, metavar="STAGE",
+                   help="--recipe: the last stage run (default: the recipe's last)")
+    p.add_argument("--set", dest="settings", action="extend", nargs="+", default=[], metavar="[STAGE.]FIELD=VALUE",
+                   help="--recipe: override a stage's parameter (without STAGE: every stage that has FIELD), e.g. "
+                        "target.seed=2 threads=1")
+    p.add_argument("--dry-run", action="store_true", help="--recipe: print the stages' commands, run nothing")
 
 
 def stage_ids(bundle, data_dir: Path, ids_file: Path | None) -> dict:
@@ -151,11 +181,36 @@ def plan_fit_budget(args: argparse.Namespace, cfg, model, builder, data, selecti
                          cfg.max_minutes, 0.0, max(cfg.epochs, 1), steps=args.plan_steps, seed=cfg.seed)
 
 
+def cmd_recipe(args: argparse.Namespace) -> int:
+    """``recsvc build --recipe NAME``: the recipe's stages from --from through --to, resumed."""
+    from training.recipe.recipes import override, recipe, select
+    from training.recipe.runner import run_recipe
+    from training.recipe.stages import RecipePaths
+
+    given = [option for dest, (option, default) in args.build_flag_defaults.items()
+             if getattr(args, dest, default) != default]
+    if given:
+        raise UserError(f"--recipe sets the build's flags itself: drop {', '.join(given)} (override a stage's "
+                        "parameter with --set STAGE.FIELD=VALUE, e.g. --set target.seed=2)")
+    if not args.data.is_dir():
+        raise UserError(f"data directory not found: {args.data}")
+    stages = select(override(recipe(args.recipe), args.settings), args.from_stage, args.to_stage)
+    if args.ids is None and any(s.name == "ids" for s in stages):
+        raise UserError("the recipe's ids stage writes the semantic ids: give --ids DIR/semantic_ids.json")
+    run_recipe(stages, RecipePaths(args.data, args.out, args.ids), label=args.recipe, dry_run=args.dry_run)
+    print(f"bundle: {args.out}")
+    return 0
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
     from training.train_target import ensure_tokenizer, train_target
 
+    if args.recipe:
+        return cmd_recipe(args)
+    if args.from_stage or args.to_stage or args.settings or args.dry_run:
+        raise UserError("--from, --to, --set and --dry-run go with --recipe NAME")
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in stages if s not in STAGES]
     if unknown:

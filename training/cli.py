@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from recsvc.bundle.loading import PRECISIONS
+from recsvc.bundle.prompt import HEADER_STYLES
+from recsvc.engine.plan import ATTENTIONS
 from recsvc.errors import UserError
 from recsvc.progress import print_record
 from recsvc.service.arg_types import positive_int
@@ -85,7 +87,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=int, default=16)
     p.add_argument("--lora-dropout", type=float, default=0.05)
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="comma-separated module names")
-    p.add_argument("--prompt", choices=("auto", "packed", "compact", "lcrec"), default="auto",
+    p.add_argument("--prompt", choices=("auto", *HEADER_STYLES), default="auto",
                    help="prompt style: packed ([BOS] + item codes only, no separator: the fewest tokens), compact "
                         "([BOS] + codes and a newline per item), lcrec (LC-Rec's instruction text); auto = "
                         "compact from scratch, lcrec with --base-model")
@@ -160,7 +162,7 @@ def register(subparsers) -> None:
                    help="probability that a prefix's sequences come from the current drafter's own beam search")
     t.add_argument("--shard-size", type=int, default=1024, help="prefixes per shard (the unit of resuming)")
     t.add_argument("--dtype", choices=PRECISIONS, default="auto", help="target (and drafter) precision")
-    t.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
+    t.add_argument("--attention", choices=ATTENTIONS, default="fp32",
                    help="the engine's attention mode for the target (fp32: what the service runs)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None, help="CPU threads for torch")

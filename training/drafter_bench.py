@@ -21,6 +21,7 @@ import argparse
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.data.split import EVAL_SPLITS
+from recsvc.engine.plan import ATTENTIONS
 from recsvc.errors import UserError
 from recsvc.hardware import machine, resolve_dtype
 from recsvc.report.records import markdown_table, write_json
@@ -43,7 +44,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="a fixed N for every K: N = max(K, this) (the AtSpeed paper: 40); overrides --n-mult")
     p.add_argument("--temperature", type=float, default=1.0, help="relaxed mode's sampling temperature")
     p.add_argument("--dtype", choices=PRECISIONS, default="auto")
-    p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
+    p.add_argument("--attention", choices=ATTENTIONS, default="fp32",
                    help="engine attention: exact (bit-identical to generate) or fp32 (what the service runs)")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--seed", type=int, default=0, help="user sample")

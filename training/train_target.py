@@ -28,6 +28,7 @@ from recsvc.bundle.prompt import IGNORE_INDEX
 from recsvc.errors import UserError
 from training.budget import contention_warning, plan_schedule
 from training.choices import ALIGN_MODES, BF16_MODES, PROTOCOLS, REFIT_MODES
+from training.loop_state import LoopState
 from training.selection import PER_USER, SELECT_RULES, selection_table
 from training.sequences import Example, bucketed_batches, collate
 
@@ -246,15 +247,11 @@ def fit_causal_lm(
     model, optimizer = acc.prepare(model, optimizer)
     scheduler = cosine_schedule(optimizer, math.ceil(n_batches / cfg.grad_accum), schedule_epochs, cfg.warmup)
 
-    state: dict[str, Any] = {"epoch": 0, "batch": 0, "step": 0, "best_score": -math.inf, "best_epoch": -1,
-                             "bad_epochs": 0, "history": [], "train_seconds": 0.0, "train_tokens": 0,
-                             "budget_plan": budget_plan, "schedule_epochs": schedule_epochs, "scores": []}
+    state = LoopState(schedule_epochs=schedule_epochs, budget_plan=budget_plan)
     if cfg.resume and (ckpt_dir / "last" / "state.json").is_file():
-        state = load_checkpoint(ckpt_dir / "last", acc.unwrap_model(model), optimizer, scheduler)
-        if "scores" not in state:
-            raise UserError(f"{ckpt_dir / 'last'} was written before checkpoints kept per-user scores and cannot be "
-                            "resumed: pass --force to start over")
-        acc.print(f"resumed {desc} from epoch {state['epoch']} batch {state['batch']} (step {state['step']})")
+        saved = load_checkpoint(ckpt_dir / "last", acc.unwrap_model(model), optimizer, scheduler)
+        state = LoopState.resumed(saved, state, ckpt_dir / "last")
+        acc.print(f"resumed {desc} from epoch {state.epoch} batch {state.batch} (step {state.step})")
     score_name = cfg.metric if evaluator else "-valid_loss"
     stopped = "epochs"
 
@@ -278,14 +275,14 @@ def fit_causal_lm(
         return cfg.max_minutes is not None and time.monotonic() - start > cfg.max_minutes * 60
 
     model.train()
-    while state["epoch"] < last_epoch and stopped == "epochs":
-        epoch = state["epoch"]
+    while state.epoch < last_epoch and stopped == "epochs":
+        epoch = state.epoch
         batches = bucketed_batches(lengths, cfg.batch_size, seed=cfg.seed * 1000 + epoch)
         batches = batches[rank::world][:n_batches]
-        bar = progress_bar(total=n_batches, initial=state["batch"], desc=f"{desc} epoch {epoch + 1}/{last_epoch}",
+        bar = progress_bar(total=n_batches, initial=state.batch, desc=f"{desc} epoch {epoch + 1}/{last_epoch}",
                            enabled=acc.is_local_main_process, dynamic_ncols=True, mininterval=1.0)
         t0, tokens, loss_ema = time.monotonic(), 0, None
-        for b in range(state["batch"], n_batches):
+        for b in range(state.batch, n_batches):
             group_end = min((b // cfg.grad_accum + 1) * cfg.grad_accum, n_batches)
             group = group_end - (b // cfg.grad_accum) * cfg.grad_accum  # micro-batches in this step
             sync = b + 1 == group_end
@@ -300,11 +297,11 @@ def fit_causal_lm(
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
-                state["step"] += 1
+                state.step += 1
             tokens += _batch_tokens(batch) * world
             loss_val = float(loss.detach())
             loss_ema = loss_val if loss_ema is None else 0.98 * loss_ema + 0.02 * loss_val
-            state["batch"] = b + 1
+            state.batch = b + 1
             bar.update(1)
             bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{tokens / (time.monotonic() - t0):.0f}",
                             lr=f"{scheduler.get_last_lr()[0]:.2e}")
@@ -312,19 +309,19 @@ def fit_causal_lm(
                 stopped = "max_minutes"
                 break
         bar.close()
-        state["train_seconds"] += time.monotonic() - t0
-        state["train_tokens"] += tokens
-        finished_epoch = state["batch"] >= n_batches
-        row, per_user = evaluate(epoch + state["batch"] / n_batches)
+        state.train_seconds += time.monotonic() - t0
+        state.train_tokens += tokens
+        finished_epoch = state.batch >= n_batches
+        row, per_user = evaluate(state.elapsed_epochs(n_batches))
         row["train_loss"] = loss_ema if loss_ema is not None else float("nan")
-        state.setdefault("lrs", []).append(scheduler.get_last_lr()[0])  # after the evaluated step
+        state.lrs.append(scheduler.get_last_lr()[0])  # after the evaluated step
         score = row[cfg.metric] if evaluator else -row["valid_loss"]
         selecting = not math.isnan(score)
         if not selecting:  # nothing to select on (the deploy refit): the latest epoch is the best
-            score, per_user = epoch + state["batch"] / n_batches, None
-        state["scores"].append({"epoch": row["epoch"], "score": score,
+            score, per_user = state.elapsed_epochs(n_batches), None
+        state.scores.append({"epoch": row["epoch"], "score": score,
                                 "per_user": None if per_user is None else [round(x, 6) for x in per_user]})
-        table = _selection(state["scores"], cfg.select)
+        table = _selection(state.scores, cfg.select)
         now = table[-1]
         note = ""
         if selecting:  # nested, so that the record's curves (recsvc/report/curves.py) plot only the metrics
@@ -337,21 +334,21 @@ def fit_causal_lm(
                     + (f" +- {now['vs_best_se']:.4f}" if now["vs_best_se"] is not None else "")
                     + f": {'chosen' if now['chosen'] else 'not chosen'} ({cfg.select})")
         if now["chosen"]:  # the rule chose this epoch (the best one, or one within noise of it, later)
-            state.update(best_score=score, best_epoch=epoch + 1, bad_epochs=0)
+            state.best_score, state.best_epoch, state.bad_epochs = score, epoch + 1, 0
             if acc.is_main_process:
                 save_model_state(acc.unwrap_model(model), ckpt_dir / "best")
         elif finished_epoch:
-            state["bad_epochs"] += 1
-        state["history"].append(row)
+            state.bad_epochs += 1
+        state.history.append(row)
         acc.print(f"{desc} epoch {row['epoch']:.2f}: " + " ".join(f"{k}={v:.4f}" for k, v in row.items()
                                                                  if isinstance(v, float) and k != "epoch")
-                  + f" lr={state['lrs'][-1]:.2e}" + note)
+                  + f" lr={state.lrs[-1]:.2e}" + note)
         if finished_epoch:
-            state["epoch"], state["batch"] = epoch + 1, 0
+            state.epoch, state.batch = epoch + 1, 0
         if acc.is_main_process:
-            save_checkpoint(ckpt_dir / "last", acc.unwrap_model(model), optimizer, scheduler, state)
+            save_checkpoint(ckpt_dir / "last", acc.unwrap_model(model), optimizer, scheduler, state.to_json())
         acc.wait_for_everyone()
-        if cfg.patience > 0 and state["bad_epochs"] >= cfg.patience:
+        if cfg.patience > 0 and state.bad_epochs >= cfg.patience:
             stopped = "patience"
         elif stopped == "epochs" and over_budget():
             stopped = "max_minutes"
@@ -362,13 +359,13 @@ def fit_causal_lm(
         load_model_state(best, ckpt_dir / "best")
     best.eval()
     result = FitResult(
-        epochs=state["epoch"], steps=state["step"], best_epoch=state["best_epoch"],
-        best_score=state["best_score"], score_name=score_name, stopped=stopped,
+        epochs=state.epoch, steps=state.step, best_epoch=state.best_epoch,
+        best_score=state.best_score, score_name=score_name, stopped=stopped,
         seconds=time.monotonic() - start,
-        train_tokens_per_s=state["train_tokens"] / max(state["train_seconds"], 1e-9),
-        history=state["history"], schedule_epochs=schedule_epochs, budget_plan=budget_plan,
-        selection=_selection(state["scores"], cfg.select) if state["scores"] else [],
-        lrs=list(state.get("lrs", [])),
+        train_tokens_per_s=state.train_tokens / max(state.train_seconds, 1e-9),
+        history=state.history, schedule_epochs=schedule_epochs, budget_plan=budget_plan,
+        selection=_selection(state.scores, cfg.select) if state.scores else [],
+        lrs=list(state.lrs),
     )
     return best, result
 

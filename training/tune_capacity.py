@@ -2,14 +2,14 @@
 
     recsvc tune capacity --data DATA --ids IDS/semantic_ids.json --out DIR --presets small,base --epochs 10
 
-Each preset of ``--presets`` is trained by the recipe's own ``recsvc build`` (the paper protocol: fitted on the
-train period; its epoch chosen on every validation user by ``--select within-se``), with the same ids, schedule,
-batch, dense head and seed: only the model's size differs. Each later preset is then ranked on validation beside
-the first, the reference (``recsvc eval --against``: the same users, history rule and metric code, paired per user
-with a 95% bootstrap interval; the model alone: no prior, no fresh slots), with SASRec fitted on the same train
-period beside them. A preset replaces the reference only when its NDCG@10 interval against it lies above 1; the
-report names that choice, and the recipe's refit and tunings are then run with it (``make beauty-target
-PRESET=...``).
+Each preset of ``--presets`` is trained by the served recipe's target stage (training/recipe; the paper protocol:
+fitted on the train period; its epoch chosen on every validation user by ``--select within-se``), with the same
+ids, schedule, batch, dense head and seed: only the model's size differs. Each later preset is then ranked on
+validation beside the first, the reference (``recsvc eval --against``: the same users, history rule and metric
+code, paired per user with a 95% bootstrap interval; the model alone: no prior, no fresh slots), with SASRec fitted
+on the same train period beside them. A preset replaces the reference only when its NDCG@10 interval against it
+lies above 1; the report names that choice, and the recipe's refit and tunings are then run with it (``make
+beauty-target PRESET=...``).
 
 Each preset gets the same training budget, ``--preset-minutes``, fitted as the recipe fits its own
 (``--max-minutes --fit-budget``: a few timed steps size the schedule to the epochs that fit, at most ``--epochs``),
@@ -24,6 +24,7 @@ anywhere, the tests use the tiny presets on a CPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -31,6 +32,9 @@ from typing import Any
 
 from recsvc.cli.main import run_command
 from recsvc.errors import UserError
+from training.recipe.recipes import SERVED, stage
+from training.recipe.runner import run_stage
+from training.recipe.stages import RecipePaths, Target
 
 EVAL_RESERVE_MINUTES = 1.5  # kept back from a build's training cap for its validation ranking
 
@@ -73,6 +77,16 @@ def _presets(text: str) -> list[str]:
     return presets
 
 
+def capacity_target(args: argparse.Namespace, preset: str, minutes: float) -> Target:
+    """The served recipe's target stage at ``preset`` under the paper protocol (fitted on the train period, no
+    refit), with the sweep's schedule, batch, learning rate, dense head, seed and ``minutes`` of budget."""
+    served = stage(SERVED, "target")
+    assert isinstance(served, Target)
+    return dataclasses.replace(served, preset=preset, protocol="paper", refit=None, refit_epochs=None,
+                               epochs=args.epochs, seed=args.seed, dense_head=args.dense_head, max_minutes=minutes,
+                               fit_budget=True, batch_size=args.batch_size, lr=args.lr, threads=args.threads)
+
+
 def trained(bundle: Path) -> dict[str, Any]:
     """What the build of one preset recorded: parameters, epochs run, the chosen epoch and its validation score."""
     info = json.loads((bundle / "target" / "training.json").read_text())
@@ -113,7 +127,6 @@ def cmd_tune_capacity(args: argparse.Namespace) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     json_path = args.json_path or out / "capacity.json"
-    thr = ["--threads", str(args.threads)] if args.threads else []
     report: dict[str, Any] = {"data": str(args.data), "ids": str(args.ids), "presets": presets, "reference": presets[0],
                               "epochs": args.epochs, "preset_minutes": args.preset_minutes,
                               "batch_size": args.batch_size, "lr": args.lr, "dense_head": args.dense_head,
@@ -133,15 +146,8 @@ def cmd_tune_capacity(args: argparse.Namespace) -> int:
                 report["skipped"].append(preset)
                 continue
             t0 = time.perf_counter()
-            run_command("build", ["--data", str(args.data), "--out", str(bundle), "--ids", str(args.ids),
-                                 "--stages", "ids,tokenizer,target", "--preset", preset, "--prompt", "compact",
-                                 "--window-stride", "5", "--protocol", "paper", "--epochs", str(args.epochs),
-                                 "--seed", str(args.seed),
-                                 "--dense-head", str(args.dense_head),
-                                 "--fit-budget", "--max-minutes",
-                                 f"{max(min(args.preset_minutes, left() - EVAL_RESERVE_MINUTES), 0.5):.2f}",
-                                 *(["--batch-size", str(args.batch_size)] if args.batch_size else []),
-                                 *(["--lr", str(args.lr)] if args.lr else []), *thr])
+            minutes = max(min(args.preset_minutes, left() - EVAL_RESERVE_MINUTES), 0.5)
+            run_stage(capacity_target(args, preset, round(minutes, 2)), RecipePaths(args.data, bundle, args.ids))
             report["builds"][preset] = {"build_minutes": round((time.perf_counter() - t0) / 60, 2)}
         report["builds"].setdefault(preset, {}).update(trained(bundle))
         save()

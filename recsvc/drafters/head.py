@@ -49,7 +49,7 @@ class HeadDraftSession:
         self.graphs_for = graphs_for  # capture? -> the drafter's graphs of a round's drafting (sync-free targets)
         # every drafted node's parent is a root or a node drafted one depth above (beam search over the trie);
         # the opener's first round must promise the same for the verification to feed its bound
-        self.closed_tree = opener is None or bool(getattr(opener, "closed_tree", False))
+        self.closed_tree = opener is None or opener.closed_tree
 
     def _roots(self, roots: torch.Tensor, target: TargetState
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
@@ -57,7 +57,7 @@ class HeadDraftSession:
         state there [R, Kc, S], next-code log-probs at the roots [R, Kc, C], whether those are all the target's
         own (no root was stepped from its parent))."""
         h, logp, from_parent = self._root_inputs(roots, target)
-        read = not target.sync_free  # sync-free: step every root and keep the stepped ones (no host read)
+        read = not target.plan.sync_free  # sync-free: step every root and keep the stepped ones (no host read)
         any_parent = bool(from_parent.any()) if read else True
         self.head_steps += any_parent
         state, logp = self._root_state(roots, h, logp, from_parent, any_parent, read)
@@ -113,16 +113,16 @@ class HeadDraftSession:
         g = depths if depths is not None else (int(steps.max()) if len(steps) else 0)
         if g == 0:
             return []
-        first = (not bool(target.cached(roots[:, :1]).all())) if not target.sync_free else not target.prefilled
+        first = (not bool(target.cached(roots[:, :1]).all())) if not target.plan.sync_free else not target.prefilled
         if self.opener is not None and first:
             # the first round: the opener's drafts ride along with the prompt prefill in one forward
             return self.opener.propose(roots, root_scores, steps, width, target)
-        if target.sync_free:  # the target's part eagerly, then the whole drafting as one function (a CUDA graph)
+        if target.plan.sync_free:  # the target's part eagerly, then the whole drafting as one function (a CUDA graph)
             h, logp, from_parent = self._root_inputs(roots, target)
             self.head_steps += g  # the root step and g - 1 depth steps
             fn = partial(self._draft_round, g, width)
             inputs = (roots, root_scores, steps, h, logp, from_parent, self.dead, self.prior)
-            graphs = self.graphs_for(target.model.captures) if self.graphs_for is not None else None
+            graphs = self.graphs_for(target.plan.capture) if self.graphs_for is not None else None
             return list(graphs.run(("head draft", g, width), fn, inputs) if graphs is not None else fn(*inputs))
         h, state, logp, exact = self._roots(roots, target)
         return self._depths(g, width, exact, roots, root_scores, steps, h, state, logp, self.dead, self.prior,

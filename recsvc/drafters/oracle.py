@@ -18,6 +18,7 @@ from tokenizer_rqvae.trie import CatalogTrie
 
 class OracleDraftSession:
     calls = 0
+    closed_tree = False  # its drafts need not hold their parents (the verification reads the tree's size)
 
     def __init__(self, beams: list[torch.Tensor], node_depth: torch.Tensor) -> None:
         self.beams = torch.stack(beams, 1)  # [B, L, K]: the target's beams after depth 1..L

@@ -50,6 +50,7 @@ class RetrievalDatastore:
 
 class RetrievalDraftSession:
     calls = 0
+    closed_tree = False  # its drafts need not hold their parents (the verification reads the tree's size)
 
     def __init__(self, trie: CatalogTrie, cands: list[list[tuple[int, float]]]) -> None:
         self.trie = trie

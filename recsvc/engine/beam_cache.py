@@ -29,7 +29,7 @@ class BeamCache:
         self.model, self.trie, self.code_offset, self.prompts = model, trie, code_offset, prompts
         self.cache = model.new_cache()
         # the fast forward's prefill (recsvc.engine.prefill), with the user-state cache when one is given
-        self.fast_prefill = Prefill(model, self.cache, prompts, states, count=count) if model.is_fast else None
+        self.fast_prefill = Prefill(model, self.cache, prompts, states, count=count) if model.plan.fast else None
         self.fp32 = model.fp32
         self._lengths: list[int] | None = None  # read on first use (``lengths``)
         self.path: torch.Tensor | None = None  # [B, K, d] cache slots of each beam's path (depth 1..d)
@@ -75,7 +75,7 @@ class BeamCache:
         if kept is not None:
             self.path, self.width = path, width
             return kept
-        if self.model.is_fast:  # the step's mask built directly (the same mask ``tree_mask`` builds from groups)
+        if self.model.plan.fast:  # the step's mask built directly (the same mask ``tree_mask`` builds from groups)
             slots, visible = self._mask(path)
             hidden = self.model.forward_masked(self.cache, ids, positions, slots, visible)  # [B, K, H]
         else:

@@ -78,9 +78,9 @@ class BeamSearch:
         """With a sync-free forward, a step's LM head, trie expansion and selection run as one function of its
         tensors (``_head_select``): captured as a CUDA graph per (rows, beams, step, width) under ``graphs`` on a
         GPU, eager elsewhere. Per search object, since the graphs read this trie's tables. None otherwise."""
-        if not self.model.sync_free or self.model.scoring() is not None:
+        if not self.model.plan.step_graphs:
             return None
-        capture = self.model.captures
+        capture = self.model.plan.capture
         if self._steps is None or self._steps.capture != capture:
             self._steps = FunctionGraphs(capture=capture)
         return self._steps
@@ -109,8 +109,9 @@ class BeamSearch:
         levels = self.trie.levels
         graphs = self.step_graphs()
         prompt_hidden: torch.Tensor | None = None
-        bounded = (top is not None and 0 < top < width and levels > 1 and self.model.is_fast and not cache.keeps_steps
-                   and not self.model.sync_free)  # its stopping test reads the device: sync-free runs the full step
+        plan = self.model.plan  # its stopping test reads the device: sync-free runs the full step
+        bounded = (top is not None and 0 < top < width and levels > 1 and plan.fast and not cache.keeps_steps
+                   and not plan.sync_free)
         for step in range(levels):
             if bounded and step == levels - 1:
                 with ledger.phase("last"):

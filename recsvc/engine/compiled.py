@@ -18,11 +18,12 @@ Cost: each graph compiles on its first call (10-20 s each on one CPU core; ``rec
 pays it at start-up in ``BundleRecommender.warm_up``), and the compiler needs a C++ toolchain (``g++``). CPU
 only (fp32 and bf16 models), like the fast forward it compiles.
 
-Numerics: the same arithmetic as ``FastLlama.forward``; inductor's fused loops and its packed matmuls sum in
-their own order, so bits differ from the uncompiled path by float rounding, the tolerance the fast path already
-documents (tested: the same items as the fast forward with scores within 1e-4, strict speculation == plain beam
-search, and the user-state cache's outputs identical with and without it). A row's result does not depend on
-the other rows of its call (what the bounded last step and the user-state cache rely on): tested.
+Numerics: the same arithmetic as ``FastLlama.forward`` (the one layer, ``recsvc.engine.layer.slot_layer``);
+inductor's fused loops and its packed matmuls sum in their own order, so bits differ from the uncompiled path by
+float rounding, the tolerance the fast path already documents (tested: the same items as the fast forward with
+scores within 1e-4, strict speculation == plain beam search, and the user-state cache's outputs identical with
+and without it). A row's result does not depend on the other rows of its call (what the bounded last step and
+the user-state cache rely on): tested.
 
 Shapes: B requests, q new tokens, S cache width after the call, C cache capacity, H hidden, h heads,
 h_kv kv heads, d head dim, I intermediate size.
@@ -40,7 +41,8 @@ import torch.nn.functional as F
 from torch._inductor import config as inductor_config
 from torch.export import Dim
 
-from recsvc.engine.fast import FastLlama, _Linear, _rotary, attention
+from recsvc.engine.fast import FastLlama
+from recsvc.engine.layer import LayerShape, LayerWeights, slot_layer, weight_of
 from recsvc.errors import UserError
 
 
@@ -230,24 +232,28 @@ def _frozen(t: torch.Tensor) -> torch.nn.Parameter:
 
 
 class CompiledLayers(torch.nn.Module):
-    """LLaMA decoder layers + the final norm over a caller-owned KV cache (``recsvc.engine.fast.FastCache``'s
-    buffers), as ``FastLlama.forward`` computes them, on that forward's fused weights (compiled by
-    ``ExportedGraphs``; ``compiled_layers`` builds both)."""
+    """The decoder layers (``recsvc.engine.layer.slot_layer``, the one layer) + the final norm over a
+    caller-owned KV cache (``recsvc.engine.fast.FastCache``'s buffers), as ``FastLlama.forward`` runs them, on that
+    forward's fused weights as constants of the module (compiled by ``ExportedGraphs``; ``compiled_layers`` builds
+    both)."""
 
     def __init__(self, fast: FastLlama) -> None:
         super().__init__()
-        self.h, self.hkv, self.d = int(fast.heads), int(fast.kv_heads), int(fast.head_dim)
-        self.inter, self.hidden = int(fast.intermediate), int(fast.hidden_shape[0])
-        self.scaling = float(fast.scaling)
-        self.eps = [float(layer[1]) for layer in fast.layers]
-        self.eps2 = [float(layer[5]) for layer in fast.layers]
+        self.shape: LayerShape = fast.shape
+        self.h, self.hkv, self.d = fast.shape.heads, fast.shape.kv_heads, fast.shape.head_dim
+        self.hidden = fast.shape.hidden
+        self.eps = [float(w.eps1) for w in fast.layers]
+        self.eps2 = [float(w.eps2) for w in fast.layers]
         self.norm_eps = float(fast.norm_eps)
 
-        def weights(i: int) -> torch.nn.ParameterList:  # the i-th entry of every layer's tuple
-            return torch.nn.ParameterList([_frozen(_weight(layer[i])) for layer in fast.layers])
+        def weights(field: str) -> torch.nn.ParameterList:  # one projection / norm of every layer
+            return torch.nn.ParameterList([_frozen(weight_of(getattr(w, field))) for w in fast.layers])
 
-        self.n1, self.qkv, self.o = weights(0), weights(2), weights(3)
-        self.n2, self.gate_up, self.down = weights(4), weights(6), weights(7)
+        self.n1, self.qkv, self.o = weights("norm1"), weights("qkv"), weights("o")
+        self.n2, self.gate_up, self.down = weights("norm2"), weights("gate_up"), weights("down")
+        last = fast.layers[-1] if fast.layers else None  # the last layer's q and k / v apart (``keep``)
+        self.last_q = _frozen(weight_of(last.q)) if last is not None and last.q is not None else None
+        self.last_kv = _frozen(weight_of(last.kv)) if last is not None and last.kv is not None else None
         self.norm = _frozen(fast.norm)
         self.eval()
 
@@ -262,42 +268,16 @@ class CompiledLayers(torch.nn.Module):
         values: list[torch.Tensor],  # per layer [B, h_kv, C, d]
         keep: torch.Tensor | None = None,  # [B, r] the tokens whose outputs are wanted (the last layer's pruning)
     ) -> torch.Tensor:  # [B, q, H] (or [B, r, H] with ``keep``) after the final norm
-        b, q, _ = hidden.shape
-        h, hkv, d, half = self.h, self.hkv, self.d, self.d // 2
-        nq, nv = h * d, hkv * d
-        width = visible.shape[2]
-        rows = torch.arange(b, device=hidden.device)[:, None].expand(b, q)
-        mask = visible[:, None]  # [B, 1, q, S]
         last = len(self.qkv) - 1
         for i in range(len(self.qkv)):
-            x = F.rms_norm(hidden, (self.hidden,), self.n1[i], self.eps[i])
-            out = F.linear(x, self.qkv[i])  # [B, q, (h + 2 h_kv) d]
-            k = _rotary(out[..., nq:nq + nv].view(b, q, hkv, d), cos, sin, half)
-            keys[i].transpose(1, 2)[rows, slots] = k
-            values[i].transpose(1, 2)[rows, slots] = out[..., nq + nv:].view(b, q, hkv, d)
-            query = _rotary(out[..., :nq].view(b, q, h, d), cos, sin, half)  # [B, q, h, d]
-            if i == last and keep is not None:  # q, attention, o and the MLP for the kept tokens only
-                r = keep.shape[1]
-                hidden = hidden.gather(1, keep[..., None].expand(b, r, hidden.shape[2]))  # [B, r, H]
-                query = query.gather(1, keep[..., None, None].expand(b, r, h, d))
-                mask = visible.gather(1, keep[..., None].expand(b, r, width))[:, None]  # [B, 1, r, S]
-                q = r
-            attn = attention(query.transpose(1, 2), keys[i][:, :, :width], values[i][:, :, :width], mask,
-                             self.scaling, h != hkv)  # [B, h, q, d] (float32 arithmetic for a bf16 model)
-            hidden = hidden + F.linear(attn.transpose(1, 2).reshape(b, q, nq), self.o[i])
-            gu = F.linear(F.rms_norm(hidden, (self.hidden,), self.n2[i], self.eps2[i]), self.gate_up[i])
-            hidden = hidden + F.linear(F.silu(gu[..., :self.inter]) * gu[..., self.inter:], self.down[i])
+            w = LayerWeights(self.n1[i], self.eps[i], self.qkv[i], self.o[i], self.n2[i], self.eps2[i],
+                             self.gate_up[i], self.down[i], self.last_q if i == last else None,
+                             self.last_kv if i == last else None)
+            hidden = slot_layer(self.shape, w, hidden, cos, sin, slots, visible, keys[i], values[i],
+                                keep if i == last else None)
         return F.rms_norm(hidden, (self.hidden,), self.norm, self.norm_eps)
 
 
 def compiled_layers(fast: FastLlama) -> Callable[..., torch.Tensor]:
-    """``FastLlama``'s ``compile_layers``: its layer stack as compiled graphs."""
+    """``FastLlama``'s ``compile_layers`` (the compile-the-stack strategy): its layer stack as compiled graphs."""
     return ExportedGraphs(CompiledLayers(fast))
-
-
-def _weight(t: torch.Tensor | _Linear) -> torch.Tensor:
-    """The weight of a fast-forward linear (``_Linear`` keeps it beside its packed copy), or the tensor itself."""
-    if isinstance(t, _Linear):
-        assert t.weight is not None
-        return t.weight
-    return t

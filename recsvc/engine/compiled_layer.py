@@ -15,88 +15,78 @@ the buckets share a few graphs (dynamo specialises sizes 0 and 1 apart) rather t
 all layers of a model share the compiled code (their weights are arguments). The bucketed forward's warm-up
 runs each bucket twice before capturing it, so compilation and kernel tuning happen before any capture.
 
-Numerics: the same operations as ``FastLlama.run_layers``; inductor's fused loops round in their own order
-(bf16: the tolerance the fast forward documents). The last layer of a prompt prefill (``keep``) stays eager.
+Numerics: the one decoder layer (``recsvc.engine.layer.slot_layer``) compiled; inductor's fused loops round in
+their own order (bf16: the tolerance the fast forward documents). The last layer of a prompt prefill (``keep``)
+stays eager.
 
 Shapes: B requests, q new tokens, S cache width, H hidden, h heads, h_kv kv heads, d head dim, I intermediate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
-from recsvc.engine.fast import _rotary, attention
+from recsvc.engine.layer import LayerShape, LayerWeights, slot_layer, weight_of
 
-
-@dataclass(frozen=True)
-class LayerShape:
-    """What the compiled code specialises on (constants of the graph, not arguments)."""
-
-    hidden: int  # H
-    heads: int  # h
-    kv_heads: int  # h_kv
-    head_dim: int  # d
-    intermediate: int  # I
-    scaling: float
-    eps1: float
-    eps2: float
+if TYPE_CHECKING:
+    from recsvc.engine.fast import FastLlama
 
 
-def layer_function(shape: LayerShape) -> Callable[..., torch.Tensor]:
-    """The decoder layer of ``FastLlama.run_layers`` (no ``keep``) as a plain function of its tensors."""
-    h, hkv, d, inter = shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate
-    nqk, nv, half, gqa = (h + hkv) * d, hkv * d, d // 2, h != hkv
-    norm_shape = (shape.hidden,)
+def layer_function(shape: LayerShape, eps1: float, eps2: float):
+    """``recsvc.engine.layer.slot_layer`` (no ``keep``) as a plain function of its tensors, the weights included
+    (all layers share it; the norms' epsilons are constants of the graph)."""
 
     def layer(
         hidden: torch.Tensor,  # [B, q, H]
         cos: torch.Tensor,  # [B, q, 1, d]
         sin: torch.Tensor,  # [B, q, 1, d]
         slots: torch.Tensor,  # [B, q] where the new keys / values go
-        mask: torch.Tensor,  # [B, 1, q, S] bool
+        visible: torch.Tensor,  # [B, q, S] bool
         keys: torch.Tensor,  # [B, h_kv, S, d] written in place
         values: torch.Tensor,  # [B, h_kv, S, d] written in place
         n1: torch.Tensor, qkv: torch.Tensor, o: torch.Tensor,  # [H], [(h + 2 h_kv) d, H], [H, h d]
         n2: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,  # [H], [2 I, H], [H, I]
     ) -> torch.Tensor:  # [B, q, H]
-        b, q = hidden.shape[0], hidden.shape[1]
-        rows = torch.arange(b, device=hidden.device)[:, None].expand(b, q)
-        out = F.linear(F.rms_norm(hidden, norm_shape, n1, shape.eps1), qkv)  # [B, q, (h + 2 h_kv) d]
-        qk = _rotary(out[..., :nqk].view(b, q, h + hkv, d), cos, sin, half)
-        keys.transpose(1, 2)[rows, slots] = qk[:, :, h:]
-        values.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
-        query = qk[:, :, :h].transpose(1, 2)  # [B, h, q, d]
-        attn = attention(query, keys, values, mask, shape.scaling, gqa)  # [B, h, q, d]
-        hidden = hidden + F.linear(attn.transpose(1, 2).reshape(b, q, h * d), o)
-        gu = F.linear(F.rms_norm(hidden, norm_shape, n2, shape.eps2), gate_up)  # [B, q, 2 I]
-        return hidden + F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], down)
+        w = LayerWeights(n1, eps1, qkv, o, n2, eps2, gate_up, down)
+        return slot_layer(shape, w, hidden, cos, sin, slots, visible, keys, values)
 
     return layer
 
 
 class CompiledLayer:
     """``layer_function`` under ``torch.compile`` (dynamic sizes, one graph, no CUDA graphs of its own: the
-    bucketed forward captures). ``failed`` holds the reason when compilation failed: the caller then runs its
-    eager loop (``FastLlama.run_layers``), so a machine without a working compiler still serves."""
+    bucketed forward captures). ``failed`` holds the reason when compilation failed: the caller then runs the
+    eager layer, so a machine without a working compiler still serves."""
 
-    def __init__(self, shape: LayerShape) -> None:
+    def __init__(self, shape: LayerShape, eps1: float, eps2: float) -> None:
         self.shape = shape
-        self.fn = torch.compile(layer_function(shape), dynamic=True, fullgraph=True)
+        self.fn = torch.compile(layer_function(shape, eps1, eps2), dynamic=True, fullgraph=True)
         self.failed = ""
         self.calls = 0
 
-    def __call__(self, *args: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, w: LayerWeights, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 slots: torch.Tensor, visible: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
+                 ) -> torch.Tensor | None:
         """The layer's output, or None when compilation failed (now or before)."""
         if self.failed:
             return None
         try:
-            out = self.fn(*args)
-        except Exception as exc:  # a missing toolchain / an unsupported op: recorded, the eager loop serves
+            out = self.fn(hidden, cos, sin, slots, visible, keys, values, w.norm1, weight_of(w.qkv), weight_of(w.o),
+                          w.norm2, weight_of(w.gate_up), weight_of(w.down))
+        except Exception as exc:  # a missing toolchain / an unsupported op: recorded, the eager layer serves
             self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
             return None
         self.calls += 1
         return out
+
+
+def compiled_layer(fast: FastLlama) -> CompiledLayer | None:
+    """The compile-each-layer strategy for ``fast`` (``FastLlama``'s ``compile_layer``): one compiled layer
+    function for all its layers, or None when their norms' epsilons differ."""
+    eps = {(float(w.eps1), float(w.eps2)) for w in fast.layers}
+    if len(eps) != 1:
+        return None
+    e1, e2 = eps.pop()
+    return CompiledLayer(fast.shape, e1, e2)

@@ -1,6 +1,8 @@
 """One engine-side object per model the engine runs (the target, a LLaMA drafter): ``EngineModel``.
 
-It holds the transformers model, its attention mode ("exact" | "fp32", see ``recsvc.engine.attention``) and
+It holds the transformers model, its forward plan (``recsvc.engine.plan.ForwardPlan``, resolved once from the
+flags: attention mode, which forward, static shapes, capture, compile; the searches read its fields), the
+forwards the plan runs (the fast forward per compile strategy, the bucketed forward over it) and
 its lean forward (``recsvc.engine.lean.LeanLlama``: fused / pre-packed weights and the prompt-header prefix
 cache, rebuilt when the parameters' version counters change), and it is the one primitive every
 target / drafter call goes through: ``forward(cache, ids, positions, tree)`` over new tokens with an explicit
@@ -26,77 +28,69 @@ from transformers import DynamicCache, PreTrainedModel
 from recsvc.engine.attention import ATTENTION_MODES, TreeGroups, use_tree_attention
 from recsvc.engine.buckets import BucketedForward, StaticCache
 from recsvc.engine.compiled import compiled_layers, require_compiler
+from recsvc.engine.compiled_layer import compiled_layer
 from recsvc.engine.compiled_scoring import ExportedScoring
-from recsvc.engine.cuda_graphs import GraphRunner, cuda_graphs_available
+from recsvc.engine.cuda_graphs import GraphRunner
 from recsvc.engine.fast import FastCache, FastLlama
 from recsvc.engine.lean import LeanCache, LeanLlama
 from recsvc.engine.ledger import ForwardLedger
-
-FORWARDS = ("auto", "fast", "compiled", "lean", "bucketed", "graphs", "compiled-graphs")
-# the fast forward at bucketed shapes over a static KV cache (recsvc.engine.buckets)
-STATIC = ("bucketed", "graphs", "compiled-graphs")
+from recsvc.engine.plan import ForwardPlan, resolve
 
 
 class EngineModel:
-    def __init__(self, model: PreTrainedModel, attention: str, forward: str = "auto") -> None:
-        """Use ``EngineModel.build`` (it switches the model to tree attention first)."""
+    def __init__(self, model: PreTrainedModel, plan: ForwardPlan) -> None:
+        """Use ``EngineModel.build`` (it switches the model to tree attention and resolves the plan first)."""
         self.model = model
-        self.attention = attention
         self._lean_supported = LeanLlama.supported(model)
         self._lean: LeanLlama | None = None
-        # "fast" (recsvc.engine.fast: few ops per layer, float-rounding tolerance) serves fp32 / bf16 CPU models
-        # in the "fp32" attention mode; "exact" keeps the bit-identical lean forward; "lean" forces today's path
-        # the fast forward, uncompiled (False) and compiled (True), each with the parameters' version it was built at
-        self._fasts: dict[tuple[bool, bool], tuple[FastLlama, tuple[int, ...]]] = {}
+        # the fast forward per compile strategy, each with the parameters' version it was built at
+        self._fasts: dict[str, tuple[FastLlama, tuple[int, ...]]] = {}
         self.forward_ledger: ForwardLedger | None = None  # benches: every forward's tokens and time
-        self._compiled = False  # the fast forward's layers compiled (forward "compiled")
-        self._layer_compiled = False  # each decoder layer a torch.compile graph (forward "compiled-graphs")
         self._scoring: tuple[FastLlama, ExportedScoring] | None = None  # the compiled forward's step scoring
-        self._static = ""  # "bucketed" | "graphs" | "" (recsvc.engine.buckets / cuda_graphs)
         self._bucketed: BucketedForward | None = None
         self.graph_runner: GraphRunner | None = None
-        self.set_forward(forward)
+        self.plan = plan
+
+    def resolve(self, forward: str, attention: str | None = None) -> ForwardPlan:
+        """The plan ``forward`` (a ``--forward`` value) resolves to for this model (``recsvc.engine.plan``;
+        UserError for a contradiction); ``attention``: None keeps this model's."""
+        dtype_ok = self.model.dtype in (torch.float32, torch.bfloat16)
+        return resolve(forward, attention or self.attention, self.model.device.type, self._lean_supported,
+                       self._lean_supported and dtype_ok)
 
     def set_forward(self, forward: str) -> None:
-        """"fast", "compiled" (the fast forward with its layers compiled by inductor: ``recsvc.engine.compiled``),
-        "lean" (today's bit-identical path), "auto" (fast for fp32 / bf16 models on a CPU in "fp32" attention;
-        "graphs" on a CUDA GPU, where the launches set a request's time: docs/GPU.md),
-        "bucketed" (the fast forward at bucketed, padded shapes over a static KV cache: ``recsvc.engine.buckets``;
-        any device) or "graphs" (the same, each bucket a CUDA graph: ``recsvc.engine.cuda_graphs``; on a CUDA
-        device, elsewhere "bucketed") or "compiled-graphs" (the same with each decoder layer compiled by
-        ``torch.compile``: ``recsvc.engine.compiled_layer``). "fast" is accepted on a GPU too (eager)."""
-        if forward not in FORWARDS:
-            raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
-        if forward == "auto" and self.attention == "fp32" and cuda_graphs_available(self.model.device):
-            forward = "graphs"
-        static = forward in STATIC and self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
-        fast = static or (self._lean_supported and self.model.dtype in (torch.float32, torch.bfloat16)
-                          and (self.model.device.type == "cpu" or forward == "fast")
-                          and (forward in ("fast", "compiled") or forward == "auto" and self.attention == "fp32"))
-        if fast and forward == "compiled":
+        """Run ``forward`` (a ``--forward`` value, resolved for this model and its attention) from now on; builds
+        are kept per strategy, so switching back costs nothing (benches compare forwards in one process)."""
+        plan = self.resolve(forward)
+        if plan.compile == "stack":
             require_compiler()  # before anything changes
-        self._fast_wanted, self._compiled = fast, fast and forward == "compiled"
-        # "graphs" captures on CUDA only; elsewhere it is the bucketed path, uncaptured
-        captured = forward in ("graphs", "compiled-graphs") and cuda_graphs_available(self.model.device)
-        self._static = ("graphs" if captured else "bucketed") if static else ""
-        self._layer_compiled = static and forward == "compiled-graphs"
+        self.plan = plan
         self._bucketed = None
 
     @classmethod
     def build(cls, model: PreTrainedModel, attention: str = "exact", forward: str = "auto") -> EngineModel:
-        """The factory: switch ``model`` to tree attention and wrap it. ``attention``: "exact" (the engine
-        reproduces ``generate`` bit for bit) or "fp32" (split fp32 attention of the generated tokens, faster on
-        CPUs); see ``recsvc.engine.attention``."""
+        """The factory: switch ``model`` to tree attention and wrap it, its forward plan resolved from
+        ``attention`` ("exact": the engine reproduces ``generate`` bit for bit; "fp32": split fp32 attention of
+        the generated tokens, faster on CPUs; see ``recsvc.engine.attention``) and ``forward`` (a ``--forward``
+        value: ``recsvc.engine.plan.FORWARDS``)."""
         if attention not in ATTENTION_MODES:
             raise ValueError(f"attention mode must be one of {ATTENTION_MODES}, got {attention!r}")
         use_tree_attention(model)
-        return cls(model, attention, forward)
+        engine = cls(model, resolve("auto", attention, model.device.type, False, False))
+        engine.set_forward(forward)
+        return engine
 
     # ---- what the caches and searches read -------------------------------------------------------------------
     @property
     def fp32(self) -> bool:
         """The generated tokens' attention runs split, in fp32 (``TreeGroups.split``)."""
-        return self.attention == "fp32"
+        return self.plan.attention == "fp32"
+
+    @property
+    def attention(self) -> str:
+        """"exact" | "fp32" (``recsvc.engine.attention``), as the plan says; ``forward_name``: what the plan is
+        called (reports and bench JSON; nothing branches on it)."""
+        return self.plan.attention
 
     @property
     def config(self):
@@ -119,6 +113,10 @@ class EngineModel:
         """Rows of the LM head (the full vocabulary the code log-probs are normalised over)."""
         return int(self.model.get_output_embeddings().weight.shape[0])
 
+    @property
+    def forward_name(self) -> str:
+        return self.plan.name
+
     def lean(self) -> LeanLlama | None:
         """The lean forward, up to date with the parameters (rebuilt after they change in place: training
         between validations), or None for models it does not support (transformers' forward then)."""
@@ -128,27 +126,25 @@ class EngineModel:
             self._lean = LeanLlama(self.model)
         return self._lean
 
-    @property
-    def is_fast(self) -> bool:
-        """The fast forward serves this model (callers then build ``visible`` masks: ``forward_masked``)."""
-        return self._fast_wanted
-
     def fast(self) -> FastLlama:
-        """The fast forward, rebuilt when the parameters changed in place (training between validations)."""
+        """The fast forward with the plan's compile strategy, rebuilt when the parameters changed in place
+        (training between validations)."""
         lean = self.lean()  # rebuilt when stale: its recorded version is the parameters' current one
-        assert lean is not None and self._fast_wanted
+        assert lean is not None and self.plan.fast
         version = lean.built_version
-        key = (self._compiled, self._layer_compiled)
-        built = self._fasts.get(key)
+        strategy = self.plan.compile
+        built = self._fasts.get(strategy)
         if built is None or built[1] != version:
-            built = self._fasts[key] = (
-                FastLlama(self.model, compiled_layers if self._compiled else None, self._layer_compiled), version)
+            built = self._fasts[strategy] = (
+                FastLlama(self.model, compiled_layers if strategy == "stack" else None,
+                          compiled_layer if strategy == "layer" else None), version)
         return built[0]
 
     def scoring(self) -> ExportedScoring | None:
         """The compiled forward's decode-step scoring graph (``recsvc.engine.compiled_scoring``: LM head +
-        candidate scores, the eager path's bits), built beside its fast forward; None for the other forwards."""
-        if not self._compiled:
+        candidate scores, the eager path's bits), built beside its fast forward; None unless the plan's
+        ``compiled_scoring``."""
+        if not self.plan.compiled_scoring:
             return None
         fast = self.fast()
         if self._scoring is None or self._scoring[0] is not fast:
@@ -157,47 +153,30 @@ class EngineModel:
             self._scoring = (fast, ExportedScoring(head, head.weight))
         return self._scoring[1]
 
-    @property
-    def sync_free(self) -> bool:
-        """Searches avoid host reads where a static bound does instead (the bucketed / graph forwards: a
-        verification fed at its bound, no cache compaction, the replay's fixed depth count)."""
-        return bool(self._static)
-
     def bucketed(self) -> BucketedForward | None:
-        """The bucketed forward over the current fast forward (with CUDA graphs for "graphs"), or None."""
-        if not self._static:
+        """The bucketed forward over the current fast forward (its buckets CUDA graphs when the plan
+        captures), or None for a plan without static shapes."""
+        if not self.plan.static:
             return None
         fast = self.fast()
+        capture = self.plan.capture
         if self._bucketed is None or self._bucketed.fast is not fast:
-            if self._static == "graphs" and self.graph_runner is None:
+            if capture and self.graph_runner is None:
                 self.graph_runner = GraphRunner()
-            self._bucketed = BucketedForward(fast, runner=self.graph_runner if self._static == "graphs" else None)
+            self._bucketed = BucketedForward(fast, runner=self.graph_runner if capture else None)
         return self._bucketed
-
-    @property
-    def captures(self) -> bool:
-        """Forwards and plain steps are replayed from CUDA graphs ("graphs" / "compiled-graphs" on CUDA)."""
-        return self._static == "graphs"
-
-    @property
-    def forward_name(self) -> str:
-        if self._static:
-            return f"compiled-{self._static}" if self._layer_compiled else self._static
-        if self._fast_wanted:
-            return "compiled" if self._compiled else "fast"
-        return "lean" if self._lean_supported else "transformers"
 
     # ---- the primitive ---------------------------------------------------------------------------------------
     def new_cache(self) -> DynamicCache | LeanCache | FastCache:
-        """An empty KV cache for ``forward``: a FastCache (fast forward), a LeanCache when the lean forward
-        applies, else transformers'."""
-        if self._static:
+        """An empty KV cache for ``forward``: a StaticCache (static shapes), a FastCache (fast forward), a
+        LeanCache (lean forward), else transformers'."""
+        if self.plan.static:
             bucketed = self.bucketed()
             assert bucketed is not None
             return bucketed.new_cache()
-        if self._fast_wanted:
+        if self.plan.fast:
             return self.fast().new_cache()
-        lean = self.lean()
+        lean = self.lean() if self.plan.kernel == "lean" else None
         return lean.new_cache() if lean is not None else DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
@@ -235,7 +214,7 @@ class EngineModel:
         visible: torch.Tensor,  # [B, q, S] bool: the slots each token attends (itself included)
         keep: torch.Tensor | None = None,  # [B, r] the tokens whose hidden states are wanted (None: all)
     ) -> torch.Tensor:  # [B, q, H]; [B, r, H] with ``keep``
-        """The fast forward's primitive (``is_fast``): explicit slots and one visibility mask for all layers."""
+        """The fast forward's primitive (``plan.fast``): explicit slots and one visibility mask for all layers."""
         if self.forward_ledger is not None:
             with self.forward_ledger.forward(input_ids.numel()):
                 return self._fast_forward(cache, input_ids, position_ids, slots, visible, keep)
@@ -261,10 +240,10 @@ class EngineModel:
 
         The LM head runs only on the rows that need a next-token distribution, never on the prompt."""
         cols = code_offset + level[:, None] * codebook_size + torch.arange(codebook_size, device=hidden.device)
-        if self._fast_wanted:
+        if self.plan.fast:
             head = self.fast().lm_head
         else:
-            lean = self.lean()
+            lean = self.lean() if self.plan.kernel == "lean" else None
             head = lean.lm_head if lean is not None else self.model.get_output_embeddings()
         logits = head(hidden).float()  # [M, V]
         return torch.log_softmax(logits, dim=-1).gather(1, cols)

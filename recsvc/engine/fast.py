@@ -22,8 +22,10 @@ in the "fp32" attention mode (``EngineModel`` picks it; the "exact" mode keeps t
   ``F.linear``;
 - attention runs in float32 for a bf16 model too (``attention``: q, k, v upcast, the output rounded once), as
   the lean path's "fp32" attention mode does;
-- with ``layers`` (``EngineModel(forward="compiled")``, ``recsvc.engine.compiled``) the layer loop below is one
-  inductor-compiled graph instead; the embedding, rotary lookup and cache bookkeeping stay here.
+- the layer is ``recsvc.engine.layer.slot_layer`` (the one decoder layer, with slot writes and masked SDPA as its
+  attention); a compile strategy (the forward plan's ``compile``) runs the stack as one inductor graph
+  (``recsvc.engine.compiled``) or each layer as a torch.compile graph (``recsvc.engine.compiled_layer``); the
+  embedding, rotary lookup and cache bookkeeping stay here.
 Tolerance: rotary and the MLP are op for op transformers' (cos / sin read from a table of the rotary module's
 own rows), RMSNorm is ``F.rms_norm`` (fp32: the same bits as transformers' op-by-op norm); the packed matmuls
 and the masked attention sum in another order than ``generate``, so hidden states differ by float rounding
@@ -43,16 +45,17 @@ Shapes: B requests, q new tokens, S cache width (slots), H hidden, h heads, h_kv
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
+from recsvc.engine.layer import LayerShape, LayerWeights, layer_weights, slot_layer
 from recsvc.engine.lean import _Linear as PackedLinear
 
-if TYPE_CHECKING:
-    from recsvc.engine.compiled_layer import CompiledLayer
+# a compiled layer: (weights, hidden, cos, sin, slots, visible, keys, values) -> [B, q, H], or None (not compiled)
+LayerRunner = Callable[[LayerWeights, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                        torch.Tensor, torch.Tensor], torch.Tensor | None]
 
 GROW = 64  # minimum extra slots when a cache grows
 
@@ -177,56 +180,43 @@ class _Linear(PackedLinear):
 class FastLlama:
     def __init__(self, model: LlamaForCausalLM,
                  compile_layers: Callable[[FastLlama], Callable[..., torch.Tensor]] | None = None,
-                 compile_layer: bool = False) -> None:
-        """``compile_layers``: builds the decoder layers as one compiled callable from this forward's fused
-        weights (``recsvc.engine.compiled``), run instead of the per-op loop below; None: the loop. (The LM head
-        stays eager: compiled, its log-softmax over the vocabulary measured slower than ATen's.)
-        ``compile_layer``: each decoder layer of the loop as one ``torch.compile`` graph
-        (``recsvc.engine.compiled_layer``: the bucketed / CUDA-graph forwards' "compiled-graphs")."""
+                 compile_layer: Callable[[FastLlama], LayerRunner | None] | None = None) -> None:
+        """The decoder layers are ``recsvc.engine.layer.slot_layer`` over this forward's fused weights; a compile
+        strategy (``recsvc.engine.plan.ForwardPlan.compile``) changes how they run, never what they compute:
+        ``compile_layers`` builds the whole stack as one compiled callable (``recsvc.engine.compiled``), run
+        instead of the loop below; ``compile_layer`` builds one compiled runner of the layer shared by every
+        layer (``recsvc.engine.compiled_layer``: the bucketed / CUDA-graph forwards' "compiled-graphs"). (The LM
+        head stays eager: compiled, its log-softmax over the vocabulary measured slower than ATen's.)"""
         decoder = model.get_decoder()
         cfg = model.config
+        self.shape = LayerShape.of(model)
         self.rotary = decoder.rotary_emb
         self.embed = decoder.embed_tokens.weight
         self.norm, self.norm_eps = decoder.norm.weight, decoder.norm.variance_epsilon
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.heads, self.kv_heads, self.head_dim = self.shape.heads, self.shape.kv_heads, self.shape.head_dim
         self.dtype, self.device = self.embed.dtype, self.embed.device
-        self.intermediate = cfg.intermediate_size
-        self.layers = []
-        with torch.no_grad():
-            for layer in decoder.layers:
-                a, m = layer.self_attn, layer.mlp
-                self.layers.append((
-                    layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon,
-                    _Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),  # [q | k | v]
-                    _Linear(a.o_proj.weight),
-                    layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon,
-                    _Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-                    _Linear(m.down_proj.weight),
-                ))
-            # the last layer's projections apart, for a prompt prefill that needs only some rows' outputs
-            # (``keep``): k / v of every row, q of the kept rows (the columns of the fused [q | k | v] call;
-            # tests compare the kept rows with the full forward's)
-            a = decoder.layers[-1].self_attn if decoder.layers else None
-            self.last_q = _Linear(a.q_proj.weight) if a is not None else None
-            self.last_kv = _Linear(torch.cat([a.k_proj.weight, a.v_proj.weight])) if a is not None else None
-        self.scaling = decoder.layers[0].self_attn.scaling if decoder.layers else 1.0
+        self.intermediate = self.shape.intermediate
+        # the last layer's projections also apart, for a prompt prefill that needs only some rows' outputs
+        # (``keep``): k / v of every row, q of the kept rows (the columns of the fused [q | k | v] call; tests
+        # compare the kept rows with the full forward's)
+        last = len(decoder.layers) - 1
+        self.layers = [layer_weights(layer, _Linear, split=i == last) for i, layer in enumerate(decoder.layers)]
+        self.scaling = self.shape.scaling
         self.lm_head = _Linear(model.get_output_embeddings().weight)
-        self.hidden_shape = (int(cfg.hidden_size),)
+        self.hidden_shape = (self.shape.hidden,)
         self.rotary_table = _rotary_table(self.rotary, cfg, self.embed)
         self.compiled_layers = compile_layers(self) if compile_layers is not None else None
-        self.compiled_layer = self._compiled_layer() if compile_layer and decoder.layers else None
+        self.compiled_layer = compile_layer(self) if compile_layer is not None and decoder.layers else None
 
-    def _compiled_layer(self) -> CompiledLayer | None:
-        """One compiled layer function for all layers (None when their norms' epsilons differ)."""
-        from recsvc.engine.compiled_layer import CompiledLayer, LayerShape  # it builds on this module's ops
+    @property
+    def last_q(self) -> PackedLinear | None:
+        """The last layer's q projection apart (``keep``)."""
+        return self.layers[-1].q if self.layers else None  # type: ignore[return-value]
 
-        eps = {(float(layer[1]), float(layer[5])) for layer in self.layers}
-        if len(eps) != 1:
-            return None
-        e1, e2 = eps.pop()
-        return CompiledLayer(LayerShape(self.hidden_shape[0], int(self.heads), int(self.kv_heads),
-                                        int(self.head_dim), int(self.intermediate), float(self.scaling), e1, e2))
+    @property
+    def last_kv(self) -> PackedLinear | None:
+        """The last layer's k / v projection apart (``keep``)."""
+        return self.layers[-1].kv if self.layers else None  # type: ignore[return-value]
 
     def _cos_sin(self, hidden: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin [B, q, d] of the positions: rows of the table when it covers them (the same bits as the
@@ -287,61 +277,19 @@ class FastLlama:
     def run_layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
                    visible: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                    keep: torch.Tensor | None) -> torch.Tensor:
-        """The decoder layers and the final norm: hidden [B, q, H], cos / sin [B, q, 1, d]; each new token's
-        key / value is written into ``keys[i]`` / ``values[i]`` ([B, h_kv, S, d]) at its slot, and attention
-        runs over those S slots under ``visible``."""
-        b, q = hidden.shape[:2]
-        h, hkv, d = self.heads, self.kv_heads, self.head_dim
-        nqk, nv, half = (h + hkv) * d, hkv * d, d // 2
-        rows = torch.arange(b, device=hidden.device)[:, None].expand(b, q)
-        mask = visible[:, None]  # [B, 1, q, S]
-        gqa = h != hkv
+        """The decoder layers (``slot_layer``, or its compiled runner) and the final norm: hidden [B, q, H],
+        cos / sin [B, q, 1, d]; each new token's key / value is written into ``keys[i]`` / ``values[i]``
+        ([B, h_kv, S, d]) at its slot, and attention runs over those S slots under ``visible``."""
         last = len(self.layers) - 1
-        for i, ((n1, e1, qkv, o, n2, e2, gate_up, down), k_i, v_i) in enumerate(zip(self.layers, keys, values,
-                                                                                   strict=True)):
-            if self.compiled_layer is not None and not (i == last and keep is not None):
-                out_i = self.compiled_layer(hidden, cos, sin, slots, mask, k_i, v_i, n1, qkv.weight, o.weight, n2,
-                                            gate_up.weight, down.weight)
-                if out_i is not None:  # else compilation failed: the loop below
-                    hidden = out_i
+        for i, (w, k_i, v_i) in enumerate(zip(self.layers, keys, values, strict=True)):
+            kept = keep if i == last else None
+            if self.compiled_layer is not None and kept is None:
+                out = self.compiled_layer(w, hidden, cos, sin, slots, visible, k_i, v_i)
+                if out is not None:  # else compilation failed: the eager layer below
+                    hidden = out
                     continue
-            x = F.rms_norm(hidden, self.hidden_shape, n1, e1)
-            if i == last and keep is not None:  # k / v of every token; the rest for the kept ones
-                assert self.last_q is not None and self.last_kv is not None
-                out = self.last_kv(x)  # [B, q, 2 h_kv d]
-                k_i.transpose(1, 2)[rows, slots] = _rotary(out[..., :nv].view(b, q, hkv, d), cos, sin, half)
-                v_i.transpose(1, 2)[rows, slots] = out[..., nv:].view(b, q, hkv, d)
-                r = keep.shape[1]
-                pick = keep[..., None]  # [B, r, 1]
-                hidden = hidden.gather(1, pick.expand(b, r, hidden.shape[2]))  # [B, r, H]
-                q_rows = self.last_q(x.gather(1, pick.expand(b, r, x.shape[2]))).view(b, r, h, d)
-                q_rows = _rotary(q_rows, cos.gather(1, pick[..., None].expand(b, r, 1, d)),
-                                 sin.gather(1, pick[..., None].expand(b, r, 1, d)), half)
-                mask = visible.gather(1, pick.expand(b, r, visible.shape[2]))[:, None]  # [B, 1, r, S]
-                query, q = q_rows.transpose(1, 2), r  # [B, h, r, d]
-            else:
-                out = qkv(x)  # [B, q, (h + 2 h_kv) d]
-                qk = _rotary(out[..., :nqk].view(b, q, h + hkv, d), cos, sin, half)  # q and k in one go
-                k_i.transpose(1, 2)[rows, slots] = qk[:, :, h:]  # [B, q, h_kv, d] into their slots
-                v_i.transpose(1, 2)[rows, slots] = out[..., nqk:nqk + nv].view(b, q, hkv, d)
-                query = qk[:, :, :h].transpose(1, 2)  # [B, h, q, d]
-            attn = attention(query, k_i, v_i, mask, self.scaling, gqa)  # [B, h, q, d]
-            hidden = hidden + o(attn.transpose(1, 2).reshape(b, q, h * d))  # a new tensor: the input's intact
-            gu = gate_up(F.rms_norm(hidden, self.hidden_shape, n2, e2))  # [B, q, 2 I]
-            hidden += down(F.silu(gu[..., :self.intermediate]).mul_(gu[..., self.intermediate:]))
+            hidden = slot_layer(self.shape, w, hidden, cos, sin, slots, visible, k_i, v_i, kept)
         return F.rms_norm(hidden, self.hidden_shape, self.norm, self.norm_eps)
-
-
-def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float,
-              gqa: bool) -> torch.Tensor:
-    """Masked attention in float32 whatever the model's dtype (a bf16 model's softmax and weighted sums then
-    round once, as the lean path's "fp32" attention mode does); query [B, h, q, d], keys / values
-    [B, h_kv, S, d], mask [B, 1, q, S] -> [B, h, q, d] in the query's dtype."""
-    if query.dtype == torch.float32:
-        return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)
-    out = F.scaled_dot_product_attention(query.float(), keys.float(), values.float(), attn_mask=mask, scale=scale,
-                                         enable_gqa=gqa)
-    return out.to(query.dtype)
 
 
 def _rotary_table(rotary: torch.nn.Module, cfg, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -356,9 +304,3 @@ def _rotary_table(rotary: torch.nn.Module, cfg, like: torch.Tensor) -> tuple[tor
     with torch.inference_mode():
         cos, sin = rotary(like[:1], torch.arange(n, device=like.device)[None])  # [1, P, d]
     return cos[0], sin[0]
-
-
-def _rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, half: int) -> torch.Tensor:
-    """transformers' rotary embedding (elementwise: rotating q and k together or apart gives the same bits);
-    x [B, q, heads, d], cos / sin [B, q, 1, d]."""
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM, PreTrainedModel
 
 from recsvc.engine.attention import TreeGroups, tree_attention
+from recsvc.engine.layer import LayerShape, decoder_layer, exact_rms_norm, layer_weights
 
 
 class _KV:
@@ -117,58 +117,17 @@ class _Linear:
         return self._packed(x.reshape(-1, shape[-1]), self.packed).view(*shape[:-1], -1)
 
 
-@dataclass(frozen=True)
-class _Layer:
-    attn: torch.nn.Module  # the transformers attention module (tree attention reads its GQA settings)
-    norm1: torch.Tensor  # [H]
-    eps1: float
-    qkv: _Linear  # [(h + 2 h_kv) d, H] fused q/k/v projection
-    o: _Linear  # [H, h d]
-    norm2: torch.Tensor  # [H]
-    eps2: float
-    gate_up: _Linear  # [2 I, H] fused gate/up projection
-    down: _Linear  # [H, I]
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, op for op."""
-    dtype = x.dtype
-    x = x.to(torch.float32)
-    variance = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(variance + eps)
-    return weight * x.to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class LeanLlama:
     def __init__(self, model: LlamaForCausalLM) -> None:
         decoder = model.get_decoder()
-        cfg = model.config
         self.model = model
         self.rotary = decoder.rotary_emb
         self.embed = decoder.embed_tokens.weight
         self.norm, self.norm_eps = decoder.norm.weight, decoder.norm.variance_epsilon
-        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.layers = []
-        for layer in decoder.layers:
-            a, m = layer.self_attn, layer.mlp
-            self.layers.append(_Layer(
-                attn=a,
-                norm1=layer.input_layernorm.weight, eps1=layer.input_layernorm.variance_epsilon,
-                qkv=_Linear(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
-                o=_Linear(a.o_proj.weight),
-                norm2=layer.post_attention_layernorm.weight, eps2=layer.post_attention_layernorm.variance_epsilon,
-                gate_up=_Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight])),
-                down=_Linear(m.down_proj.weight),
-            ))
-        self.intermediate = cfg.intermediate_size
+        self.shape = LayerShape.of(model)
+        self.attn = [layer.self_attn for layer in decoder.layers]  # tree attention reads their GQA settings
+        self.layers = [layer_weights(layer, _Linear) for layer in decoder.layers]
         self.lm_head = _Linear(model.get_output_embeddings().weight)
-        self.scaling = self.layers[0].attn.scaling if self.layers else 1.0
         # inference tensors (a copy made under ``torch.inference_mode``) have no version counter and never change
         self._params = [p for p in model.parameters() if not p.is_inference()]
         self.built_version = self.version()  # the parameters' version the fused copies were made from
@@ -251,29 +210,23 @@ class LeanLlama:
         m = n - skip
         hidden = F.embedding(input_ids[:, skip:], self.embed)  # [B, m, H]
         cos, sin = self.rotary(hidden, position_ids)  # [B, n, d] each (the full shape: same values as unskipped)
-        cos, sin = cos[:, None, skip:], sin[:, None, skip:]  # [B, 1, m, d]
-        hd, nq, nkv = self.head_dim, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        for i, layer in enumerate(self.layers):
-            residual = hidden
-            x = _rms_norm(hidden, layer.norm1, layer.eps1)
-            qkv = layer.qkv(x)  # [B, m, (h + 2 h_kv) d]
-            qk = qkv[..., :nq + nkv].view(b, m, -1, hd).transpose(1, 2)  # [B, h + h_kv, m, d]
-            qk = (qk * cos) + (_rotate_half(qk) * sin)  # elementwise: q and k rotated in one go
-            q, k = qk[:, :self.heads], qk[:, self.heads:]  # [B, h, m, d], [B, h_kv, m, d]
-            v = qkv[..., nq + nkv:].view(b, m, -1, hd).transpose(1, 2)
-            if skip:
-                q, k, v = (torch.cat([torch.stack([r[i][j] for r in prefix]), t], 2) for j, t in enumerate((q, k, v)))
-            if capture is not None:
-                capture.append((q, k, v))
-            keys, values = cache.append(i, k, v)
-            attn, _ = tree_attention(layer.attn, q, keys, values, None, scaling=self.scaling, tree=tree)
-            attn = attn[:, skip:].reshape(b, m, -1).contiguous()  # [B, m, h d]
-            hidden = residual + layer.o(attn)
-            residual = hidden
-            x = _rms_norm(hidden, layer.norm2, layer.eps2)
-            gu = layer.gate_up(x)  # [B, m, 2 I]
-            hidden = residual + layer.down(F.silu(gu[..., :self.intermediate]) * gu[..., self.intermediate:])
-        return _rms_norm(hidden, self.norm, self.norm_eps)
+        cos, sin = cos[:, skip:, None], sin[:, skip:, None]  # [B, m, 1, d]
+        for i, w in enumerate(self.layers):
+
+            def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: None, i: int = i
+                       ) -> torch.Tensor:  # [B, m, h, d], [B, m, h_kv, d] x 2 -> [B, m, h d]
+                q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # [B, heads, m, d]
+                if skip:  # the prefix rows' q / k / v join the attention call unchanged
+                    q, k, v = (torch.cat([torch.stack([r[i][j] for r in prefix]), t], 2)
+                               for j, t in enumerate((q, k, v)))
+                if capture is not None:
+                    capture.append((q, k, v))
+                keys, values = cache.append(i, k, v)
+                attn, _ = tree_attention(self.attn[i], q, keys, values, None, scaling=self.shape.scaling, tree=tree)
+                return attn[:, skip:].reshape(b, m, -1).contiguous()
+
+            hidden = decoder_layer(self.shape, w, hidden, cos, sin, attend, exact_rms_norm)
+        return exact_rms_norm(hidden, self.norm, self.norm_eps)
 
 
 MAX_PREFIX_LENGTHS = 64  # prompt lengths whose prefix rows are kept (least recently used dropped)

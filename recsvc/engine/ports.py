@@ -29,6 +29,7 @@ import torch
 
 from recsvc.engine.beam_search import node_logprobs
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.plan import ForwardPlan
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache
 from recsvc.errors import UserError
@@ -49,10 +50,11 @@ class TargetState:
         self._cache = cache
 
     @property
-    def sync_free(self) -> bool:
-        """The target's forwards read nothing from the device (``EngineModel.sync_free``): a drafter then avoids
-        host reads too, computing both sides of a choice rather than asking which one applies."""
-        return self.model.sync_free
+    def plan(self) -> ForwardPlan:
+        """The target's forward plan: with ``sync_free`` its forwards read nothing from the device, and a drafter
+        then avoids host reads too, computing both sides of a choice rather than asking which one applies;
+        with ``capture`` a drafter's fixed-shape work may be captured as CUDA graphs."""
+        return self.model.plan
 
     @property
     def prefilled(self) -> bool:
@@ -104,6 +106,10 @@ class Session(Protocol):
 
 class DraftSession(Session, Protocol):
     """Strict verification's port."""
+
+    # every drafted node's parent is a root or a node this session drafted one depth above: the verification
+    # then feeds the tree at its bound without reading its size (sync-free targets; checked once per search)
+    closed_tree: bool
 
     def propose(
         self,

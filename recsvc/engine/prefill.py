@@ -30,7 +30,7 @@ class Prefill:
         """``count``: whether the cache's lookups count as hits / misses (False: a prefill ahead of demand)."""
         self.model, self.cache, self.prompts, self.states = model, cache, prompts, states
         b = len(prompts.lengths)
-        if states is None and model.sync_free:  # nothing to look up: no host read of the prompts
+        if states is None and model.plan.sync_free:  # nothing to look up: no host read of the prompts
             self.tokens: list[tuple[int, ...]] = []
             self.entries: list[UserState | None] = [None] * b
             self.cached, self.full = [0] * b, [False] * b
@@ -60,7 +60,7 @@ class Prefill:
         dev = lengths.device
         start = torch.tensor(self.cached, dtype=torch.long, device=dev)  # [B]
         # the tokens each row computes: sync-free (nothing cached) the prompt width, padding included (not read)
-        q = t if self.model.sync_free and not any(self.cached) else int((lengths - start).max())
+        q = t if self.model.plan.sync_free and not any(self.cached) else int((lengths - start).max())
         last = torch.zeros(b, self.model.hidden_size, dtype=self.model.dtype, device=self.model.device)
         if q > 0:
             pos = start[:, None] + torch.arange(q, device=dev)[None]  # [B, q] prompt positions computed

@@ -102,14 +102,14 @@ def speculative_search(
     out_scores = torch.full((b, width), float("-inf"), device=dev)
     calls = torch.zeros(b, dtype=torch.long, device=dev)
     accepted = torch.zeros(b, dtype=torch.long, device=dev)
-    # Sync-free (``target.sync_free``: the bucketed / CUDA-graph forwards): the host knows every row's depth
+    # Sync-free (``target.plan.sync_free``: the bucketed / CUDA-graph forwards): the host knows every row's depth
     # from the one read a round makes (``retire``), so the drafter is told its depth count, the verification
     # feeds its bound (the tree's width when the drafter's trees hold their parents: ``closed_tree``), the
     # replay runs its gamma + 1 depths without asking whether a row still goes, and the caches keep their slots.
-    sync = target.sync_free
+    sync = target.plan.sync_free
     if sync:
         beams.host_depth = [0] * b
-    closed = bool(getattr(drafts, "closed_tree", False))
+    closed = drafts.closed_tree
     prompt_hidden: torch.Tensor | None = None  # read after the first verification, which prefills every row
     while len(beams.rows):  # a shape: no sync
         dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]

@@ -52,12 +52,12 @@ class TreeCache:
         self.calls = 0  # forward calls for the batch
         self.row_calls = torch.zeros(b, dtype=torch.long, device=dev)  # [B] forward calls with a token of the row
         self.tokens_fed = 0
-        self.states = states if model.is_fast else None
+        self.states = states if model.plan.fast else None
         self.overflow = torch.zeros((), dtype=torch.bool, device=dev)  # a sync-free ``missing`` bound fell short
 
     def check_bound(self) -> bool:
         """Whether every sync-free feed fed all its missing nodes (one host read; True when not sync-free)."""
-        return not self.model.sync_free or not bool(self.overflow)
+        return not self.model.plan.sync_free or not bool(self.overflow)
 
     @property
     def prefilled(self) -> bool:
@@ -79,7 +79,7 @@ class TreeCache:
     def missing(self, nodes: torch.Tensor, bound: int | None = None) -> torch.Tensor:
         """[B, m] nodes -> [B, q] those of them and their ancestors not cached yet, parents first (-1 pad).
 
-        A sync-free model (``EngineModel.sync_free``) does not read q: it returns ``bound`` columns (default
+        A sync-free model (``ForwardPlan.sync_free``) does not read q: it returns ``bound`` columns (default
         m * L, always enough) and records on the device whether the bound was short (``overflow``).
 
         Works on the small [B, m * L] candidate tensor (sort, drop repeats and cached nodes), never on a
@@ -92,7 +92,7 @@ class TreeCache:
         repeat = torch.cat([torch.zeros_like(s[:, :1], dtype=torch.bool), s[:, 1:] == s[:, :-1]], 1)
         cached = self.slot_of_node.gather(1, s.clamp(max=big - 1)) >= 0
         keep = (s < big) & ~repeat & ~cached
-        if self.model.sync_free:  # no host read: as many columns as the bound (padding: -1)
+        if self.model.plan.sync_free:  # no host read: as many columns as the bound (padding: -1)
             q = min(bound, keep.shape[1]) if bound is not None else keep.shape[1]
             self.overflow |= (keep.sum(1) > q).any()  # checked once per search (``check_bound``)
         else:
@@ -106,7 +106,7 @@ class TreeCache:
         ``bound``: at most this many are missing (a sync-free model feeds that many columns, see ``missing``)."""
         if self.states is not None and not self.prefilled:
             self._prefill_states()
-        if bound == 0 and self.prefilled and self.model.sync_free:
+        if bound == 0 and self.prefilled and self.model.plan.sync_free:
             return 0  # the caller knows every node is cached (hidden_at checks it on a CPU): nothing to look up
         new = self.missing(nodes, bound) if nodes.numel() else nodes[:, :0]
         if self.prefilled and new.shape[1] == 0:
@@ -160,7 +160,7 @@ class TreeCache:
         if first:
             ids = torch.cat([self.prompts.ids, ids], 1)
             positions = torch.cat([self.prompts.positions(), positions], 1)
-        if self.model.is_fast:  # the mask built directly: no host read (the mask ``tree_mask`` makes of _groups)
+        if self.model.plan.fast:  # the mask built directly: no host read (the mask ``tree_mask`` makes of _groups)
             slots, visible = self._mask(prompt_slot, anc_slots, valid, s_past, t)
             hidden = self.model.forward_masked(self.cache, ids, positions, slots, visible)  # [B, t + q, H]
         else:
@@ -249,7 +249,7 @@ class TreeCache:
         other slot from the KV cache (an explicit gather along the sequence axis). A sync-free model keeps every
         slot instead (a node's keys / values stay valid; the width only grows, by bounded feeds, and reading the
         new width would stall the host)."""
-        if self.model.sync_free:
+        if self.model.plan.sync_free:
             return
         anc = self.trie.ancestors[keep_nodes.clamp(min=0)]  # [B, m, L]
         anc = torch.where((keep_nodes >= 1)[..., None], anc, torch.full_like(anc, -1)).reshape(len(anc), -1)

@@ -38,7 +38,8 @@ class PartsChoice:
     """Which of a bundle's parts to load, and how.
 
     ``attention``: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); ``forward``: the
-    engine forward of the target and a LLaMA drafter. ``drafter``: a name of
+    engine forward of the target and a LLaMA drafter (a ``--forward`` value, ``recsvc.engine.plan.FORWARDS``,
+    resolved into each model's ``ForwardPlan``; UserError for a contradiction). ``drafter``: a name of
     ``recsvc.recommender.drafter_registry`` (None: ``default_drafter``); ``use_drafter`` False: none.
     ``use_prior``: fuse BUNDLE/prior (BUNDLE/prior-excl with ``exclude_history``) when present. ``attributes``:
     the item attributes file for rules (None: BUNDLE/attributes.json when present; ``use_rules`` False: none).
@@ -113,8 +114,8 @@ def load_target(path: str | Path | Bundle, choice: PartsChoice) -> TargetParts:
     bundle = path if isinstance(path, Bundle) else Bundle.open(path)
     ids = bundle.load_ids()
     prompts = bundle.prompt_builder(bundle.load_tokenizer(), ids)
-    target = EngineModel.build(bundle.load_target(dtype=choice.dtype, device=choice.device), choice.attention)
-    target.set_forward(choice.forward)
+    target = EngineModel.build(bundle.load_target(dtype=choice.dtype, device=choice.device), choice.attention,
+                               choice.forward)
     return TargetParts(bundle, ids, prompts, CatalogTrie(ids).to(target.device), target)
 
 

@@ -68,7 +68,7 @@ class RecommenderSettings:
 def state_cache_for(target: EngineModel, budget_bytes: int, version: str = "") -> UserStateCache | None:
     """A user-state cache (``recsvc.engine.state_cache``) of ``budget_bytes`` for this target, None when off (0)
     or when its forward keeps no states (only the fast forward does: fp32 target, "fp32" attention)."""
-    return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.is_fast else None
+    return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.plan.fast else None
 
 
 def read_sampler_for(every: int) -> ReadSampler | None:

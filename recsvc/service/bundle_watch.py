@@ -49,6 +49,7 @@ from recsvc.recommender.api import Recommender
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.recommender.live_catalog import LiveRecommender
 from recsvc.recommender.swappable import SwappableRecommender
+from recsvc.service.poll_thread import PollThread
 
 from .catalog_watch import CatalogWatch
 from .logs import log_event
@@ -86,8 +87,7 @@ class BundleWatch:
         self._rejected: Key | None = None
         self._reload = threading.Event()
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poll = PollThread("recsvc-bundle-watch", self.check, check_every_s, nice=LOADER_NICE)
         self.applied = 0
         self.rejected = 0
         self.last_reason: str | None = None
@@ -170,24 +170,12 @@ class BundleWatch:
 
     # ---- background thread ---------------------------------------------------------------------------------
     def start(self) -> BundleWatch:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="recsvc-bundle-watch", daemon=True)
-            self._thread.start()
+        self._poll.start()  # this thread loads new versions: the serving threads come first for the CPU
         log_event(log, "bundle_watching", path=self.path, serving=self.serving, check_every_s=self.check_every_s)
         return self
 
-    def _loop(self) -> None:
-        try:  # this thread loads new versions: the serving threads come first for the CPU
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
-        except (AttributeError, OSError):  # not Linux, or not allowed: same priority
-            pass
-        while not self._stop.wait(self.check_every_s):
-            self.check()
-
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._poll.close()
 
     # ---- Prometheus ----------------------------------------------------------------------------------------
     def collect(self):

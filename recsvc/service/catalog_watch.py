@@ -34,6 +34,7 @@ from recsvc.catalog.file import read_catalog
 from recsvc.catalog.reader import read_catalog_isolated
 from recsvc.errors import UserError
 from recsvc.recommender.live_catalog import LiveRecommender
+from recsvc.service.poll_thread import PollThread
 
 from .logs import log_event
 
@@ -51,8 +52,7 @@ class CatalogWatch:
         self._stamp: Stamp | None = None
         self._missing_logged = False
         self._lock = threading.Lock()  # one check at a time (the thread, or a caller of check())
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poll = PollThread("recsvc-catalog-watch", self.check, check_every_s)
         self.applied = 0
         self.rejected = 0
         self.last_reason: str | None = None  # the latest rejection's
@@ -134,19 +134,11 @@ class CatalogWatch:
 
     # ---- background thread ---------------------------------------------------------------------------------
     def start(self) -> CatalogWatch:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="recsvc-catalog-watch", daemon=True)
-            self._thread.start()
+        self._poll.start()
         return self
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.check_every_s):
-            self.check()
-
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self._poll.close()
 
     # ---- Prometheus ----------------------------------------------------------------------------------------
     def collect(self):

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH  # the service's default width (re-exported)
+from recsvc.engine.plan import ATTENTIONS, FORWARD_NAMES, check_flags, forward_help
 from recsvc.errors import UserError
 from recsvc.recommender.api import MODES, Mode, Recommender
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
@@ -44,17 +45,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The flags that decide what the served engine computes (``--bundle`` is the caller's)."""
     p.add_argument("--dtype", default="auto",
                    help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
-    p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
+    p.add_argument("--attention", choices=ATTENTIONS, default="fp32",
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
-    p.add_argument("--forward", default="auto",
-                   choices=["auto", "fast", "compiled", "lean", "bucketed", "graphs", "compiled-graphs"],
-                   help="engine forward: fast (few ops per layer; fp32 models, fp32 attention), compiled (the fast "
-                        "forward's layers exported and compiled by inductor at start-up: faster per forward, needs a "
-                        "C++ compiler, ~20-40 s more start-up), lean (the previous, bit-identical path), bucketed "
-                        "(the fast forward at bucketed shapes over a static KV cache, sync-free rounds), graphs "
-                        "(bucketed, each bucket a CUDA graph captured at start-up; CUDA only, else bucketed), "
-                        "compiled-graphs (graphs with each decoder layer compiled by torch.compile) or auto "
-                        "(graphs on a CUDA GPU, fast on a CPU, where they apply)")
+    p.add_argument("--forward", default="auto", choices=FORWARD_NAMES, help=forward_help())
     p.add_argument("--count-host-reads", type=int, default=0, metavar="N",
                    help="count the device-to-host reads of every N-th engine call (0: off; the count costs a "
                         "Python call per torch call): RecStats.host_reads, metric recsvc_host_reads")
@@ -127,16 +120,19 @@ class ServeSettings:
     startup_budget_s: float
     recalibrate: bool
     fresh: bool = True  # BUNDLE/fresh's tail slots (when the bundle has them)
-    forward: str = "auto"  # the engine forward (recsvc.engine.engine_model.FORWARDS)
+    forward: str = "auto"  # the engine forward, a --forward value (recsvc.engine.plan.FORWARDS)
     state_cache_mb: int = 256  # the user-state cache budget (0: off)
     prefill_ahead: bool = False  # a user's prefill after a write, when the engine is idle
     count_host_reads: int = 0  # every N-th engine call's device-to-host reads counted (0: off)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
-        """From the flags of :func:`add_engine_args` and ``args.bundle``; UserError for a bad beam width."""
+        """From the flags of :func:`add_engine_args` and ``args.bundle``; UserError for a bad beam width or
+        contradictory forward flags (``recsvc.engine.plan.check_flags``; the rest of the plan is resolved for the
+        loaded model's device)."""
         from recsvc.bundle.directory import Bundle
 
+        check_flags(args.forward, args.attention)
         bundle = Bundle.open(args.bundle)
         width = args.beam_width if args.beam_width is not None else bundle.served_beam_width()
         exclude = bundle.excludes_history(args.exclude_history)
@@ -258,7 +254,7 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
         step("target_unused", reason=PRIOR_RANKED, forward_compiled=False, speculation_calibrated=False)
     else:
         # compile / capture before calibration times anything
-        if loaded.target.forward_name in ("compiled", "graphs", "compiled-graphs", "compiled-bucketed"):
+        if loaded.target.plan.prepares:
             step("compiling_forward")
             step("forward_compiled", seconds=round(loaded.warm_up(), 3))
         spec = calibrate_speculation(loaded, settings.spec, settings.bundle, budget_s=settings.startup_budget_s,

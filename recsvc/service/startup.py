@@ -111,6 +111,8 @@ def watch_bundle(args: argparse.Namespace, serving: str, served, server, catalog
 
 def serve_one(args: argparse.Namespace) -> int:
     """Serves ``args`` in this process until a signal, drains, and exits the process (``os._exit(0)``)."""
+    from recsvc.engine.plan import check_flags
+
     from .logs import configure_json_logging
     from .security import api_key_from
     from .server import RecServer, ServerConfig
@@ -121,6 +123,8 @@ def serve_one(args: argparse.Namespace) -> int:
 
     if args.beam_width is not None:  # fail before anything starts
         check_beam_width(args.beam_width)
+    if args.bundle:  # contradictory forward flags: before anything starts too
+        check_flags(args.forward, args.attention)
     worker = getattr(args, "worker_index", None)
     configure_json_logging(args.log_level.upper(), **({} if worker is None else {"worker": worker,
                                                                                "pid": os.getpid()}))

@@ -163,12 +163,8 @@ def register(subparsers: Any) -> None:
     i.set_defaults(func=_import)
 
     g = sub.add_parser("synth-log", help="a synthetic raw log + item table (CSV and Parquet) to try `data import`")
-    g.add_argument("--out", required=True, help="output directory")
+    _synthetic_args(g, "output directory", items=2000)
     g.add_argument("--interactions", type=positive_int, default=100_000, help="log rows (100000)")
-    g.add_argument("--items", type=positive_int, default=2000, help="catalog size (2000)")
-    g.add_argument("--seed", type=int, default=0, help="random seed (0)")
-    g.add_argument("--min-len", type=positive_int, default=5, help="shortest user sequence (5)")
-    g.add_argument("--max-len", type=positive_int, default=20, help="longest user sequence (20)")
     g.add_argument("--formats", type=_formats, default=("csv", "parquet"),
                    help="files to write: csv, parquet or both (csv,parquet; parquet needs pyarrow)")
     g.add_argument("--new-share", type=float, default=0.1,
@@ -176,15 +172,20 @@ def register(subparsers: Any) -> None:
     g.set_defaults(func=_synth_log)
 
     s = sub.add_parser("synth", help="synthetic catalog + user sequences with learnable structure")
-    s.add_argument("--out", required=True, help="output data directory")
-    s.add_argument("--items", type=positive_int, default=300, help="catalog size (300)")
+    _synthetic_args(s, "output data directory", items=300)
     s.add_argument("--users", type=positive_int, default=600, help="users before the split (600)")
-    s.add_argument("--seed", type=int, default=0, help="random seed (0)")
-    s.add_argument("--min-len", type=positive_int, default=5, help="shortest user sequence (5)")
-    s.add_argument("--max-len", type=positive_int, default=20, help="longest user sequence (20)")
     s.add_argument("--split", type=_ratios, default=(8, 1, 1), help="global-time split ratios (8:1:1)")
     s.set_defaults(func=_synth)
 
     st = sub.add_parser("stats", help="print a data directory's counts as JSON")
     st.add_argument("--data", required=True, help="data directory (sequential_*.txt + items.json)")
     st.set_defaults(func=_stats)
+
+
+def _synthetic_args(p: argparse.ArgumentParser, out_help: str, items: int) -> None:
+    """The flags both synthetic generators take: where, how many items, the seed, the sequences' lengths."""
+    p.add_argument("--out", required=True, help=out_help)
+    p.add_argument("--items", type=positive_int, default=items, help=f"catalog size ({items})")
+    p.add_argument("--seed", type=int, default=0, help="random seed (0)")
+    p.add_argument("--min-len", type=positive_int, default=5, help="shortest user sequence (5)")
+    p.add_argument("--max-len", type=positive_int, default=20, help="longest user sequence (20)")
