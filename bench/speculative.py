@@ -23,7 +23,7 @@ from recsvc.engine.prior import prior_log_mass
 from recsvc.hardware import machine, resolve_dtype
 from recsvc.progress import progress_bar
 from recsvc.recommender.api import SPECULATIVE
-from recsvc.recommender.drafter_registry import DRAFTERS, HEAD_OPENERS
+from recsvc.recommender.drafter_names import DRAFTER_KINDS, HEAD_OPENERS
 from recsvc.report.records import markdown_table, write_json
 
 # one line of `recsvc bench --help`
@@ -33,7 +33,7 @@ HELP = "plain vs speculative beam search: WS@K, AS@K, target calls"
 def add_args(p: argparse.ArgumentParser) -> None:
     add_bundle_bench_args(p, "1,3,5,10,20", attention="fp32")
     p.add_argument("--mode", choices=SPECULATIVE, default="strict")
-    p.add_argument("--drafter", choices=tuple(DRAFTERS), default="llama",
+    p.add_argument("--drafter", choices=DRAFTER_KINDS, default="llama",
                    help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior); "
                         "head: the recurrent draft head on the target (BUNDLE/head, `recsvc train head`)")
     p.add_argument("--drafter-name", "--head-name", dest="drafter_name", default=None,
