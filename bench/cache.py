@@ -35,7 +35,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import set_threads
+from recsvc.data.split import EVAL_SPLITS
 from recsvc.engine.plan import forward_names
 from recsvc.hardware import machine
 from recsvc.progress import progress_bar
@@ -60,8 +62,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, default=200)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--beam-width", type=int, default=20, help="beams searched per request (the served B)")
-    p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="fp32")
+    p.add_argument("--split", choices=EVAL_SPLITS, default="test")
+    p.add_argument("--dtype", choices=PRECISIONS, default="fp32")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--warmup", type=int, default=10, help="training users run through every path first")

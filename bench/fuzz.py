@@ -20,6 +20,7 @@ from collections import Counter
 
 import grpc
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.hardware import machine
 from recsvc.report.records import write_json
 
@@ -34,7 +35,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=10_000)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--hostile-share", type=float, default=0.1,
                    help="share of valid requests sent with a tiny deadline or cancelled mid-flight")
     p.add_argument("--json", dest="json_path")

@@ -28,7 +28,7 @@ import torch
 
 from bench.common import synchronize
 from recsvc.errors import UserError
-from recsvc.hardware import machine
+from recsvc.hardware import DEVICES, machine
 from recsvc.report.records import markdown_table, write_json
 from training.recipe.recipes import SERVED, stage
 from training.recipe.runner import run_stage
@@ -50,7 +50,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="artifacts/gpu-bench", help="work directory: bundle, JSON, Markdown")
     p.add_argument("--smoke", action="store_true",
                    help="tiny presets on a tiny synthetic dataset, on the CPU: the whole script in a few minutes")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when present")
+    p.add_argument("--device", choices=("auto", *DEVICES), default="auto", help="auto: cuda when present")
     p.add_argument("--users", type=int, default=None, help="measured users per stage (default 100; smoke 3)")
     p.add_argument("--batch", type=int, default=None, help="users per batch in the batched stage")
     p.add_argument("--target-minutes", type=float, default=None, help="the target's training budget (12)")

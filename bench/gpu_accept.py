@@ -49,11 +49,14 @@ from pathlib import Path
 
 import torch
 
+from bench.common import PRIOR_USES
+from bench.gpu_inputs import DRAFTER_KINDS
 from bench.gpu_measure import measure
 from bench.gpu_stages import compiled_forward, lossless_fp32, served
 from recsvc.cli.main import run_command
 from recsvc.engine.plan import forward_names
 from recsvc.errors import UserError
+from recsvc.hardware import DEVICES
 from training.recipe.recipes import SERVED, stage
 from training.recipe.runner import run_stage
 from training.recipe.stages import RecipePaths, Target
@@ -79,7 +82,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="artifacts/gpu-accept", help="work directory: bundle, JSON")
     p.add_argument("--smoke", action="store_true", help="only the smoke run: tiny presets, synthetic data")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke run before the real one")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when present")
+    p.add_argument("--device", choices=("auto", *DEVICES), default="auto", help="auto: cuda when present")
     p.add_argument("--forward", choices=forward_names(compiled=False), default="graphs",
                    help="the engine forward measured (graphs: CUDA graphs on CUDA, the bucketed path elsewhere)")
     p.add_argument("--users", type=int, default=None, help="measured users per stage")
@@ -91,9 +94,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-align", action="store_true", help="the SFT drafter only (no teacher / AtSpeed-S)")
     p.add_argument("--bundle", help="measure this prebuilt bundle (no smoke, no build; e.g. the served one, slimmed "
                                     "by `make gpu-bundle`); --data then names its split")
-    p.add_argument("--drafter-kind", choices=["llama", "head"], default="llama",
+    p.add_argument("--drafter-kind", choices=DRAFTER_KINDS, default="llama",
                    help="llama: the bundle's LLaMA drafter (aligned when there is one); head: its draft head")
-    p.add_argument("--prior", choices=["auto", "off"], default="auto",
+    p.add_argument("--prior", choices=PRIOR_USES, default="auto",
                    help="auto: every search fuses the bundle's prior as served, when it has one (built: none)")
     p.add_argument("--n", type=int, default=None, help="draft beams N (default 40)")
     p.add_argument("--gamma", type=int, default=None, help="draft depths per round (default 3)")

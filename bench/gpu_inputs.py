@@ -14,11 +14,18 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 if TYPE_CHECKING:  # the engine is imported when a stage runs, not when the bench's commands are listed
+    from bench.common import BenchContext
+    from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.decode import Decoded
+    from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.ledger import Ledger
+    from recsvc.engine.ports import Drafter
     from recsvc.engine.prompts import PromptBatch
+    from recsvc.recommender.parts import Prior
 
 T = TypeVar("T")
+
+DRAFTER_KINDS = ("llama", "head")  # --drafter-kind: the bundle's LLaMA drafter, or its draft head (no opener)
 
 TARGET_INFO = "train" + "ing.json"  # what the target's training wrote beside it (a file, not a module)
 
@@ -46,7 +53,7 @@ class Inputs:
     """Makes the measured requests: prompts and the fused prior (the bundle's prior as served, when it fuses one
     and ``--prior auto``; else none), made once per batch, outside every timer."""
 
-    def __init__(self, ctx, fused, device: str) -> None:
+    def __init__(self, ctx: BenchContext, fused: Prior | None, device: str) -> None:
         self.ctx, self.fused, self.device = ctx, fused, device
 
     def request(self, histories: list[list[int]]) -> Request:
@@ -93,10 +100,24 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
 
 
-def load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
+@dataclass(frozen=True)
+class Loaded:
+    """What a GPU stage measures: the bundle's context, its target with the stage's forward and the beam search
+    over it, the drafter and its label, one request per measured user and the request maker."""
+
+    ctx: BenchContext
+    target: EngineModel
+    engine: BeamSearch
+    drafter: Drafter
+    drafter_label: str
+    requests: list[Request]
+    inputs: Inputs
+
+
+def load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str) -> Loaded:
     """The bundle's target and drafter (``cfg["drafter_kind"]``: its LLaMA drafter, the aligned one when there is
     one, with ``forward`` too; or its draft head, no opener) in ``dtype`` on ``device`` with ``forward``, and one
-    request per measured user -> (context, target, search, drafter, drafter label, requests, inputs)."""
+    request per measured user."""
     from bench.common import load_context
     from bench.speculative import load_fused_prior, make_drafter
     from recsvc.engine.beam_search import BeamSearch
@@ -116,7 +137,7 @@ def load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str):
         label = "llama (AtSpeed-S)" if aligned else "llama (SFT)"
     inputs = Inputs(ctx, load_fused_prior(bundle, cfg.get("prior", "auto")), device)
     requests = [inputs.request([u.history]) for u in ctx.users]
-    return ctx, target, engine, drafter, label, requests, inputs
+    return Loaded(ctx, target, engine, drafter, label, requests, inputs)
 
 
 def engines(target, drafter) -> list:

@@ -67,7 +67,9 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     from recsvc.engine.sampling import make_generators
 
     k, width, n, gamma = cfg["k"], cfg["width"], cfg["n"], cfg["gamma"]
-    ctx, target, engine, drafter, drafter_label, requests, inputs = load(bundle, cfg, device, forward, "auto")
+    loaded = load(bundle, cfg, device, forward, "auto")
+    ctx, target, engine, drafter = loaded.ctx, loaded.target, loaded.engine, loaded.drafter
+    drafter_label, requests, inputs = loaded.drafter_label, loaded.requests, loaded.inputs
     off = ctx.builder.code_offset
     engine_eager = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="fast"), ctx.trie, off)
     label = {"device": device_name(device),

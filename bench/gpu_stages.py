@@ -20,7 +20,8 @@ def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: 
     if time.perf_counter() > deadline:
         return
     k, width, spec = cfg["k"], cfg["width"], (cfg["n"], cfg["gamma"])
-    _, target, engine, drafter, _, requests, _ = load(bundle, cfg, device, forward, "fp32")
+    loaded = load(bundle, cfg, device, forward, "fp32")
+    target, engine, drafter, requests = loaded.target, loaded.engine, loaded.drafter, loaded.requests
 
     def plain(req):
         return plain_search(engine, req, width, k)
@@ -50,7 +51,9 @@ def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit
     if time.perf_counter() > deadline:
         return
     k, width, spec = cfg["k"], cfg["width"], (cfg["n"], cfg["gamma"])
-    ctx, target, engine, drafter, drafter_label, requests, _ = load(bundle, cfg, device, "compiled-graphs", "auto")
+    loaded = load(bundle, cfg, device, "compiled-graphs", "auto")
+    ctx, target, engine, drafter = loaded.ctx, loaded.target, loaded.engine, loaded.drafter
+    drafter_label, requests = loaded.drafter_label, loaded.requests
     graphs = BeamSearch(EngineModel.build(ctx.model, "fp32", forward="graphs"), ctx.trie, ctx.builder.code_offset)
     label = {"device": device_name(device),
              "precision": str(ctx.model.dtype).removeprefix("torch."), "forward": target.forward_name,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import parse_int_list, set_threads
+from recsvc.data.split import EVAL_SPLITS
 from recsvc.errors import UserError
 from recsvc.hardware import machine
 from recsvc.report.records import write_json
@@ -25,8 +27,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--users", type=int, default=500)
     p.add_argument("--k", default="1,5,10", help="the k values checked against the top-B")
     p.add_argument("--beam-width", type=int, default=20)
-    p.add_argument("--split", choices=["valid", "test"], default="test")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--split", choices=EVAL_SPLITS, default="test")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", dest="json_path")
 

@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+from recsvc.data.split import EVAL_SPLITS
 from recsvc.errors import UserError
 from recsvc.service.settings import ServeSettings, add_engine_args
 
@@ -92,7 +93,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-wait-ms", type=_number(float, 0, 1000), default=5.0,
                    help="the server's --max-wait-ms (default: %(default)s, serve's)")
     p.add_argument("--users", type=int, default=1000, help="test users sampled for requests (default: %(default)s)")
-    p.add_argument("--split", choices=("test", "valid"), default="test", help="users of this split")
+    p.add_argument("--split", choices=EVAL_SPLITS, default="test", help="users of this split")
     p.add_argument("--startup-timeout-s", type=_number(float, 1, 3600), default=600.0,
                    help="longest wait for all workers to serve (--spec auto calibrates; default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="user sample seed")

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+from recsvc.data.split import EVAL_SPLITS
 from recsvc.errors import UserError
 
 # one line of `recsvc bench --help`
@@ -43,7 +44,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
                         "(on + --forward compiled)")
     p.add_argument("--state-cache-mb", type=int, default=256, help="its budget when on")
     p.add_argument("--max-seconds", type=float, default=None, help="stop a run's trace after this long")
-    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--split", choices=EVAL_SPLITS, default="test")
     p.add_argument("--dtype", default="fp32", help="the server's engine dtype (the state cache needs fp32)")
     p.add_argument("--threads", type=int, default=None, help="the server's torch threads")
     p.add_argument("--max-batch", type=int, default=16)

@@ -22,14 +22,16 @@ from collections.abc import Sequence
 
 import torch
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import set_threads
+from recsvc.data.split import EVAL_SPLITS
 from recsvc.engine.ledger import NO_LEDGER, Ledger, PhaseLedger
 from recsvc.errors import UserError
 from recsvc.hardware import machine
 from recsvc.progress import progress_bar
 from recsvc.report.records import markdown_table, write_json
 from recsvc.rules.attributes import ItemAttributes
-from recsvc.rules.spec import STRATEGIES, Cap, Rules, ValueFilter, normalize_value
+from recsvc.rules.spec import LOOKAHEAD_WHEN, STRATEGIES, VERIFY_MODES, Cap, Rules, ValueFilter, normalize_value
 
 # list_search's phases (recsvc.rule_decoding.search), then plain beam search's, in the order a request meets them
 PHASES = ("compile", "forward", "head", "select", "lookahead", "other")
@@ -48,19 +50,19 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="ATTRIBUTE=V1,V2: the allow-list scenario ('' for none; default: %(default)s)")
     p.add_argument("--strategies", default=",".join(STRATEGIES))
     p.add_argument("--lookahead", type=int, default=0, help="cdsl / cdlh: candidates completed per depth (0: 2B)")
-    p.add_argument("--lookahead-when", choices=["needed", "always"], default="needed",
+    p.add_argument("--lookahead-when", choices=LOOKAHEAD_WHEN, default="needed",
                    help="cdsl / cdlh: look ahead only where the caps will keep extra beams (needed: the same lists) "
                         "or at every depth (always: the full look-ahead)")
-    p.add_argument("--verify", choices=["beams", "paths"], default="beams",
+    p.add_argument("--verify", choices=VERIFY_MODES, default="beams",
                    help="cdsl: the target scores the kept beams (beams) or every drafted path (paths)")
     p.add_argument("--corrections", type=int, default=0,
                    help="cdsl --verify paths: target forwards off a drafted path (-1: all)")
     p.add_argument("--factor", type=int, default=4, help="postfilter: beams per item returned")
     p.add_argument("--beam-width", type=int, default=None,
                    help="beams B >= K (default: as served: bundle.json 'beam_width', else 20)")
-    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--split", choices=EVAL_SPLITS, default="test")
     p.add_argument("--data", help="data directory (default: the bundle's)")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="user sample")
     p.add_argument("--json", dest="json_path")

@@ -24,6 +24,7 @@ from typing import Any
 
 from recsvc.data.metrics import standard_error
 from recsvc.errors import UserError
+from recsvc.recommender.api import SPECULATIVE
 from recsvc.report.records import markdown_table, write_json
 
 SEED_SUFFIX = re.compile(r"^(?P<method>.+)-s(?P<seed>\d+)$")
@@ -35,7 +36,7 @@ HELP = "drafter methods across training seeds: mean, spread, paired 95%% CI"
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="inputs", required=True,
                    help="comma-separated JSON files written by `recsvc bench drafters --json`")
-    p.add_argument("--mode", choices=["strict", "relaxed"], default="relaxed")
+    p.add_argument("--mode", choices=SPECULATIVE, default="relaxed")
     p.add_argument("--k", type=int, default=10, help="the K to compare (measured in every file)")
     p.add_argument("--reference", required=True, help="the method the others are compared with (no -sN suffix)")
     p.add_argument("--out", dest="json_path", help="write the summary here (JSON)")

@@ -40,6 +40,8 @@ SPEC_ON, SPEC_OFF = "strict", "plain"
 
 # one line of `recsvc bench --help`
 HELP = "load test of the gRPC service: throughput, latency percentiles"
+# --batching / --speculation: measured with it on, off, or both (None)
+SWITCH: dict[str, bool | None] = {"on": True, "off": False, "both": None}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -50,8 +52,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], help="client threads, e.g. 1,4,16")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per concurrency level")
     p.add_argument("--redis-url", help="store of the in-process server; 'spawn' = a private redis-server")
-    p.add_argument("--batching", choices=("on", "off", "both"), default="both", help="max batch 16 vs 1")
-    p.add_argument("--speculation", choices=("on", "off", "both"), default="both", help="strict vs plain")
+    p.add_argument("--batching", choices=tuple(SWITCH), default="both", help="max batch 16 vs 1")
+    p.add_argument("--speculation", choices=tuple(SWITCH), default="both", help="strict vs plain")
     p.add_argument("--outage", action="store_true", help="stop/restart the spawned Redis mid-run")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--users", type=int, default=256, help="distinct users (each gets a stored history)")
@@ -74,7 +76,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _switch(value: str) -> bool | None:
-    return {"on": True, "off": False, "both": None}[value]
+    return SWITCH[value]
 
 
 def run(args: argparse.Namespace) -> None:

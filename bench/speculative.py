@@ -16,12 +16,14 @@ import time
 
 import torch
 
-from bench.common import add_bundle_bench_args, load_context, synchronize
+from bench.common import PRIOR_USES, BenchContext, add_bundle_bench_args, load_context, synchronize
 from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.prior import prior_log_mass
 from recsvc.hardware import machine, resolve_dtype
 from recsvc.progress import progress_bar
+from recsvc.recommender.api import SPECULATIVE
+from recsvc.recommender.drafter_names import DRAFTER_KINDS, HEAD_OPENERS
 from recsvc.report.records import markdown_table, write_json
 
 # one line of `recsvc bench --help`
@@ -30,17 +32,17 @@ HELP = "plain vs speculative beam search: WS@K, AS@K, target calls"
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_bundle_bench_args(p, "1,3,5,10,20", attention="fp32")
-    p.add_argument("--mode", choices=["strict", "relaxed"], default="strict")
-    p.add_argument("--drafter", choices=["llama", "oracle", "retrieval", "transition", "head"], default="llama",
+    p.add_argument("--mode", choices=SPECULATIVE, default="strict")
+    p.add_argument("--drafter", choices=DRAFTER_KINDS, default="llama",
                    help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior); "
                         "head: the recurrent draft head on the target (BUNDLE/head, `recsvc train head`)")
     p.add_argument("--drafter-name", "--head-name", dest="drafter_name", default=None,
                    help="a trained drafter by name: --drafter head: BUNDLE/heads/NAME instead of BUNDLE/head; "
                         "--drafter llama: BUNDLE/drafters/NAME instead of BUNDLE/drafter")
-    p.add_argument("--head-opener", choices=["auto", "transition", "none"], default="auto",
+    p.add_argument("--head-opener", choices=HEAD_OPENERS, default="auto",
                    help="--drafter head: who drafts the first round, fused with the prompt prefill (auto: the "
                         "transition drafter when the bundle has a prior; none: the head after a prefill forward)")
-    p.add_argument("--prior", choices=["auto", "off"], default="auto",
+    p.add_argument("--prior", choices=PRIOR_USES, default="auto",
                    help="auto: plain and speculative both fuse the bundle's prior when it has one (as served)")
     p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, N a "
                    "number or relative to each K (K, 2K, K/2), gamma 1..5: e.g. 10:3,20:2 or K:3,2K:3")
@@ -48,16 +50,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-users", type=int, default=8)
 
 
-def make_drafter(kind: str, ctx, engine, k: int, dtype: str, drafter_name: str | None = None,
+def make_drafter(kind: str, ctx: BenchContext, engine, k: int, dtype: str, drafter_name: str | None = None,
                  head_opener: str = "auto", device: str = "cpu"):
     """The drafter ``kind`` (``recsvc.recommender.drafter_registry``; llama: BUNDLE/drafter, or
     BUNDLE/drafters/``drafter_name``; head: BUNDLE/head or BUNDLE/heads/``drafter_name``) over the bench's trie;
     the transition drafter and the head's opener use BUNDLE/prior."""
-    from recsvc.bundle.directory import Bundle
     from recsvc.priors.transition import TransitionPrior
     from recsvc.recommender.drafter_registry import TAKES_NAME, DraftSource, build_drafter
 
-    bundle = Bundle.open(ctx.bundle_dir)
+    bundle = ctx.bundle
     prior = TransitionPrior.load(bundle.prior_dir) if kind in ("head", "transition") and bundle.has_prior() else None
     name = f"{kind}:{drafter_name}" if kind in TAKES_NAME and drafter_name else kind
     return build_drafter(name, DraftSource(bundle, engine.model, ctx.trie, ctx.builder.code_offset, dtype, device,
@@ -208,8 +209,8 @@ def load_fused_prior(bundle_dir, mode: str):
     from recsvc.errors import UserError
     from recsvc.priors.mixed import load_prior
 
-    if mode not in ("auto", "off"):
-        raise UserError(f"--prior must be auto or off, not {mode!r}")
+    if mode not in PRIOR_USES:
+        raise UserError(f"--prior must be {' or '.join(PRIOR_USES)}, not {mode!r}")
     bundle = Bundle.open(bundle_dir)
     if mode == "off" or not bundle.has_prior():
         return None

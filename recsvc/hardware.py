@@ -10,6 +10,8 @@ from __future__ import annotations
 import platform
 from functools import cache
 
+DEVICES = ("cpu", "cuda")  # where a command runs its models (--device)
+
 
 def native_bf16(device: str = "cpu") -> bool:
     import torch

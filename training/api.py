@@ -18,16 +18,23 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from recsvc.bundle.directory import Bundle
 from recsvc.errors import UserError
+from recsvc.recommender.api import SPECULATIVE
 
-MODES = ("strict", "relaxed")
+if TYPE_CHECKING:  # the engine is imported when a measurement runs
+    from recsvc.data.split import SplitData
+    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.ports import Drafter
+    from recsvc.recommender.parts import TargetParts
+
+MODES = SPECULATIVE  # the modes a drafter is measured in
 
 
 def load_bundle(path: str | Path | Bundle) -> Bundle:
@@ -70,45 +77,37 @@ def train_drafter(bundle: str | Path | Bundle, method: str = "atspeed-s", alpha:
 # ------------------------------------------------------------------------------------------------ measuring
 
 
-@dataclass
+@dataclass(frozen=True)
 class Setup:
-    """What a measurement needs from a bundle (loaded once)."""
+    """What a measurement needs from a bundle (loaded once): the target and its catalog
+    (``recsvc.recommender.parts.load_target``), the data split and the beam search over the target."""
 
-    bundle: Bundle
-    target: Any  # EngineModel (holds the attention mode; drafters are built in the same mode)
-    builder: Any  # PromptBuilder
-    trie: Any  # CatalogTrie
-    data: Any  # SplitData
-    engine: Any = None  # BeamSearch
+    parts: TargetParts
+    data: SplitData
+    engine: BeamSearch
     dtype: str = "auto"
-    cache: dict[str, Any] = field(default_factory=dict)
 
 
 def load_setup(bundle: str | Path | Bundle, dtype: str = "auto", data_dir: str | Path | None = None,
                attention: str = "fp32") -> Setup:
-    """The bundle's target in the service's configuration (bf16, the engine's "fp32" attention mode)."""
+    """The bundle's target in the service's configuration (bf16, the engine's "fp32" attention mode), on the CPU."""
     from recsvc.data.split import load_split_dir
     from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.engine_model import EngineModel
-    from tokenizer_rqvae.trie import CatalogTrie
+    from recsvc.recommender.parts import PartsChoice, load_target
 
-    b = load_bundle(bundle)
-    data_path = b.resolve_data_dir(data_dir)
-    ids = b.load_ids()
-    builder = b.prompt_builder(ids=ids)
-    trie = CatalogTrie(ids)
-    target = EngineModel.build(b.load_target(dtype=dtype), attention)
-    engine = BeamSearch(target, trie, builder.code_offset)
-    return Setup(b, target, builder, trie, load_split_dir(data_path), engine, dtype)
+    parts = load_target(load_bundle(bundle), PartsChoice.target_only(dtype, attention=attention))
+    engine = BeamSearch(parts.target, parts.trie, parts.prompts.code_offset)
+    return Setup(parts, load_split_dir(parts.bundle.resolve_data_dir(data_dir)), engine, dtype)
 
 
-def load_drafter(setup: Setup, name: str | Path | None):
+def load_drafter(setup: Setup, name: str | Path | None) -> Drafter:
     """A Drafter by name (``recsvc.recommender.drafter_registry``): None / "drafter" = BUNDLE/drafter;
     "retrieval" = the training-free REST-style one (over the training sequences); a name under BUNDLE/drafters/;
     or a model directory."""
     from recsvc.recommender.drafter_registry import DraftSource, build_drafter
 
-    source = DraftSource(setup.bundle, setup.target, setup.trie, setup.builder.code_offset, setup.dtype,
+    parts = setup.parts
+    source = DraftSource(parts.bundle, parts.target, parts.trie, parts.prompts.code_offset, setup.dtype,
                          sequences=lambda: setup.data.train.values())
     return build_drafter(str(name or "drafter"), source)
 
@@ -151,7 +150,7 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
     bad = [m for m in modes if m not in MODES]
     if bad or not users:
         raise UserError(f"modes must be among {MODES} and users non-empty (got {bad}, {len(users)} users)")
-    trie, engine = setup.trie, setup.engine
+    trie, engine, builder = setup.parts.trie, setup.engine, setup.parts.prompts
     temp = torch.tensor([temperature])
     rows: list[dict[str, Any]] = []
     for mode in modes:
@@ -162,7 +161,7 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
             plain_ms, rank_plain = [], {}
             stats = {name: {"ms": [], "calls": [], "acc": [], "same": 0, "rank": {}} for name in usable}
             for i, u in enumerate(progress_bar(users, desc=f"{mode} K={k}", enabled=progress, leave=False)):
-                pb = PromptBatch.from_lists([setup.builder.prompt_ids(u.history)])
+                pb = PromptBatch.from_lists([builder.prompt_ids(u.history)])
                 runs = 2 if i == 0 else 1  # the first user warms up
                 for _ in range(runs):  # the target alone (relaxed: its own sampling beam search)
                     start = time.perf_counter()

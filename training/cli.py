@@ -14,9 +14,22 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from recsvc.bundle.loading import PRECISIONS
+from recsvc.bundle.prompt import HEADER_STYLES
+from recsvc.engine.plan import ATTENTIONS
 from recsvc.errors import UserError
 from recsvc.progress import print_record
 from recsvc.service.arg_types import positive_int
+from training.choices import (
+    ALIGN_MODES,
+    BF16_MODES,
+    FIT_PERIODS,
+    METHODS,
+    PROTOCOLS,
+    REFIT_MODES,
+    SUPPORTS,
+    VERIFY,
+)
 from training.selection import SELECT_RULES
 
 
@@ -38,7 +51,7 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
                    help="stop after this many epochs without improvement (0: off; default: 2, and off with "
                         "--fit-budget, whose schedule anneals only at its end: the whole schedule runs and --select "
                         "chooses the epoch); an epoch counts against patience when --select does not choose it")
-    p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto", help="bf16 autocast")
+    p.add_argument("--bf16", choices=BF16_MODES, default="auto", help="bf16 autocast")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--force", action="store_true", help="discard checkpoints and retrain")
     p.add_argument("--eval-users", type=user_count, default=None, metavar="N|all",
@@ -74,12 +87,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=int, default=16)
     p.add_argument("--lora-dropout", type=float, default=0.05)
     p.add_argument("--lora-targets", default="q_proj,v_proj", help="comma-separated module names")
-    p.add_argument("--prompt", choices=("auto", "packed", "compact", "lcrec"), default="auto",
+    p.add_argument("--prompt", choices=("auto", *HEADER_STYLES), default="auto",
                    help="prompt style: packed ([BOS] + item codes only, no separator: the fewest tokens), compact "
                         "([BOS] + codes and a newline per item), lcrec (LC-Rec's instruction text); auto = "
                         "compact from scratch, lcrec with --base-model")
     p.add_argument("--max-history", type=int, default=None, help="history items in a prompt (default 20)")
-    p.add_argument("--protocol", choices=("paper", "deploy"), default="paper",
+    p.add_argument("--protocol", choices=PROTOCOLS, default="paper",
                    help="paper: train on the train period only; deploy: after choosing the epoch on valid, "
                         "continue training on train + valid (what a deployed model should know)")
     p.add_argument("--refit-epochs", default="1",
@@ -88,10 +101,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "epoch), 1 with --refit continue")
     p.add_argument("--refit-lr", type=float, default=None,
                    help="deploy: peak lr of the refit (default: lr / 2 to continue, lr from scratch)")
-    p.add_argument("--refit", dest="refit_mode", choices=("continue", "scratch"), default="continue",
+    p.add_argument("--refit", dest="refit_mode", choices=REFIT_MODES, default="continue",
                    help="deploy: continue the chosen model over train + valid, or train a fresh one for "
                         "--refit-epochs (the chosen epoch count; --epochs 0 skips the selection phase)")
-    p.add_argument("--align", choices=("none", "text2id"), default="none",
+    p.add_argument("--align", choices=ALIGN_MODES, default="none",
                    help="text2id: also train LC-Rec's item-index alignment task (an item's text -> its codes) on "
                         "every item of the catalog of the period the model serves (selection: the items "
                         "interacted with by the end of valid; deploy refit: the whole catalog), so that items "
@@ -101,9 +114,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "item's text embedding; a softmax over the fitting period's items at this weight beside the "
                         "LM loss); served beside the beams once `recsvc tune dense` has chosen how to merge them")
     p.add_argument("--dense-temperature", type=float, default=0.07, help="the dense head's softmax temperature")
-
-
-DRAFTER_METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
 
 
 def register(subparsers) -> None:
@@ -121,11 +131,11 @@ def register(subparsers) -> None:
     d.add_argument("--bundle", type=Path, required=True, help="bundle directory with ids + tokenizer")
     d.add_argument("--data", type=Path, default=None, help="split data directory (default: the bundle's)")
     d.add_argument("--preset", default="drafter-small", choices=presets.DRAFTER_PRESETS)
-    d.add_argument("--method", default="sft", choices=DRAFTER_METHODS,
+    d.add_argument("--method", default="sft", choices=METHODS,
                    help="training objective (all but sft need `recsvc train teacher` first)")
     d.add_argument("--alpha", type=float, default=0.5, help="alpha * L_align + (1 - alpha) * L_rec")
     d.add_argument("--k", type=int, default=None, help="teacher beams per prefix used (default: all stored)")
-    d.add_argument("--support", choices=["topk", "trie"], default="topk",
+    d.add_argument("--support", choices=SUPPORTS, default="topk",
                    help="atspeed-r only: TVD over the drafter's top-K allowed codes (the spec) or over every "
                         "trie-allowed code (the paper's 'w/o CA' ablation; the better relaxed drafter on Beauty)")
     d.add_argument("--out-name", default=None,
@@ -134,7 +144,7 @@ def register(subparsers) -> None:
     d.add_argument("--init-from", type=Path, default=None, help="start from a saved drafter, e.g. the SFT one")
     d.add_argument("--as-users", type=int, default=200,
                    help="validation users for AS@K (strict and relaxed acceptance); the best epoch by AS is kept")
-    d.add_argument("--verify", choices=["auto", "strict", "relaxed"], default="auto",
+    d.add_argument("--verify", choices=VERIFY, default="auto",
                    help="which validation AS selects the epoch (auto: relaxed for atspeed-r, else strict)")
     d.add_argument("--as-k", type=int, default=10, help="K of the validation AS@K")
     d.add_argument("--gamma", type=int, default=3, help="draft depths per round for the validation AS")
@@ -151,8 +161,8 @@ def register(subparsers) -> None:
     t.add_argument("--lambda-mix", type=float, default=0.0,
                    help="probability that a prefix's sequences come from the current drafter's own beam search")
     t.add_argument("--shard-size", type=int, default=1024, help="prefixes per shard (the unit of resuming)")
-    t.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto", help="target (and drafter) precision")
-    t.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
+    t.add_argument("--dtype", choices=PRECISIONS, default="auto", help="target (and drafter) precision")
+    t.add_argument("--attention", choices=ATTENTIONS, default="fp32",
                    help="the engine's attention mode for the target (fp32: what the service runs)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -161,7 +171,7 @@ def register(subparsers) -> None:
 
     h = sub.add_parser("head", help="the recurrent draft head on the target (ReDrafter style; BUNDLE/head)")
     h.add_argument("--bundle", type=Path, required=True, help="bundle directory with a trained target")
-    h.add_argument("--method", default="atspeed-s", choices=DRAFTER_METHODS,
+    h.add_argument("--method", default="atspeed-s", choices=METHODS,
                    help="distillation objective (the drafter's losses), on the served target's beams")
     h.add_argument("--alpha", type=float, default=0.5, help="alpha * L_align + (1 - alpha) * L_rec")
     h.add_argument("--k", type=int, default=10, help="target beams traced per training prefix (and K of the losses)")
@@ -169,7 +179,7 @@ def register(subparsers) -> None:
     h.add_argument("--epochs", type=int, default=6)
     h.add_argument("--lr", type=float, default=1e-3)
     h.add_argument("--batch-size", type=int, default=64, help="prefixes per optimizer step")
-    h.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto", help="the target's precision")
+    h.add_argument("--dtype", choices=PRECISIONS, default="auto", help="the target's precision")
     h.add_argument("--out-name", default=None, help="save to BUNDLE/heads/NAME instead of BUNDLE/head (served)")
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
@@ -185,7 +195,7 @@ def register(subparsers) -> None:
     dh.add_argument("--temperature", type=float, default=0.07, help="of the softmax over cosine similarities")
     dh.add_argument("--batch-size", type=int, default=32, help="windows per step")
     dh.add_argument("--window-stride", type=int, default=5, help="as the target's windows (the recipe's 5)")
-    dh.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto", help="the target's precision")
+    dh.add_argument("--dtype", choices=PRECISIONS, default="auto", help="the target's precision")
     dh.add_argument("--seed", type=int, default=0)
     dh.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     dh.set_defaults(func=cmd_dense_head)
@@ -193,7 +203,7 @@ def register(subparsers) -> None:
     s = sub.add_parser("sasrec", help="fit a SASRec on a period (its item table feeds `tokenizer build "
                                       "--cf-embeddings`)")
     s.add_argument("--data", type=Path, required=True, help="split data directory")
-    s.add_argument("--fit-on", choices=("train", "train+valid"), default="train",
+    s.add_argument("--fit-on", choices=FIT_PERIODS, default="train",
                    help="the period it learns from (train: epochs chosen on valid)")
     s.add_argument("--out", type=Path, required=True, help="directory for model.safetensors and fit.json")
     s.add_argument("--cache-dir", type=Path, default=Path("artifacts/baselines"),

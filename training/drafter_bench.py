@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import parse_int_list, set_threads
+from recsvc.data.split import EVAL_SPLITS
+from recsvc.engine.plan import ATTENTIONS
 from recsvc.errors import UserError
 from recsvc.hardware import machine, resolve_dtype
 from recsvc.report.records import markdown_table, write_json
@@ -33,15 +36,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="drafters under BUNDLE/drafters/ (comma-separated; 'retrieval', 'drafter' also work)")
     p.add_argument("--k", default="1,5,10,20", help="K values (items returned)")
     p.add_argument("--users", type=int, default=200, help="sampled users of the split")
-    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--split", choices=EVAL_SPLITS, default="test")
     p.add_argument("--modes", default="strict,relaxed", help="strict, relaxed, both (= strict,relaxed)")
     p.add_argument("--gamma", type=int, default=3, help="draft depths per round")
     p.add_argument("--n-mult", type=float, default=1.0, help="draft beams N = max(K, round(n_mult * K))")
     p.add_argument("--draft-beams", type=int, default=None,
                    help="a fixed N for every K: N = max(K, this) (the AtSpeed paper: 40); overrides --n-mult")
     p.add_argument("--temperature", type=float, default=1.0, help="relaxed mode's sampling temperature")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
-    p.add_argument("--attention", choices=["exact", "fp32"], default="fp32",
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
+    p.add_argument("--attention", choices=ATTENTIONS, default="fp32",
                    help="engine attention: exact (bit-identical to generate) or fp32 (what the service runs)")
     p.add_argument("--data", help="data directory (default: the bundle's)")
     p.add_argument("--seed", type=int, default=0, help="user sample")

@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import torch
 
+from training.choices import METHODS, SUPPORTS
+
 NEG_INF = float("-inf")
 LOGP_FLOOR = -1.0e4  # stands in for log 0 where a finite number is needed
-METHODS = ("sft", "wordkd", "tvdkd", "seqkd", "atspeed-s", "atspeed-r")
-TEACHER_METHODS = METHODS[1:]  # methods that need teacher data (BUNDLE/teacher)
-SUPPORTS = ("topk", "trie")  # atspeed-r's TVD support: V_c (the spec) or every trie-allowed code (w/o CA)
 
 
 # ----------------------------------------------------------------------------------------- small helpers

@@ -24,11 +24,14 @@ import json
 import os
 from pathlib import Path
 
+from recsvc.bundle.loading import PRECISIONS
+from recsvc.data.split import EVAL_SPLITS
 from recsvc.errors import UserError
 from recsvc.service.arg_types import add_history_flags
 from training.baselines import BASELINES, DEFAULT_BASELINES, PROTOCOLS, parse_baselines
 from training.baselines import format_table as baselines_table
 from training.bundle_ranking import VARIANTS
+from training.choices import REFIT_MODES
 from training.lead import format_leads
 
 
@@ -45,13 +48,13 @@ def parse_ks(text: str) -> list[int]:
 def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="offline Recall@K / NDCG@K of a bundle's target vs baselines")
     p.add_argument("--bundle", help="bundle directory (optional with --baselines-only)")
-    p.add_argument("--split", choices=["valid", "test"], default="test")
+    p.add_argument("--split", choices=EVAL_SPLITS, default="test")
     p.add_argument("--k", default="1,5,10,20",
                    help="cutoffs, comma-separated (beams searched: the bundle's served width, bundle.json "
                         "'beam_width' else 20, or the largest cutoff when larger; every cutoff is read from that "
                         "one search, as the service reads its top-k)")
     p.add_argument("--data", help="data directory (default: the one recorded in the bundle)")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-users", type=int, help="evaluate a fixed random sample of users")
     add_history_flags(p, "no method recommends a user's history items (default: as the bundle is served, "
@@ -75,7 +78,7 @@ def register(subparsers) -> None:
                                        "(default: BUNDLE/baselines, or artifacts/baselines without a bundle)")
     p.add_argument("--sasrec-max-minutes", type=float, default=10.0,
                    help="wall-clock budget of each SASRec training run (default: %(default)s)")
-    p.add_argument("--sasrec-refit", choices=("scratch", "continue"), default="scratch",
+    p.add_argument("--sasrec-refit", choices=REFIT_MODES, default="scratch",
                    help="deploy protocol: retrain SASRec on train + valid from scratch for the epoch count chosen "
                         "on valid (default), or continue the valid-selected model for one epoch at half lr "
                         "(as the target's refit: faster, weaker)")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 
 MUS = (0.0, 0.01, 0.03, 0.1, 0.3)
@@ -43,7 +44,7 @@ def register_fresh_signals(sub) -> None:
     p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
     p.add_argument("--top", type=int, default=5, help="fresh candidates counted per user")
     p.add_argument("--window", type=int, default=None, help="history items in the query (default: the bundle's)")
-    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="fp32")
+    p.add_argument("--dtype", choices=PRECISIONS, default="fp32")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--embed-cache", default=None, help="embedding cache directory")
     p.add_argument("--json", dest="json_path", type=Path, default=None)

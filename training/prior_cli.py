@@ -16,8 +16,9 @@ from collections.abc import Iterable
 from dataclasses import asdict
 
 from recsvc.errors import UserError
+from training.choices import FIT_PERIODS, PROTOCOLS
 
-FIT_ON = ("auto", "train", "train+valid")
+FIT_ON = ("auto", *FIT_PERIODS)
 
 
 def register(subparsers) -> None:
@@ -41,8 +42,8 @@ def resolve_fit_on(fit_on: str, protocol: str) -> str:
     """"auto" -> the periods the bundle's target was trained on: paper -> "train", deploy -> "train+valid"."""
     if fit_on != "auto":
         return fit_on
-    if protocol not in ("paper", "deploy"):
-        raise UserError(f"bundle protocol {protocol!r} is neither paper nor deploy: pass --fit-on")
+    if protocol not in PROTOCOLS:
+        raise UserError(f"bundle protocol {protocol!r} is neither {' nor '.join(PROTOCOLS)}: pass --fit-on")
     return "train+valid" if protocol == "deploy" else "train"
 
 

@@ -16,6 +16,7 @@ import torch
 from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
 from recsvc.data.sampling import sample_users
 from recsvc.data.split import EvalUser
+from training.choices import ALIGN_MODES as ALIGN_MODES  # the alignment task's modes (re-exported)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,6 @@ def train_examples(
     return out
 
 
-ALIGN_MODES = ("none", "text2id")
 ALIGN_TEXT_TOKENS = 32
 
 

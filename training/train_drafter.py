@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from recsvc.errors import UserError
-from training.drafter_losses import METHODS, SUPPORTS
+from training.choices import METHODS, SUPPORTS, VERIFY
 from training.train_target import TrainConfig, _best_entry, fit_causal_lm
 
 GT_ONLY = ("wordkd", "tvdkd")  # alignment on ground-truth prefixes: no beams in their batches
@@ -48,9 +48,6 @@ def drafter_output_dir(bundle, out_name: str | None) -> Path:
     if not out_name or "/" in out_name or out_name.startswith("."):
         raise UserError(f"--out-name must be a plain directory name, got {out_name!r}")
     return Path(bundle.root) / "drafters" / out_name
-
-
-VERIFY = ("auto", "strict", "relaxed")
 
 
 def validation_metric(method: str, verify: str, k: int) -> str:

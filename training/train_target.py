@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from recsvc.bundle.prompt import IGNORE_INDEX
 from recsvc.errors import UserError
 from training.budget import contention_warning, plan_schedule
+from training.choices import ALIGN_MODES, BF16_MODES, PROTOCOLS, REFIT_MODES
 from training.loop_state import LoopState
 from training.selection import PER_USER, SELECT_RULES, selection_table
 from training.sequences import Example, bucketed_batches, collate
@@ -80,7 +81,7 @@ def resolve_bf16(mode: str, device: torch.device) -> bool:
     batches: bf16 3.9k tokens/s vs fp32 2.0k, valid loss 5.559 vs 5.521 after 200 steps (curves identical
     to 3 decimals for the first 150 steps). Per wall-clock minute bf16 is far ahead, so it is the default.
     """
-    if mode not in ("auto", "on", "off"):
+    if mode not in BF16_MODES:
         raise UserError(f"--bf16 must be auto, on or off, not {mode!r}")
     if mode != "auto":
         return mode == "on"
@@ -570,15 +571,15 @@ def train_target(
     from recsvc.bundle.prompt import MAX_HISTORY, PromptBuilder
     from recsvc.data.split import load_split_dir
     from training.lora import is_peft, load_base_model, merge_lora, wrap_lora
-    from training.sequences import ALIGN_MODES, alignment_examples, count_tokens, eval_examples, train_examples
+    from training.sequences import alignment_examples, count_tokens, eval_examples, train_examples
 
     cfg = cfg or TrainConfig()
     if align not in ALIGN_MODES:
         raise UserError(f"align must be one of {', '.join(ALIGN_MODES)}, not {align!r}")
-    if protocol not in ("paper", "deploy"):
-        raise UserError(f"protocol must be paper or deploy, not {protocol!r}")
-    if refit_mode not in ("continue", "scratch"):
-        raise UserError(f"refit mode must be continue or scratch, not {refit_mode!r}")
+    if protocol not in PROTOCOLS:
+        raise UserError(f"protocol must be {' or '.join(PROTOCOLS)}, not {protocol!r}")
+    if refit_mode not in REFIT_MODES:
+        raise UserError(f"refit mode must be {' or '.join(REFIT_MODES)}, not {refit_mode!r}")
     if cfg.epochs < 1 and not (protocol == "deploy" and refit_mode == "scratch"):
         raise UserError("--epochs 0 (no selection phase) needs --protocol deploy --refit scratch")
     if refit_epochs == 0 and cfg.epochs < 1:

@@ -37,15 +37,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 from recsvc.progress import print_record
+from training.choices import TUNING_METRICS
 from training.cli import user_count
 from training.studies import check_budget as _check_budget
 from training.studies import files_fingerprint, validation_model, weights_fingerprint
 from training.studies import run_trials as _run
 from training.studies import study as _study
 
-PRIOR_METRICS = ("ndcg@10", "recall@10")
+PRIOR_METRICS = TUNING_METRICS
 
 
 def register(subparsers) -> None:
@@ -63,7 +65,7 @@ def register(subparsers) -> None:
     p.add_argument("--exclude-history", action="store_true",
                    help="rank with the users' history items excluded (for services run with --exclude-history)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_tune_prior)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 
 
@@ -42,7 +43,7 @@ def register_dense(sub) -> None:
     p.add_argument("--rule", choices=("ndcg", "cold-guard"), default="ndcg",
                    help="ndcg: the best NDCG@10; cold-guard: the most cold-slice Recall@10 among the settings whose "
                         "NDCG@10 is within one paired standard error of the best")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-write", action="store_true", help="report only; leave the bundle's settings as they are")

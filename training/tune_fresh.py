@@ -26,8 +26,10 @@ import argparse
 import time
 from pathlib import Path
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 from recsvc.progress import print_record
+from training.choices import TUNING_METRICS
 
 SLOTS = (0, 1, 2, 3, 4, 5, 6, 7)
 WINDOWS = (1, 2, 3, 5, 10, 20)
@@ -42,9 +44,9 @@ def register_fresh(sub) -> None:
     p.add_argument("--bundle", type=Path, required=True)
     p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
     p.add_argument("--users", type=int, default=None, help="validation users (default: all)")
-    p.add_argument("--metric", choices=("ndcg@10", "recall@10"), default="ndcg@10")
+    p.add_argument("--metric", choices=TUNING_METRICS, default="ndcg@10")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--embed-cache", default=None, help="embedding cache directory")
     p.add_argument("--queries", default="mean",

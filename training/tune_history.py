@@ -23,10 +23,12 @@ import argparse
 import time
 from pathlib import Path
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 from recsvc.progress import print_record
+from training.choices import TUNING_METRICS
 
-METRICS = ("ndcg@10", "recall@10")
+METRICS = TUNING_METRICS
 
 
 def register_history(sub) -> None:
@@ -36,7 +38,7 @@ def register_history(sub) -> None:
     p.add_argument("--users", type=int, default=None, help="validation users (default: all)")
     p.add_argument("--metric", choices=METRICS, default="ndcg@10")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_tune_history)
 

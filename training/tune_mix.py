@@ -46,8 +46,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 from recsvc.progress import print_record
+from training.choices import TUNING_METRICS
 from training.cli import user_count
 
 if TYPE_CHECKING:
@@ -71,14 +73,14 @@ def register_mix(sub) -> None:
     p.add_argument("--budget-minutes", type=float, default=15.0)
     p.add_argument("--users", type=user_count, default=1000, metavar="N|all",
                    help="validation users: a fixed random sample of N, or all (every one; the recipe's)")
-    p.add_argument("--metric", choices=("ndcg@10", "recall@10"), default="ndcg@10")
+    p.add_argument("--metric", choices=TUNING_METRICS, default="ndcg@10")
     p.add_argument("--max-weight", type=float, default=MAX_WEIGHT,
                    help="upper end of the fusion weight range (searched as the prior's share w / (1 + w))")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="fitted SASRec cache, shared with `recsvc eval` (default: BUNDLE/baselines)")
     p.add_argument("--sasrec-max-minutes", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--rank-by", choices=("auto", "fused", "prior"), default="auto",
                    help="auto: the prior ranks on its own when that beats every fused trial on validation; fused / "

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from recsvc.errors import UserError
 
-DTYPES = ("auto", "bf16", "fp32", "fp16")  # auto: bf16 where the hardware has it, else fp32
+PRECISIONS = ("auto", "bf16", "fp32")  # what a command's --dtype offers; auto: bf16 where the hardware has it
+DTYPES = (*PRECISIONS, "fp16")  # what loading accepts
 
 
 def torch_dtype(name: str, device: str = "cpu"):

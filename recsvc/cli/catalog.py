@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
+from recsvc.hardware import DEVICES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("--model", type=Path, default=None,
                    help="embedding model directory (default: the one the ids were built with)")
     a.add_argument("--cache-dir", default=None, help="embedding cache directory")
-    a.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    a.add_argument("--device", default="cpu", choices=DEVICES)
     a.add_argument("--quiet", action="store_true", help="no progress bars")
     a.set_defaults(func=_add)
 

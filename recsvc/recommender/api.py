@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Literal, Protocol
 from recsvc.engine.decoding import MODES, DecodedMode, Decoding, Mode
 from recsvc.rules.spec import Rules
 
+SPECULATIVE: tuple[Mode, ...] = ("strict", "relaxed")  # the modes a drafter speculates in
+
 if TYPE_CHECKING:
     from recsvc.engine.state_cache import UserStateCache
     from recsvc.rules.catalog import RuleCatalog

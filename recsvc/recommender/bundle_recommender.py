@@ -1,8 +1,13 @@
-"""A bundle turned into a ``Recommender`` (the composition root): prompts, exclusions, plain / strict / relaxed
-decoding over the engine, item ids.
+"""A bundle turned into a ``Recommender`` (the composition root): its parts (``recsvc.recommender.parts``) and
+its settings (``recsvc.recommender.settings``) in, a pipeline of typed stages (``recsvc.recommender.stages``)
+out.
 
-Queries of one batch are grouped by (mode, k) and each group runs as one batched engine call; results come
-back in the queries' order. Timers and counters are the caller's (``RecStats`` holds only counts).
+``recommend`` is the batch decoded and then the list stages: decoding is the prior's ranking alone
+(``stages.prior_only``, a bundle whose prior ranks alone) or, by the target, one engine call per group of
+(mode, beam width, list-level rules) (``stages.grouped_decode``: the engine's one entry, the dense head merged
+with the beams, or the rules' list-level search), each list's fallback said; then the fresh items' tail slots
+(``stages.fresh_tails``). ``answers`` adds each short list's reason (``recsvc.recommender.answer``). Timers and
+counters are the caller's (``RecStats`` holds only counts).
 
 A bundle with a transition prior (BUNDLE/prior, ``recsvc prior fit``) whose weight is > 0 has it fused into
 every mode's decoding (``recsvc.engine.prior``): each query's prior comes from its own history, and returned
@@ -17,161 +22,74 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import numpy as np
 import torch
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH
-from recsvc.bundle.prompt import PromptBuilder
-from recsvc.bundle.serving_files import read_popularity
-from recsvc.content.dense_head import DenseRetriever, has_dense_head
-from recsvc.content.fresh import FreshItems
 from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.decode import Decoding, Mode, decode
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.host_reads import ReadSampler, sampled_reads
+from recsvc.engine.decode import Mode
 from recsvc.engine.ledger import NO_LEDGER, Ledger
-from recsvc.engine.ports import Drafter
-from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.sampling import make_generators
 from recsvc.engine.state_cache import UserStateCache
-from recsvc.errors import UserError
-from recsvc.priors.mixed import MixedPrior, load_prior
-from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.answer import explained_all, without_decoding
-from recsvc.recommender.api import Answer, EngineFacts, RecQuery, RecResult, RecStats
-from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
-from recsvc.recommender.prior_ranked import prior_ranked, ranks_alone
-from recsvc.rule_decoding.decode import RuleSettings, decode_rules
-from recsvc.rule_decoding.search import item_ids
-from recsvc.rules.catalog import BatchRules, RuleCatalog
+from recsvc.recommender.api import Answer, EngineFacts, RecQuery, RecResult
+from recsvc.recommender.parts import BundleParts, PartsChoice, Prior, load_parts
+from recsvc.recommender.settings import RecommenderSettings, SpecSettings, read_sampler_for, state_cache_for
+from recsvc.recommender.stages.fresh_tails import FreshTails
+from recsvc.recommender.stages.grouped_decode import GroupedDecode
+from recsvc.recommender.stages.grouping import split_cached
+from recsvc.recommender.stages.list_stage import ListStage
+from recsvc.recommender.stages.prior_only import PriorOnly
+from recsvc.recommender.stages.scope import Scope
+from recsvc.rule_decoding.decode import RuleSettings
+from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.greedy import greedy_pick
-from recsvc.rules.source import AttributeSource
 from recsvc.rules.spec import Rules
-from tokenizer_rqvae.ids import SemanticIds
-from tokenizer_rqvae.trie import CatalogTrie
+
+__all__ = ["BundleRecommender", "Changes", "RecommenderSettings", "SpecSettings", "state_cache_for"]
 
 
-@dataclass(frozen=True)
-class SpecSettings:
-    """Strict speculation's (N, gamma) per beam width: calibrated per width (``per_width``), else fixed."""
+class Changes(TypedDict, total=False):
+    """What ``BundleRecommender.variant`` may change (a key left out: unchanged)."""
 
-    draft_beams: int | None = None  # N; None = the beam width
-    gamma: int = 3  # draft depths per round (3 finishes a 4-token id in one round when all are accepted)
-    per_width: dict[int, tuple[int, int]] | None = None  # calibrated {beam width: (N, gamma)}; (0, 0): plain
-    why_plain: dict[int, str] | None = None  # why per_width holds (0, 0) for a width (default: calibration chose)
-
-    def _tuned(self, width: int) -> int:
-        """The calibrated width that serves ``width``: the nearest at or above, else the largest."""
-        assert self.per_width
-        above = [w for w in sorted(self.per_width) if w >= width]
-        return above[0] if above else max(self.per_width)
-
-    def for_width(self, width: int) -> tuple[int, int]:
-        """(N, gamma) at this beam width: the calibrated choice (``_tuned``), else the fixed setting."""
-        if self.per_width:
-            return self.per_width[self._tuned(width)]
-        return (self.draft_beams or width, self.gamma)
-
-    def plain_reason(self, width: int) -> str:
-        """Why this beam width is not decoded speculatively ("" when it is)."""
-        if not self.per_width or self.for_width(width)[0] > 0:
-            return ""
-        tuned = self._tuned(width)
-        return (self.why_plain or {}).get(tuned) or f"calibration: speculation does not pay at beam width {tuned}"
-
-
-def state_cache_for(target: EngineModel, budget_bytes: int, version: str = "") -> UserStateCache | None:
-    """A user-state cache (``recsvc.engine.state_cache``) of ``budget_bytes`` for this target, None when off (0)
-    or when its forward keeps no states (only the fast forward does: fp32 target, "fp32" attention)."""
-    return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.plan.fast else None
-
-
-def load_popularity(bundle_dir: Path) -> dict[int, int] | None:
-    """Item -> interaction count for the cold-start fallback: BUNDLE/popularity.json (``recsvc.bundle.
-    serving_files``), else None (item id order). The bundle's recorded data directory is never opened."""
-    return read_popularity(bundle_dir)
-
-
-def popular_order(ids: SemanticIds, counts: dict[int, int] | None) -> list[int]:
-    """The popularity fallback's order: the most interacted-with items first, ties (and items never seen) by
-    item id."""
-    counts = counts or {}
-    return sorted(ids.item_ids.tolist(), key=lambda i: (-counts.get(i, 0), i))
+    spec: SpecSettings  # speculation (calibration's choice)
+    states: UserStateCache | None  # the user-state cache (None: off)
+    prefill_ahead: bool
+    prior: Prior | None  # the fused prior (None: none)
+    beam_width: int
+    rules: RuleSettings
+    count_host_reads: int  # every N-th decode's host reads counted (0: off)
 
 
 class BundleRecommender:
-    def __init__(
-        self,
-        target: EngineModel,
-        prompts: PromptBuilder,
-        ids: SemanticIds,
-        drafter: Drafter | None = None,
-        popular: Sequence[int] | None = None,
-        spec: SpecSettings | None = None,
-        max_k: int = 50,
-        prior: TransitionPrior | MixedPrior | None = None,
-        exclude_history: bool = False,
-        beam_width: int = 0,
-        attributes: AttributeSource | None = None,
-        rules: RuleSettings | None = None,
-        fresh: FreshItems | None = None,
-        trie: CatalogTrie | None = None,
-        states: UserStateCache | None = None,
-        prefill_ahead: bool = False,
-        dense: DenseRetriever | None = None,
-        read_sampler: ReadSampler | None = None,
-    ) -> None:
-        """``target``: ``EngineModel.build(model, attention)`` (it holds the attention mode; a LLaMA drafter's
-        model is built the same way). ``beam_width`` B: plain and strict decoding search B >= k beams and return
-        the first k, so the top-k of a request is a prefix of its top-k' for every k <= k' <= B (0: B = k,
-        transformers' num_beams = k). ``popular``: the popularity fallback's order, every item of ``ids`` once
-        (``popular_order``; None: item id order). ``states``: the user-state cache (``state_cache_for``; None: off);
-        ``prefill_ahead``: compute a user's next request after a write, when the server is idle. ``read_sampler``:
-        counts the host reads of every N-th decode (None: off). Nothing is set on a recommender after this:
-        ``variant`` and ``recsvc.recommender.live_catalog.with_catalog`` build new ones through here."""
-        if beam_width < 0:
-            raise UserError(f"beam width must be >= 0 (0 = k), got {beam_width}")
-        self.target, self.prompts, self.ids = target, prompts, ids
-        self.beam_width = beam_width
-        if prior is not None and not np.array_equal(prior.item_ids, ids.item_ids):
-            raise UserError(f"the transition prior covers {len(prior.item_ids)} items that are not the catalog's "
-                            f"{len(ids.item_ids)}: refit it (`recsvc prior fit`)")
-        self.prior = prior  # fused when prior.settings.weight > 0
-        # the prior answers every request on its own (recsvc tune mix found the fused target worse on validation)
-        self.prior_ranks = ranks_alone(prior)
-        self.exclude_history = exclude_history
-        # once: every search reads it on the model's device (``trie``: the same ids' trie, built by the caller)
-        self.trie = trie if trie is not None else CatalogTrie(ids).to(target.device)
-        self.engine = BeamSearch(target, self.trie, prompts.code_offset)
-        self.drafter = drafter
-        self.spec = spec or SpecSettings()
-        self.max_k = max_k
-        self.max_history = prompts.max_history
-        self.popular = list(popular) if popular is not None else ids.item_ids.tolist()  # the fallback's order
-        self._popular_rows = np.array([ids.index_of(i) for i in self.popular], dtype=np.int64)  # [n]
-        self.attributes = attributes  # item attributes for rules (None: requests with rules are refused)
-        self.rule_settings = rules or RuleSettings()
-        self.states = states  # the user-state cache (None: off)
-        self.ahead = prefill_ahead  # compute a user's next request after a write, when the server is idle
-        self.read_sampler = read_sampler  # counts the host reads of every N-th decode (None: off)
-        self.fresh = fresh  # fresh items' tail slots (None or 0 slots: off); not applied to requests with rules
-        # the target's dense head: its nearest items ranked with the beams (plain and strict requests without
-        # rules; off until `recsvc tune dense` set a blend > 0)
-        self.dense = dense if dense is not None and dense.active else None
-
-    @property
-    def rule_catalog(self) -> RuleCatalog | None:
-        """The item attributes laid over the trie, as the attributes file is now (None: no attributes)."""
-        return self.attributes.current() if self.attributes is not None else None
-
-    @property
-    def sampler(self) -> Drafter | None:
-        """Relaxed mode's drafter: the drafter when it samples (``Drafter.samples``), else None."""
-        return self.drafter if self.drafter is not None and self.drafter.samples else None
+    def __init__(self, parts: BundleParts, settings: RecommenderSettings | None = None) -> None:
+        """``parts``: the loaded bundle (``load_parts``); ``settings``: how it serves. Nothing is set on a
+        recommender after this: ``variant`` and ``recsvc.recommender.live_catalog.with_catalog`` build new
+        ones through here, over the same (or the live catalog's) parts."""
+        self.parts = parts
+        self.settings = settings = settings or RecommenderSettings()
+        # what the recommender's readers (the service, the benches, a live catalog) read of the two
+        self.target, self.prompts, self.ids, self.trie = parts.target, parts.prompts, parts.ids, parts.trie
+        self.drafter, self.prior, self.fresh = parts.drafter, parts.prior, parts.fresh
+        self.attributes = parts.attributes
+        self.dense = parts.dense if parts.dense is not None and parts.dense.active else None
+        self.popular, self.max_history = list(parts.popular), parts.prompts.max_history
+        self.spec, self.max_k, self.beam_width = settings.spec, settings.max_k, settings.beam_width
+        self.exclude_history, self.rule_settings = settings.exclude_history, settings.rules
+        self.states, self.ahead, self.read_sampler = settings.states, settings.prefill_ahead, settings.read_sampler
+        scope = Scope(parts, settings)
+        self._scope = scope
+        # once: every search reads the trie on the model's device
+        self.engine = BeamSearch(parts.target, parts.trie, parts.prompts.code_offset)
+        self._popular_rows = np.array([parts.ids.index_of(i) for i in parts.popular], dtype=np.int64)  # [n]
+        # decoding, then the list stages
+        self.prior_ranks = PriorOnly.applies(scope)
+        self._decode = PriorOnly(scope) if self.prior_ranks else GroupedDecode(scope, self.engine)
+        self.list_stages: tuple[ListStage, ...] = (FreshTails(scope),)
 
     @classmethod
     def from_bundle(cls, path: str | Path, dtype: str = "auto", device: str = "cpu",
@@ -181,73 +99,53 @@ class BundleRecommender:
                     attributes: str | Path | None = None, rules: RuleSettings | None = None,
                     use_fresh: bool = True, forward: str = "auto", use_dense: bool = True
                     ) -> BundleRecommender:
-        """attention: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); strict
-        speculation reproduces plain beam search bit for bit in both. ``drafter_name``: a name of
-        ``recsvc.recommender.drafter_registry``: BUNDLE/drafters/NAME (or a model directory) instead of
-        BUNDLE/drafter; ``"transition"``: the training-free transition drafter over the fused prior's file;
-        ``"head"`` (``"head:NAME"``): the recurrent draft head BUNDLE/head (BUNDLE/heads/NAME) on the target;
-        UserError when it is missing. Default (None): BUNDLE/head when the bundle has one, else BUNDLE/drafter
-        when it has one (``default_drafter``).
-        ``beam_width``: see ``__init__`` (None: bundle.json "beam_width", else 0 = k).
-        ``use_prior``: fuse BUNDLE/prior when present (and its weight is > 0). ``exclude_history``: never
-        recommend a query's history items (and fuse BUNDLE/prior-excl, the prior tuned for that, when present).
-        ``attributes``: the item attributes file for rules (None:
-        BUNDLE/attributes.json when present); ``rules``: how caps and boosts are decoded. ``use_fresh``: give
-        fresh items the tail slots chosen by ``recsvc tune fresh`` (BUNDLE/fresh) when present. ``forward``: the
-        engine forward of the target and a LLaMA drafter (a ``--forward`` value, ``recsvc.engine.plan.FORWARDS``,
-        resolved into each model's ``ForwardPlan``; UserError for a contradiction). ``use_dense``: rank the
-        target's dense head's nearest items with the beams (``recsvc.content.dense_head``) when it has one."""
-        from recsvc.bundle.directory import Bundle
+        """The bundle's parts (``PartsChoice`` says what each flag loads) served with these settings:
+        ``beam_width`` (None: bundle.json "beam_width", else 0 = k), ``exclude_history``, ``rules``."""
+        parts = load_parts(path, PartsChoice(dtype, device, attention, forward, drafter_name, use_drafter,
+                                             use_prior, exclude_history, attributes, use_fresh=use_fresh,
+                                             use_dense=use_dense))
+        width = beam_width if beam_width is not None else parts.beam_width
+        return cls(parts, RecommenderSettings(exclude_history=exclude_history, beam_width=width,
+                                              rules=rules or RuleSettings()))
 
-        bundle = Bundle.open(path)
-        ids = bundle.load_ids()
-        tokenizer = bundle.load_tokenizer()
-        prompts = bundle.prompt_builder(tokenizer, ids)
-        target = EngineModel.build(bundle.load_target(dtype=dtype, device=device), attention, forward)
-        stored_prior = (load_prior(bundle.prior_dir_for(exclude_history))  # read once (mixed with SASRec if tuned)
-                        if bundle.has_prior(exclude_history) else None)
-        popular = popular_order(ids, load_popularity(Path(path)))
-        prior = stored_prior if use_prior else None
-        width = beam_width if beam_width is not None else int(bundle.read().get("beam_width", 0))
-        attr_path = Path(attributes) if attributes is not None else Path(path) / "attributes.json"
-        fresh = FreshItems.load(bundle.fresh_dir) if use_fresh and bundle.has_fresh() else None
-        trie = CatalogTrie(ids).to(target.device)  # one trie for the searches, the drafter and the attributes
-        source = AttributeSource(attr_path, trie) if attributes is not None or attr_path.is_file() else None
-        dense = (DenseRetriever.load(bundle.target_dir, ids)
-                 if use_dense and has_dense_head(bundle.target_dir) else None)
-        name = (drafter_name or default_drafter(bundle)) if use_drafter else None
-        drafter = None
-        if name is not None:  # over the recommender's trie (on the target's device)
-            drafter = build_drafter(name, DraftSource(bundle, target, trie, prompts.code_offset, dtype, device,
-                                                      prior=stored_prior))
-            if drafter.model is not None:  # a LLaMA drafter runs the target's forward
-                drafter.model.set_forward(forward)
-        return cls(target, prompts, ids, drafter, popular, prior=prior, exclude_history=exclude_history,
-                   beam_width=width, attributes=source, rules=rules, fresh=fresh, trie=trie, dense=dense)
+    def variant(self, **changes: Unpack[Changes]) -> BundleRecommender:
+        """A recommender over the same parts (models shared) that differs in the settings given (``Changes``);
+        this one is not modified."""
+        parts = replace(self.parts, prior=changes["prior"]) if "prior" in changes else self.parts
+        s = self.settings
+        settings = replace(
+            s, spec=changes.get("spec", s.spec), states=changes.get("states", s.states),
+            prefill_ahead=changes.get("prefill_ahead", s.prefill_ahead),
+            beam_width=changes.get("beam_width", s.beam_width), rules=changes.get("rules", s.rules),
+            read_sampler=(read_sampler_for(changes["count_host_reads"]) if "count_host_reads" in changes
+                          else s.read_sampler))
+        return BundleRecommender(parts, settings)
 
-    def variant(self, *, spec: SpecSettings | None = None, states: UserStateCache | None | bool = False,
-                prefill_ahead: bool | None = None, prior: TransitionPrior | MixedPrior | None | bool = False,
-                beam_width: int | None = None, rules: RuleSettings | None = None,
-                count_host_reads: int | None = None) -> BundleRecommender:
-        """A recommender that differs from this one in the settings given (the rest, models included, shared):
-        speculation (calibration's choice), the user-state cache (``state_cache_for``; None: off), prefill-ahead,
-        the fused prior (None: none), the served beam width, the rules' decoding, host-read sampling (every N-th
-        decode counted; 0: off). This one is not modified.
-        (``False``: unchanged, for the settings that may be None.) Built by the constructor."""
-        if states is not False and not isinstance(states, UserStateCache):
-            states = None
-        if prior is not False and isinstance(prior, bool):
-            prior = None
-        return BundleRecommender(
-            self.target, self.prompts, self.ids, self.drafter, self.popular,
-            spec=spec if spec is not None else self.spec, max_k=self.max_k,
-            prior=self.prior if prior is False else prior, exclude_history=self.exclude_history,
-            beam_width=beam_width if beam_width is not None else self.beam_width, attributes=self.attributes,
-            rules=rules if rules is not None else self.rule_settings, fresh=self.fresh, trie=self.trie,
-            states=self.states if states is False else states,
-            prefill_ahead=prefill_ahead if prefill_ahead is not None else self.ahead, dense=self.dense,
-            read_sampler=(self.read_sampler if count_host_reads is None
-                          else ReadSampler(count_host_reads) if count_host_reads > 0 else None))
+    # ---- the parts and settings, read ---------------------------------------------------------------------
+    @property
+    def rule_catalog(self) -> RuleCatalog | None:
+        """The item attributes laid over the trie, as the attributes file is now (None: no attributes)."""
+        return self._scope.rule_catalog()
+
+    @property
+    def prior_weight(self) -> float:
+        return self._scope.prior_weight
+
+    def prior_for(self, histories: Sequence[Sequence[int]]) -> torch.Tensor | None:
+        """[B, num_nodes] the fused prior of these histories, None when there is none (``Scope.prior_for``)."""
+        return self._scope.prior_for(histories)
+
+    def excludes_history(self, query: RecQuery) -> bool:
+        """Whether ``query``'s history items are left out: the query's own choice, else the recommender's."""
+        return self._scope.excludes_history(query)
+
+    def width_for(self, k: int, mode: Mode) -> int:
+        """Beams searched for a request of k items: max(k, B) for plain / strict, k for relaxed."""
+        return self._scope.width_for(k, mode)
+
+    def no_speculation(self, width: int) -> str:
+        """Why strict speculation does not run at this beam width ("" when it does)."""
+        return self._scope.no_speculation(width)
 
     def served_widths(self, ks: Sequence[int]) -> list[int]:
         """The beam widths that plain and strict requests of these list lengths decode (``width_for``), ascending:
@@ -258,12 +156,14 @@ class BundleRecommender:
     def facts(self) -> EngineFacts:
         """What this engine resolved (precision, beam width, drafter, prior weight, fresh slots, speculation)."""
         name = str(self.target.dtype).removeprefix("torch.")
+        spec = self.spec
         return EngineFacts(precision={"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name),
                            beam_width=self.beam_width, drafter_loaded=self.drafter is not None,
                            prior_weight=self.prior_weight,
                            fresh_slots=self.fresh.settings.slots if self.fresh is not None else 0,
-                           speculation_per_width=dict(self.spec.per_width) if self.spec.per_width else None)
+                           speculation_per_width=dict(spec.per_width) if spec.per_width else None)
 
+    # ---- idle work --------------------------------------------------------------------------------------------
     @property
     def prefill_ahead_enabled(self) -> bool:
         """Whether the server should run ``prefill_ahead`` after writes (``ahead`` set and a state cache on; never
@@ -281,8 +181,7 @@ class BundleRecommender:
         with torch.inference_mode():
             if self.beam_width > 0:
                 query = RecQuery(history=list(history), k=self.beam_width, mode="plain")
-                excluded = self._excluded([query])
-                dead = self.trie.dead_nodes(excluded) if any(excluded) else None
+                dead = self._scope.dead(self._scope.excluded([query]))
                 self.engine.search(batch, self.beam_width, dead, self.prior_for([query.history]),
                                    states=self.states, count=False)
                 return
@@ -301,7 +200,7 @@ class BundleRecommender:
         start = time.monotonic()
         cold = self.variant(states=None)  # the same models, without the user-state cache
         history = self.ids.item_ids[:3].tolist()
-        modes = ["plain"] + (["strict"] if self.drafter is not None else [])
+        modes: list[Mode] = ["plain"] + (["strict"] if self.drafter is not None else [])
         for mode in modes:
             for k in (self.beam_width or DEFAULT_BEAM_WIDTH, 1):  # width 0 (= each request's k): a wide search
                 for n in (1, 2):
@@ -322,7 +221,7 @@ class BundleRecommender:
         if catalog is None:
             ex = set(exclude)
             out = []
-            for item in self.popular:
+            for item in self.parts.popular:
                 if item not in ex:
                     out.append(item)
                     if len(out) == k:
@@ -344,220 +243,13 @@ class BundleRecommender:
         return explained_all(self, queries, results)
 
     def recommend(self, queries: Sequence[RecQuery], ledger: Ledger = NO_LEDGER) -> list[RecResult]:
-        """``ledger``: phase timers of plain and rule-aware decoding (``recsvc.engine.ledger``; benches only)."""
-        if self.prior_ranks:  # no target decoding: every mode gets the prior's ranking (prior_ranked)
-            assert self.prior is not None
-            return self._with_fresh(queries, prior_ranked(self.prior, queries, self._excluded(queries), self._catalog))
-        results: list[RecResult | None] = [None] * len(queries)
-        groups: dict[tuple[Mode, int, bool], list[int]] = {}
-        plain_because: dict[int, str] = {}  # strict queries decoded plainly (they share the plain queries' batch)
-        for i, q in enumerate(queries):
-            mode = q.mode
-            width = self.width_for(q.k, mode)
-            if mode == "strict" and self.no_speculation(width):
-                plain_because[i] = self.no_speculation(width)  # no drafter, or speculation does not pay here
-                mode = "plain"
-            listed = q.rules is not None and (q.rules.effective(q.k).list_level or (
-                self.rule_settings.strategy == "postfilter" and self._filters_remove_items(q.rules)))
-            groups.setdefault((mode, width, listed), []).append(i)
-        for (mode, width, listed), idx in groups.items():
-            for part in self._split_cached(mode, listed, idx, queries):
-                batch = [queries[i] for i in part]
-                with sampled_reads(self.read_sampler, self.target.device) as reads:
-                    out = (self._decode_rules(batch, mode, width, ledger) if listed
-                           else self._decode(batch, mode, width, ledger))
-                if reads is not None:  # a sampled call: its count on each result's stats
-                    out = [replace(r, stats=replace(r.stats, host_reads=reads.total)) for r in out]
-                for i, res in zip(part, out, strict=True):
-                    results[i] = self._explained(res, queries[i], plain_because.get(i, ""), listed)
-        return self._with_fresh(queries, [r for r in results if r is not None])
-
-    def _explained(self, res: RecResult, query: RecQuery, plain_because: str, listed: bool) -> RecResult:
-        """``res`` with its decoding's fallback said: why a strict query was decoded plainly (``plain_because``),
-        or that caps and boosts were decoded by the rules' list-level search."""
-        decoding = res.decoding
-        assert decoding is not None
-        why = plain_because or decoding.fallback
-        if listed and not why and query.mode == "strict" and self.rule_settings.strategy != "postfilter":
-            why = f"caps and boosts are decoded by the rules' list-level search ({self.rule_settings.strategy})"
-        return replace(res, decoding=replace(decoding, fallback=why)) if why != decoding.fallback else res
-
-    def _with_fresh(self, queries: Sequence[RecQuery], results: list[RecResult]) -> list[RecResult]:
-        """The tails of the lists given to fresh items (``FreshItems.merge``); requests with rules are left as
-        decoded (fresh items carry no attributes to check them against); as decoded without fresh slots."""
-        fresh = self.fresh
-        if fresh is None or not fresh.settings.slots:
-            return results
-        idx = [i for i, q in enumerate(queries) if q.rules is None and q.k > 1]
-        if not idx:
-            return results
-        excluded = self._excluded([queries[i] for i in idx])
-        cands = fresh.candidates([queries[i].history for i in idx], fresh.settings.slots, excluded)
-        out = list(results)
-        for i, cand in zip(idx, cands, strict=True):
-            res, sims = results[i], dict(cand)
-            items = fresh.merge(res.item_ids, cand, queries[i].k)
-            model_scores = dict(zip(res.item_ids, res.scores, strict=True))
-            n_fresh = sum(1 for item in items if item in sims and item not in model_scores)
-            scores = [model_scores[item] if item in model_scores else sims[item] for item in items]
-            out[i] = replace(res, item_ids=items, scores=scores, fresh=n_fresh)
-        return out
-
-    def _split_cached(self, mode: str, listed: bool, idx: list[int], queries: Sequence[RecQuery]) -> list[list[int]]:
-        """Plain requests whose prompt state is cached run one by one, the others share one batch: a batch that
-        mixes them runs every row's decode steps, while alone a cached prompt costs only its decode steps and an
-        identical repeat no forward at all. The outputs are the same either way (the fast forward's rows do not
-        depend on what shares their forward)."""
-        if self.states is None or mode != "plain" or listed or len(idx) == 1:
-            return [idx]
-        hit: list[int] = []
-        rest: list[int] = []
-        for i in idx:
-            tokens = self.prompts.prompt_ids(queries[i].history)
-            entry, n = self.states.lookup(tokens, count=False)
-            (hit if entry is not None and n == len(tokens) else rest).append(i)
-        return [[i] for i in hit] + ([rest] if rest else [])
-
-    def no_speculation(self, width: int) -> str:
-        """Why strict speculation does not run at this beam width ("" when it does)."""
-        return "no drafter" if self.drafter is None else self.spec.plain_reason(width)
-
-    def _filters_remove_items(self, rules: Rules) -> bool:
-        """Whether the allow / deny lists rule out any catalog item (postfilter applies them after decoding)."""
-        return rules.has_filters and not bool(self._catalog().alive_rows(rules, ()).all())
-
-    def width_for(self, k: int, mode: Mode) -> int:
-        """Beams searched for a request of k items: max(k, B) for plain / strict (deterministic top-k), k for
-        relaxed (a sample has no ranking to keep consistent)."""
-        return max(k, self.beam_width) if mode in ("plain", "strict") else k
-
-    @property
-    def prior_weight(self) -> float:
-        return float(self.prior.settings.weight) if self.prior is not None else 0.0
-
-    def prior_for(self, histories: Sequence[Sequence[int]]) -> torch.Tensor | None:
-        """[B, num_nodes] the fused prior of these histories (``prior_log_mass``), None when there is none."""
-        if self.prior is None or self.prior_weight <= 0:
-            return None
-        states = self.states
-        if states is None or len(histories) != 1:  # batches: computed together, never kept (rounding may differ)
-            return prior_log_mass(self.trie, self.prior.probs(histories), self.prior_weight)  # on the trie's device
-        # one history with a user-state cache on: a returning user's row is kept (the very tensor computed for
-        # it alone, so cached == computed, bit for bit); keyed by the prior and trie objects themselves (a swap
-        # of either, e.g. a live catalog's new trie, misses)
-        key = ("prior", self.prior, self.trie, self.prior_weight, tuple(histories[0]))
-        row = states.prior(key)
-        if row is None:
-            row = prior_log_mass(self.trie, self.prior.probs(histories), self.prior_weight)[0]
-            states.keep_prior(key, row)
-        return row[None]
-
-    def _excluded(self, queries: Sequence[RecQuery]) -> list[list[int]]:
-        return [list(q.exclude) + (list(q.history) if self.excludes_history(q) else []) for q in queries]
-
-    def excludes_history(self, query: RecQuery) -> bool:
-        """Whether ``query``'s history items are left out: the query's own choice, else the recommender's."""
-        return self.exclude_history if query.exclude_history is None else query.exclude_history
-
-    def _catalog(self) -> RuleCatalog:
-        catalog = self.rule_catalog  # read once per batch: a refresh swaps it between batches
-        if catalog is None:
-            raise UserError("rules need item attributes: this server has none (`recsvc bundle attributes`)")
-        return catalog
-
-    @staticmethod
-    def _compiled(catalog: RuleCatalog, queries: Sequence[RecQuery], excluded: list[list[int]]) -> BatchRules:
-        return catalog.compile([(q.rules or Rules()).effective(q.k) for q in queries], excluded)
-
-    def _decode(self, queries: list[RecQuery], mode: Mode, width: int, ledger: Ledger = NO_LEDGER
-                ) -> list[RecResult]:
-        """Queries of one mode and beam width, decoded by the engine's one entry (``recsvc.engine.decode``)."""
-        batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries], self.target.device)
-        excluded = self._excluded(queries)
-        if any(q.rules is not None and q.rules.has_filters for q in queries):  # filters: dead nodes, as exclusions
-            compiled = self._compiled(self._catalog(), queries, excluded)
-            dead, excluded = compiled.dead, compiled.excluded
-        else:
-            dead = self.trie.dead_nodes(excluded) if any(excluded) else None
-        histories = [q.history for q in queries]
-        sampling = mode == "relaxed"
-        # the dense head's nearest items ranked with every beam of the width (plain and strict, no rules)
-        merging = self.dense is not None and mode in ("plain", "strict") and not any(q.rules for q in queries)
-        out = decode(self.engine, self.drafter, batch, histories, mode, width, self.spec.for_width(width),
-                     why_plain=self.spec.plain_reason(width), dead=dead, prior=self.prior_for(histories),
-                     temperatures=(torch.tensor([float(q.temperature) for q in queries], device=self.target.device)
-                                   if sampling else None),
-                     generators=make_generators([q.seed for q in queries]) if sampling else None,
-                     top=None if merging else max(q.k for q in queries),  # the first k of the width are read
-                     ledger=ledger, states=self.states)
-        if merging:
-            return [replace(r, decoding=out.decoding)
-                    for r in self._merged(queries, out.leaves, out.scores, excluded, out.target_calls,
-                                          out.draft_calls, out.accepted, out.prompt_hidden)]
-        return [  # the first k of the width's beams, best first
-            replace(self._result(out.leaves[r][: q.k], out.scores[r][: q.k], excluded[r],
-                                 RecStats(target_calls=out.target_calls[r], draft_calls=out.draft_calls,
-                                          accepted_steps=out.accepted[r], rounds=out.target_calls[r])),
-                    decoding=out.decoding)
-            for r, q in enumerate(queries)
-        ]
-
-    def _merged(self, queries: list[RecQuery], leaves: torch.Tensor, scores: torch.Tensor, excluded: list[list[int]],
-                calls: list[int], draft_calls: int, accepted: list[int], prompt_hidden: torch.Tensor | None
-                ) -> list[RecResult]:
-        """Every beam of the width and the dense head's nearest items, ranked by one score
-        (``DenseRetriever.merge``). The head's query reads the prompts' final hidden states [B, H] that the
-        decoding's prefill computed (``prompt_hidden``: plain and strict always return them)."""
-        assert self.dense is not None and prompt_hidden is not None
-        sims = self.dense.similarities(prompt_hidden)  # [B, n]
-        out = []
-        for r, q in enumerate(queries):
-            ok = leaves[r] >= 0
-            items = self.trie.leaf_items(leaves[r][ok], excluded[r])
-            merged, merged_scores = self.dense.merge(items, scores[r][ok].tolist(), sims[r], self.ids, q.k,
-                                                     excluded[r])
-            out.append(RecResult(item_ids=merged, scores=merged_scores,
-                                 stats=RecStats(target_calls=calls[r], draft_calls=draft_calls,
-                                                accepted_steps=accepted[r], rounds=calls[r])))
-        return out
-
-    def _decode_rules(self, queries: list[RecQuery], mode: Mode, width: int, ledger: Ledger = NO_LEDGER
-                      ) -> list[RecResult]:
-        """Queries of one k with caps or boosts (``recsvc.rule_decoding.decode``); k = the queries' own (one group per
-        beam width, and a width is one k or the server's beam width)."""
-        if mode == "relaxed":
-            raise NotImplementedError("caps and boosts in relaxed (sampling) mode")
-        k = max(q.k for q in queries)
-        batch = PromptBatch.from_lists([self.prompts.prompt_ids(q.history) for q in queries], self.target.device)
-        catalog = self._catalog()
-        excluded = self._excluded(queries)
-        with ledger.phase("compile"):
-            compiled = self._compiled(catalog, queries, excluded)
-        histories = [q.history for q in queries]
-        prior = self.prior_for(histories)
-        decoded = [Decoding("plain", width)]  # caps and boosts: the rules' list-level search, plain
-
-        def wide(w: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-            """postfilter: the mode's own decoding of w beams, exclusions as dead nodes, filters applied after"""
-            w = max(w, width)
-            dead = self.trie.dead_nodes(excluded) if any(excluded) else None
-            out = decode(self.engine, self.drafter, batch, histories, mode, w, self.spec.for_width(w),
-                         why_plain=self.spec.plain_reason(w), dead=dead, prior=prior, ledger=ledger)
-            decoded[0] = out.decoding
-            return out.leaves, out.scores, out.target_calls
-
-        head = self.drafter.draft_head if self.drafter is not None else None  # cdsl's look-ahead
-        out = decode_rules(self.rule_settings, self.target, catalog, self.prompts.code_offset, batch, k, width,
-                           compiled, prior, head, wide, ledger)
-        results = []
-        for r, (q, items) in enumerate(zip(queries, item_ids(catalog, out.rows), strict=True)):
-            scores = out.scores[r][: len(items)][: q.k].tolist()
-            stats = RecStats(target_calls=out.target_calls[r], draft_calls=0, accepted_steps=0,
-                             rounds=out.target_calls[r])
-            results.append(RecResult(item_ids=items[: q.k], scores=scores, stats=stats, decoding=decoded[0]))
+        """The batch decoded, then every list stage. ``ledger``: phase timers of plain and rule-aware decoding
+        (``recsvc.engine.ledger``; benches only)."""
+        results = self._decode(queries, ledger)
+        for stage in self.list_stages:
+            results = stage(queries, results)
         return results
 
-    def _result(self, leaves: torch.Tensor, scores: torch.Tensor, excluded: list[int], stats: RecStats) -> RecResult:
-        ok = leaves >= 0
-        items = self.trie.leaf_items(leaves[ok], excluded)
-        return RecResult(item_ids=items, scores=scores[ok].tolist(), stats=stats)
+    def _split_cached(self, mode: str, listed: bool, idx: list[int], queries: Sequence[RecQuery]) -> list[list[int]]:
+        """How ``stages.grouping.split_cached`` splits a group of this recommender's queries."""
+        return split_cached(self._scope, mode, listed, idx, queries)

@@ -26,9 +26,8 @@ from recsvc.engine.ports import Drafter
 from recsvc.errors import UserError
 from recsvc.priors.mixed import MixedPrior
 from recsvc.priors.transition import TransitionPrior
+from recsvc.recommender.drafter_names import DRAFTER_KINDS, HEAD_OPENERS, TAKES_NAME
 from tokenizer_rqvae.trie import CatalogTrie
-
-HEAD_OPENERS = ("auto", "transition", "none")
 
 
 @dataclass(frozen=True)
@@ -115,4 +114,5 @@ def _oracle(src: DraftSource, _: str | None) -> Drafter:
 DRAFTERS: dict[str, Callable[[DraftSource, str | None], Drafter]] = {
     "llama": _llama, "head": _head, "transition": _transition, "retrieval": _retrieval, "oracle": _oracle,
 }
-TAKES_NAME = ("llama", "head")  # kinds that take ":NAME"
+if tuple(DRAFTERS) != DRAFTER_KINDS:
+    raise RuntimeError("recsvc.recommender.drafter_names.DRAFTER_KINDS must name the builders of DRAFTERS")

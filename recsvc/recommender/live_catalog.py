@@ -37,7 +37,8 @@ from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.recommender.answer import Answering
 from recsvc.recommender.api import EngineFacts, RecQuery, RecResult
-from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
+from recsvc.recommender.bundle_recommender import BundleRecommender
+from recsvc.recommender.settings import state_cache_for
 from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.source import AttributeSource
 from recsvc.rules.spec import Rules
@@ -60,29 +61,27 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
     reload)."""
     if not len(catalog.item_ids):
         return base
-    ids = catalog.merged_ids(base.ids)
-    p = base.prompts
+    parts = base.parts
+    ids = catalog.merged_ids(parts.ids)
+    p = parts.prompts
     prompts = PromptBuilder(p.tokenizer, ids, p.max_history, header=p.header)
-    trie = CatalogTrie(ids).to(base.target.device)
-    source = attributes or base.attributes
+    trie = CatalogTrie(ids).to(parts.target.device)
+    source = attributes or parts.attributes
     states = base.states  # a cache of its own (conservative: the old entries, keyed by code paths, would hold)
-    return BundleRecommender(
-        base.target, prompts, ids,
-        drafter=base.drafter.over(trie) if base.drafter is not None else None,
+    over = replace(
+        parts, ids=ids, prompts=prompts, trie=trie,
         # the popularity fallback: the bundle's order, then the new items (no interactions), lowest id first
-        popular=list(base.popular) + catalog.item_ids.tolist(),
-        spec=base.spec, max_k=base.max_k,
-        prior=base.prior.with_items(ids.item_ids) if base.prior is not None else None,
-        exclude_history=base.exclude_history, beam_width=base.beam_width,
-        attributes=source.over(trie) if source is not None else None, rules=base.rule_settings,
-        fresh=fresh_with(base.fresh, catalog.item_ids, catalog.vectors) if base.fresh is not None else None,
-        trie=trie,
-        states=(state_cache_for(base.target, states.budget, f"{states.version}+catalog-{catalog.version}")
-                if states is not None else None),
-        prefill_ahead=base.ahead,
+        popular=parts.popular + tuple(catalog.item_ids.tolist()),
+        prior=parts.prior.with_items(ids.item_ids) if parts.prior is not None else None,
+        drafter=parts.drafter.over(trie) if parts.drafter is not None else None,
+        fresh=fresh_with(parts.fresh, catalog.item_ids, catalog.vectors) if parts.fresh is not None else None,
         # the dense head ranks the new items too (they are fresh to the target)
-        dense=base.dense.over(ids, catalog.item_ids, catalog.vectors) if base.dense is not None else None,
-        read_sampler=base.read_sampler)
+        dense=parts.dense.over(ids, catalog.item_ids, catalog.vectors) if base.dense is not None else None,
+        attributes=source.over(trie) if source is not None else None)
+    return BundleRecommender(over, replace(
+        base.settings, states=(state_cache_for(parts.target, states.budget,
+                                               f"{states.version}+catalog-{catalog.version}")
+                               if states is not None else None)))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from recsvc.errors import UserError
 from recsvc.rule_decoding.lookahead import DraftLookahead, Lookahead, TargetLookahead
 from recsvc.rule_decoding.search import list_search, rank_list
 from recsvc.rules.catalog import BatchRules, RuleCatalog
-from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
+from recsvc.rules.spec import DEFAULT_STRATEGY, LOOKAHEAD_WHEN, STRATEGIES, VERIFY_MODES
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ class RuleSettings:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise UserError(f"rules strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        if (self.lookahead < 0 or self.factor < 1 or self.verify not in ("beams", "paths")
-                or self.lookahead_when not in ("needed", "always")
+        if (self.lookahead < 0 or self.factor < 1 or self.verify not in VERIFY_MODES
+                or self.lookahead_when not in LOOKAHEAD_WHEN
                 or (self.corrections is not None and self.corrections < 0)):
             raise UserError(f"invalid rules settings {self}")
 

@@ -31,6 +31,7 @@ from recsvc.engine.expand import candidate_scores
 from recsvc.engine.tree_cache import TreeCache
 from recsvc.rules.catalog import BatchRules, RuleCatalog
 from recsvc.rules.greedy import fills, greedy_pick
+from recsvc.rules.spec import VERIFY_MODES
 
 
 class Lookahead(Protocol):
@@ -106,8 +107,8 @@ class DraftLookahead:
 
     def __init__(self, target: EngineModel, head: DraftHead, rules: BatchRules, prior: torch.Tensor | None,
                  width: int, verify: str = "beams", corrections: int | None = 0) -> None:
-        if verify not in ("beams", "paths"):
-            raise ValueError(f"verify must be 'beams' or 'paths', got {verify!r}")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be {' or '.join(map(repr, VERIFY_MODES))}, got {verify!r}")
         self.target, self.head, self.rules, self.prior = target, head, rules, prior
         self.width, self.verify, self.corrections = width, verify, corrections
         self.forwards = 0

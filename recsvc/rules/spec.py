@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 STRATEGIES = ("beam", "cdsl", "cdlh", "postfilter")  # how caps and boosts are decoded (docs/RULES.md)
 DEFAULT_STRATEGY = "beam"
+VERIFY_MODES = ("beams", "paths")  # cdsl: the target scores the kept beams, or every drafted path
+LOOKAHEAD_WHEN = ("needed", "always")  # cdsl / cdlh: where caps keep extra beams, or at every depth
 
 
 def normalize_value(text: str) -> str:

@@ -14,11 +14,11 @@ import argparse
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH  # the service's default width (re-exported)
-from recsvc.engine.plan import FORWARD_NAMES, check_flags, forward_help
+from recsvc.engine.plan import ATTENTIONS, FORWARD_NAMES, check_flags, forward_help
 from recsvc.errors import UserError
 from recsvc.recommender.api import MODES, Mode, Recommender
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
@@ -45,7 +45,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The flags that decide what the served engine computes (``--bundle`` is the caller's)."""
     p.add_argument("--dtype", default="auto",
                    help="engine dtype: auto (bf16 where the hardware has it, else fp32), bf16, fp32")
-    p.add_argument("--attention", choices=["fp32", "exact"], default="fp32",
+    p.add_argument("--attention", choices=ATTENTIONS, default="fp32",
                    help="engine attention: fp32 (fast) or exact (bit-identical to transformers generate)")
     p.add_argument("--forward", default="auto", choices=FORWARD_NAMES, help=forward_help())
     p.add_argument("--count-host-reads", type=int, default=0, metavar="N",
@@ -224,7 +224,8 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
 
     step = step or log_step
     try:
-        from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for
+        from recsvc.recommender.bundle_recommender import BundleRecommender
+        from recsvc.recommender.settings import read_sampler_for, state_cache_for
     except ImportError as exc:
         raise UserError(f"the model engine is not available (recsvc.recommender.bundle_recommender): {exc}") from exc
     if settings.state_cache_mb < 0:
@@ -261,5 +262,6 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
     # the cache is new here, after calibration (its users are not the served ones); a reload builds a new
     # recommender: an empty cache
     states = state_cache_for(loaded.target, settings.state_cache_mb << 20, f"{settings.bundle}@{time.time_ns()}")
-    return loaded.variant(spec=spec, states=states, prefill_ahead=settings.prefill_ahead,
-                          count_host_reads=settings.count_host_reads)
+    return BundleRecommender(loaded.parts, replace(loaded.settings, spec=spec, states=states,
+                                                   prefill_ahead=settings.prefill_ahead,
+                                                   read_sampler=read_sampler_for(settings.count_host_reads)))

@@ -18,10 +18,9 @@ from typing import Any, Literal
 
 from recsvc.data.split import EvalUser, SplitData
 from recsvc.errors import UserError
+from training.choices import FIT_PERIODS, PROTOCOLS
 
 FitOn = Literal["train", "train+valid"]
-FIT_PERIODS: tuple[str, ...] = ("train", "train+valid")
-PROTOCOLS: tuple[str, ...] = ("paper", "deploy")
 
 
 def check_protocol(protocol: str) -> str:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from recsvc.priors.sasrec import SASRec
 from recsvc.progress import progress_bar
+from training.choices import REFIT_MODES
 
 BUCKET_BATCHES = 32  # batches per length-sorted chunk
 
@@ -61,8 +62,8 @@ class SASRecSettings:
     def check(self) -> SASRecSettings:
         from recsvc.errors import UserError
 
-        if self.refit not in ("continue", "scratch"):
-            raise UserError(f"SASRec refit must be continue or scratch, got {self.refit!r}")
+        if self.refit not in REFIT_MODES:
+            raise UserError(f"SASRec refit must be {' or '.join(REFIT_MODES)}, got {self.refit!r}")
         if min(self.hidden, self.blocks, self.heads, self.max_len, self.batch_size, self.max_epochs,
                self.eval_every, self.patience, self.refit_epochs) < 1:
             raise UserError(f"SASRec sizes, epochs and patience must be >= 1: {self}")

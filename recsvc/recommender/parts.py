@@ -1,0 +1,159 @@
+"""A bundle's parts, loaded once by one typed loader: the service (``BundleRecommender.from_bundle``), the
+benches (``bench.common.load_context``, ``bench.gpu_inputs.load``) and training (``training.api.load_setup``)
+all read a bundle through :func:`load_target` (the target and its catalog) or :func:`load_parts` (everything).
+
+``TargetParts`` is what every reader needs (the ids, the prompt format, the trie on the target's device and the
+target as an ``EngineModel``); ``BundleParts`` adds what serving composes around it (the fused prior, the
+popularity order, fresh items, the dense head, the attribute source for rules and the drafter). What is loaded
+is said by a ``PartsChoice``; a part left out, or absent from the bundle, is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from recsvc.bundle.directory import Bundle
+from recsvc.bundle.prompt import PromptBuilder
+from recsvc.bundle.serving_files import read_popularity
+from recsvc.content.dense_head import DenseRetriever, has_dense_head
+from recsvc.content.fresh import FreshItems
+from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.ports import Drafter
+from recsvc.errors import UserError
+from recsvc.priors.mixed import MixedPrior, load_prior
+from recsvc.priors.transition import TransitionPrior
+from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
+from recsvc.rules.source import AttributeSource
+from tokenizer_rqvae.ids import SemanticIds
+from tokenizer_rqvae.trie import CatalogTrie
+
+Prior = TransitionPrior | MixedPrior
+
+
+@dataclass(frozen=True)
+class PartsChoice:
+    """Which of a bundle's parts to load, and how.
+
+    ``attention``: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); ``forward``: the
+    engine forward of the target and a LLaMA drafter (a ``--forward`` value, ``recsvc.engine.plan.FORWARDS``,
+    resolved into each model's ``ForwardPlan``; UserError for a contradiction). ``drafter``: a name of
+    ``recsvc.recommender.drafter_registry`` (None: ``default_drafter``); ``use_drafter`` False: none.
+    ``use_prior``: fuse BUNDLE/prior (BUNDLE/prior-excl with ``exclude_history``) when present. ``attributes``:
+    the item attributes file for rules (None: BUNDLE/attributes.json when present; ``use_rules`` False: none).
+    ``use_fresh`` / ``use_dense``: the fresh items' tail slots and the dense head, when the bundle has them."""
+
+    dtype: str = "auto"
+    device: str = "cpu"
+    attention: str = "fp32"
+    forward: str = "auto"
+    drafter: str | None = None
+    use_drafter: bool = True
+    use_prior: bool = True
+    exclude_history: bool = False
+    attributes: str | Path | None = None
+    use_rules: bool = True
+    use_fresh: bool = True
+    use_dense: bool = True
+
+    @classmethod
+    def target_only(cls, dtype: str = "auto", device: str = "cpu", attention: str = "fp32",
+                    forward: str = "auto") -> PartsChoice:
+        """The target and its catalog alone (the benches' and training's measurements)."""
+        return cls(dtype, device, attention, forward, use_drafter=False, use_prior=False, use_rules=False,
+                   use_fresh=False, use_dense=False)
+
+
+@dataclass(frozen=True)
+class TargetParts:
+    """The target and its catalog: what every reader of a bundle needs."""
+
+    bundle: Bundle
+    ids: SemanticIds
+    prompts: PromptBuilder
+    trie: CatalogTrie  # the ids' trie, on the target's device: one for the searches, the drafter and the rules
+    target: EngineModel  # holds the attention mode and the forward
+
+
+@dataclass(frozen=True)
+class BundleParts:
+    """Everything a served recommender is composed of (the target's parts as in ``TargetParts``, and what serving
+    composes around it); shared, never copied, by its variants."""
+
+    bundle: Bundle
+    ids: SemanticIds
+    prompts: PromptBuilder
+    trie: CatalogTrie
+    target: EngineModel
+    popular: tuple[int, ...]  # the popularity fallback's order: every item of ``ids`` once
+    beam_width: int  # bundle.json's served beam width (0: each request's k)
+    prior: Prior | None = None  # the fused prior (ranks alone or fused when its weight is > 0)
+    drafter: Drafter | None = None
+    fresh: FreshItems | None = None  # fresh items' tail slots
+    dense: DenseRetriever | None = None  # the target's dense head, ranked with the beams when active
+    attributes: AttributeSource | None = None  # item attributes for rules (None: requests with rules refused)
+
+    def __post_init__(self) -> None:
+        prior, ids = self.prior, self.ids
+        if prior is not None and not np.array_equal(prior.item_ids, ids.item_ids):
+            raise UserError(f"the transition prior covers {len(prior.item_ids)} items that are not the catalog's "
+                            f"{len(ids.item_ids)}: refit it (`recsvc prior fit`)")
+
+
+def popular_order(ids: SemanticIds, counts: dict[int, int] | None) -> list[int]:
+    """The popularity fallback's order: the most interacted-with items first, ties (and items never seen) by
+    item id."""
+    counts = counts or {}
+    return sorted(ids.item_ids.tolist(), key=lambda i: (-counts.get(i, 0), i))
+
+
+def load_target(path: str | Path | Bundle, choice: PartsChoice) -> TargetParts:
+    """The bundle's ids, prompt format, trie and target (``choice``: dtype, device, attention, forward)."""
+    bundle = path if isinstance(path, Bundle) else Bundle.open(path)
+    ids = bundle.load_ids()
+    prompts = bundle.prompt_builder(bundle.load_tokenizer(), ids)
+    target = EngineModel.build(bundle.load_target(dtype=choice.dtype, device=choice.device), choice.attention,
+                               choice.forward)
+    return TargetParts(bundle, ids, prompts, CatalogTrie(ids).to(target.device), target)
+
+
+def load_parts(path: str | Path | Bundle, choice: PartsChoice) -> BundleParts:
+    """Every part ``choice`` asks for that the bundle holds (see ``PartsChoice``)."""
+    core = load_target(path, choice)
+    bundle, ids = core.bundle, core.ids
+    stored: Prior | None = (load_prior(bundle.prior_dir_for(choice.exclude_history))  # read once
+                            if bundle.has_prior(choice.exclude_history) else None)
+    attr_path = Path(choice.attributes) if choice.attributes is not None else bundle.root / "attributes.json"
+    source = (AttributeSource(attr_path, core.trie)
+              if choice.use_rules and (choice.attributes is not None or attr_path.is_file()) else None)
+    return BundleParts(
+        bundle, ids, core.prompts, core.trie, core.target,
+        popular=tuple(popular_order(ids, read_popularity(bundle.root))),
+        beam_width=int(bundle.read().get("beam_width", 0)),
+        prior=stored if choice.use_prior else None,
+        drafter=_drafter(core, choice, stored),
+        fresh=FreshItems.load(bundle.fresh_dir) if choice.use_fresh and bundle.has_fresh() else None,
+        dense=_dense(bundle, ids) if choice.use_dense else None,
+        attributes=source)
+
+
+def _dense(bundle: Bundle, ids: SemanticIds) -> DenseRetriever | None:
+    """The target's dense head when it has one and `recsvc tune dense` set a blend > 0 (else None: off)."""
+    if not has_dense_head(bundle.target_dir):
+        return None
+    dense = DenseRetriever.load(bundle.target_dir, ids)
+    return dense if dense.active else None
+
+
+def _drafter(core: TargetParts, choice: PartsChoice, prior: Prior | None) -> Drafter | None:
+    """The drafter by name over the target's trie (a LLaMA drafter runs the target's forward)."""
+    name = (choice.drafter or default_drafter(core.bundle)) if choice.use_drafter else None
+    if name is None:
+        return None
+    drafter = build_drafter(name, DraftSource(core.bundle, core.target, core.trie, core.prompts.code_offset,
+                                              choice.dtype, choice.device, prior=prior))
+    if drafter.model is not None:
+        drafter.model.set_forward(choice.forward)
+    return drafter

@@ -1,0 +1,40 @@
+"""The dense head's nearest items ranked with every beam of the width, by one score
+(``DenseRetriever.merge``): plain and strict requests without rules, when the target has an active dense
+head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from recsvc.content.dense_head import DenseRetriever
+from recsvc.engine.decode import Decoded, Mode
+from recsvc.recommender.api import RecQuery, RecResult, RecStats
+from tokenizer_rqvae.ids import SemanticIds
+from tokenizer_rqvae.trie import CatalogTrie
+
+
+class DenseMerge:
+    def __init__(self, dense: DenseRetriever | None, trie: CatalogTrie, ids: SemanticIds) -> None:
+        self.dense = dense if dense is not None and dense.active else None
+        self.trie, self.ids = trie, ids
+
+    def applies(self, queries: Sequence[RecQuery], mode: Mode) -> bool:
+        """Whether this batch's beams are merged with the head's items (plain and strict, no rules)."""
+        return self.dense is not None and mode in ("plain", "strict") and not any(q.rules for q in queries)
+
+    def __call__(self, queries: Sequence[RecQuery], out: Decoded, excluded: list[list[int]]) -> list[RecResult]:
+        """``out``: the width's leaves and scores [B, W] and the prompts' final hidden states [B, H] that the
+        decoding's prefill computed (plain and strict always return them) -> one merged list per query."""
+        assert self.dense is not None and out.prompt_hidden is not None
+        sims = self.dense.similarities(out.prompt_hidden)  # [B, n]
+        results = []
+        for r, q in enumerate(queries):
+            ok = out.leaves[r] >= 0
+            items = self.trie.leaf_items(out.leaves[r][ok], excluded[r])
+            merged, merged_scores = self.dense.merge(items, out.scores[r][ok].tolist(), sims[r], self.ids, q.k,
+                                                     excluded[r])
+            calls = out.target_calls[r]
+            stats = RecStats(target_calls=calls, draft_calls=out.draft_calls, accepted_steps=out.accepted[r],
+                             rounds=calls)
+            results.append(RecResult(item_ids=merged, scores=merged_scores, stats=stats, decoding=out.decoding))
+        return results
