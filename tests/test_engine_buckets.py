@@ -105,21 +105,23 @@ class _RoundCounter:
         return self.inner.phase(name)
 
 
-def test_a_strict_round_reads_the_device_at_most_once(setup) -> None:
-    """One strict round (the oracle drafter: prefill + verification in one target call, every depth accepted)
-    reads the device once on the sync-free path (the rows' depths); today's fast path reads it for the
-    verification's token count and key groups, the replay's exit test and the row selection."""
+def test_a_strict_request_reads_the_device_once(setup) -> None:
+    """A strict request with the oracle drafter (prefill + verification in one target call, every depth accepted)
+    reads the device once on the sync-free path (its counters, at the end), its L rounds unrolled on the device
+    (the rounds after the first feed nothing and count no target call); the fast path reads it for the
+    verification's token count and key groups, the replay's exit test and the row selection, in one round."""
     after, rounds, out = _count_strict(setup, "bucketed", "oracle")
     before, rounds_before, _ = _count_strict(setup, "fast", "oracle")
-    assert rounds == rounds_before == 1 and out.target_calls.tolist() == [1]
-    assert after.total <= 1, after.summary()
+    assert rounds == L and rounds_before == 1 and out.target_calls.tolist() == [1]
+    assert out.host_counts == ([1], out.accepted.tolist())
+    assert after.total == 1, after.summary()
     assert before.total > 10 * after.total, before.summary()
 
 
-def test_llama_strict_reads_once_per_round_and_once_per_search(setup) -> None:
+def test_llama_strict_reads_once_per_request(setup) -> None:
     reads, rounds, out = _count_strict(setup, "bucketed", "llama")
-    assert rounds >= 1 and int(out.target_calls[0]) == rounds
-    assert reads.total <= rounds + 1, reads.summary()  # + the closed-tree bound's check at the end
+    assert rounds == L and 1 <= int(out.target_calls[0]) <= L
+    assert reads.total == 1, reads.summary()  # the counters and the closed-tree bound's check, in one read
 
 
 def test_pad_inputs_padded_tokens_see_only_themselves() -> None:

@@ -87,7 +87,8 @@ class HeadDraftSession:
         state = head.start(h.reshape(r * kc, -1))  # [R Kc, S]
         if any_parent:
             safe = roots.clamp(min=1)
-            stepped, logq = head.step(state, h.reshape(r * kc, -1), (trie.depth[safe] - 1).reshape(-1),
+            level = (trie.depth[safe] - 1).clamp(max=trie.levels - 2)  # a finished row's leaf roots: unused
+            stepped, logq = head.step(state, h.reshape(r * kc, -1), level.reshape(-1),
                                       trie.node_code[safe].reshape(-1), read=read)
             state = torch.where(from_parent.reshape(-1, 1), stepped, state)
             logp = torch.where(from_parent[..., None], logq.view(r, kc, -1), logp)

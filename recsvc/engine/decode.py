@@ -74,8 +74,9 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
             spec = speculative_search(engine.model, engine.trie, engine.code_offset, batch, width, drafts, n, gamma,
                                       dead, engine.select, prior, ledger=ledger, states=states,
                                       graphs=engine.step_graphs())
-            return Decoded(spec.leaves, spec.scores, spec.target_calls.tolist(), spec.accepted.tolist(),
-                           spec.draft_calls, Decoding("strict", width, n, gamma), spec.prompt_hidden)
+            calls, accepted = spec.host_counts or (spec.target_calls.tolist(), spec.accepted.tolist())
+            return Decoded(spec.leaves, spec.scores, calls, accepted, spec.draft_calls,
+                           Decoding("strict", width, n, gamma), spec.prompt_hidden)
         return _plain(engine, batch, width, dead, prior, top, ledger, states, b, why)
     if mode == "relaxed":
         device = engine.model.device

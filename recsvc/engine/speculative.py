@@ -33,6 +33,7 @@ from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.engine.topk import Selector
 from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.unrolled import unrolled_rounds
 from tokenizer_rqvae.trie import CatalogTrie
 
 
@@ -44,6 +45,8 @@ class SpecOutput:
     accepted: torch.Tensor  # [B] draft depths accepted per request (AS)
     draft_calls: int  # drafter forward calls for the batch
     prompt_hidden: torch.Tensor | None = None  # [B, H] final hidden state at each prompt's last token
+    # target_calls and accepted as the host read them (the sync-free request's one read), else None
+    host_counts: tuple[list[int], list[int]] | None = None
 
 
 def accepted_depth(target_beams: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
@@ -98,6 +101,10 @@ def speculative_search(
     cache = TreeCache(target, trie, code_offset, prompts, states)
     state = TargetState(target, cache)  # follows the cache's rows (select_rows)
     beams = ActiveBeams.start(b, dev, dead=dead, prior=prior)
+    if target.plan.sync_free:  # rounds unrolled on the device, a handful of units, one host read per request
+        leaves, scores, calls_t, acc_t, calls_h, acc_h, hid = unrolled_rounds(
+            cache, state, beams, drafts, width, draft_beams, gamma, select, ledger, graphs, _replay_step)
+        return SpecOutput(leaves, scores, calls_t, acc_t, drafts.calls, hid, (calls_h, acc_h))
     out_leaves = torch.full((b, width), -1, dtype=torch.long, device=dev)
     out_scores = torch.full((b, width), float("-inf"), device=dev)
     calls = torch.zeros(b, dtype=torch.long, device=dev)
