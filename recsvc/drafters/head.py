@@ -117,7 +117,7 @@ class HeadDraftSession:
         first = (not bool(target.cached(roots[:, :1]).all())) if not target.plan.sync_free else not target.prefilled
         if self.opener is not None and first:
             # the first round: the opener's drafts ride along with the prompt prefill in one forward
-            return self.opener.propose(roots, root_scores, steps, width, target)
+            return self.opener.propose(roots, root_scores, steps, width, target, depths=depths)
         if target.plan.sync_free:  # the target's part eagerly, then the whole drafting as one function (a CUDA graph)
             h, logp, from_parent = self._root_inputs(roots, target)
             self.head_steps += g  # the root step and g - 1 depth steps
