@@ -7,10 +7,12 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from bench.counts import count_requests
 from bench.gpu_inputs import device_name, engines, load, plain_search, strict_search, timed, valid_recall
 
 
@@ -51,9 +53,10 @@ class PhaseOps:
 
 
 def _request_end_reads(reads) -> int:
-    """The reads ``decode`` itself makes (``recsvc/engine/decode.py``): its per-row counters turned into lists
-    once at the end of a request, after the search's rounds."""
-    return sum(c for site, c in reads.by_site.items() if site.startswith("recsvc/engine/decode.py:"))
+    """The reads made once at the end of a request, after the search's rounds: its per-row counters turned into
+    lists (``recsvc/engine/decode.py``; the sync-free strict request's one read, ``recsvc/engine/unrolled.py``)."""
+    return sum(c for site, c in reads.by_site.items()
+               if site.startswith(("recsvc/engine/decode.py:", "recsvc/engine/unrolled.py:")))
 
 
 def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
@@ -198,6 +201,11 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                          "eager_ops_per_request": statistics.mean(launches),
                          "eager_ops_by_phase": {k: v / users for k, v in by_phase.ops.items()},
                          "replayed_forwards_per_request": statistics.mean(replays), "top_ops": ops.summary(8)["by_op"]}
+        # per request, on untimed runs of their own: eager device ops, graph replays, host reads (bench.counts)
+        few = requests[:5]
+        res["per_request"] = {"plain": count_requests([partial(plain, req) for req in few], device),
+                              "strict": count_requests([partial(strict, req) for req in few], device),
+                              "relaxed": count_requests([partial(relaxed, req, 0) for req in few], device)}
         emit("phases", res)
 
     # batched vs one at a time
