@@ -89,11 +89,13 @@ def speculative_search(
     states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
     graphs: FunctionGraphs | None = None,  # sync-free: each replay depth one function (a CUDA graph on a GPU)
 ) -> SpecOutput:
-    # Host synchronisation (CUDA), the eager forwards: a round reads the device only where a decision needs it:
-    # how many tokens the verification feeds (TreeCache.missing: a shape; the lean forward also groups them by
-    # key count: TreeCache._groups), whether any row can take another depth (``go.any()``: the replay loop's
-    # exit) and which rows finished (ActiveBeams.retire: the batch's new shape); drafters read how many depths
-    # to draft (``steps.max()``). Acceptance, scores and counters stay on the device.
+    # Sync-free forwards (``target.plan.sync_free``: bucketed / CUDA graphs): ``recsvc.engine.unrolled`` (rounds
+    # unrolled on the device, three fixed-shape units a round, one host read per request). The eager forwards
+    # (below) read the device where a decision needs it: how many tokens the verification feeds
+    # (TreeCache.missing: a shape; the lean forward also groups them by key count: TreeCache._groups), whether
+    # any row can take another depth (``go.any()``: the replay loop's exit) and which rows finished
+    # (ActiveBeams.retire: the batch's new shape); drafters read how many depths to draft (``steps.max()``).
+    # Acceptance, scores and counters stay on the device.
     dev = target.device  # inputs moved once; every tensor of the search lives there
     trie, prompts = trie.to(dev), prompts.to(dev)
     dead, prior = to_device(dead, dev), to_device(prior, dev)
@@ -109,34 +111,21 @@ def speculative_search(
     out_scores = torch.full((b, width), float("-inf"), device=dev)
     calls = torch.zeros(b, dtype=torch.long, device=dev)
     accepted = torch.zeros(b, dtype=torch.long, device=dev)
-    # Sync-free (``target.plan.sync_free``: the bucketed / CUDA-graph forwards): the host knows every row's depth
-    # from the one read a round makes (``retire``), so the drafter is told its depth count, the verification
-    # feeds its bound (the tree's width when the drafter's trees hold their parents: ``closed_tree``), the
-    # replay runs its gamma + 1 depths without asking whether a row still goes, and the caches keep their slots.
-    sync = target.plan.sync_free
-    if sync:
-        beams.host_depth = [0] * b
-    closed = drafts.closed_tree
     prompt_hidden: torch.Tensor | None = None  # read after the first verification, which prefills every row
     while len(beams.rows):  # a shape: no sync
         dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]
         steps = (levels - beams.depth).clamp(max=gamma)  # [R]
         with ledger.phase("draft"):
-            if sync and beams.host_depth is not None:
-                depths = max(min(levels - d, gamma) for d in beams.host_depth)
-                drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state, depths=depths)
-            else:
-                drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state)  # g x [R, N]
+            drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state)  # g x [R, N]
         with ledger.phase("verify"):
             tree = torch.cat([beams.nodes, *drafted], 1)
-            cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1),  # leaves need no forward
-                       bound=tree.shape[1] if sync and closed else None)
+            cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
             if prompt_hidden is None and cache.last_prompt_hidden is not None:
                 prompt_hidden = cache.last_prompt_hidden.clone()  # [B, H]: no row has retired yet
         running = torch.ones(len(beams.rows), dtype=torch.bool, device=dev)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
-            if not sync and not go.any():  # host sync: the decision to stop replaying this round
+            if not go.any():  # host sync: the decision to stop replaying this round
                 break
             with ledger.phase("replay"):
                 live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
@@ -144,15 +133,12 @@ def speculative_search(
                 draft = drafted[s - 1] if s <= len(drafted) else None  # None: the free depth after all g passed
                 step = partial(_replay_step, target, trie, code_offset, width, select, s)
                 inputs = (hidden, live, beams.scores, dead, row_prior, go, steps, draft)
-                new_nodes, new_scores, ok = (graphs.run(("replay depth", s, width), step, inputs)
-                                             if graphs is not None and sync else step(*inputs))
+                new_nodes, new_scores, ok = step(*inputs)
                 beams.advance(go, new_nodes, new_scores)
             accepted[beams.rows] += ok.long()
             running = ok
         calls[beams.rows] = cache.row_calls  # every target forward a row took part in, so far
         with ledger.phase("commit"):
-            rows, leaves, scores = beams.retire(levels, cache, drafts, sync)
+            rows, leaves, scores = beams.retire(levels, cache, drafts)
         out_leaves[rows], out_scores[rows] = leaves, scores
-    if sync and closed and not cache.check_bound():  # one read per search; a drafter's broken promise
-        raise RuntimeError("a drafter marked closed_tree proposed a node whose parent it did not propose")
     return SpecOutput(out_leaves, out_scores, calls, accepted, drafts.calls, prompt_hidden)

@@ -68,10 +68,6 @@ class TreeCache:
         self._width = 0  # slots in use (host-known: feeds add their bound's columns)
         self._bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # prompt_slot, node_of_slot, hidden
 
-    def check_bound(self) -> bool:
-        """Whether every sync-free feed fed all its missing nodes (one host read; True when not sync-free)."""
-        return not self.model.plan.sync_free or not bool(self.overflow)
-
     @property
     def prefilled(self) -> bool:
         return self.last_prompt_hidden is not None
@@ -127,7 +123,7 @@ class TreeCache:
         keep = (s < big) & ~repeat & ~cached
         if self.model.plan.sync_free:  # no host read: as many columns as the bound (padding: -1)
             q = min(bound, keep.shape[1]) if bound is not None else keep.shape[1]
-            self.overflow |= (keep.sum(1) > q).any()  # checked once per search (``check_bound``)
+            self.overflow |= (keep.sum(1) > q).any()  # read once per request (``unrolled``)
         else:
             q = int(keep.sum(1).max()) if b else 0
         order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :q]
