@@ -163,7 +163,7 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                     per_round.append((reads.total - end) / max(rounds.rounds, 1))
                     per_req.append(reads.total)
                     at_end.append(end)
-                    beyond.append(reads.total - end - rounds.rounds)  # the search's reads beyond one per round
+                    beyond.append(max(0, reads.total - end - rounds.rounds))  # the search's reads beyond one per round
                     with HostReads(device) as reads_p:
                         plain(req, eng)
                     plain_reads.append(reads_p.total)

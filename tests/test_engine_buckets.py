@@ -299,3 +299,24 @@ def test_a_strict_request_is_a_handful_of_replays_and_one_read(setup, n_prompts:
     assert torch.equal(strict.leaves, plain.leaves)
     assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= 2, (ops, plain_ops, replays, reads)
     assert plain_replays == 2 * L and replays == 3 * L and reads == 1 and plain_reads == 0
+
+
+def test_an_early_exit_check_ends_a_finished_request_in_one_read(setup) -> None:
+    """``exit_check=2``: after two rounds one read asks whether every row finished (with the counters): the
+    oracle's request (done in its first round) stops there, having read once; a request still running reads once
+    more at its end. The lists stay plain's."""
+    trie, target, drafter, plain = _models(setup, "bucketed")
+    for n_prompts, source in ((1, "oracle"), (3, "llama"), (1, "llama")):
+        prompts = batch(random_prompts(n_prompts, 80 + n_prompts, min_len=3, max_len=30))
+        ref = plain.search(prompts, 10)
+        rounds = _RoundCounter(PhaseLedger())
+        session = (OracleDrafter(plain, 10) if source == "oracle" else drafter).session(prompts, [], None)
+        with HostReads(target.device) as reads:
+            out = speculative_search(target, trie, TEXT_VOCAB, prompts, 10, session, 10, 3, None, plain.select,
+                                     ledger=rounds, exit_check=2)
+        _same(out, ref)
+        assert out.host_counts == (out.target_calls.tolist(), out.accepted.tolist())
+        if source == "oracle":
+            assert rounds.rounds == 2 and reads.total == 1, reads.summary()
+        else:
+            assert rounds.rounds in (2, L) and reads.total == (1 if rounds.rounds == 2 else 2), reads.summary()

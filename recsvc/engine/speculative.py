@@ -88,6 +88,7 @@ def speculative_search(
     ledger: Ledger = NO_LEDGER,  # phase timers (recsvc.engine.ledger); results never depend on it
     states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
     graphs: FunctionGraphs | None = None,  # sync-free: each replay depth one function (a CUDA graph on a GPU)
+    exit_check: int | None = None,  # sync-free: one extra read after that many rounds may end the request early
 ) -> SpecOutput:
     # Sync-free forwards (``target.plan.sync_free``: bucketed / CUDA graphs): ``recsvc.engine.unrolled`` (rounds
     # unrolled on the device, three fixed-shape units a round, one host read per request). The eager forwards
@@ -105,7 +106,7 @@ def speculative_search(
     beams = ActiveBeams.start(b, dev, dead=dead, prior=prior)
     if target.plan.sync_free:  # rounds unrolled on the device, a handful of units, one host read per request
         leaves, scores, calls_t, acc_t, calls_h, acc_h, hid = unrolled_rounds(
-            cache, state, beams, drafts, width, draft_beams, gamma, select, ledger, graphs, _replay_step)
+            cache, state, beams, drafts, width, draft_beams, gamma, select, ledger, graphs, _replay_step, exit_check)
         return SpecOutput(leaves, scores, calls_t, acc_t, drafts.calls, hid, (calls_h, acc_h))
     out_leaves = torch.full((b, width), -1, dtype=torch.long, device=dev)
     out_scores = torch.full((b, width), float("-inf"), device=dev)

@@ -37,10 +37,12 @@ from recsvc.engine.tree_cache import TreeCache
 
 def unrolled_rounds(cache: TreeCache, state: TargetState, beams: ActiveBeams, drafts: DraftSession, width: int,
                     draft_beams: int, gamma: int, select: Selector | None, ledger: Ledger,
-                    graphs: FunctionGraphs | None, replay_step
+                    graphs: FunctionGraphs | None, replay_step, exit_check: int | None = None
                     ) -> tuple[torch.Tensor, ...] | tuple:
     """Runs the request's L rounds over ``cache`` (sync-free target) from ``beams`` (every row at the root).
     ``replay_step``: ``speculative._replay_step`` (target, trie, code offset, width, select, depth, *tensors).
+    ``exit_check``: after that many rounds, one read asks whether every row has finished (with the counters, so a
+    finished request reads once in all and skips its remaining rounds; else it reads again at the end).
     Returns (leaves [B, K], scores [B, K], target calls [B], accepted depths [B], both again as host lists, the
     prompts' final hidden states [B, H])."""
     model, trie = cache.model, cache.trie
@@ -75,8 +77,18 @@ def unrolled_rounds(cache: TreeCache, state: TargetState, beams: ActiveBeams, dr
                 accepted += ok.long()
                 running = ok
             drafts.observe(beams.nodes)
-    # the request's one host read: its counters and whether every bounded feed fed all it had to
-    host = torch.cat([cache.row_calls, accepted, cache.overflow.long()[None]]).tolist()
-    if closed and host[-1]:
+        if r + 1 == exit_check and r + 1 < levels:  # the optional early read: done rows, with the counters
+            host = _read(cache, accepted, (beams.depth >= levels).all())
+            if host[-1]:
+                break
+    else:
+        host = _read(cache, accepted, None)  # the request's one host read (its last)
+    if closed and host[2 * b]:
         raise RuntimeError("a drafter marked closed_tree proposed a node whose parent it did not propose")
     return beams.nodes, beams.scores, cache.row_calls, accepted, host[:b], host[b:2 * b], prompt_hidden
+
+
+def _read(cache: TreeCache, accepted: torch.Tensor, done: torch.Tensor | None) -> list[int]:
+    """One host read: [target calls [B], accepted [B], whether a bounded feed fell short, (every row done)]."""
+    flags = [cache.overflow.long()[None]] + ([done.long()[None]] if done is not None else [])
+    return torch.cat([cache.row_calls, accepted, *flags]).tolist()
