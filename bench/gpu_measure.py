@@ -86,8 +86,8 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     def plain(req, eng=engine, ledger=None, fuse=True):
         return plain_search(eng, req, width, k, ledger, fuse)
 
-    def strict(req, eng=engine, ledger=None):
-        return strict_search(eng, drafter, req, width, (n, gamma), ledger)
+    def strict(req, eng=engine, ledger=None, exit_check=None):
+        return strict_search(eng, drafter, req, width, (n, gamma), ledger, exit_check)
 
     def relaxed(req, seed):
         return decode(engine, drafter, req.pb, req.histories, "relaxed", width, (n, gamma), prior=req.prior,
@@ -138,14 +138,17 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                 break
             ref, ms_p = timed_ms(lambda req=req: plain(req))
             out, ms_s = timed_ms(lambda req=req: strict(req))
-            same += torch.equal(out.leaves[0, :k], ref.leaves[0])
+            early, ms_e = timed_ms(lambda req=req: strict(req, exit_check=1))  # a finished request stops there
+            same += torch.equal(out.leaves[0, :k], ref.leaves[0]) and torch.equal(early.leaves, out.leaves)
             ran.add(out.decoding.mode)
-            rows.append((ms_p, ms_s, out.target_calls[0], out.accepted[0]))
+            rows.append((ms_p, ms_s, out.target_calls[0], out.accepted[0], ms_e))
         if rows:
             p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
             emit("strict", {**label, "users": len(rows), "N": n, "gamma": gamma, "decoded": sorted(ran),
                             "plain_ms": p, "strict_ms": s,
                             "WS": p / s, "AS": statistics.mean(r[3] for r in rows),
+                            "strict_ms_exit_check_1": statistics.mean(r[4] for r in rows),
+                            "WS_exit_check_1": p / statistics.mean(r[4] for r in rows),
                             "target_calls": statistics.mean(r[2] for r in rows), "same_lists": same,
                             "same_share": same / len(rows), "differing": len(rows) - same})
 

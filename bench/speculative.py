@@ -54,6 +54,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forward", choices=["auto", *forward_names()], default="auto",
                    help="the engine forward of the target and a LLaMA drafter (bucketed: the CUDA graphs' shapes, "
                         "uncaptured; auto: recsvc.engine.plan)")
+    p.add_argument("--exit-check", type=int, default=0,
+                   help="strict over a sync-free forward: one more host read after this many rounds ends a finished "
+                        "request early (0: none; the request reads once, at the end of its L rounds)")
     p.add_argument("--count-users", type=int, default=3,
                    help="users whose requests are run again, untimed, to count per request the eager device ops, "
                         "graph replays and host reads of plain and speculative decoding (0: none)")
@@ -141,7 +144,8 @@ def run(args: argparse.Namespace) -> dict:
         if relaxed and not drafter.samples:  # else decode would answer with the target's own sampling
             drafter.sampling_session(pb, [user_history], None, pr)  # the drafter's UserError
         out = decode(engine, drafter, pb, [user_history], mode, k, (n, gamma), prior=pr, temperatures=temp,
-                     generators=make_generators([seed]), session=session, ledger=ledger)
+                     generators=make_generators([seed]), session=session, ledger=ledger,
+                     exit_check=getattr(args, "exit_check", 0) or None)
         synchronize(device)  # CUDA: the request's work is done before the clock is read
         ms = 1000 * (time.perf_counter() - start)
         return out.leaves[0], ms, out.target_calls[0], out.accepted[0], out.draft_calls
