@@ -77,13 +77,13 @@ def plain_search(engine, req: Request, width: int, top: int, ledger: Ledger | No
 
 
 def strict_search(engine, drafter, req: Request, width: int, speculation: tuple[int, int],
-           ledger: Ledger | None = None) -> Decoded:
-    """Strict speculation of ``req`` with ``drafter`` at (N, gamma) ``speculation``."""
+           ledger: Ledger | None = None, exit_check: int | None = None) -> Decoded:
+    """Strict speculation of ``req`` with ``drafter`` at (N, gamma) ``speculation`` (``exit_check``: ``decode``'s)."""
     from recsvc.engine.decode import decode
     from recsvc.engine.ledger import NO_LEDGER
 
     return decode(engine, drafter, req.pb, req.histories, "strict", width, speculation, prior=req.prior,
-                  ledger=ledger or NO_LEDGER)
+                  ledger=ledger or NO_LEDGER, exit_check=exit_check)
 
 
 def timed(fn: Callable[[], T], device: str) -> tuple[T, float]:

@@ -7,10 +7,12 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
 
+from bench.counts import count_requests
 from bench.gpu_inputs import device_name, engines, load, plain_search, strict_search, timed, valid_recall
 
 
@@ -51,9 +53,10 @@ class PhaseOps:
 
 
 def _request_end_reads(reads) -> int:
-    """The reads ``decode`` itself makes (``recsvc/engine/decode.py``): its per-row counters turned into lists
-    once at the end of a request, after the search's rounds."""
-    return sum(c for site, c in reads.by_site.items() if site.startswith("recsvc/engine/decode.py:"))
+    """The reads made once at the end of a request, after the search's rounds: its per-row counters turned into
+    lists (``recsvc/engine/decode.py``; the sync-free strict request's one read, ``recsvc/engine/unrolled.py``)."""
+    return sum(c for site, c in reads.by_site.items()
+               if site.startswith(("recsvc/engine/decode.py:", "recsvc/engine/unrolled.py:")))
 
 
 def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
@@ -85,8 +88,8 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     def plain(req, eng=engine, ledger=None, fuse=True):
         return plain_search(eng, req, width, k, ledger, fuse)
 
-    def strict(req, eng=engine, ledger=None):
-        return strict_search(eng, drafter, req, width, (n, gamma), ledger)
+    def strict(req, eng=engine, ledger=None, exit_check=None):
+        return strict_search(eng, drafter, req, width, (n, gamma), ledger, exit_check)
 
     def relaxed(req, seed):
         return decode(engine, drafter, req.pb, req.histories, "relaxed", width, (n, gamma), prior=req.prior,
@@ -137,14 +140,17 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                 break
             ref, ms_p = timed_ms(lambda req=req: plain(req))
             out, ms_s = timed_ms(lambda req=req: strict(req))
-            same += torch.equal(out.leaves[0, :k], ref.leaves[0])
+            early, ms_e = timed_ms(lambda req=req: strict(req, exit_check=1))  # a finished request stops there
+            same += torch.equal(out.leaves[0, :k], ref.leaves[0]) and torch.equal(early.leaves, out.leaves)
             ran.add(out.decoding.mode)
-            rows.append((ms_p, ms_s, out.target_calls[0], out.accepted[0]))
+            rows.append((ms_p, ms_s, out.target_calls[0], out.accepted[0], ms_e))
         if rows:
             p, s = statistics.mean(r[0] for r in rows), statistics.mean(r[1] for r in rows)
             emit("strict", {**label, "users": len(rows), "N": n, "gamma": gamma, "decoded": sorted(ran),
                             "plain_ms": p, "strict_ms": s,
                             "WS": p / s, "AS": statistics.mean(r[3] for r in rows),
+                            "strict_ms_exit_check_1": statistics.mean(r[4] for r in rows),
+                            "WS_exit_check_1": p / statistics.mean(r[4] for r in rows),
                             "target_calls": statistics.mean(r[2] for r in rows), "same_lists": same,
                             "same_share": same / len(rows), "differing": len(rows) - same})
 
@@ -162,7 +168,7 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                     per_round.append((reads.total - end) / max(rounds.rounds, 1))
                     per_req.append(reads.total)
                     at_end.append(end)
-                    beyond.append(reads.total - end - rounds.rounds)  # the search's reads beyond one per round
+                    beyond.append(max(0, reads.total - end - rounds.rounds))  # the search's reads beyond one per round
                     with HostReads(device) as reads_p:
                         plain(req, eng)
                     plain_reads.append(reads_p.total)
@@ -200,6 +206,11 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
                          "eager_ops_per_request": statistics.mean(launches),
                          "eager_ops_by_phase": {k: v / users for k, v in by_phase.ops.items()},
                          "replayed_forwards_per_request": statistics.mean(replays), "top_ops": ops.summary(8)["by_op"]}
+        # per request, on untimed runs of their own: eager device ops, graph replays, host reads (bench.counts)
+        few = requests[:5]
+        res["per_request"] = {"plain": count_requests([partial(plain, req) for req in few], device),
+                              "strict": count_requests([partial(strict, req) for req in few], device),
+                              "relaxed": count_requests([partial(relaxed, req, 0) for req in few], device)}
         emit("phases", res)
 
     # batched vs one at a time

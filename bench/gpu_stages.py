@@ -102,6 +102,7 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
     from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
+    from recsvc.engine.host_reads import HostReads
     from recsvc.engine.launches import Launches
     from recsvc.engine.ledger import SyncedLedger
     from recsvc.recommender.api import RecQuery
@@ -127,7 +128,7 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
                  "warm_up_s": round(time.perf_counter() - t0, 1)}
     for mode in ("plain", "strict"):
         rows, first, used, ledger = [], [], set(), SyncedLedger(device)
-        launches, calls, by_phase = [], [], PhaseOps()
+        launches, calls, by_phase, replays, host_reads = [], [], PhaseOps(), [], []
         for u in users:
             if time.perf_counter() > deadline:
                 break
@@ -140,7 +141,11 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
             rec.recommend([query], ledger=ledger)  # a third run, phases synchronised (not in the ms above)
             with Launches() as ops:  # a fourth: what a GPU launches from Python, by phase
                 (out,) = rec.recommend([query], ledger=by_phase.counting(ops))
+            with HostReads(rec.target.device) as reads:  # a fifth: the device-to-host reads
+                rec.recommend([query])
             launches.append(ops.total)
+            replays.append(ops.replays)
+            host_reads.append(reads.total)
             calls.append(out.stats.target_calls)
         if rows:
             res[mode] = {"users": len(rows), "ms_first": statistics.mean(first),
@@ -149,5 +154,7 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
                          "engine_phases_ms": {k: v / len(rows) for k, v in ledger.ms.items()},
                          "target_calls_per_request": statistics.mean(calls),
                          "eager_ops_per_request": statistics.mean(launches),
+                         "replays_per_request": statistics.mean(replays),
+                         "host_reads_per_request": statistics.mean(host_reads),
                          "eager_ops_by_phase": {k: v / len(rows) for k, v in by_phase.ops.items()}}
     emit("served", res)

@@ -3,6 +3,8 @@
 Per K: plain and speculative ms/request (measured interleaved, user by user, in one run), WS@K (their
 ratio), AS@K (accepted draft depths per request), target forward calls per request, the identical-output
 rate (strict) or Recall@K / NDCG@K of both (relaxed; the baseline is the target's own sampling beam search).
+Each row also counts, on a few users' untimed requests (``--count-users``), the eager device operations, graph
+replays and host reads per request of both (``bench.counts``; ``--forward bucketed``: the CUDA graphs' path).
 Every (N, gamma) of the grid is measured, then ``auto``: chosen among plain beam search and the grid on
 calibration users from the validation split (as the server does at start-up), then measured like the others.
 N = 0 in a row means auto chose plain beam search.
@@ -13,12 +15,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 
 from bench.common import PRIOR_USES, BenchContext, add_bundle_bench_args, load_context, synchronize
+from bench.counts import count_requests
 from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
+from recsvc.engine.plan import forward_names
 from recsvc.engine.prior import prior_log_mass
 from recsvc.hardware import machine, resolve_dtype
 from recsvc.progress import progress_bar
@@ -48,6 +53,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    "number or relative to each K (K, 2K, K/2), gamma 1..5: e.g. 10:3,20:2 or K:3,2K:3")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--calibration-users", type=int, default=8)
+    p.add_argument("--forward", choices=["auto", *forward_names()], default="auto",
+                   help="the engine forward of the target and a LLaMA drafter (bucketed: the CUDA graphs' shapes, "
+                        "uncaptured; auto: recsvc.engine.plan)")
+    p.add_argument("--exit-check", type=int, default=0,
+                   help="strict over a sync-free forward: one more host read after this many rounds ends a finished "
+                        "request early (0: none; the request reads once, at the end of its L rounds)")
+    p.add_argument("--count-users", type=int, default=3,
+                   help="users whose requests are run again, untimed, to count per request the eager device ops, "
+                        "graph replays and host reads of plain and speculative decoding (0: none)")
 
 
 def make_drafter(kind: str, ctx: BenchContext, engine, k: int, dtype: str, drafter_name: str | None = None,
@@ -101,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
     fixed_grid = parse_grid(args.grid)
     device = getattr(args, "device", "cpu")
     ctx = load_context(args.bundle, args.users, args.split, args.dtype, args.data, device=device)
-    target = EngineModel.build(ctx.model, args.attention)
+    target = EngineModel.build(ctx.model, args.attention, forward=getattr(args, "forward", "auto"))
     engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
     calib = sample_users(ctx.data.eval_users("valid"), args.calibration_users, seed=1)
     relaxed = args.mode == "relaxed"
@@ -131,7 +145,8 @@ def run(args: argparse.Namespace) -> dict:
         if relaxed and not drafter.samples:  # else decode would answer with the target's own sampling
             drafter.sampling_session(pb, [user_history], None, pr)  # the drafter's UserError
         out = decode(engine, drafter, pb, [user_history], mode, k, (n, gamma), prior=pr, temperatures=temp,
-                     generators=make_generators([seed]), session=session, ledger=ledger)
+                     generators=make_generators([seed]), session=session, ledger=ledger,
+                     exit_check=getattr(args, "exit_check", 0) or None)
         synchronize(device)  # CUDA: the request's work is done before the clock is read
         ms = 1000 * (time.perf_counter() - start)
         return out.leaves[0], ms, out.target_calls[0], out.accepted[0], out.draft_calls
@@ -148,6 +163,8 @@ def run(args: argparse.Namespace) -> dict:
     rows = []
     for k in ks:
         drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.drafter_name, args.head_opener, device)
+        if isinstance(getattr(drafter, "model", None), EngineModel) and getattr(args, "forward", "auto") != "auto":
+            drafter.model.set_forward(args.forward)  # a LLaMA drafter runs the target's forward
         candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
         auto = autotune(lambda k_, n, g, d=drafter: sum(spec_once(u.history, k_, n, g, d)[1] for u in calib) / 1e3,
                         [k], lambda _k, c=candidates: c, repeats=1)[k]
@@ -175,6 +192,11 @@ def run(args: argparse.Namespace) -> dict:
                    "AS": statistics.mean(acc), "target_calls_plain": float(engine.trie.levels),
                    "target_calls_spec": statistics.mean(calls), "draft_calls": statistics.mean(draft_calls),
                    "users": len(ctx.users)}
+            counted = ctx.users[:getattr(args, "count_users", 3)]  # untimed requests of their own
+            row["per_request_plain"] = count_requests(
+                [partial(plain_once, u.history, k) for u in counted], device)
+            row["per_request_spec"] = count_requests(
+                [partial(spec_once, u.history, k, n, gamma, drafter) for u in counted], device)
             if not relaxed:  # ms per request per phase (recsvc.engine.ledger); "other" = the rest of the request
                 n_u = len(ctx.users)
                 for name, led, total in (("plain", led_p, p), ("spec", led_s, s)):

@@ -59,3 +59,22 @@ def test_a_named_llama_drafter(tmp_path) -> None:
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(row["identical"] == 1.0 for row in rows)
     assert any(row["draft_calls"] > 0 for row in rows)  # the named LLaMA drafter ran
+
+
+def test_counts_per_request_over_the_bucketed_forward(tmp_path) -> None:
+    """--forward bucketed (the CUDA graphs' path, uncaptured): every row reports plain's and speculation's eager
+    device ops, graph replays and host reads per request; strict with the LLaMA drafter stays plain's lists in a
+    handful of replays (L rounds of three units) and one read."""
+    root = make_tiny_bundle(tmp_path, n_users=40)
+    out = tmp_path / "spec.json"
+    assert cli.main(["bench", "speculative", "--bundle", str(root), "--users", "3", "--k", "5", "--drafter", "llama",
+                     "--grid", "K:3", "--dtype", "fp32", "--split", "valid", "--calibration-users", "2",
+                     "--forward", "bucketed", "--count-users", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    spec = [row for row in rows if row["N"] > 0]
+    assert spec and all(row["identical"] == 1.0 for row in rows)
+    for row in spec:
+        plain, strict = row["per_request_plain"], row["per_request_spec"]
+        assert plain["requests"] == strict["requests"] == 2 and plain["replays"] == 8 and plain["host_reads"] == 0
+        assert strict["eager_ops"] <= 2 * plain["eager_ops"] and strict["replays"] <= plain["replays"] + 4
+        assert strict["host_reads"] <= 2

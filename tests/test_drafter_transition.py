@@ -62,3 +62,45 @@ def test_each_depth_extends_the_nodes_drafted_above_it() -> None:
     assert {int(trie.node_code[n]) for n in first[0].tolist()} == {1, 3}
     assert set(trie.leaf_items(second[0])) == {7, 10}  # not 9: its parent (2,) was not drafted
     assert {int(trie.ancestors[n, 0]) for n in second[0].tolist()} <= set(first[0].tolist())
+
+
+def test_sync_free_drafts_the_same_sets_without_reading_the_device() -> None:
+    """Over a sync-free target (told its depth count) the drafter runs as a beam search over the trie: the same
+    drafted set per depth as the per-row path, no host read, and strict over the bucketed forward stays exact."""
+    from engine_helpers import tiny_llama
+
+    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.ports import TargetState
+    from recsvc.engine.tree_cache import TreeCache
+
+    trie, model, items, seqs = catalog_with_sequences(seed=9)
+    drafter = TransitionDrafter(TransitionPrior.fit(seqs, items), trie)
+    bucketed = EngineModel.build(tiny_llama(trie.levels, trie.codebook_size, 9), "fp32", forward="bucketed")
+    prompts = random_prompts(3, seed=9)
+    histories = [seqs[0][:3], seqs[1][:4], seqs[2][:2]]
+    state = TargetState(bucketed, TreeCache(bucketed, trie, TEXT_VOCAB, batch(prompts)))
+    session = drafter.session(batch(prompts), histories, trie.dead_nodes([[], [items[0]], []]))
+    for roots, steps in ((torch.zeros(3, 1, dtype=torch.long), torch.tensor([3, 3, 3])),
+                         (torch.tensor([[1, 2], [3, 4], [2, 5]]), torch.tensor([3, 2, 0]))):
+        scores = torch.zeros(roots.shape, dtype=torch.float32)
+        ref = session.propose(roots, scores, steps, 8, None)  # type: ignore[arg-type]
+        with HostReads("cpu") as reads:
+            out = session.propose(roots, scores, steps, 8, state, depths=3)
+        assert reads.total == 0, reads.summary()
+        for a, b in zip(out, ref, strict=False):
+            for row in range(3):  # the same sets up to ties (the prior's smoothing gives many nodes one mass)
+                got, want = a[row][a[row] >= 0], b[row][b[row] >= 0]
+
+                def score(nodes: torch.Tensor, row: int = row, j: int = int(trie.depth[roots[row, 0]])
+                          ) -> torch.Tensor:  # log m(node) - log m(its root at depth j)
+                    base = trie.ancestors[nodes, j - 1] if j else torch.zeros_like(nodes)
+                    return session.log_mass[row, nodes] - session.log_mass[row, base]
+
+                torch.testing.assert_close(score(got).sort().values, score(want).sort().values, atol=1e-5, rtol=0)
+                above = want[score(want) > score(want).min() + 1e-5] if len(want) else want  # no tie can swap them
+                assert set(above.tolist()) <= set(got.tolist())
+    engine = BeamSearch(bucketed, trie, TEXT_VOCAB)
+    spec = speculative_search(bucketed, trie, TEXT_VOCAB, batch(prompts), 6,
+                              drafter.session(batch(prompts), histories, None), 8, 3, None, engine.select)
+    assert torch.equal(spec.leaves, engine.search(batch(prompts), 6).leaves)

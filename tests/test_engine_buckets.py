@@ -105,21 +105,23 @@ class _RoundCounter:
         return self.inner.phase(name)
 
 
-def test_a_strict_round_reads_the_device_at_most_once(setup) -> None:
-    """One strict round (the oracle drafter: prefill + verification in one target call, every depth accepted)
-    reads the device once on the sync-free path (the rows' depths); today's fast path reads it for the
-    verification's token count and key groups, the replay's exit test and the row selection."""
+def test_a_strict_request_reads_the_device_once(setup) -> None:
+    """A strict request with the oracle drafter (prefill + verification in one target call, every depth accepted)
+    reads the device once on the sync-free path (its counters, at the end), its L rounds unrolled on the device
+    (the rounds after the first feed nothing and count no target call); the fast path reads it for the
+    verification's token count and key groups, the replay's exit test and the row selection, in one round."""
     after, rounds, out = _count_strict(setup, "bucketed", "oracle")
     before, rounds_before, _ = _count_strict(setup, "fast", "oracle")
-    assert rounds == rounds_before == 1 and out.target_calls.tolist() == [1]
-    assert after.total <= 1, after.summary()
+    assert rounds == L and rounds_before == 1 and out.target_calls.tolist() == [1]
+    assert out.host_counts == ([1], out.accepted.tolist())
+    assert after.total == 1, after.summary()
     assert before.total > 10 * after.total, before.summary()
 
 
-def test_llama_strict_reads_once_per_round_and_once_per_search(setup) -> None:
+def test_llama_strict_reads_once_per_request(setup) -> None:
     reads, rounds, out = _count_strict(setup, "bucketed", "llama")
-    assert rounds >= 1 and int(out.target_calls[0]) == rounds
-    assert reads.total <= rounds + 1, reads.summary()  # + the closed-tree bound's check at the end
+    assert rounds == L and 1 <= int(out.target_calls[0]) <= L
+    assert reads.total == 1, reads.summary()  # the counters and the closed-tree bound's check, in one read
 
 
 def test_pad_inputs_padded_tokens_see_only_themselves() -> None:
@@ -265,3 +267,56 @@ def test_each_search_in_turn_gets_the_static_pool(setup) -> None:
         if enabled:
             gc.enable()
     assert leases == [True, True] * 3
+
+
+def _per_request(engine: BeamSearch, drafter, prompts, mode: str, k: int = 10):
+    """(the decoded request, its eager device ops, graph replays, host reads), after one warm-up request."""
+    from recsvc.engine.decode import decode
+    from recsvc.engine.launches import Launches
+
+    def run():
+        return decode(engine, drafter, prompts, [[]] * len(prompts.lengths), mode, k, (k, 3))
+
+    run()
+    with Launches() as ops:
+        out = run()
+    with HostReads(engine.model.device) as reads:
+        run()
+    return out, ops.total, ops.replays, reads.total
+
+
+@pytest.mark.parametrize("n_prompts", [1, 3])
+def test_a_strict_request_is_a_handful_of_replays_and_one_read(setup, n_prompts: int) -> None:
+    """The bench pairing's shape (a LLaMA target, a smaller LLaMA drafter; bucketed forward): a strict request
+    launches at most twice plain's eager ops from Python, replays at most 4 graphs more than plain's (L rounds of
+    drafting, verification and replay against plain's L forwards and L steps), reads the device at most twice (once
+    here), and returns plain's lists."""
+    trie, target, drafter, engine = _models(setup, "bucketed")
+    prompts = batch(random_prompts(n_prompts, 70 + n_prompts, min_len=3, max_len=30))
+    plain, plain_ops, plain_replays, plain_reads = _per_request(engine, None, prompts, "plain")
+    strict, ops, replays, reads = _per_request(engine, drafter, prompts, "strict")
+    assert strict.decoding.mode == "strict"
+    assert torch.equal(strict.leaves, plain.leaves)
+    assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= 2, (ops, plain_ops, replays, reads)
+    assert plain_replays == 2 * L and replays == 3 * L and reads == 1 and plain_reads == 0
+
+
+def test_an_early_exit_check_ends_a_finished_request_in_one_read(setup) -> None:
+    """``exit_check=2``: after two rounds one read asks whether every row finished (with the counters): the
+    oracle's request (done in its first round) stops there, having read once; a request still running reads once
+    more at its end. The lists stay plain's."""
+    trie, target, drafter, plain = _models(setup, "bucketed")
+    for n_prompts, source in ((1, "oracle"), (3, "llama"), (1, "llama")):
+        prompts = batch(random_prompts(n_prompts, 80 + n_prompts, min_len=3, max_len=30))
+        ref = plain.search(prompts, 10)
+        rounds = _RoundCounter(PhaseLedger())
+        session = (OracleDrafter(plain, 10) if source == "oracle" else drafter).session(prompts, [], None)
+        with HostReads(target.device) as reads:
+            out = speculative_search(target, trie, TEXT_VOCAB, prompts, 10, session, 10, 3, None, plain.select,
+                                     ledger=rounds, exit_check=2)
+        _same(out, ref)
+        assert out.host_counts == (out.target_calls.tolist(), out.accepted.tolist())
+        if source == "oracle":
+            assert rounds.rounds == 2 and reads.total == 1, reads.summary()
+        else:
+            assert rounds.rounds in (2, L) and reads.total == (1 if rounds.rounds == 2 else 2), reads.summary()

@@ -73,3 +73,31 @@ def test_bench_speculative_with_the_head(bundle, tmp_path) -> None:
     assert all(r["identical"] == 1.0 and r["draft_calls"] == 0 for r in rows)
     spec = [r for r in rows if r["N"] > 0]
     assert spec and all(r["target_calls_spec"] >= 2 for r in spec)  # no opener: the prefill is a call of its own
+
+
+def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bundle) -> None:
+    """The served recommender (draft head, the prior's transition opener, fused prior) over the bucketed forward
+    (CUDA graphs' stand-in): a strict request gives plain's lists, with at most twice plain's eager device ops, at
+    most 4 graph replays more, and at most 2 device reads beyond plain's (the opener's prior check, the request's
+    counters)."""
+    from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.launches import Launches
+
+    rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed")
+    assert isinstance(rec.drafter, HeadDrafter) and rec.drafter.opener is not None
+    data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
+    for u in data.eval_users("valid")[:3]:
+        counts = {}
+        for mode in ("plain", "strict"):
+            query = [RecQuery(history=u.history[-8:], k=10, mode=mode)]
+            rec.recommend(query)  # first use: buckets, caches
+            with Launches() as ops:
+                (out,) = rec.recommend(query)
+            with HostReads(rec.target.device) as reads:
+                rec.recommend(query)
+            assert out.decoding is not None and out.decoding.mode == mode
+            counts[mode] = (out.item_ids, ops.total, ops.replays, reads.total)
+        (items, ops, replays, reads), (plain_items, plain_ops, plain_replays, plain_reads) = (counts["strict"],
+                                                                                              counts["plain"])
+        assert items == plain_items
+        assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= plain_reads + 2, counts

@@ -87,7 +87,8 @@ class HeadDraftSession:
         state = head.start(h.reshape(r * kc, -1))  # [R Kc, S]
         if any_parent:
             safe = roots.clamp(min=1)
-            stepped, logq = head.step(state, h.reshape(r * kc, -1), (trie.depth[safe] - 1).reshape(-1),
+            level = (trie.depth[safe] - 1).clamp(max=trie.levels - 2)  # a finished row's leaf roots: unused
+            stepped, logq = head.step(state, h.reshape(r * kc, -1), level.reshape(-1),
                                       trie.node_code[safe].reshape(-1), read=read)
             state = torch.where(from_parent.reshape(-1, 1), stepped, state)
             logp = torch.where(from_parent[..., None], logq.view(r, kc, -1), logp)
@@ -116,7 +117,7 @@ class HeadDraftSession:
         first = (not bool(target.cached(roots[:, :1]).all())) if not target.plan.sync_free else not target.prefilled
         if self.opener is not None and first:
             # the first round: the opener's drafts ride along with the prompt prefill in one forward
-            return self.opener.propose(roots, root_scores, steps, width, target)
+            return self.opener.propose(roots, root_scores, steps, width, target, depths=depths)
         if target.plan.sync_free:  # the target's part eagerly, then the whole drafting as one function (a CUDA graph)
             h, logp, from_parent = self._root_inputs(roots, target)
             self.head_steps += g  # the root step and g - 1 depth steps

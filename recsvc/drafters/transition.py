@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from recsvc.engine.expand import expand_beams
 from recsvc.engine.ports import StrictOnly, TargetState
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.prompts import PromptBatch
@@ -49,6 +50,8 @@ class TransitionDraftSession:
     def propose(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
                 target: TargetState, depths: int | None = None) -> list[torch.Tensor]:
         """roots [B, Kc] (depth j_b, -1 dead), root_scores [B, Kc], steps [B] -> max(steps) x [B, N] nodes."""
+        if depths is not None and target is not None and target.plan.sync_free:
+            return self._beams(roots, root_scores, steps, width, depths)
         b = roots.shape[0]
         out = [torch.full((b, width), -1, dtype=torch.long, device=roots.device)
                for _ in range(depths if depths is not None else (int(steps.max()) if b else 0))]
@@ -77,6 +80,26 @@ class TransitionDraftSession:
                 keep = torch.isfinite(top.values)
                 drafted = cand[top.indices[keep]]
                 out[s - 1][row, : len(drafted)] = drafted
+        return out
+
+    def _beams(self, roots: torch.Tensor, root_scores: torch.Tensor, steps: torch.Tensor, width: int,
+               depths: int) -> list[torch.Tensor]:
+        """``propose`` without a host read or a per-row loop (sync-free targets): the same ranking as a beam search
+        over the trie whose step log-probs are log m(child) - log m(node) (the scores telescope to
+        target_score(r) + log m(node) - log m(r)), the top N of each depth among the children of the depth above.
+        The same drafted sets as ``propose``, up to the order of ties."""
+        nodes, scores = roots, root_scores
+        b = roots.shape[0]
+        out: list[torch.Tensor] = []
+        for s in range(1, depths + 1):
+            active = (steps >= s)[:, None]  # [B, 1]
+            nodes = torch.where(active, nodes, -1)
+            m = nodes.shape[1]
+            _, child = self.trie.allowed(nodes.reshape(-1))  # [B m, C]
+            lm_child = self.log_mass.gather(1, child.clamp(min=0).view(b, -1)).view(b, m, -1)
+            logp = lm_child - self.log_mass.gather(1, nodes.clamp(min=0))[..., None]  # [B, m, C]
+            nodes, scores, _ = expand_beams(self.trie, nodes, scores, logp, width, self.dead)
+            out.append(torch.where(active, nodes, -1))
         return out
 
     def observe(self, beams: torch.Tensor) -> None:

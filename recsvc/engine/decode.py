@@ -54,7 +54,7 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
            dead: torch.Tensor | None = None, prior: torch.Tensor | None = None,
            temperatures: torch.Tensor | None = None, generators: Sequence[torch.Generator] | None = None,
            session: DraftSession | SamplingSession | None = None, top: int | None = None, ledger: Ledger = NO_LEDGER,
-           states: UserStateCache | None = None) -> Decoded:
+           states: UserStateCache | None = None, exit_check: int | None = None) -> Decoded:
     """Decodes ``batch`` (B prompts, ``histories`` their item histories) in ``mode`` at beam width ``width``.
 
     ``speculation``: (N, gamma) for this width; N = 0 means "do not speculate" (``why_plain`` says why).
@@ -62,7 +62,8 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
     (B seeded generators): the sampling modes (default: 1.0, unseeded). ``session``: the mode's draft session
     (strict: ``DraftSession``, relaxed: ``SamplingSession``) made by the caller, e.g. outside its timer; default:
     the drafter's. ``top``: plain search reads only the best
-    ``top`` beams (``BeamSearch.search``). ``states``: the user-state cache."""
+    ``top`` beams (``BeamSearch.search``). ``states``: the user-state cache. ``exit_check``: strict over a sync-free
+    forward, one more read after that many rounds ends a finished request early (``recsvc.engine.unrolled``)."""
     b = len(histories)
     n, gamma = speculation
     if mode == "strict":
@@ -73,9 +74,10 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
                                                                                              prior)
             spec = speculative_search(engine.model, engine.trie, engine.code_offset, batch, width, drafts, n, gamma,
                                       dead, engine.select, prior, ledger=ledger, states=states,
-                                      graphs=engine.step_graphs())
-            return Decoded(spec.leaves, spec.scores, spec.target_calls.tolist(), spec.accepted.tolist(),
-                           spec.draft_calls, Decoding("strict", width, n, gamma), spec.prompt_hidden)
+                                      graphs=engine.step_graphs(), exit_check=exit_check)
+            calls, accepted = spec.host_counts or (spec.target_calls.tolist(), spec.accepted.tolist())
+            return Decoded(spec.leaves, spec.scores, calls, accepted, spec.draft_calls,
+                           Decoding("strict", width, n, gamma), spec.prompt_hidden)
         return _plain(engine, batch, width, dead, prior, top, ledger, states, b, why)
     if mode == "relaxed":
         device = engine.model.device

@@ -27,7 +27,6 @@ back-off, like the transition prior with beta > 0, gives every item some mass).
 
 from __future__ import annotations
 
-import math
 import weakref
 
 import numpy as np
@@ -60,13 +59,11 @@ def prior_log_mass(trie: CatalogTrie, probs: torch.Tensor | np.ndarray, weight: 
     # every item adds its probability to each node of its path, the root included (depth-major: [(L+1) * n])
     mass.scatter_add_(1, _path_index(trie).expand(b, -1), torch.cat([p] * trie.item_path.shape[1], 1))
     total = mass[:, :1].clone()  # [B, 1] the root's mass
-    # few, cheap scalar checks (small torch ops cost 5-50 us each, a request a few ms)
-    lo, hi = torch.aminmax(total) if b else (torch.ones((), device=dev), torch.ones((), device=dev))
-    if (p.numel() and float(p.min()) < 0) or not math.isfinite(float(hi)):  # finite sums: finite p
+    # one host read: negative probabilities, or a non-finite sum (finite sums: finite p)
+    if b and p.numel() and bool((p.min() < 0) | ~torch.isfinite(total.max())):
         raise ValueError("prior probabilities must be finite and >= 0")
-    if float(lo) <= 0:  # rows without information: no bias
-        empty = total <= 0
-        mass, total = torch.where(empty, 1.0, mass), torch.where(empty, 1.0, total)
+    empty = total <= 0  # rows without information: no bias (no read: applied to every row)
+    mass, total = torch.where(empty, 1.0, mass), torch.where(empty, 1.0, total)
     log_m = mass.div_(total).log_()
     return log_m if weight == 1 else log_m.mul_(weight)
 

@@ -18,7 +18,6 @@ class ActiveBeams:
     scores: torch.Tensor  # [R, Kc] their beam scores (strict) or sequence log-probs (relaxed)
     depth: torch.Tensor  # [R] depth of the beams
     per_row: dict[str, torch.Tensor | None] = field(default_factory=dict)  # follow the rows (dead, temperature)
-    host_depth: list[int] | None = None  # [R] the depths as the host last read them (sync-free rounds)
 
     @classmethod
     def start(cls, batch: int, device: torch.device | str = "cpu", **per_row: torch.Tensor | None) -> ActiveBeams:
@@ -35,23 +34,14 @@ class ActiveBeams:
             self.scores = torch.where(go[:, None], new_scores, self.scores)
         self.depth += go.long()
 
-    def retire(self, levels: int, cache: TreeCache, drafts: Session, sync_free: bool = False
+    def retire(self, levels: int, cache: TreeCache, drafts: Session
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Remove finished requests (depth == L) from the batch, the target cache and the drafter; compact the
         KV of the others to their beams' paths. Returns (original rows, nodes, scores) of the finished ones.
-        ``sync_free``: the round's one host read is the rows' depths (``host_depth``: which rows finished, and
-        how deep the next round drafts), the row selections are built on the host."""
-        if sync_free:
-            depth = self.depth.tolist()  # host sync: the round's one read
-            dev = self.depth.device
-            gone = torch.tensor([i for i, d in enumerate(depth) if d >= levels], dtype=torch.long, device=dev)
-            keep = torch.tensor([i for i, d in enumerate(depth) if d < levels], dtype=torch.long, device=dev)
-            self.host_depth = [d for d in depth if d < levels]
-            finished = (self.rows[gone], self.nodes[gone], self.scores[gone])
-        else:
-            done = self.depth >= levels
-            finished = (self.rows[done], self.nodes[done], self.scores[done])
-            keep = torch.nonzero(~done).reshape(-1)  # host sync (a shape): which rows stay is a decision
+        (The sync-free strict loop, ``recsvc.engine.unrolled``, never retires rows: no read, no row copy.)"""
+        done = self.depth >= levels
+        finished = (self.rows[done], self.nodes[done], self.scores[done])
+        keep = torch.nonzero(~done).reshape(-1)  # host sync (a shape): which rows stay is a decision
         if len(keep) < len(self.rows):
             self.rows, self.nodes, self.scores, self.depth = (t[keep] for t in
                                                                (self.rows, self.nodes, self.scores, self.depth))

@@ -33,6 +33,7 @@ from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.engine.topk import Selector
 from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.unrolled import unrolled_rounds
 from tokenizer_rqvae.trie import CatalogTrie
 
 
@@ -44,6 +45,8 @@ class SpecOutput:
     accepted: torch.Tensor  # [B] draft depths accepted per request (AS)
     draft_calls: int  # drafter forward calls for the batch
     prompt_hidden: torch.Tensor | None = None  # [B, H] final hidden state at each prompt's last token
+    # target_calls and accepted as the host read them (the sync-free request's one read), else None
+    host_counts: tuple[list[int], list[int]] | None = None
 
 
 def accepted_depth(target_beams: torch.Tensor, drafted: torch.Tensor) -> torch.Tensor:
@@ -85,12 +88,15 @@ def speculative_search(
     ledger: Ledger = NO_LEDGER,  # phase timers (recsvc.engine.ledger); results never depend on it
     states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
     graphs: FunctionGraphs | None = None,  # sync-free: each replay depth one function (a CUDA graph on a GPU)
+    exit_check: int | None = None,  # sync-free: one extra read after that many rounds may end the request early
 ) -> SpecOutput:
-    # Host synchronisation (CUDA), the eager forwards: a round reads the device only where a decision needs it:
-    # how many tokens the verification feeds (TreeCache.missing: a shape; the lean forward also groups them by
-    # key count: TreeCache._groups), whether any row can take another depth (``go.any()``: the replay loop's
-    # exit) and which rows finished (ActiveBeams.retire: the batch's new shape); drafters read how many depths
-    # to draft (``steps.max()``). Acceptance, scores and counters stay on the device.
+    # Sync-free forwards (``target.plan.sync_free``: bucketed / CUDA graphs): ``recsvc.engine.unrolled`` (rounds
+    # unrolled on the device, three fixed-shape units a round, one host read per request). The eager forwards
+    # (below) read the device where a decision needs it: how many tokens the verification feeds
+    # (TreeCache.missing: a shape; the lean forward also groups them by key count: TreeCache._groups), whether
+    # any row can take another depth (``go.any()``: the replay loop's exit) and which rows finished
+    # (ActiveBeams.retire: the batch's new shape); drafters read how many depths to draft (``steps.max()``).
+    # Acceptance, scores and counters stay on the device.
     dev = target.device  # inputs moved once; every tensor of the search lives there
     trie, prompts = trie.to(dev), prompts.to(dev)
     dead, prior = to_device(dead, dev), to_device(prior, dev)
@@ -98,38 +104,29 @@ def speculative_search(
     cache = TreeCache(target, trie, code_offset, prompts, states)
     state = TargetState(target, cache)  # follows the cache's rows (select_rows)
     beams = ActiveBeams.start(b, dev, dead=dead, prior=prior)
+    if target.plan.sync_free:  # rounds unrolled on the device, a handful of units, one host read per request
+        leaves, scores, calls_t, acc_t, calls_h, acc_h, hid = unrolled_rounds(
+            cache, state, beams, drafts, width, draft_beams, gamma, select, ledger, graphs, _replay_step, exit_check)
+        return SpecOutput(leaves, scores, calls_t, acc_t, drafts.calls, hid, (calls_h, acc_h))
     out_leaves = torch.full((b, width), -1, dtype=torch.long, device=dev)
     out_scores = torch.full((b, width), float("-inf"), device=dev)
     calls = torch.zeros(b, dtype=torch.long, device=dev)
     accepted = torch.zeros(b, dtype=torch.long, device=dev)
-    # Sync-free (``target.plan.sync_free``: the bucketed / CUDA-graph forwards): the host knows every row's depth
-    # from the one read a round makes (``retire``), so the drafter is told its depth count, the verification
-    # feeds its bound (the tree's width when the drafter's trees hold their parents: ``closed_tree``), the
-    # replay runs its gamma + 1 depths without asking whether a row still goes, and the caches keep their slots.
-    sync = target.plan.sync_free
-    if sync:
-        beams.host_depth = [0] * b
-    closed = drafts.closed_tree
     prompt_hidden: torch.Tensor | None = None  # read after the first verification, which prefills every row
     while len(beams.rows):  # a shape: no sync
         dead, row_prior = beams.per_row["dead"], beams.per_row["prior"]
         steps = (levels - beams.depth).clamp(max=gamma)  # [R]
         with ledger.phase("draft"):
-            if sync and beams.host_depth is not None:
-                depths = max(min(levels - d, gamma) for d in beams.host_depth)
-                drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state, depths=depths)
-            else:
-                drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state)  # g x [R, N]
+            drafted = drafts.propose(beams.nodes, beams.scores, steps, draft_beams, state)  # g x [R, N]
         with ledger.phase("verify"):
             tree = torch.cat([beams.nodes, *drafted], 1)
-            cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1),  # leaves need no forward
-                       bound=tree.shape[1] if sync and closed else None)
+            cache.feed(torch.where(trie.depth[tree.clamp(min=0)] < levels, tree, -1))  # leaves need no forward
             if prompt_hidden is None and cache.last_prompt_hidden is not None:
                 prompt_hidden = cache.last_prompt_hidden.clone()  # [B, H]: no row has retired yet
         running = torch.ones(len(beams.rows), dtype=torch.bool, device=dev)
         for s in range(1, gamma + 2):
             go = running & (beams.depth < levels)
-            if not sync and not go.any():  # host sync: the decision to stop replaying this round
+            if not go.any():  # host sync: the decision to stop replaying this round
                 break
             with ledger.phase("replay"):
                 live = torch.where(go[:, None], beams.nodes, -1)  # finished rows take no step
@@ -137,15 +134,12 @@ def speculative_search(
                 draft = drafted[s - 1] if s <= len(drafted) else None  # None: the free depth after all g passed
                 step = partial(_replay_step, target, trie, code_offset, width, select, s)
                 inputs = (hidden, live, beams.scores, dead, row_prior, go, steps, draft)
-                new_nodes, new_scores, ok = (graphs.run(("replay depth", s, width), step, inputs)
-                                             if graphs is not None and sync else step(*inputs))
+                new_nodes, new_scores, ok = step(*inputs)
                 beams.advance(go, new_nodes, new_scores)
             accepted[beams.rows] += ok.long()
             running = ok
         calls[beams.rows] = cache.row_calls  # every target forward a row took part in, so far
         with ledger.phase("commit"):
-            rows, leaves, scores = beams.retire(levels, cache, drafts, sync)
+            rows, leaves, scores = beams.retire(levels, cache, drafts)
         out_leaves[rows], out_scores[rows] = leaves, scores
-    if sync and closed and not cache.check_bound():  # one read per search; a drafter's broken promise
-        raise RuntimeError("a drafter marked closed_tree proposed a node whose parent it did not propose")
     return SpecOutput(out_leaves, out_scores, calls, accepted, drafts.calls, prompt_hidden)

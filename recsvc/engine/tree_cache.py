@@ -18,12 +18,20 @@ from __future__ import annotations
 import torch
 
 from recsvc.engine.attention import TreeGroups
+from recsvc.engine.buckets import Buckets
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.host_reads import uncounted
+from recsvc.engine.launches import replayable
 from recsvc.engine.prefill import Prefill
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.state_cache import UserStateCache
 from tokenizer_rqvae.trie import CatalogTrie
+
+
+def _bound_width(nodes: torch.Tensor, levels: int, bound: int | None) -> int:
+    """The columns a sync-free ``missing`` returns for [B, m] nodes: ``bound`` (default m * L), at most m * L."""
+    most = nodes.shape[1] * levels
+    return min(bound, most) if bound is not None else most
 
 
 def _check(ok, like: torch.Tensor, message: str) -> None:
@@ -54,10 +62,11 @@ class TreeCache:
         self.tokens_fed = 0
         self.states = states if model.plan.fast else None
         self.overflow = torch.zeros((), dtype=torch.bool, device=dev)  # a sync-free ``missing`` bound fell short
-
-    def check_bound(self) -> bool:
-        """Whether every sync-free feed fed all its missing nodes (one host read; True when not sync-free)."""
-        return not self.model.plan.sync_free or not bool(self.overflow)
+        # sync-free: the slots' bookkeeping lives in buffers of a host-known capacity, written in place (never
+        # grown by torch.cat), so a feed and its forward are one fixed-shape unit (``launches.replayable``)
+        self._static = model.plan.sync_free
+        self._width = 0  # slots in use (host-known: feeds add their bound's columns)
+        self._bufs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # prompt_slot, node_of_slot, hidden
 
     @property
     def prefilled(self) -> bool:
@@ -65,7 +74,27 @@ class TreeCache:
 
     @property
     def width(self) -> int:
-        return int(self.prompt_slot.shape[1])
+        return self._width if self._static else int(self.prompt_slot.shape[1])
+
+    def _reserve(self, width: int) -> None:
+        """Sync-free: buffers of at least ``width`` slots (a host decision: widths are known there). Grows by
+        buckets (``Buckets.widths``, then doubling), copying the used part once; the attributes are views."""
+        if self._bufs is not None and self._bufs[0].shape[1] >= width:
+            return
+        cap = Buckets.fit(Buckets().widths, width) or 2 * width
+        b, dev = len(self.prompts.lengths), self.prompts.lengths.device
+        bufs = (torch.empty(b, cap, dtype=torch.bool, device=dev), torch.empty(b, cap, dtype=torch.long, device=dev),
+                torch.empty(b, cap, self.model.hidden_size, dtype=self.model.dtype, device=dev))
+        if self._width:
+            for new, old in zip(bufs, (self.prompt_slot, self.node_of_slot, self.hidden), strict=True):
+                new[:, :self._width].copy_(old)
+        self._bufs = bufs
+        self._views()
+
+    def _views(self) -> None:
+        assert self._bufs is not None
+        w = self._width
+        self.prompt_slot, self.node_of_slot, self.hidden = (t[:, :w] for t in self._bufs)
 
     def _rows(self, like: torch.Tensor) -> torch.Tensor:
         return torch.arange(like.shape[0], device=like.device)[:, None].expand_as(like)
@@ -94,7 +123,7 @@ class TreeCache:
         keep = (s < big) & ~repeat & ~cached
         if self.model.plan.sync_free:  # no host read: as many columns as the bound (padding: -1)
             q = min(bound, keep.shape[1]) if bound is not None else keep.shape[1]
-            self.overflow |= (keep.sum(1) > q).any()  # checked once per search (``check_bound``)
+            self.overflow |= (keep.sum(1) > q).any()  # read once per request (``unrolled``)
         else:
             q = int(keep.sum(1).max()) if b else 0
         order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :q]
@@ -108,6 +137,15 @@ class TreeCache:
             self._prefill_states()
         if bound == 0 and self.prefilled and self.model.plan.sync_free:
             return 0  # the caller knows every node is cached (hidden_at checks it on a CPU): nothing to look up
+        if self._static:  # the lookup, the bookkeeping and the forward: one fixed-shape unit (a graph on a GPU)
+            q = _bound_width(nodes, self.trie.levels, bound) if nodes.numel() else 0
+            if self.prefilled and q == 0:
+                return 0
+            self._reserve(self._width + (0 if self.prefilled else self.prompts.width) + q)
+            with replayable(nodes.device):
+                new = self.missing(nodes, bound) if nodes.numel() else nodes[:, :0]
+                self._forward(new)
+            return q
         new = self.missing(nodes, bound) if nodes.numel() else nodes[:, :0]
         if self.prefilled and new.shape[1] == 0:
             return 0
@@ -125,6 +163,12 @@ class TreeCache:
         self.prompt_slot = torch.cat([self.prompts.valid, torch.zeros(b, 1, dtype=torch.bool, device=dev)], 1)
         self.node_of_slot = torch.full((b, w), -1, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(b, w, self.model.hidden_size, dtype=self.model.dtype, device=dev)
+        if self._static:  # into the static buffers
+            self._reserve(w)
+            self._width = w
+            for buf, t in zip(self._bufs or (), (self.prompt_slot, self.node_of_slot, self.hidden), strict=True):
+                buf[:, :w].copy_(t)
+            self._views()
         self.last_prompt_hidden = last
         pre.remember(last, None)
 
@@ -178,6 +222,18 @@ class TreeCache:
         self.tokens_fed += t + q
         if first:
             self.last_prompt_hidden = hidden[torch.arange(b, device=dev), self.prompts.lengths - 1]
+        if self._static:  # written in place: [w, w + t + q) of the buffers (``_reserve`` made room)
+            assert self._bufs is not None
+            w, new = self._width, t + q
+            ps, ns, hs = self._bufs
+            ps[:, w:w + t].copy_(prompt_slot[:, w:])
+            ps[:, w + t:w + new].fill_(False)
+            ns[:, w:w + t].fill_(-1)
+            ns[:, w + t:w + new].copy_(torch.where(valid, nodes, -1))
+            hs[:, w:w + new].copy_(hidden)
+            self._width = w + new
+            self._views()
+            return
         self.prompt_slot = torch.cat([prompt_slot, torch.zeros(b, q, dtype=torch.bool, device=dev)], 1)
         filler = torch.full((b, t), -1, device=dev, dtype=torch.long)
         self.node_of_slot = torch.cat([self.node_of_slot, filler, torch.where(valid, nodes, -1)], 1)
@@ -295,5 +351,9 @@ class TreeCache:
         self.prompts = PromptBatch(self.prompts.ids[rows], self.prompts.lengths[rows], self.prompts.valid[rows])
         for name in ("prompt_slot", "node_of_slot", "slot_of_node", "hidden", "row_calls"):
             setattr(self, name, getattr(self, name)[rows])
+        if self._bufs is not None:  # sync-free: the static buffers follow the rows
+            ps, ns, hs = self._bufs
+            self._bufs = (ps[rows], ns[rows], hs[rows])
+            self._views()
         if self.last_prompt_hidden is not None:
             self.last_prompt_hidden = self.last_prompt_hidden[rows]
