@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from recsvc.errors import UserError
 from recsvc.progress import print_record
 from training.cli import user_count
+from training.rescore_study import add_rescore_args
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 
 TRAIN_SEQUENCE_DIR = "sequence-train"
 MAX_WEIGHT = 30.0
+SEQUENCE_CANDIDATES = 50  # SASRec's top items added to each user's cached candidates
 PRODUCT_RANGE = (0.0, 1.0)  # the product term's exponent searched (1: SASRec weighs as much as the mixture)
 
 
@@ -85,6 +87,7 @@ def register_mix(sub) -> None:
                         "prior: force one (the record keeps both validation figures)")
     p.add_argument("--exclude-history", action="store_true",
                    help="tune BUNDLE/prior-excl, the prior of a service that excludes history items")
+    add_rescore_args(p, sequence=SEQUENCE_CANDIDATES)
     p.set_defaults(func=cmd_tune_mix)
 
 
@@ -100,10 +103,12 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from recsvc.priors.transition import MAX_WEIGHT as WEIGHT_LIMIT
     from recsvc.priors.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
+    from training import rescore_study as rs
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
+    from training.prior_alone import prior_rankings
     from training.prior_cli import prior_sequences, resolve_fit_on
-    from training.ranking import rank_users, serving_model
+    from training.ranking import serving_model
     from training.studies import check_budget, run_trials, study, validation_model, weights_fingerprint
 
     check_budget(args.trials, args.budget_minutes)
@@ -139,16 +144,6 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     print(f"tune mix: {len(users)} validation users, model {model_dir.name}, transition {stored.settings}, "
           f"metric {args.metric}{', history excluded' if excl else ''}")
 
-    def objective(trial) -> float:
-        mix = suggest_mix(trial)
-        weight = weight_of({"share": trial.suggest_float("share", 0.0, share_of(args.max_weight))})
-        prior = MixedPrior(train_prior.with_settings(_with_weight(stored.settings, weight)), seq_train, mix)
-        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, beam_width=width,
-                                         progress=False, prior=prior), users, (10,))
-        trial.set_user_attr("recall@10", m["recall@10"])
-        trial.set_user_attr("ndcg@10", m["ndcg@10"])
-        return m[args.metric]
-
     # what every trial's score depends on: a retrained target, a re-tuned transition prior, other SASRec fits or
     # other users start a new study instead of resuming one scored on another objective
     key = {"model": weights_fingerprint(model_dir), "sasrec": weights_fingerprint(train_dir),
@@ -159,6 +154,28 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
            "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width,
            "family": {"mixture": True, "product": list(PRODUCT_RANGE)}}
+    scorer, cache_info = None, None
+    if not args.full_decode:  # each trial re-scores cached candidates: its own study (another objective)
+        widths = rs.widths_of(args)
+        scorer, cache_info = rs.rescorer(bundle.root / "tune", "mix-excl" if excl else "mix", key, widths, model,
+                                         builder, trie, users, train_prior, excl, seq_train)
+        key = {**key, "objective": "rescored", "candidates": asdict(widths)}
+
+    def objective(trial) -> float:
+        mix = suggest_mix(trial)
+        weight = weight_of({"share": trial.suggest_float("share", 0.0, share_of(args.max_weight))})
+        settings = _with_weight(stored.settings, weight)
+        start = time.perf_counter()
+        if scorer is not None:
+            m = scorer.evaluate(settings, mix)
+        else:
+            prior = MixedPrior(train_prior.with_settings(settings), seq_train, mix)
+            m = evaluate_rankings(rs.decode_lists(model, builder, trie, users, excl, width, prior), users, (10,))
+        trial.set_user_attr("seconds", time.perf_counter() - start)
+        trial.set_user_attr("recall@10", m["recall@10"])
+        trial.set_user_attr("ndcg@10", m["ndcg@10"])
+        return m[args.metric]
+
     search = study(bundle.root / "tune" / ("mix-excl.db" if excl else "mix.db"), "mix", args.seed, key)
     if not search.trials:  # the transition prior alone, as tuned
         search.enqueue_trial({"mix": 0.0, "temperature": 1.0, "product": 0.0,
@@ -169,6 +186,17 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     chosen = _with_weight(stored.settings, weight_of(best.params))
     own, ran_own = _search_alone(args, bundle, excl, train_prior.with_settings(chosen), seq_train, users, best.params,
                                  {**key, "model": None, "fused": best.params})
+    # the chosen fused settings' full decode on validation: the check of the re-scored choice, and the fused lists
+    # the headline figure compares with the prior's own best ranking
+    fused_prior = MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(best.params))
+    decoded = rs.decode_lists(model, builder, trie, users, excl, width, fused_prior)
+    check = rs.full_decode_check(decoded, scorer.lists(chosen, mix_of(best.params)), users) if scorer else None
+    if check is not None:
+        print(rs.format_check(check))
+    alone_lists = prior_rankings(MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(own.params)), users,
+                                 10, excl)
+    headline = rs.target_over_prior(decoded, alone_lists, users, "tune mix", prior_dir.name)
+    print(rs.format_target_over_prior(headline))
     alone_wins = own.value > best.value if args.rank_by == "auto" else args.rank_by == "prior"
     pick = own if alone_wins else best
     mix = replace(mix_of(pick.params), alone=alone_wins)
@@ -187,12 +215,15 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
               "rank_by": "prior" if alone_wins else "fused", "rank_by_rule": args.rank_by,
               "sasrec_cache": str(cache), "trials": len(search.trials), "trials_this_run": ran,
               "prior_alone_trials_this_run": ran_own,
-              "seconds_this_run": round(time.monotonic() - t0, 1), "exclude_history": excl}
+              "seconds_this_run": round(time.monotonic() - t0, 1), "exclude_history": excl,
+              "objective": "full decode" if scorer is None else "rescored",
+              "seconds_per_trial": rs.per_trial(search, ran), "candidates": cache_info, "check": check,
+              "target_over_prior": headline}
     meta = bundle.read()
     key = "prior_excl" if excl else "prior"
     bundle.update(**{key: {**meta.get(key, {}), "weight": chosen.weight, "mix": mix.mix,
                            "temperature": mix.temperature, "product": mix.product,
-                           "rank_by": record["rank_by"]}},
+                           "rank_by": record["rank_by"]}, f"target_over_{key}": headline},
                   tuning={**meta.get("tuning", {}), ("mix_excl" if excl else "mix"): record})
     print_record(record)
     if alone_wins:

@@ -1,0 +1,241 @@
+"""A prior-fusion trial as a re-scoring: the fused score of every cached candidate, ranked, for all users at once.
+
+The engine's fused search scores an item y of leaf l with  log p_target(y) + w * log m(l),  m(l) the prior mass of
+the leaf's items (``recsvc.engine.prior``; the root's mass is the same for every item of a user, so it never
+changes a ranking). ``training.rescore_cache`` holds log p_target of each user's candidates; here a trial computes
+the prior's mass at those candidates from per-component tables built once per run (``PriorTables``), adds it
+with the trial's weight, takes each user's top k and scores them (NDCG@k, Recall@k as
+``recsvc.data.metrics``), vectorised over [U, M] tensors (~10 ms per trial for the transition prior on 4,295
+users; the SASRec mix adds one log-sum-exp over [U, catalog] per trial for its temperature).
+
+The prior's tables, exactly the terms ``TransitionPrior.probs`` and ``MixedPrior.probs`` sum:
+
+    P_tr(j) = sum_{t < min(window, r)} decay^t [count(h_t -> j) / (out(h_t) + beta) + beta pop(j) / (out(h_t) + beta)]
+              / sum_t decay^t      (pop(j) alone without a known history item; pop(j) for a term of 0 + 0 counts)
+    M(j) = (1 - mix) P_tr(j) + mix softmax(s / T)_j          (mix 0 for a history SASRec does not know)
+    log P(j) = log M(j) + product * log softmax(s)_j          (+ const; items SASRec lacks: its row's minimum)
+
+so a trial gathers nothing: ``counts`` [U, T, M, G] (G: items of a leaf, T = ``HISTORY_POSITIONS``), ``pop``
+[U, M, G], ``out`` [U, T] and SASRec's scores at the candidates are fixed; the settings only reweight them.
+Leaves of several items sum their items' P (log-sum-exp over G), as the engine's trie masses do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from recsvc.data.split import EvalUser
+from recsvc.priors.mixed import MixSettings, SequenceModel
+from recsvc.priors.transition import PriorSettings, TransitionPrior
+from tokenizer_rqvae.trie import CatalogTrie
+from training.rescore_cache import HISTORY_POSITIONS, Candidates
+
+SEQUENCE_BATCH = 512  # users per SASRec forward
+
+
+@dataclass(frozen=True)
+class SequenceTables:
+    """SASRec's part of the mix for every user: its scores over the catalog's model items [U, m'] (for the
+    temperature's normaliser) and, at each candidate's items, its score, log softmax and whether it has one."""
+
+    scores: torch.Tensor  # [U, m'] float32 s(j | h) over the catalog items SASRec was fitted on
+    at: torch.Tensor  # [U, M, G] s at each candidate item (0 where SASRec lacks the item)
+    logq: torch.Tensor  # [U, M, G] log softmax(s) at each candidate item (its row's minimum where it lacks it)
+    has: torch.Tensor  # [U, M, G] bool: SASRec scores the item
+    known: torch.Tensor  # [U] bool: the history has an item SASRec knows
+
+
+@dataclass(frozen=True)
+class PriorTables:
+    """The train-period transition prior's terms at each user's candidates (see the module doc)."""
+
+    counts: torch.Tensor  # [U, T, M, G] float32 count(h_t -> j)
+    pop: torch.Tensor  # [U, M, G] float32 pop(j) (0 at padding)
+    out: torch.Tensor  # [U, T] float32 transitions out of h_t
+    positions: torch.Tensor  # [U] history items the prior can read (at most T)
+    member: torch.Tensor  # [U, M, G] bool: a real item of the leaf
+    sequence: SequenceTables | None = None
+
+    @classmethod
+    def build(cls, prior: TransitionPrior, trie: CatalogTrie, users: Sequence[EvalUser], cands: Candidates,
+              sequence: SequenceModel | None = None) -> PriorTables:
+        rows_of_leaf = leaf_rows(trie)  # [num_leaves, G]
+        leaves = cands.leaves
+        rows = torch.where((leaves >= 0)[..., None], rows_of_leaf[(leaves - trie.num_internal).clamp(min=0)],
+                           torch.full((1, 1, 1), -1, dtype=torch.long))  # [U, M, G] catalog rows, -1 padding
+        member = rows >= 0
+        u, m, g = rows.shape
+        counts = np.zeros((u, HISTORY_POSITIONS, m, g), dtype=np.float32)
+        out = np.zeros((u, HISTORY_POSITIONS), dtype=np.float32)
+        positions = np.zeros(u, dtype=np.int64)
+        rows_np = rows.numpy()
+        for i, user in enumerate(users):
+            recent = [prior._row[int(x)] for x in reversed(list(user.history)) if int(x) in prior._row]
+            recent = recent[:HISTORY_POSITIONS]
+            positions[i] = len(recent)
+            flat = rows_np[i].reshape(-1)
+            for t, r in enumerate(recent):
+                out[i, t] = prior.out_counts[r]
+                lo, hi = prior.indptr[r], prior.indptr[r + 1]
+                succ = prior.indices[lo:hi]  # ascending (CSR built from sorted pairs)
+                if not len(succ):
+                    continue
+                at = np.searchsorted(succ, flat).clip(max=len(succ) - 1)
+                hit = (flat >= 0) & (succ[at] == flat)
+                counts[i, t].reshape(-1)[hit] = prior.counts[lo:hi][at[hit]]  # a view: [M, G] is contiguous
+        pop = torch.where(member, torch.from_numpy(prior.popularity)[rows.clamp(min=0)], 0.0)
+        seq = sequence_tables(sequence, prior, users, rows) if sequence is not None else None
+        return cls(torch.from_numpy(counts), pop, torch.from_numpy(out), torch.from_numpy(positions), member, seq)
+
+    def transition(self, st: PriorSettings) -> torch.Tensor:
+        """[U, M, G] P_tr at each candidate item (``TransitionPrior.probs``'s value, normalised)."""
+        t = torch.arange(HISTORY_POSITIONS)
+        used = t[None, :] < torch.clamp(self.positions, max=st.window)[:, None]  # [U, T]
+        w = torch.where(used, torch.tensor(st.decay, dtype=torch.float32) ** t, 0.0)  # [U, T]
+        denom = self.out + st.beta
+        pos = denom > 0
+        on_pop = torch.where(pos, st.beta / torch.where(pos, denom, 1.0), 1.0) * w  # [U, T]
+        on_count = torch.where(pos, 1.0 / torch.where(pos, denom, 1.0), 0.0) * w
+        total = w.sum(1)  # [U]
+        p = self.pop * on_pop.sum(1)[:, None, None] + torch.einsum("utmg,ut->umg", self.counts, on_count)
+        p = p / torch.where(total > 0, total, 1.0)[:, None, None]
+        return torch.where((self.positions > 0)[:, None, None], p, self.pop)
+
+    def log_mass(self, st: PriorSettings, mix: MixSettings | None = None) -> torch.Tensor:
+        """[U, M] log of each candidate leaf's prior mass, up to a per-user constant (-inf at padding)."""
+        p = self.transition(st)
+        seq = self.sequence
+        if mix is None or (mix.mix <= 0 and mix.product <= 0):
+            return _log_leaf(torch.where(self.member, p, 0.0).log())
+        assert seq is not None, "a mix needs the SASRec tables (PriorTables.build(sequence=...))"
+        if mix.mix > 0:
+            lse = torch.logsumexp(seq.scores / mix.temperature, dim=1)  # [U] the temperature's normaliser
+            q = torch.where(seq.has, (seq.at / mix.temperature - lse[:, None, None]).exp(), 0.0)
+            share = torch.where(seq.known, mix.mix, 0.0)[:, None, None]
+            p = (1.0 - share) * p + share * q
+        log_p = torch.where(self.member, p, 0.0).log()
+        if mix.product > 0:
+            log_p = log_p + mix.product * torch.where(seq.known[:, None, None], seq.logq, 0.0)
+        return _log_leaf(torch.where(self.member, log_p, float("-inf")))
+
+
+def _log_leaf(log_p: torch.Tensor) -> torch.Tensor:
+    """[U, M, G] log P of a leaf's items -> [U, M] log of their sum."""
+    return log_p[..., 0] if log_p.shape[2] == 1 else torch.logsumexp(log_p, dim=2)
+
+
+def leaf_rows(trie: CatalogTrie) -> torch.Tensor:
+    """[num_leaves, G] the catalog rows of each leaf's items (G: the most items a leaf holds; -1 padding)."""
+    leaf = (trie.item_path[:, trie.levels] - trie.num_internal).cpu()  # [n]
+    n_leaves = trie.num_nodes - trie.num_internal
+    g = int(torch.bincount(leaf, minlength=n_leaves).max())
+    out = torch.full((n_leaves, g), -1, dtype=torch.long)
+    order = torch.argsort(leaf, stable=True)
+    slot = torch.zeros(n_leaves, dtype=torch.long)
+    for r in order.tolist():
+        lf = int(leaf[r])
+        out[lf, slot[lf]] = r
+        slot[lf] += 1
+    return out
+
+
+@torch.inference_mode()
+def sequence_tables(sequence: SequenceModel, prior: TransitionPrior, users: Sequence[EvalUser],
+                    rows: torch.Tensor) -> SequenceTables:
+    """SASRec's scores of every user (``SequenceModel.scores``, over the catalog items it was fitted on) and their
+    values at the candidates' catalog rows ``rows`` [U, M, G]."""
+    cols = np.searchsorted(prior.item_ids, sequence.item_ids).clip(max=len(prior.item_ids) - 1)
+    ok = prior.item_ids[cols] == sequence.item_ids
+    model_rows = torch.from_numpy(np.nonzero(ok)[0])  # SASRec rows that are catalog items
+    model_of_row = torch.full((len(prior.item_ids),), -1, dtype=torch.long)  # catalog row -> column of `scores`
+    model_of_row[torch.from_numpy(cols[ok])] = torch.arange(len(model_rows))
+    parts, known = [], []
+    for lo in range(0, len(users), SEQUENCE_BATCH):
+        s, k = sequence.scores([u.history for u in users[lo: lo + SEQUENCE_BATCH]])
+        parts.append(s[:, model_rows])
+        known.append(k)
+    scores = torch.cat(parts) if parts else torch.zeros(0, len(model_rows))
+    col = model_of_row[rows.clamp(min=0)]  # [U, M, G]
+    has = (col >= 0) & (rows >= 0)
+    at = torch.where(has, scores.gather(1, col.clamp(min=0).reshape(len(users), -1)).view(col.shape), 0.0)
+    logq_all = torch.log_softmax(scores, dim=1)
+    low = logq_all.amin(dim=1)  # [U] the row's minimum: SASRec's value for items it lacks
+    logq = torch.where(has, at - torch.logsumexp(scores, dim=1)[:, None, None], low[:, None, None])
+    return SequenceTables(scores, at, logq, has, torch.cat(known) if known else torch.zeros(0, dtype=torch.bool))
+
+
+def sequence_top(sequence: SequenceModel, prior: TransitionPrior, users: Sequence[EvalUser], k: int
+                 ) -> list[np.ndarray]:
+    """Per user, the catalog rows of SASRec's ``k`` highest-scored items (candidates of the mix's cache)."""
+    cols = np.searchsorted(prior.item_ids, sequence.item_ids).clip(max=len(prior.item_ids) - 1)
+    ok = prior.item_ids[cols] == sequence.item_ids
+    catalog_cols = torch.from_numpy(cols[ok])
+    model_rows = torch.from_numpy(np.nonzero(ok)[0])
+    out: list[np.ndarray] = []
+    with torch.inference_mode():
+        for lo in range(0, len(users), SEQUENCE_BATCH):
+            s, _ = sequence.scores([u.history for u in users[lo: lo + SEQUENCE_BATCH]])
+            top = torch.topk(s[:, model_rows], min(k, len(model_rows)), dim=1).indices
+            out.extend(catalog_cols[top].numpy())
+    return out
+
+
+class Rescorer:
+    """Ranks every user's candidates by fused score and scores the top k (``evaluate``), trial after trial."""
+
+    def __init__(self, cands: Candidates, tables: PriorTables, users: Sequence[EvalUser], k: int = 10) -> None:
+        if cands.user_ids.tolist() != [u.user_id for u in users]:
+            raise ValueError("the candidates belong to other users")
+        self.cands, self.tables, self.users, self.k = cands, tables, list(users), k
+        targets = [set(u.targets) for u in users]
+        items = cands.items.tolist()
+        self.relevant = torch.tensor([[int(i in t) for i in row] for row, t in zip(items, targets, strict=True)],
+                                     dtype=torch.float64).reshape(cands.items.shape)  # [U, M]
+        self.has_targets = torch.tensor([bool(t) for t in targets])
+        self.n_targets = torch.tensor([max(len(t), 1) for t in targets], dtype=torch.float64)
+        discount = 1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64))  # [k]
+        self.discount = discount
+        ideal = torch.cat([torch.zeros(1, dtype=torch.float64), discount.cumsum(0)])  # IDCG over 0..k targets
+        self.idcg = ideal[torch.clamp(self.n_targets.long(), max=k)]
+
+    def fused(self, st: PriorSettings, mix: MixSettings | None = None) -> torch.Tensor:
+        """[U, M] each candidate's fused score (the target's log-prob + w * log m(leaf); -inf: never listed)."""
+        if st.weight <= 0:
+            return self.cands.target
+        return self.cands.target + st.weight * self.tables.log_mass(st, mix)
+
+    def top(self, st: PriorSettings, mix: MixSettings | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(columns [U, k] of each user's best k candidates, whether each is listed [U, k])."""
+        scores = self.fused(st, mix)
+        k = min(self.k, scores.shape[1])
+        values, cols = torch.topk(scores, k, dim=1)
+        return cols, torch.isfinite(values)
+
+    def per_user(self, st: PriorSettings, mix: MixSettings | None = None) -> dict[str, np.ndarray]:
+        """``{"ndcg@k": [n], "recall@k": [n]}`` of the users with targets (``recsvc.data.metrics``)."""
+        cols, listed = self.top(st, mix)
+        hits = self.relevant.gather(1, cols) * listed  # [U, k]
+        dcg = (hits * self.discount[: hits.shape[1]]).sum(1)
+        keep = self.has_targets
+        return {f"ndcg@{self.k}": (dcg / self.idcg)[keep].numpy(),
+                f"recall@{self.k}": (hits.sum(1) / self.n_targets)[keep].numpy()}
+
+    def evaluate(self, st: PriorSettings, mix: MixSettings | None = None) -> dict[str, float]:
+        """``{"ndcg@k": mean, "recall@k": mean}`` over the users with targets."""
+        return {key: float(v.mean()) if len(v) else 0.0 for key, v in self.per_user(st, mix).items()}
+
+    def lists(self, st: PriorSettings, mix: MixSettings | None = None) -> dict[int, list[int]]:
+        """user id -> the re-scored top-k item ids."""
+        cols, listed = self.top(st, mix)
+        items = self.cands.items.gather(1, cols)
+        return {int(uid): [int(i) for i, ok in zip(row, lst, strict=True) if ok]
+                for uid, row, lst in zip(self.cands.user_ids, items.tolist(), listed.tolist(), strict=True)}
+
+
+def standard_error(values: np.ndarray) -> float:
+    return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0
