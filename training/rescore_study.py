@@ -144,20 +144,6 @@ def target_over_prior(fused: Mapping[int, Sequence[int]], alone: Mapping[int, Se
     return out
 
 
-def format_target_over_prior(r: Mapping[str, Any]) -> str:
-    """``the fused target over the prior alone (validation, 4295 users, tune mix): NDCG@10 1.19x [1.06, 1.34] ...``"""
-    cells = []
-    for m, label in (("ndcg", "NDCG"), ("recall", "Recall")):
-        c = r.get(f"{m}@{r.get('k', K)}")
-        if not c:
-            continue
-        ratio = (f"{c['ratio']:.3f}x [{c['ratio_lo']:.3f}, {c['ratio_hi']:.3f}]"
-                 if c.get("ratio") is not None and c.get("ratio_lo") is not None else f"{c['diff']:+.4f}")
-        cells.append(f"{label}@{r.get('k', K)} {c['fused']:.4f} vs {c['prior_alone']:.4f}, {ratio}")
-    return (f"the fused target over the prior alone ({r['split']}, {r['users']} users, {r['source']}, "
-            f"95% paired bootstrap): " + "; ".join(cells))
-
-
 def per_trial(study, ran: int) -> float | None:
     """Mean seconds of the objective over the trials run now (the last ``ran``), None when none ran."""
     done = [t.user_attrs["seconds"] for t in study.trials[-ran:] if ran and "seconds" in t.user_attrs]

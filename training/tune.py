@@ -111,11 +111,13 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     from recsvc.priors.transition import PriorSettings, TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
     from training import rescore_study as rs
+    from training.headline import format_target_over_prior
     from training.prior_alone import prior_rankings
     from training.prior_cli import prior_sequences, resolve_fit_on
     from training.ranking import rank_users, serving_model
 
     _check_budget(args.trials, args.budget_minutes)
+    widths = None if args.full_decode else rs.widths_of(args)  # refused before anything loads
     if not 0 < args.max_weight <= 10:
         raise UserError("--users must be >= 1 and --max-weight in (0, 10]")
     if args.threads:
@@ -141,8 +143,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
            "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width}
     scorer, cache_info = None, None
-    if not args.full_decode:  # each trial re-scores cached candidates: its own study (another objective)
-        widths = rs.widths_of(args)
+    if widths is not None:  # each trial re-scores cached candidates: its own study (another objective)
         scorer, cache_info = rs.rescorer(bundle.root / "tune", "prior-excl" if excl else "prior", key, widths,
                                          model, builder, trie, users, train_prior, excl)
         key = {**key, "objective": "rescored", "candidates": asdict(widths)}
@@ -179,7 +180,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
         print(rs.format_check(check))
     headline = rs.target_over_prior(decoded, prior_rankings(chosen_prior, users, 10, excl), users, "tune prior",
                                     (bundle.excluded_prior_dir if excl else bundle.prior_dir).name)
-    print(rs.format_target_over_prior(headline))
+    print(format_target_over_prior(headline))
     fit_on = resolve_fit_on("auto", protocol)
     out_dir = bundle.excluded_prior_dir if excl else bundle.prior_dir  # the service picks it by its exclusion
     TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen,

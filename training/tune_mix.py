@@ -106,12 +106,14 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training import rescore_study as rs
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
+    from training.headline import format_target_over_prior
     from training.prior_alone import prior_rankings
     from training.prior_cli import prior_sequences, resolve_fit_on
     from training.ranking import serving_model
     from training.studies import check_budget, run_trials, study, validation_model, weights_fingerprint
 
     check_budget(args.trials, args.budget_minutes)
+    widths = None if args.full_decode else rs.widths_of(args)  # refused before anything loads
     if not 0 < args.max_weight <= WEIGHT_LIMIT:
         raise UserError(f"--users must be >= 1 and --max-weight in (0, {WEIGHT_LIMIT:g}]")
     if args.threads:
@@ -155,8 +157,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
            "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width,
            "family": {"mixture": True, "product": list(PRODUCT_RANGE)}}
     scorer, cache_info = None, None
-    if not args.full_decode:  # each trial re-scores cached candidates: its own study (another objective)
-        widths = rs.widths_of(args)
+    if widths is not None:  # each trial re-scores cached candidates: its own study (another objective)
         scorer, cache_info = rs.rescorer(bundle.root / "tune", "mix-excl" if excl else "mix", key, widths, model,
                                          builder, trie, users, train_prior, excl, seq_train)
         key = {**key, "objective": "rescored", "candidates": asdict(widths)}
@@ -196,7 +197,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     alone_lists = prior_rankings(MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(own.params)), users,
                                  10, excl)
     headline = rs.target_over_prior(decoded, alone_lists, users, "tune mix", prior_dir.name)
-    print(rs.format_target_over_prior(headline))
+    print(format_target_over_prior(headline))
     alone_wins = own.value > best.value if args.rank_by == "auto" else args.rank_by == "prior"
     pick = own if alone_wins else best
     mix = replace(mix_of(pick.params), alone=alone_wins)
