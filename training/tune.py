@@ -18,6 +18,17 @@ on the periods the served target was trained on (deploy: train + valid) and writ
 ``--exclude-history`` does, and writes BUNDLE/prior-excl (bundle.json "prior_excl"), which such a service and
 ``recsvc eval --exclude-history`` fuse instead of BUNDLE/prior.
 
+A ``prior`` (and ``mix``) trial re-scores rather than re-decodes (``training.rescore_study``): each validation
+user's candidates (the target's wide unfused beam and the prior's top items) and the target's log-probs of them
+are computed once per study and stored beside it (BUNDLE/tune/candidates/, resumed part by part), and a trial
+adds the prior's log-mass under its settings to those log-probs and ranks them, for every user at once (well
+under a second on Beauty's 4,295 validation users, instead of a fused beam search over all of them). The chosen
+settings are then decoded in full on validation once, and both figures printed and recorded ("check": the
+re-scored and full-decode NDCG@10 / Recall@10 with standard errors, the share of users with the same top 10).
+``--full-decode`` runs the search in every trial instead (its own study). Both write the headline figure
+bundle.json "target_over_prior" (``-excl`` with ``--exclude-history``): the fused target's full decode against
+the prior's own ranking on validation, paired.
+
 ``target``: each trial trains a target into DIR/target-<key>/trial-N (the paper protocol, validation Recall@10
 each epoch, ``--trial-minutes`` each, the learning-rate schedule sized to the epochs that fit those minutes, so a
 slower preset is judged annealed rather than cut mid-schedule) over learning rate, weight decay, history length

@@ -34,6 +34,12 @@ train-period SASRec the paper protocol's evaluation uses) and bundle.json ("prio
 ``--exclude-history`` does the same for a service that never recommends history items: validation lists exclude
 them, and the choice goes to BUNDLE/prior-excl (after ``recsvc tune prior --exclude-history``), bundle.json
 "prior_excl" and "tuning"."mix_excl".
+
+Trials re-score each user's cached candidates as ``recsvc tune prior``'s do (``training.rescore_study``; SASRec's
+top ``--sequence-candidates`` items join them, and its scores over the catalog are computed once per run, so a
+trial's only pass over the catalog is the temperature's log-sum-exp); ``--full-decode`` decodes every trial. The
+chosen fused settings are checked with one full decode, and the fused target's lists against the prior's own best
+ranking (paired, validation) go to bundle.json "target_over_prior" (``-excl``) and ``recsvc eval``'s headline.
 """
 
 from __future__ import annotations
