@@ -65,7 +65,7 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
 
     def build(chunk: Sequence[EvalUser]):
         mine = [top[index[u.user_id]] for u in chunk] if top is not None else None
-        return build_candidates(model, builder, trie, chunk, prior, widths, exclude_history, mine)
+        return build_candidates(model, builder, trie, chunk, prior, widths, exclude_history, mine, progress=True)
 
     cache = CandidateCache(cache_dir(tune_dir / "candidates", name, key, widths), key, widths, users)
     cands, info = cache.load_or_build(build)
@@ -81,13 +81,15 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
 
 
 def full_decode_check(decoded: Mapping[int, Sequence[int]], rescored: Mapping[int, Sequence[int]],
-                      users: Sequence[EvalUser]) -> dict[str, Any]:
+                      users: Sequence[EvalUser], decode_seconds: float | None = None) -> dict[str, Any]:
     """The chosen settings' full decode against their re-scored lists on the same users: each figure with its
-    standard error, the paired difference, and the share of users whose top 10 agree (as lists and as sets)."""
+    standard error, the paired difference, and the share of users whose top 10 agree (as lists and as sets).
+    ``decode_seconds``: the full decode's time (one ``--full-decode`` trial's), recorded beside them."""
     from training.lead import per_user
 
     scored = [u for u in users if u.targets]
-    out: dict[str, Any] = {"users": len(scored)}
+    out: dict[str, Any] = {"users": len(scored), "full_decode_seconds": (round(decode_seconds, 2)
+                                                                         if decode_seconds is not None else None)}
     for name, lists in (("rescored", rescored), ("full_decode", decoded)):
         out[name] = {}
         for metric in ("ndcg", "recall"):
@@ -116,7 +118,9 @@ def format_check(check: Mapping[str, Any]) -> str:
     return (f"check of the chosen settings on {check['users']} validation users: " + "; ".join(cells) +
             f"; the same top 10 for {100 * check['same_top10_lists']:.1f}% of users "
             f"({100 * check['same_top10_sets']:.1f}% as sets, overlap {100 * check['top10_overlap']:.1f}%); "
-            f"NDCG@{K} {'within' if check['within_one_se'] else 'NOT within'} one standard error")
+            f"NDCG@{K} {'within' if check['within_one_se'] else 'NOT within'} one standard error"
+            + (f"; the full decode took {check['full_decode_seconds']:.1f} s"
+               if check.get("full_decode_seconds") is not None else ""))
 
 
 def decode_lists(model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser],

@@ -185,8 +185,10 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     # the chosen settings' full decode on validation: the check of the re-scored choice, and the fused lists the
     # headline figure compares with the prior's own ranking
     chosen_prior = train_prior.with_settings(chosen)
+    start = time.perf_counter()
     decoded = rs.decode_lists(model, builder, trie, users, excl, width, chosen_prior)
-    check = rs.full_decode_check(decoded, scorer.lists(chosen), users) if scorer is not None else None
+    seconds = time.perf_counter() - start  # what one trial costs with --full-decode
+    check = rs.full_decode_check(decoded, scorer.lists(chosen), users, seconds) if scorer is not None else None
     if check is not None:
         print(rs.format_check(check))
     headline = rs.target_over_prior(decoded, prior_rankings(chosen_prior, users, 10, excl), users, "tune prior",

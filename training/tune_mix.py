@@ -196,8 +196,11 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     # the chosen fused settings' full decode on validation: the check of the re-scored choice, and the fused lists
     # the headline figure compares with the prior's own best ranking
     fused_prior = MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(best.params))
+    start = time.perf_counter()
     decoded = rs.decode_lists(model, builder, trie, users, excl, width, fused_prior)
-    check = rs.full_decode_check(decoded, scorer.lists(chosen, mix_of(best.params)), users) if scorer else None
+    seconds = time.perf_counter() - start  # what one trial costs with --full-decode
+    check = (rs.full_decode_check(decoded, scorer.lists(chosen, mix_of(best.params)), users, seconds)
+             if scorer else None)
     if check is not None:
         print(rs.format_check(check))
     alone_lists = prior_rankings(MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(own.params)), users,
