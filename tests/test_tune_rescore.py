@@ -25,7 +25,7 @@ from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 from training import rescore_cache
 from training.ranking import rank_users, serving_model
-from training.rescore import PriorTables, Rescorer
+from training.rescore import PriorTables, Rescorer, coverage
 from training.rescore_cache import CandidateCache, Widths, build_candidates, leaf_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -89,6 +89,7 @@ def test_rescored_objective_equals_the_full_decode_when_the_candidates_cover_the
         decoded = rank_users(model, builder, trie, users, 10, 64, exclude_history=exclude, progress=False,
                              prior=fused, beam_width=n)
         assert scorer.lists(st, mix) == decoded, (st, mix)
+        assert coverage(scorer, decoded) == 1.0
         full = evaluate_rankings(decoded, users, (10,))
         mine = scorer.evaluate(st, mix)
         assert mine["ndcg@10"] == pytest.approx(full["ndcg@10"], abs=1e-12)
@@ -155,6 +156,7 @@ def test_tune_prior_rescores_resumes_its_cache_and_checks_the_choice(tmp_path, m
     assert set(check) >= {"rescored", "full_decode", "same_top10_lists", "within_one_se", "diff_ndcg@10_se"}
     assert check["rescored"]["ndcg@10"] == pytest.approx(record["valid"]["ndcg@10"])
     assert 0.0 <= check["same_top10_lists"] <= 1.0 and check["users"] == record["valid_users"]
+    assert 0.0 <= check["decoded_in_candidates"] <= 1.0 and check["full_decode_seconds"] > 0
     head = meta["target_over_prior"]
     assert head == record["target_over_prior"] and head["source"] == "tune prior" and head["split"] == "valid"
     assert head["ndcg@10"]["fused"] == pytest.approx(check["full_decode"]["ndcg@10"])

@@ -237,5 +237,18 @@ class Rescorer:
                 for uid, row, lst in zip(self.cands.user_ids, items.tolist(), listed.tolist(), strict=True)}
 
 
+def coverage(scorer: Rescorer, lists: dict[int, list[int]], k: int = 10) -> float:
+    """The share of the items of ``lists`` (each user's first k) that are among that user's candidates: below 1,
+    wider candidates would bring the re-scored lists closer to those; at 1, what differs is the search's pruning
+    (the re-scored ranking is the exact fused ranking of the candidates, the served search a beam search)."""
+    hit = total = 0
+    for uid, row in zip(scorer.cands.user_ids.tolist(), scorer.cands.items.tolist(), strict=True):
+        mine = set(row)
+        listed = list(lists.get(int(uid), ()))[:k]
+        hit += sum(i in mine for i in listed)
+        total += len(listed)
+    return hit / total if total else 1.0
+
+
 def standard_error(values: np.ndarray) -> float:
     return float(values.std(ddof=1) / math.sqrt(len(values))) if len(values) > 1 else 0.0

@@ -81,10 +81,12 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
 
 
 def full_decode_check(decoded: Mapping[int, Sequence[int]], rescored: Mapping[int, Sequence[int]],
-                      users: Sequence[EvalUser], decode_seconds: float | None = None) -> dict[str, Any]:
+                      users: Sequence[EvalUser], decode_seconds: float | None = None,
+                      covered: float | None = None) -> dict[str, Any]:
     """The chosen settings' full decode against their re-scored lists on the same users: each figure with its
     standard error, the paired difference, and the share of users whose top 10 agree (as lists and as sets).
-    ``decode_seconds``: the full decode's time (one ``--full-decode`` trial's), recorded beside them."""
+    ``decode_seconds``: the full decode's time (one ``--full-decode`` trial's), recorded beside them; ``covered``:
+    the share of the decoded items among the cached candidates (``training.rescore.coverage``)."""
     from training.lead import per_user
 
     scored = [u for u in users if u.targets]
@@ -104,7 +106,7 @@ def full_decode_check(decoded: Mapping[int, Sequence[int]], rescored: Mapping[in
     same_set = [set(list(rescored.get(u.user_id, ()))[:K]) == set(list(decoded.get(u.user_id, ()))[:K])
                 for u in users]
     out.update(same_top10_lists=float(np.mean(same_list)), same_top10_sets=float(np.mean(same_set)),
-               top10_overlap=float(np.mean(overlap)))
+               top10_overlap=float(np.mean(overlap)), decoded_in_candidates=covered)
     gap = abs(out["rescored"][f"ndcg@{K}"] - out["full_decode"][f"ndcg@{K}"])
     out["within_one_se"] = bool(gap <= out["full_decode"][f"ndcg@{K}_se"])
     return out
@@ -117,7 +119,9 @@ def format_check(check: Mapping[str, Any]) -> str:
              f"{check[f'diff_{m}@{K}_se']:.4f})" for m, label in (("ndcg", "NDCG"), ("recall", "Recall"))]
     return (f"check of the chosen settings on {check['users']} validation users: " + "; ".join(cells) +
             f"; the same top 10 for {100 * check['same_top10_lists']:.1f}% of users "
-            f"({100 * check['same_top10_sets']:.1f}% as sets, overlap {100 * check['top10_overlap']:.1f}%); "
+            f"({100 * check['same_top10_sets']:.1f}% as sets, overlap {100 * check['top10_overlap']:.1f}%"
+            + (f", {100 * check['decoded_in_candidates']:.1f}% of the decoded items among the candidates"
+               if check.get("decoded_in_candidates") is not None else "") + "); "
             f"NDCG@{K} {'within' if check['within_one_se'] else 'NOT within'} one standard error"
             + (f"; the full decode took {check['full_decode_seconds']:.1f} s"
                if check.get("full_decode_seconds") is not None else ""))

@@ -126,6 +126,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     from training.prior_alone import prior_rankings
     from training.prior_cli import prior_sequences, resolve_fit_on
     from training.ranking import rank_users, serving_model
+    from training.rescore import coverage
 
     _check_budget(args.trials, args.budget_minutes)
     widths = None if args.full_decode else rs.widths_of(args)  # refused before anything loads
@@ -188,7 +189,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     decoded = rs.decode_lists(model, builder, trie, users, excl, width, chosen_prior)
     seconds = time.perf_counter() - start  # what one trial costs with --full-decode
-    check = rs.full_decode_check(decoded, scorer.lists(chosen), users, seconds) if scorer is not None else None
+    check = (rs.full_decode_check(decoded, scorer.lists(chosen), users, seconds, coverage(scorer, decoded))
+             if scorer is not None else None)
     if check is not None:
         print(rs.format_check(check))
     headline = rs.target_over_prior(decoded, prior_rankings(chosen_prior, users, 10, excl), users, "tune prior",

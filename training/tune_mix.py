@@ -116,6 +116,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training.prior_alone import prior_rankings
     from training.prior_cli import prior_sequences, resolve_fit_on
     from training.ranking import serving_model
+    from training.rescore import coverage
     from training.studies import check_budget, run_trials, study, validation_model, weights_fingerprint
 
     check_budget(args.trials, args.budget_minutes)
@@ -199,8 +200,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     decoded = rs.decode_lists(model, builder, trie, users, excl, width, fused_prior)
     seconds = time.perf_counter() - start  # what one trial costs with --full-decode
-    check = (rs.full_decode_check(decoded, scorer.lists(chosen, mix_of(best.params)), users, seconds)
-             if scorer else None)
+    check = (rs.full_decode_check(decoded, scorer.lists(chosen, mix_of(best.params)), users, seconds,
+                                  coverage(scorer, decoded)) if scorer else None)
     if check is not None:
         print(rs.format_check(check))
     alone_lists = prior_rankings(MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(own.params)), users,
