@@ -58,8 +58,8 @@ HISTORY_POSITIONS = 5  # the last items whose successors are candidates (``tune 
 class Widths:
     """How wide each user's candidate set is drawn."""
 
-    beam: int = 200  # the target's unfused beam
-    prior: int = 50  # successors per history position, and the most popular items
+    beam: int = 100  # the target's unfused beam (five times the served 20)
+    prior: int = 20  # successors per history position, and the most popular items
     sequence: int = 0  # SASRec's top items (``tune mix``; 0: none)
 
     def check(self) -> Widths:
