@@ -25,8 +25,8 @@ from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 from training import rescore_cache
 from training.ranking import rank_users, serving_model
-from training.rescore import PriorTables, Rescorer, coverage
-from training.rescore_cache import CandidateCache, Widths, build_candidates, leaf_logprobs
+from training.rescore import PriorTables, Rescorer, SearchTables, coverage
+from training.rescore_cache import CandidateCache, Widths, build_candidates, leaf_logprobs, wide_beam
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,7 +56,8 @@ def world(tmp_path_factory):
 
 
 def test_forced_log_probs_equal_the_beam_scores(world) -> None:
-    """A candidate's log-prob computed by the forced pass is the score the unfused search gives the same leaf."""
+    """A candidate's log-prob computed by the forced pass is the score the engine's unfused search gives the same
+    leaf, and the candidates' own wide beam finds the same leaves with the same partial sums."""
     from recsvc.engine.beam_search import BeamSearch
 
     model, builder, trie, users = world["model"], world["builder"], world["trie"], world["users"][:6]
@@ -64,10 +65,14 @@ def test_forced_log_probs_equal_the_beam_scores(world) -> None:
     beam = BeamSearch(model, trie, builder.code_offset).search(prompts, 12)
     leaves = beam.leaves.flip(1).clone()  # another order, and a padded column
     leaves[0, 0] = -1
-    forced = leaf_logprobs(model, trie, builder.code_offset, prompts, leaves)
-    assert forced[0, 0] == float("-inf")
+    forced = leaf_logprobs(model, trie, builder.code_offset, prompts, leaves)  # [B, n, L]
+    assert forced.shape == (*leaves.shape, trie.levels) and bool((forced[0, 0] == float("-inf")).all())
     ok = leaves >= 0
-    assert torch.allclose(forced[ok], beam.scores.flip(1)[ok], atol=1e-5)
+    assert torch.allclose(forced[..., -1][ok], beam.scores.flip(1)[ok], atol=1e-5)
+    mine, partial = wide_beam(model, trie, builder.code_offset, prompts, 12, None)
+    assert torch.equal(mine, beam.leaves)
+    again = leaf_logprobs(model, trie, builder.code_offset, prompts, mine)
+    assert torch.allclose(partial, again, atol=1e-5) and torch.allclose(partial[..., -1], beam.scores, atol=1e-5)
 
 
 @pytest.mark.parametrize("exclude", [False, True])
@@ -94,6 +99,25 @@ def test_rescored_objective_equals_the_full_decode_when_the_candidates_cover_the
         mine = scorer.evaluate(st, mix)
         assert mine["ndcg@10"] == pytest.approx(full["ndcg@10"], abs=1e-12)
         assert mine["recall@10"] == pytest.approx(full["recall@10"], abs=1e-12)
+
+
+@pytest.mark.parametrize("exclude", [False, True])
+def test_the_replayed_search_equals_a_narrow_full_decode(world, exclude) -> None:
+    """Every item a candidate and the served search narrower than the catalog (it prunes): replaying its pruning
+    on the candidates (``SearchTables``) gives the decoded lists user for user, for every transition setting."""
+    model, builder, trie, users, prior = (world[k] for k in ("model", "builder", "trie", "users", "prior"))
+    cands = build_candidates(model, builder, trie, users, prior, Widths(beam=world["n"], prior=0), exclude)
+    tables = PriorTables.build(prior, trie, users, cands)
+    for width in (4, 12):
+        scorer = Rescorer(cands, tables, users, k=3, search=SearchTables.build(prior, trie, users, cands),
+                          width=width)
+        for st in (PriorSettings(weight=0.0), PriorSettings(window=1, decay=0.5, beta=1.0, weight=0.7),
+                   PriorSettings(window=4, decay=0.3, beta=0.05, weight=2.5)):
+            decoded = rank_users(model, builder, trie, users, 3, 64, exclude_history=exclude, progress=False,
+                                 prior=prior.with_settings(st), beam_width=width)
+            assert scorer.lists(st) == decoded, (width, st)
+    with pytest.raises(ValueError, match="transition prior alone"):
+        scorer.lists(PriorSettings(weight=1.0), MixSettings(0.5, 1.0, 0.0))
 
 
 def test_the_tables_give_the_engines_leaf_masses(world) -> None:

@@ -94,17 +94,7 @@ class PriorTables:
 
     def transition(self, st: PriorSettings) -> torch.Tensor:
         """[U, M, G] P_tr at each candidate item (``TransitionPrior.probs``'s value, normalised)."""
-        t = torch.arange(HISTORY_POSITIONS)
-        used = t[None, :] < torch.clamp(self.positions, max=st.window)[:, None]  # [U, T]
-        w = torch.where(used, torch.tensor(st.decay, dtype=torch.float32) ** t, 0.0)  # [U, T]
-        denom = self.out + st.beta
-        pos = denom > 0
-        on_pop = torch.where(pos, st.beta / torch.where(pos, denom, 1.0), 1.0) * w  # [U, T]
-        on_count = torch.where(pos, 1.0 / torch.where(pos, denom, 1.0), 0.0) * w
-        total = w.sum(1)  # [U]
-        p = self.pop * on_pop.sum(1)[:, None, None] + torch.einsum("utmg,ut->umg", self.counts, on_count)
-        p = p / torch.where(total > 0, total, 1.0)[:, None, None]
-        return torch.where((self.positions > 0)[:, None, None], p, self.pop)
+        return transition_mass(self.counts, self.pop, self.out, self.positions, st)
 
     def log_mass(self, st: PriorSettings, mix: MixSettings | None = None) -> torch.Tensor:
         """[U, M] log of each candidate leaf's prior mass, up to a per-user constant (-inf at padding)."""
@@ -122,6 +112,81 @@ class PriorTables:
         if mix.product > 0:
             log_p = log_p + mix.product * torch.where(seq.known[:, None, None], seq.logq, 0.0)
         return _log_leaf(torch.where(self.member, log_p, float("-inf")))
+
+
+def transition_mass(counts: torch.Tensor, pop: torch.Tensor, out: torch.Tensor, positions: torch.Tensor,
+                    st: PriorSettings) -> torch.Tensor:
+    """P_tr summed over sets of items (an item, a leaf's items, a prefix's items): ``counts`` [U, T, ...] their
+    transition counts from each history position, ``pop`` [U, ...] their popularity, ``out`` [U, T], ``positions``
+    [U] -> [U, ...] (the module doc's formula, which is linear in the counts and the popularity)."""
+    t = torch.arange(HISTORY_POSITIONS)
+    used = t[None, :] < torch.clamp(positions, max=st.window)[:, None]  # [U, T]
+    w = torch.where(used, torch.tensor(st.decay, dtype=torch.float32) ** t, 0.0)  # [U, T]
+    denom = out + st.beta
+    pos = denom > 0
+    on_pop = torch.where(pos, st.beta / torch.where(pos, denom, 1.0), 1.0) * w  # [U, T]
+    on_count = torch.where(pos, 1.0 / torch.where(pos, denom, 1.0), 0.0) * w
+    total = w.sum(1)  # [U]
+    extra = (1,) * (pop.dim() - 1)
+    p = pop * on_pop.sum(1).view(-1, *extra) + torch.einsum("ut...,ut->u...", counts, on_count)
+    p = p / torch.where(total > 0, total, 1.0).view(-1, *extra)
+    return torch.where((positions > 0).view(-1, *extra), p, pop)
+
+
+@dataclass(frozen=True)
+class SearchTables:
+    """The served beam search's pruning, replayed on the candidates (``Rescorer(..., search=...)``): for each
+    depth d = 1..L-1, each candidate's depth-d prefix as a group id per user, and the transition prior's terms
+    summed over ALL catalog items under that prefix (not only the candidates), so a prefix's fused score
+    T(prefix) + w * log m(prefix) is the one the search ranks it by."""
+
+    groups: list[torch.Tensor]  # L-1 tensors [U, M]: the prefix's group (-1: padding)
+    counts: list[torch.Tensor]  # L-1 tensors [U, T, M]: counts from h_t into the prefix's items
+    pop: list[torch.Tensor]  # L-1 tensors [U, M]: the popularity of the prefix's items
+
+    @classmethod
+    def build(cls, prior: TransitionPrior, trie: CatalogTrie, users: Sequence[EvalUser],
+              cands: Candidates) -> SearchTables:
+        levels = trie.levels
+        leaves = cands.leaves
+        anc = torch.where((leaves >= 0)[..., None], trie.ancestors[leaves.clamp(min=0)].cpu(), -1)  # [U, M, L]
+        path = trie.item_path.cpu().numpy()  # [n, L+1]
+        node_pop = np.zeros(trie.num_nodes, dtype=np.float64)
+        for d in range(1, levels):
+            np.add.at(node_pop, path[:, d], prior.popularity)
+        groups, counts, pops = [], [], []
+        for d in range(1, levels):
+            at = anc[..., d - 1]  # [U, M]
+            groups.append(_group_ids(at))
+            pops.append(torch.where(at >= 0, torch.from_numpy(node_pop.astype(np.float32))[at.clamp(min=0)], 0.0))
+            counts.append(torch.zeros(len(users), HISTORY_POSITIONS, at.shape[1]))
+        anc_np = anc.numpy()
+        for i, user in enumerate(users):
+            recent = [prior._row[int(x)] for x in reversed(list(user.history)) if int(x) in prior._row]
+            for t, r in enumerate(recent[:HISTORY_POSITIONS]):
+                lo, hi = prior.indptr[r], prior.indptr[r + 1]
+                if lo == hi:
+                    continue
+                succ, cnt = prior.indices[lo:hi], prior.counts[lo:hi]
+                for d in range(1, levels):
+                    uniq, inverse = np.unique(path[succ, d], return_inverse=True)
+                    sums = np.bincount(inverse.reshape(-1), weights=cnt, minlength=len(uniq))
+                    want = anc_np[i, :, d - 1]
+                    at = np.searchsorted(uniq, want).clip(max=len(uniq) - 1)
+                    hit = (want >= 0) & (uniq[at] == want)
+                    counts[d - 1][i, t, torch.from_numpy(np.nonzero(hit)[0])] = torch.from_numpy(
+                        sums[at[hit]].astype(np.float32))
+        return cls(groups, counts, pops)
+
+
+def _group_ids(nodes: torch.Tensor) -> torch.Tensor:
+    """[U, M] nodes (-1: none) -> [U, M] per row, the same id for the same node (0, 1, ...; -1 at -1)."""
+    key = torch.where(nodes >= 0, nodes, torch.iinfo(torch.long).max)
+    sorted_, order = torch.sort(key, dim=1, stable=True)
+    first = torch.ones_like(sorted_, dtype=torch.bool)
+    first[:, 1:] = sorted_[:, 1:] != sorted_[:, :-1]
+    gid = torch.empty_like(order).scatter_(1, order, first.long().cumsum(1) - 1)
+    return torch.where(nodes >= 0, gid, -1)
 
 
 def _log_leaf(log_p: torch.Tensor) -> torch.Tensor:
@@ -188,10 +253,15 @@ def sequence_top(sequence: SequenceModel, prior: TransitionPrior, users: Sequenc
 class Rescorer:
     """Ranks every user's candidates by fused score and scores the top k (``evaluate``), trial after trial."""
 
-    def __init__(self, cands: Candidates, tables: PriorTables, users: Sequence[EvalUser], k: int = 10) -> None:
+    def __init__(self, cands: Candidates, tables: PriorTables, users: Sequence[EvalUser], k: int = 10,
+                 search: SearchTables | None = None, width: int = 0) -> None:
+        """``search`` and ``width``: replay the served search's pruning at beam width max(k, width) on the
+        candidates (``SearchTables``; the transition prior alone); without: the exact fused ranking of the
+        candidates."""
         if cands.user_ids.tolist() != [u.user_id for u in users]:
             raise ValueError("the candidates belong to other users")
         self.cands, self.tables, self.users, self.k = cands, tables, list(users), k
+        self.search, self.width = search, max(k, width)
         targets = [set(u.targets) for u in users]
         items = cands.items.tolist()
         self.relevant = torch.tensor([[int(i in t) for i in row] for row, t in zip(items, targets, strict=True)],
@@ -205,9 +275,36 @@ class Rescorer:
 
     def fused(self, st: PriorSettings, mix: MixSettings | None = None) -> torch.Tensor:
         """[U, M] each candidate's fused score (the target's log-prob + w * log m(leaf); -inf: never listed)."""
-        if st.weight <= 0:
-            return self.cands.target
-        return self.cands.target + st.weight * self.tables.log_mass(st, mix)
+        if self.search is not None and mix is not None and (mix.mix > 0 or mix.product > 0):
+            raise ValueError("the search's pruning is replayed for the transition prior alone, not a SASRec mix")
+        fused = (self.cands.target if st.weight <= 0
+                 else self.cands.target + st.weight * self.tables.log_mass(st, mix))
+        if self.search is None:
+            return fused
+        return torch.where(self._survivors(st), fused, float("-inf"))
+
+    def _survivors(self, st: PriorSettings) -> torch.Tensor:
+        """[U, M] whether each candidate's every prefix stays among the ``width`` best of its depth, as the beam
+        search at that width keeps them (each depth's prefixes ranked by T(prefix) + w * log m(prefix))."""
+        assert self.search is not None
+        t = self.tables
+        alive = self.cands.leaves >= 0
+        for d, (groups, counts, pop) in enumerate(zip(self.search.groups, self.search.counts, self.search.pop,
+                                                      strict=True)):
+            score = self.cands.partial[..., d]
+            if st.weight > 0:
+                mass = transition_mass(counts, pop, t.out, t.positions, st)  # [U, M]
+                score = score + st.weight * mass.log()
+            score = torch.where(alive, score, float("-inf"))
+            n = int(groups.max()) + 1 if groups.numel() else 0
+            if n <= self.width:
+                continue  # every prefix of this depth fits in the beam
+            best = torch.full((score.shape[0], n), float("-inf")).scatter_reduce(
+                1, groups.clamp(min=0), score, "amax", include_self=True)  # [U, P] each prefix's score
+            values, cols = torch.topk(best, self.width, dim=1)
+            kept = torch.zeros_like(best, dtype=torch.bool).scatter_(1, cols, torch.isfinite(values))
+            alive = alive & kept.gather(1, groups.clamp(min=0))
+        return alive
 
     def top(self, st: PriorSettings, mix: MixSettings | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(columns [U, k] of each user's best k candidates, whether each is listed [U, k])."""

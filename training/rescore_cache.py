@@ -41,14 +41,15 @@ import torch
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import EvalUser
 from recsvc.engine.beam_cache import BeamCache
-from recsvc.engine.beam_search import BeamSearch, hidden_logprobs
+from recsvc.engine.beam_search import hidden_logprobs
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.expand import expand_beams
 from recsvc.engine.prompts import PromptBatch
 from recsvc.priors.transition import TransitionPrior
 from recsvc.progress import progress_bar
 from tokenizer_rqvae.trie import CatalogTrie
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 PART_USERS = 256  # users per stored part (the unit of resumption)
 BATCH = 32  # users per forward batch
 HISTORY_POSITIONS = 5  # the last items whose successors are candidates (``tune prior`` searches window 1..5)
@@ -78,6 +79,7 @@ class Candidates:
     leaves: torch.Tensor  # [U, M] int64 trie leaves (-1: padding)
     items: torch.Tensor  # [U, M] int64 item ids (-1: padding)
     target: torch.Tensor  # [U, M] float32 sum of the L code log-probs (-inf: padding)
+    partial: torch.Tensor  # [U, M, L] float32 the sums over codes 1..d of each depth d (-inf: padding)
 
     @staticmethod
     def concat(parts: Sequence[Candidates]) -> Candidates:
@@ -86,24 +88,29 @@ class Candidates:
         def pad(t: torch.Tensor, value: float) -> torch.Tensor:
             return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
 
+        def pad3(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[1]), value=float("-inf"))
+
         return Candidates(np.concatenate([p.user_ids for p in parts]),
                           torch.cat([pad(p.leaves, -1) for p in parts]), torch.cat([pad(p.items, -1) for p in parts]),
-                          torch.cat([pad(p.target, float("-inf")) for p in parts]))
+                          torch.cat([pad(p.target, float("-inf")) for p in parts]),
+                          torch.cat([pad3(p.partial) for p in parts]))
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {"user_ids": torch.from_numpy(np.asarray(self.user_ids, dtype=np.int64)), "leaves": self.leaves,
-                "items": self.items, "target": self.target}
+                "items": self.items, "target": self.target, "partial": self.partial}
 
     @classmethod
     def from_tensors(cls, t: dict[str, torch.Tensor]) -> Candidates:
-        return cls(t["user_ids"].numpy(), t["leaves"], t["items"], t["target"])
+        return cls(t["user_ids"].numpy(), t["leaves"], t["items"], t["target"], t["partial"])
 
 
 def leaf_logprobs(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
                   leaves: torch.Tensor) -> torch.Tensor:
-    """[B, n] trie leaves (-1: none) -> [B, n] float32 sum of the target's log-probs of each leaf's L codes after
-    its row's prompt (-inf at -1). One prefill, then the distinct prefixes of each depth 1..L-1 fed as one step
-    each (``BeamCache.feed``: a prefix attends its prompt and its own path, as a beam does)."""
+    """[B, n] trie leaves (-1: none) -> [B, n, L] float32 sums of the target's log-probs of each leaf's codes
+    1..d after its row's prompt, for d = 1..L (the last: the leaf's log-prob; -inf at -1). One prefill, then the
+    distinct prefixes of each depth 1..L-1 fed as one step each (``BeamCache.feed``: a prefix attends its prompt
+    and its own path, as a beam does)."""
     b, n = leaves.shape
     levels = trie.levels
     ok = leaves >= 0
@@ -113,6 +120,7 @@ def leaf_logprobs(model: EngineModel, trie: CatalogTrie, code_offset: int, promp
     root = torch.zeros(b, 1, dtype=torch.long)
     logp = hidden_logprobs(model, trie, code_offset, cache.prefill()[:, None], root)  # [B, 1, C]
     total = logp[:, 0].gather(1, codes[..., 0].clamp(min=0))  # [B, n] the first code's log-prob
+    partial = [total]
     parents_of = torch.zeros(b, n, dtype=torch.long)  # each leaf's depth-(d-1) prefix: its column in that step
     for depth in range(1, levels):
         at = torch.where(ok, anc[..., depth - 1], -1)  # [B, n] the depth-d prefix of each leaf
@@ -131,8 +139,35 @@ def leaf_logprobs(model: EngineModel, trie: CatalogTrie, code_offset: int, promp
         step = hidden_logprobs(model, trie, code_offset, hidden, nodes)  # [B, K, C]
         total = total + step.gather(1, column[..., None].expand(-1, -1, step.shape[2])).gather(
             2, codes[..., depth : depth + 1].clamp(min=0))[..., 0]
+        partial.append(total)
         parents_of = column
-    return torch.where(ok, total, torch.full_like(total, float("-inf")))
+    out = torch.stack(partial, dim=2)  # [B, n, L]
+    return torch.where(ok[..., None], out, torch.full_like(out, float("-inf")))
+
+
+def wide_beam(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, width: int,
+              dead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's unfused constrained beam search at ``width`` -> (leaves [B, width] (-1: fewer), partial sums
+    [B, width, L] of each leaf's code log-probs up to each depth, read back along the beams' parents)."""
+    cache = BeamCache(model, trie, code_offset, prompts)
+    b = len(prompts.lengths)
+    nodes = torch.zeros(b, 1, dtype=torch.long)
+    scores = torch.zeros(b, 1)
+    parents = torch.zeros(b, 1, dtype=torch.long)
+    steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (scores, parents) of each depth's beams
+    for step in range(trie.levels):
+        hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
+        logp = hidden_logprobs(model, trie, code_offset, hidden, nodes)
+        nodes, scores, parents = expand_beams(trie, nodes, scores, logp, width, dead)
+        steps.append((scores, parents))
+    partial = [scores]
+    at = parents
+    for depth in range(trie.levels - 2, -1, -1):  # back along the parents: each leaf's ancestor beam's score
+        s, p = steps[depth]
+        partial.append(s.gather(1, at))
+        at = p.gather(1, at)
+    out = torch.stack(partial[::-1], dim=2)  # [B, width, L]
+    return nodes, torch.where((nodes >= 0)[..., None], out, torch.full_like(out, float("-inf")))
 
 
 def prior_rows(prior: TransitionPrior, history: Sequence[int], widths: Widths,
@@ -160,7 +195,6 @@ def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTr
                      prior: TransitionPrior, widths: Widths, exclude_history: bool,
                      sequence_top: Sequence[np.ndarray] | None = None, progress: bool = False) -> Candidates:
     """The candidates of ``users`` (in their order). ``sequence_top``: per user, SASRec's top catalog rows."""
-    engine = BeamSearch(model, trie, builder.code_offset)
     leaf_of_row = trie.item_path[:, trie.levels]  # [n] each catalog row's leaf
     index = {u.user_id: i for i, u in enumerate(users)}
     order = sorted(users, key=lambda u: min(len(u.history), builder.max_history))  # similar prompts together
@@ -170,14 +204,14 @@ def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTr
         prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
         excluded = [u.history for u in chunk] if exclude_history else None
         dead = trie.dead_nodes(excluded) if excluded else None
-        beam = engine.search(prompts, widths.beam, dead)  # the target's own wide beam, unfused
+        beam_leaves, beam_partial = wide_beam(model, trie, builder.code_offset, prompts, widths.beam, dead)
         extra = []
         for r, u in enumerate(chunk):
             top = sequence_top[index[u.user_id]] if sequence_top is not None else None
             leaves = torch.unique(leaf_of_row[torch.from_numpy(prior_rows(prior, u.history, widths, top))])
             if dead is not None:
                 leaves = leaves[~dead[r, leaves]]
-            found = beam.leaves[r][beam.leaves[r] >= 0]
+            found = beam_leaves[r][beam_leaves[r] >= 0]
             extra.append(leaves[~torch.isin(leaves, found)])
         width = max(1, max(len(e) for e in extra))
         forced = torch.full((len(chunk), width), -1, dtype=torch.long)
@@ -185,21 +219,22 @@ def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTr
             forced[r, : len(e)] = e
         scores = leaf_logprobs(model, trie, builder.code_offset, prompts, forced)
         for r, u in enumerate(chunk):
-            keep = beam.leaves[r] >= 0
-            leaves = torch.cat([beam.leaves[r][keep], forced[r, : len(extra[r])]])
-            target = torch.cat([beam.scores[r][keep].float(), scores[r, : len(extra[r])]])
+            keep = beam_leaves[r] >= 0
+            leaves = torch.cat([beam_leaves[r][keep], forced[r, : len(extra[r])]])
+            partial = torch.cat([beam_partial[r][keep], scores[r, : len(extra[r])]])
             items = trie.leaf_items(leaves, excluded[r] if excluded else ()) if len(leaves) else []
-            out.append((index[u.user_id], leaves, items, target))
+            out.append((index[u.user_id], leaves, items, partial))
     out.sort(key=lambda x: x[0])
     width = max(1, max(len(x[1]) for x in out))
     leaves_t = torch.full((len(out), width), -1, dtype=torch.long)
     items_t = torch.full((len(out), width), -1, dtype=torch.long)
-    target_t = torch.full((len(out), width), float("-inf"))
-    for i, (_, leaves, items, target) in enumerate(out):
+    partial_t = torch.full((len(out), width, trie.levels), float("-inf"))
+    for i, (_, leaves, items, partial) in enumerate(out):
         leaves_t[i, : len(leaves)] = leaves
         items_t[i, : len(items)] = torch.tensor(items, dtype=torch.long)
-        target_t[i, : len(target)] = target
-    return Candidates(np.array([u.user_id for u in users], dtype=np.int64), leaves_t, items_t, target_t)
+        partial_t[i, : len(partial)] = partial
+    return Candidates(np.array([u.user_id for u in users], dtype=np.int64), leaves_t, items_t,
+                      partial_t[..., -1].contiguous(), partial_t)
 
 
 class CandidateCache:

@@ -31,7 +31,7 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.priors.mixed import SequenceModel
 from recsvc.priors.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
-from training.rescore import PriorTables, Rescorer, sequence_top, standard_error
+from training.rescore import PriorTables, Rescorer, SearchTables, sequence_top, standard_error
 from training.rescore_cache import CandidateCache, Widths, build_candidates, cache_dir
 
 K = 10
@@ -58,8 +58,11 @@ def widths_of(args: argparse.Namespace) -> Widths:
 
 def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, model: EngineModel,
              builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], prior: TransitionPrior,
-             exclude_history: bool, sequence: SequenceModel | None = None) -> tuple[Rescorer, dict[str, Any]]:
-    """The study's candidates (built or resumed under TUNE_DIR/candidates) and the prior's tables at them."""
+             exclude_history: bool, width: int, sequence: SequenceModel | None = None
+             ) -> tuple[Rescorer, dict[str, Any]]:
+    """The study's candidates (built or resumed under TUNE_DIR/candidates) and the prior's tables at them. Without
+    a SASRec (``tune prior``) the served search's pruning at beam ``width`` is replayed on the candidates
+    (``training.rescore.SearchTables``); with one, a trial ranks the candidates by their exact fused score."""
     top = sequence_top(sequence, prior, users, widths.sequence) if sequence is not None and widths.sequence else None
     index = {u.user_id: i for i, u in enumerate(users)}
 
@@ -71,13 +74,15 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
     cands, info = cache.load_or_build(build)
     start = time.monotonic()
     tables = PriorTables.build(prior, trie, users, cands, sequence)
+    search = SearchTables.build(prior, trie, users, cands) if sequence is None else None
     info = {**info, "dir": str(cache.directory), "widths": asdict(widths), "candidates_per_user":
             round(float((cands.leaves >= 0).sum(1).float().mean()), 1),
-            "tables_seconds": round(time.monotonic() - start, 1)}
+            "tables_seconds": round(time.monotonic() - start, 1),
+            "ranking": "the served search replayed" if search is not None else "exact fused ranking"}
     print(f"candidates: {info['candidates_per_user']} per user ({info['parts_reused']} parts reused, "
           f"{info['parts_built']} built in {info['seconds']} s; prior tables {info['tables_seconds']} s) "
           f"in {cache.directory}")
-    return Rescorer(cands, tables, users, K), info
+    return Rescorer(cands, tables, users, K, search, width), info
 
 
 def full_decode_check(decoded: Mapping[int, Sequence[int]], rescored: Mapping[int, Sequence[int]],

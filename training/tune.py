@@ -157,8 +157,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     scorer, cache_info = None, None
     if widths is not None:  # each trial re-scores cached candidates: its own study (another objective)
         scorer, cache_info = rs.rescorer(bundle.root / "tune", "prior-excl" if excl else "prior", key, widths,
-                                         model, builder, trie, users, train_prior, excl)
-        key = {**key, "objective": "rescored", "candidates": asdict(widths)}
+                                         model, builder, trie, users, train_prior, excl, width)
+        key = {**key, "objective": f"rescored: {cache_info['ranking']}", "candidates": asdict(widths)}
 
     def objective(trial) -> float:
         st = PriorSettings(weight=trial.suggest_float("weight", 0.0, args.max_weight),

@@ -166,8 +166,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     scorer, cache_info = None, None
     if widths is not None:  # each trial re-scores cached candidates: its own study (another objective)
         scorer, cache_info = rs.rescorer(bundle.root / "tune", "mix-excl" if excl else "mix", key, widths, model,
-                                         builder, trie, users, train_prior, excl, seq_train)
-        key = {**key, "objective": "rescored", "candidates": asdict(widths)}
+                                         builder, trie, users, train_prior, excl, width, seq_train)
+        key = {**key, "objective": f"rescored: {cache_info['ranking']}", "candidates": asdict(widths)}
 
     def objective(trial) -> float:
         mix = suggest_mix(trial)
