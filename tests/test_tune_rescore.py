@@ -69,7 +69,7 @@ def test_forced_log_probs_equal_the_beam_scores(world) -> None:
     assert forced.shape == (*leaves.shape, trie.levels) and bool((forced[0, 0] == float("-inf")).all())
     ok = leaves >= 0
     assert torch.allclose(forced[..., -1][ok], beam.scores.flip(1)[ok], atol=1e-5)
-    mine, partial = wide_beam(model, trie, builder.code_offset, prompts, 12, None)
+    mine, partial = wide_beam(model, trie, builder.code_offset, prompts, 12, None)[-1]
     assert torch.equal(mine, beam.leaves)
     again = leaf_logprobs(model, trie, builder.code_offset, prompts, mine)
     assert torch.allclose(partial, again, atol=1e-5) and torch.allclose(partial[..., -1], beam.scores, atol=1e-5)

@@ -66,8 +66,9 @@ class PriorTables:
               sequence: SequenceModel | None = None) -> PriorTables:
         rows_of_leaf = leaf_rows(trie)  # [num_leaves, G]
         leaves = cands.leaves
-        rows = torch.where((leaves >= 0)[..., None], rows_of_leaf[(leaves - trie.num_internal).clamp(min=0)],
-                           torch.full((1, 1, 1), -1, dtype=torch.long))  # [U, M, G] catalog rows, -1 padding
+        rows = torch.where((leaves >= trie.num_internal)[..., None],
+                           rows_of_leaf[(leaves - trie.num_internal).clamp(min=0)],
+                           torch.full((1, 1, 1), -1, dtype=torch.long))  # [U, M, G] catalog rows, -1: none
         member = rows >= 0
         u, m, g = rows.shape
         counts = np.zeros((u, HISTORY_POSITIONS, m, g), dtype=np.float32)

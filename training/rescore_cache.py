@@ -76,8 +76,8 @@ class Candidates:
     """Each user's candidate leaves, the items they are served as and the target's log-prob of each."""
 
     user_ids: np.ndarray  # [U]
-    leaves: torch.Tensor  # [U, M] int64 trie leaves (-1: padding)
-    items: torch.Tensor  # [U, M] int64 item ids (-1: padding)
+    leaves: torch.Tensor  # [U, M] int64 trie leaves (-1: padding; an internal node: a prefix without candidates)
+    items: torch.Tensor  # [U, M] int64 item ids (-1: padding, or a prefix)
     target: torch.Tensor  # [U, M] float32 sum of the L code log-probs (-inf: padding)
     partial: torch.Tensor  # [U, M, L] float32 the sums over codes 1..d of each depth d (-inf: padding)
 
@@ -146,9 +146,10 @@ def leaf_logprobs(model: EngineModel, trie: CatalogTrie, code_offset: int, promp
 
 
 def wide_beam(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, width: int,
-              dead: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's unfused constrained beam search at ``width`` -> (leaves [B, width] (-1: fewer), partial sums
-    [B, width, L] of each leaf's code log-probs up to each depth, read back along the beams' parents)."""
+              dead: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The target's unfused constrained beam search at ``width`` -> for each depth d = 1..L, (the beams' nodes
+    [B, width] (-1: fewer), the partial sums [B, width, L] of their code log-probs up to each depth <= d, read
+    back along the beams' parents; -inf beyond d). The last depth's nodes are the leaves."""
     cache = BeamCache(model, trie, code_offset, prompts)
     b = len(prompts.lengths)
     nodes = torch.zeros(b, 1, dtype=torch.long)
@@ -159,15 +160,19 @@ def wide_beam(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: 
         hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
         logp = hidden_logprobs(model, trie, code_offset, hidden, nodes)
         nodes, scores, parents = expand_beams(trie, nodes, scores, logp, width, dead)
-        steps.append((scores, parents))
-    partial = [scores]
-    at = parents
-    for depth in range(trie.levels - 2, -1, -1):  # back along the parents: each leaf's ancestor beam's score
-        s, p = steps[depth]
-        partial.append(s.gather(1, at))
-        at = p.gather(1, at)
-    out = torch.stack(partial[::-1], dim=2)  # [B, width, L]
-    return nodes, torch.where((nodes >= 0)[..., None], out, torch.full_like(out, float("-inf")))
+        steps.append((nodes, scores, parents))
+    out = []
+    for depth in range(trie.levels):
+        nodes, scores, at = steps[depth]
+        partial = [scores]
+        for back in range(depth - 1, -1, -1):  # back along the parents: each beam's ancestors' scores
+            _, s, p = steps[back]
+            partial.append(s.gather(1, at))
+            at = p.gather(1, at)
+        sums = torch.full((*nodes.shape, trie.levels), float("-inf"))
+        sums[..., : depth + 1] = torch.stack(partial[::-1], dim=2)
+        out.append((nodes, torch.where((nodes >= 0)[..., None], sums, float("-inf"))))
+    return out
 
 
 def prior_rows(prior: TransitionPrior, history: Sequence[int], widths: Widths,
@@ -204,7 +209,8 @@ def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTr
         prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
         excluded = [u.history for u in chunk] if exclude_history else None
         dead = trie.dead_nodes(excluded) if excluded else None
-        beam_leaves, beam_partial = wide_beam(model, trie, builder.code_offset, prompts, widths.beam, dead)
+        visited = wide_beam(model, trie, builder.code_offset, prompts, widths.beam, dead)
+        beam_leaves, beam_partial = visited[-1]
         extra = []
         for r, u in enumerate(chunk):
             top = sequence_top[index[u.user_id]] if sequence_top is not None else None
@@ -223,6 +229,14 @@ def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTr
             leaves = torch.cat([beam_leaves[r][keep], forced[r, : len(extra[r])]])
             partial = torch.cat([beam_partial[r][keep], scores[r, : len(extra[r])]])
             items = trie.leaf_items(leaves, excluded[r] if excluded else ()) if len(leaves) else []
+            # the wide beam's prefixes that lead to no candidate: they hold beams in a replayed search
+            # (``training.rescore.SearchTables``) without ever being listed (item -1, log-prob -inf)
+            known = set(trie.ancestors[leaves].reshape(-1).tolist()) if len(leaves) else set()
+            for nodes, sums in visited[:-1]:
+                spare = [j for j, node in enumerate(nodes[r].tolist()) if node >= 0 and node not in known]
+                leaves = torch.cat([leaves, nodes[r, spare]])
+                partial = torch.cat([partial, sums[r, spare]])
+                items = items + [-1] * len(spare)
             out.append((index[u.user_id], leaves, items, partial))
     out.sort(key=lambda x: x[0])
     width = max(1, max(len(x[1]) for x in out))

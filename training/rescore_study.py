@@ -76,7 +76,8 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
     tables = PriorTables.build(prior, trie, users, cands, sequence)
     search = SearchTables.build(prior, trie, users, cands) if sequence is None else None
     info = {**info, "dir": str(cache.directory), "widths": asdict(widths), "candidates_per_user":
-            round(float((cands.leaves >= 0).sum(1).float().mean()), 1),
+            round(float((cands.items >= 0).sum(1).float().mean()), 1),
+            "prefixes_per_user": round(float(((cands.leaves >= 0) & (cands.items < 0)).sum(1).float().mean()), 1),
             "tables_seconds": round(time.monotonic() - start, 1),
             "ranking": "the served search replayed" if search is not None else "exact fused ranking"}
     print(f"candidates: {info['candidates_per_user']} per user ({info['parts_reused']} parts reused, "
