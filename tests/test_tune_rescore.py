@@ -25,7 +25,7 @@ from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 from training import rescore_cache
 from training.ranking import rank_users, serving_model
-from training.rescore import PriorTables, Rescorer, SearchTables, coverage
+from training.rescore import DenseMasses, PriorTables, Rescorer, SearchTables, coverage
 from training.rescore_cache import CandidateCache, Widths, build_candidates, leaf_logprobs, wide_beam
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -105,19 +105,26 @@ def test_rescored_objective_equals_the_full_decode_when_the_candidates_cover_the
 def test_the_replayed_search_equals_a_narrow_full_decode(world, exclude) -> None:
     """Every item a candidate and the served search narrower than the catalog (it prunes): replaying its pruning
     on the candidates (``SearchTables``) gives the decoded lists user for user, for every transition setting."""
-    model, builder, trie, users, prior = (world[k] for k in ("model", "builder", "trie", "users", "prior"))
+    model, builder, trie, users, prior, seq = (world[k] for k in ("model", "builder", "trie", "users", "prior",
+                                                                  "sequence"))
     cands = build_candidates(model, builder, trie, users, prior, Widths(beam=world["n"], prior=0), exclude)
     tables = PriorTables.build(prior, trie, users, cands)
+    search = SearchTables.build(prior, trie, users, cands)
+    dense = DenseMasses(prior, seq, trie, users, cands)
     for width in (4, 12):
-        scorer = Rescorer(cands, tables, users, k=3, search=SearchTables.build(prior, trie, users, cands),
-                          width=width)
-        for st in (PriorSettings(weight=0.0), PriorSettings(window=1, decay=0.5, beta=1.0, weight=0.7),
-                   PriorSettings(window=4, decay=0.3, beta=0.05, weight=2.5)):
+        scorer = Rescorer(cands, tables, users, k=3, search=search, width=width, dense=dense)
+        for st, mix in ((PriorSettings(weight=0.0), None),
+                        (PriorSettings(window=1, decay=0.5, beta=1.0, weight=0.7), None),
+                        (PriorSettings(window=4, decay=0.3, beta=0.05, weight=2.5), None),
+                        (PriorSettings(window=2, decay=0.8, beta=3.0, weight=1.5), MixSettings(0.4, 0.5, 0.0)),
+                        (PriorSettings(window=3, decay=0.5, beta=0.5, weight=1.0), MixSettings(0.3, 2.0, 0.7))):
+            fused = prior.with_settings(st) if mix is None else MixedPrior(prior.with_settings(st), seq, mix)
             decoded = rank_users(model, builder, trie, users, 3, 64, exclude_history=exclude, progress=False,
-                                 prior=prior.with_settings(st), beam_width=width)
-            assert scorer.lists(st) == decoded, (width, st)
+                                 prior=fused, beam_width=width)
+            assert scorer.lists(st, mix) == decoded, (width, st, mix)
+    without = Rescorer(cands, tables, users, k=3, search=search, width=4)
     with pytest.raises(ValueError, match="transition prior alone"):
-        scorer.lists(PriorSettings(weight=1.0), MixSettings(0.5, 1.0, 0.0))
+        without.lists(PriorSettings(weight=1.0), MixSettings(0.5, 1.0, 0.0))
 
 
 def test_the_tables_give_the_engines_leaf_masses(world) -> None:

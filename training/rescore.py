@@ -251,18 +251,59 @@ def sequence_top(sequence: SequenceModel, prior: TransitionPrior, users: Sequenc
     return out
 
 
+class DenseMasses:
+    """The prior's log-mass at each candidate's prefixes and leaf, computed as the engine computes it
+    (``recsvc.engine.prior.prior_log_mass`` over the whole catalog's probabilities) for a mix, whose prefix masses
+    sum SASRec's probabilities of every item under a prefix: SASRec's scores of every user are computed once,
+    a trial recomputes the mixture ([U, n]) and its trie masses, in chunks of users (~2 s on Beauty)."""
+
+    def __init__(self, prior: TransitionPrior, sequence: SequenceModel, trie: CatalogTrie,
+                 users: Sequence[EvalUser], cands: Candidates) -> None:
+        self.prior, self.sequence, self.trie = prior, sequence, trie
+        self.histories = [u.history for u in users]
+        leaves = cands.leaves
+        self.nodes = torch.where((leaves >= 0)[..., None], trie.ancestors[leaves.clamp(min=0)].cpu(), -1)  # [U,M,L]
+        parts, known = [], []
+        with torch.inference_mode():
+            for lo in range(0, len(users), SEQUENCE_BATCH):
+                s, k = sequence.scores(self.histories[lo: lo + SEQUENCE_BATCH])
+                parts.append(s)
+                known.append(k)
+        self.scores = torch.cat(parts)  # [U, m] SASRec's scores of its own items
+        self.known = torch.cat(known)  # [U]
+
+    def log_masses(self, st: PriorSettings, mix: MixSettings) -> torch.Tensor:
+        """[U, M, L] log m(node) of each candidate's depth-1..L nodes (-inf where it has none)."""
+        from recsvc.engine.prior import prior_log_mass
+        from recsvc.priors.mixed import MixedPrior
+
+        mixed = MixedPrior(self.prior.with_settings(st), self.sequence, mix)
+        out = torch.full(self.nodes.shape, float("-inf"))
+        with torch.inference_mode():
+            for lo in range(0, len(self.histories), SEQUENCE_BATCH):
+                hi = lo + SEQUENCE_BATCH
+                p = mixed.combine(torch.from_numpy(mixed.transition.probs(self.histories[lo:hi])),
+                                  self.scores[lo:hi], self.known[lo:hi])
+                lm = prior_log_mass(self.trie, p, 1.0)  # [B, num_nodes]
+                nodes = self.nodes[lo:hi]
+                got = lm.gather(1, nodes.clamp(min=0).reshape(len(nodes), -1)).view(nodes.shape)
+                out[lo:hi] = torch.where(nodes >= 0, got, float("-inf"))
+        return out
+
+
 class Rescorer:
     """Ranks every user's candidates by fused score and scores the top k (``evaluate``), trial after trial."""
 
     def __init__(self, cands: Candidates, tables: PriorTables, users: Sequence[EvalUser], k: int = 10,
-                 search: SearchTables | None = None, width: int = 0) -> None:
+                 search: SearchTables | None = None, width: int = 0, dense: DenseMasses | None = None) -> None:
         """``search`` and ``width``: replay the served search's pruning at beam width max(k, width) on the
-        candidates (``SearchTables``; the transition prior alone); without: the exact fused ranking of the
-        candidates."""
+        candidates, with the transition prior's prefix masses from ``SearchTables``, or with a mix's from
+        ``dense`` (``DenseMasses``; then every trial with a mix takes them from there); without either: the exact
+        fused ranking of the candidates."""
         if cands.user_ids.tolist() != [u.user_id for u in users]:
             raise ValueError("the candidates belong to other users")
         self.cands, self.tables, self.users, self.k = cands, tables, list(users), k
-        self.search, self.width = search, max(k, width)
+        self.search, self.width, self.dense = search, max(k, width), dense
         targets = [set(u.targets) for u in users]
         items = cands.items.tolist()
         self.relevant = torch.tensor([[int(i in t) for i in row] for row, t in zip(items, targets, strict=True)],
@@ -276,26 +317,41 @@ class Rescorer:
 
     def fused(self, st: PriorSettings, mix: MixSettings | None = None) -> torch.Tensor:
         """[U, M] each candidate's fused score (the target's log-prob + w * log m(leaf); -inf: never listed)."""
-        if self.search is not None and mix is not None and (mix.mix > 0 or mix.product > 0):
+        mixing = mix is not None and (mix.mix > 0 or mix.product > 0)
+        if self.search is not None and mixing and self.dense is None:
             raise ValueError("the search's pruning is replayed for the transition prior alone, not a SASRec mix")
-        fused = (self.cands.target if st.weight <= 0
-                 else self.cands.target + st.weight * self.tables.log_mass(st, mix))
         if self.search is None:
-            return fused
-        return torch.where(self._survivors(st), fused, float("-inf"))
+            if st.weight <= 0:
+                return self.cands.target
+            return self.cands.target + st.weight * self.tables.log_mass(st, mix)
+        if st.weight <= 0:
+            return torch.where(self._survivors(st, None), self.cands.target, float("-inf"))
+        if mixing:
+            assert self.dense is not None and mix is not None
+            masses = self.dense.log_masses(st, mix)  # [U, M, L]
+            leaf = masses[..., -1]
 
-    def _survivors(self, st: PriorSettings) -> torch.Tensor:
+            def prefix(d: int) -> torch.Tensor:
+                return masses[..., d]
+        else:
+            leaf = self.tables.log_mass(st)
+            t, search = self.tables, self.search
+
+            def prefix(d: int) -> torch.Tensor:
+                return transition_mass(search.counts[d], search.pop[d], t.out, t.positions, st).log()
+        fused = self.cands.target + st.weight * leaf
+        return torch.where(self._survivors(st, prefix), fused, float("-inf"))
+
+    def _survivors(self, st: PriorSettings, prefix) -> torch.Tensor:
         """[U, M] whether each candidate's every prefix stays among the ``width`` best of its depth, as the beam
-        search at that width keeps them (each depth's prefixes ranked by T(prefix) + w * log m(prefix))."""
+        search at that width keeps them (each depth's prefixes ranked by T(prefix) + w * log m(prefix);
+        ``prefix(d)``: [U, M] log m of each candidate's depth d + 1 prefix, None without the prior)."""
         assert self.search is not None
-        t = self.tables
         alive = self.cands.leaves >= 0
-        for d, (groups, counts, pop) in enumerate(zip(self.search.groups, self.search.counts, self.search.pop,
-                                                      strict=True)):
+        for d, groups in enumerate(self.search.groups):
             score = self.cands.partial[..., d]
-            if st.weight > 0:
-                mass = transition_mass(counts, pop, t.out, t.positions, st)  # [U, M]
-                score = score + st.weight * mass.log()
+            if prefix is not None:
+                score = score + st.weight * prefix(d)
             score = torch.where(alive, score, float("-inf"))
             n = int(groups.max()) + 1 if groups.numel() else 0
             if n <= self.width:

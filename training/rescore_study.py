@@ -31,7 +31,7 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.priors.mixed import SequenceModel
 from recsvc.priors.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
-from training.rescore import PriorTables, Rescorer, SearchTables, sequence_top, standard_error
+from training.rescore import DenseMasses, PriorTables, Rescorer, SearchTables, sequence_top, standard_error
 from training.rescore_cache import CandidateCache, Widths, build_candidates, cache_dir
 
 K = 10
@@ -60,9 +60,9 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
              builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], prior: TransitionPrior,
              exclude_history: bool, width: int, sequence: SequenceModel | None = None
              ) -> tuple[Rescorer, dict[str, Any]]:
-    """The study's candidates (built or resumed under TUNE_DIR/candidates) and the prior's tables at them. Without
-    a SASRec (``tune prior``) the served search's pruning at beam ``width`` is replayed on the candidates
-    (``training.rescore.SearchTables``); with one, a trial ranks the candidates by their exact fused score."""
+    """The study's candidates (built or resumed under TUNE_DIR/candidates) and the prior's tables at them; a trial
+    replays the served search's pruning at beam ``width`` on the candidates (``training.rescore.SearchTables``;
+    with a SASRec ``sequence`` mixed in, its masses come from ``DenseMasses``)."""
     top = sequence_top(sequence, prior, users, widths.sequence) if sequence is not None and widths.sequence else None
     index = {u.user_id: i for i, u in enumerate(users)}
 
@@ -73,17 +73,18 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
     cache = CandidateCache(cache_dir(tune_dir / "candidates", name, key, widths), key, widths, users)
     cands, info = cache.load_or_build(build)
     start = time.monotonic()
-    tables = PriorTables.build(prior, trie, users, cands, sequence)
-    search = SearchTables.build(prior, trie, users, cands) if sequence is None else None
+    tables = PriorTables.build(prior, trie, users, cands)
+    search = SearchTables.build(prior, trie, users, cands)
+    dense = DenseMasses(prior, sequence, trie, users, cands) if sequence is not None else None
     info = {**info, "dir": str(cache.directory), "widths": asdict(widths), "candidates_per_user":
             round(float((cands.items >= 0).sum(1).float().mean()), 1),
             "prefixes_per_user": round(float(((cands.leaves >= 0) & (cands.items < 0)).sum(1).float().mean()), 1),
             "tables_seconds": round(time.monotonic() - start, 1),
-            "ranking": "the served search replayed" if search is not None else "exact fused ranking"}
+            "ranking": "the served search replayed"}
     print(f"candidates: {info['candidates_per_user']} per user ({info['parts_reused']} parts reused, "
           f"{info['parts_built']} built in {info['seconds']} s; prior tables {info['tables_seconds']} s) "
           f"in {cache.directory}")
-    return Rescorer(cands, tables, users, K, search, width), info
+    return Rescorer(cands, tables, users, K, search, width, dense), info
 
 
 def full_decode_check(decoded: Mapping[int, Sequence[int]], rescored: Mapping[int, Sequence[int]],
