@@ -273,21 +273,25 @@ class DenseMasses:
         self.known = torch.cat(known)  # [U]
 
     def log_masses(self, st: PriorSettings, mix: MixSettings) -> torch.Tensor:
-        """[U, M, L] log m(node) of each candidate's depth-1..L nodes (-inf where it has none)."""
-        from recsvc.engine.prior import prior_log_mass
+        """[U, M, L] log m(node) of each candidate's depth-1..L nodes, up to a per-user constant (the root's mass,
+        which ranks nothing; -inf where it has none): the masses ``prior_log_mass`` sums, one ``index_add_`` per
+        depth into that depth's nodes."""
         from recsvc.priors.mixed import MixedPrior
 
         mixed = MixedPrior(self.prior.with_settings(st), self.sequence, mix)
         out = torch.full(self.nodes.shape, float("-inf"))
+        path = self.trie.item_path.cpu()  # [n, L+1]
         with torch.inference_mode():
             for lo in range(0, len(self.histories), SEQUENCE_BATCH):
                 hi = lo + SEQUENCE_BATCH
                 p = mixed.combine(torch.from_numpy(mixed.transition.probs(self.histories[lo:hi])),
-                                  self.scores[lo:hi], self.known[lo:hi])
-                lm = prior_log_mass(self.trie, p, 1.0)  # [B, num_nodes]
+                                  self.scores[lo:hi], self.known[lo:hi]).float()  # [B, n]
+                mass = torch.zeros(p.shape[0], self.trie.num_nodes)
+                for d in range(1, self.trie.levels + 1):
+                    mass.index_add_(1, path[:, d], p)
                 nodes = self.nodes[lo:hi]
-                got = lm.gather(1, nodes.clamp(min=0).reshape(len(nodes), -1)).view(nodes.shape)
-                out[lo:hi] = torch.where(nodes >= 0, got, float("-inf"))
+                got = mass.gather(1, nodes.clamp(min=0).reshape(len(nodes), -1)).view(nodes.shape)
+                out[lo:hi] = torch.where(nodes >= 0, got.log(), float("-inf"))
         return out
 
 
