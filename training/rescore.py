@@ -18,6 +18,13 @@ The prior's tables, exactly the terms ``TransitionPrior.probs`` and ``MixedPrior
 so a trial gathers nothing: ``counts`` [U, T, M, G] (G: items of a leaf, T = ``HISTORY_POSITIONS``), ``pop``
 [U, M, G], ``out`` [U, T] and SASRec's scores at the candidates are fixed; the settings only reweight them.
 Leaves of several items sum their items' P (log-sum-exp over G), as the engine's trie masses do.
+
+Ranked so, a trial gives the exact fused ranking of the candidates, which the served search (a beam search at the
+bundle's width) does not compute: it prunes after every code, keeping the width's best prefixes by
+T(prefix) + w * log m(prefix), T the target's log-prob of the prefix and m the prior mass of every catalog item
+under it. ``SearchTables`` (the transition prior's terms summed under each candidate's prefixes) and
+``DenseMasses`` (a mix's masses, recomputed over the catalog per trial) let ``Rescorer`` replay that pruning on the
+candidates, so its lists are the served search's wherever the search's beams stay among the candidates' prefixes.
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ them, and the choice goes to BUNDLE/prior-excl (after ``recsvc tune prior --excl
 "prior_excl" and "tuning"."mix_excl".
 
 Trials re-score each user's cached candidates as ``recsvc tune prior``'s do (``training.rescore_study``; SASRec's
-top ``--sequence-candidates`` items join them, and its scores over the catalog are computed once per run, so a
-trial's only pass over the catalog is the temperature's log-sum-exp); ``--full-decode`` decodes every trial. The
+top ``--sequence-candidates`` items join them, and its scores over the catalog are computed once per run; a
+trial recomputes the mixture over the catalog and its masses under the candidates' prefixes,
+``training.rescore.DenseMasses``, to replay the served search); ``--full-decode`` decodes every trial. The
 chosen fused settings are checked with one full decode, and the fused target's lists against the prior's own best
 ranking (paired, validation) go to bundle.json "target_over_prior" (``-excl``) and ``recsvc eval``'s headline.
 """
