@@ -147,10 +147,6 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
           f"metric {args.metric}{', history excluded' if excl else ''}")
 
     width = bundle.served_beam_width()  # the top-10 read from the served search, as a server reads it
-    base = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, progress=False,
-                                        beam_width=width), users, (10,))
-    print(f"without the prior: recall@10 {base['recall@10']:.4f} ndcg@10 {base['ndcg@10']:.4f}")
-
     key = {"model": weights_fingerprint(model_dir), "data": str(bundle.resolve_data_dir(args.data)),
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
            "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width}
@@ -159,6 +155,11 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
         scorer, cache_info = rs.rescorer(bundle.root / "tune", "prior-excl" if excl else "prior", key, widths,
                                          model, builder, trie, users, train_prior, excl, width)
         key = {**key, "objective": f"rescored: {cache_info['ranking']}", "candidates": asdict(widths)}
+    # the unfused model (the first trial's settings), scored as the trials are
+    base = (scorer.evaluate(PriorSettings(weight=0.0)) if scorer is not None else
+            evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, progress=False,
+                                         beam_width=width), users, (10,)))
+    print(f"without the prior: recall@10 {base['recall@10']:.4f} ndcg@10 {base['ndcg@10']:.4f}")
 
     def objective(trial) -> float:
         st = PriorSettings(weight=trial.suggest_float("weight", 0.0, args.max_weight),
