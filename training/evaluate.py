@@ -145,6 +145,9 @@ def evaluate_bundle(
         assert against is not None
         result["against"] = against_block(against, b, parts.without(against.variant), paired[-1]["slices"],
                                           score_lists(b.lists, users, ks, cold), served_parts(b))
+    if prior is not None:  # what the fused target added over this prior alone on validation, as its tuning measured
+        key = "target_over_prior_excl" if a.prior_dir.name == "prior-excl" else "target_over_prior"
+        result["target_over_prior"] = Bundle.open(bundle_dir).read().get(key)
     result["headline"] = headline(result)
     result["per_user"] = per_user_payload(parts_users, scored)
     return result

@@ -34,6 +34,13 @@ train-period SASRec the paper protocol's evaluation uses) and bundle.json ("prio
 ``--exclude-history`` does the same for a service that never recommends history items: validation lists exclude
 them, and the choice goes to BUNDLE/prior-excl (after ``recsvc tune prior --exclude-history``), bundle.json
 "prior_excl" and "tuning"."mix_excl".
+
+Trials re-score each user's cached candidates as ``recsvc tune prior``'s do (``training.rescore_study``; SASRec's
+top ``--sequence-candidates`` items join them, and its scores over the catalog are computed once per run; a
+trial recomputes the mixture over the catalog and its masses under the candidates' prefixes,
+``training.rescore.DenseMasses``, to replay the served search); ``--full-decode`` decodes every trial. The
+chosen fused settings are checked with one full decode, and the fused target's lists against the prior's own best
+ranking (paired, validation) go to bundle.json "target_over_prior" (``-excl``) and ``recsvc eval``'s headline.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from recsvc.errors import UserError
 from recsvc.progress import print_record
 from training.choices import TUNING_METRICS
 from training.cli import user_count
+from training.rescore_study import add_rescore_args
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -62,6 +70,7 @@ if TYPE_CHECKING:
 
 TRAIN_SEQUENCE_DIR = "sequence-train"
 MAX_WEIGHT = 30.0
+SEQUENCE_CANDIDATES = 50  # SASRec's top items added to each user's cached candidates
 PRODUCT_RANGE = (0.0, 1.0)  # the product term's exponent searched (1: SASRec weighs as much as the mixture)
 
 
@@ -87,6 +96,7 @@ def register_mix(sub) -> None:
                         "prior: force one (the record keeps both validation figures)")
     p.add_argument("--exclude-history", action="store_true",
                    help="tune BUNDLE/prior-excl, the prior of a service that excludes history items")
+    add_rescore_args(p, sequence=SEQUENCE_CANDIDATES)
     p.set_defaults(func=cmd_tune_mix)
 
 
@@ -102,13 +112,18 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from recsvc.priors.transition import MAX_WEIGHT as WEIGHT_LIMIT
     from recsvc.priors.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
+    from training import rescore_study as rs
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
+    from training.headline import format_target_over_prior
+    from training.prior_alone import prior_rankings
     from training.prior_cli import prior_sequences, resolve_fit_on
-    from training.ranking import rank_users, serving_model
+    from training.ranking import serving_model
+    from training.rescore import coverage
     from training.studies import check_budget, run_trials, study, validation_model, weights_fingerprint
 
     check_budget(args.trials, args.budget_minutes)
+    widths = None if args.full_decode else rs.widths_of(args)  # refused before anything loads
     if not 0 < args.max_weight <= WEIGHT_LIMIT:
         raise UserError(f"--users must be >= 1 and --max-weight in (0, {WEIGHT_LIMIT:g}]")
     if args.threads:
@@ -141,16 +156,6 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     print(f"tune mix: {len(users)} validation users, model {model_dir.name}, transition {stored.settings}, "
           f"metric {args.metric}{', history excluded' if excl else ''}")
 
-    def objective(trial) -> float:
-        mix = suggest_mix(trial)
-        weight = weight_of({"share": trial.suggest_float("share", 0.0, share_of(args.max_weight))})
-        prior = MixedPrior(train_prior.with_settings(_with_weight(stored.settings, weight)), seq_train, mix)
-        m = evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, beam_width=width,
-                                         progress=False, prior=prior), users, (10,))
-        trial.set_user_attr("recall@10", m["recall@10"])
-        trial.set_user_attr("ndcg@10", m["ndcg@10"])
-        return m[args.metric]
-
     # what every trial's score depends on: a retrained target, a re-tuned transition prior, other SASRec fits or
     # other users start a new study instead of resuming one scored on another objective
     key = {"model": weights_fingerprint(model_dir), "sasrec": weights_fingerprint(train_dir),
@@ -161,6 +166,27 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
            "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width,
            "family": {"mixture": True, "product": list(PRODUCT_RANGE)}}
+    scorer, cache_info = None, None
+    if widths is not None:  # each trial re-scores cached candidates: its own study (another objective)
+        scorer, cache_info = rs.rescorer(bundle.root / "tune", "mix-excl" if excl else "mix", key, widths, model,
+                                         builder, trie, users, train_prior, excl, width, seq_train)
+        key = {**key, "objective": f"rescored: {cache_info['ranking']}", "candidates": asdict(widths)}
+
+    def objective(trial) -> float:
+        mix = suggest_mix(trial)
+        weight = weight_of({"share": trial.suggest_float("share", 0.0, share_of(args.max_weight))})
+        settings = _with_weight(stored.settings, weight)
+        start = time.perf_counter()
+        if scorer is not None:
+            m = scorer.evaluate(settings, mix)
+        else:
+            prior = MixedPrior(train_prior.with_settings(settings), seq_train, mix)
+            m = evaluate_rankings(rs.decode_lists(model, builder, trie, users, excl, width, prior), users, (10,))
+        trial.set_user_attr("seconds", time.perf_counter() - start)
+        trial.set_user_attr("recall@10", m["recall@10"])
+        trial.set_user_attr("ndcg@10", m["ndcg@10"])
+        return m[args.metric]
+
     search = study(bundle.root / "tune" / ("mix-excl.db" if excl else "mix.db"), "mix", args.seed, key)
     if not search.trials:  # the transition prior alone, as tuned
         search.enqueue_trial({"mix": 0.0, "temperature": 1.0, "product": 0.0,
@@ -171,6 +197,20 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     chosen = _with_weight(stored.settings, weight_of(best.params))
     own, ran_own = _search_alone(args, bundle, excl, train_prior.with_settings(chosen), seq_train, users, best.params,
                                  {**key, "model": None, "fused": best.params})
+    # the chosen fused settings' full decode on validation: the check of the re-scored choice, and the fused lists
+    # the headline figure compares with the prior's own best ranking
+    fused_prior = MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(best.params))
+    start = time.perf_counter()
+    decoded = rs.decode_lists(model, builder, trie, users, excl, width, fused_prior)
+    seconds = time.perf_counter() - start  # what one trial costs with --full-decode
+    check = (rs.full_decode_check(decoded, scorer.lists(chosen, mix_of(best.params)), users, seconds,
+                                  coverage(scorer, decoded)) if scorer else None)
+    if check is not None:
+        print(rs.format_check(check))
+    alone_lists = prior_rankings(MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(own.params)), users,
+                                 10, excl)
+    headline = rs.target_over_prior(decoded, alone_lists, users, "tune mix", prior_dir.name)
+    print(format_target_over_prior(headline))
     alone_wins = own.value > best.value if args.rank_by == "auto" else args.rank_by == "prior"
     pick = own if alone_wins else best
     mix = replace(mix_of(pick.params), alone=alone_wins)
@@ -189,12 +229,15 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
               "rank_by": "prior" if alone_wins else "fused", "rank_by_rule": args.rank_by,
               "sasrec_cache": str(cache), "trials": len(search.trials), "trials_this_run": ran,
               "prior_alone_trials_this_run": ran_own,
-              "seconds_this_run": round(time.monotonic() - t0, 1), "exclude_history": excl}
+              "seconds_this_run": round(time.monotonic() - t0, 1), "exclude_history": excl,
+              "objective": "full decode" if scorer is None else "rescored",
+              "seconds_per_trial": rs.per_trial(search, ran), "candidates": cache_info, "check": check,
+              "target_over_prior": headline}
     meta = bundle.read()
     key = "prior_excl" if excl else "prior"
     bundle.update(**{key: {**meta.get(key, {}), "weight": chosen.weight, "mix": mix.mix,
                            "temperature": mix.temperature, "product": mix.product,
-                           "rank_by": record["rank_by"]}},
+                           "rank_by": record["rank_by"]}, f"target_over_{key}": headline},
                   tuning={**meta.get("tuning", {}), ("mix_excl" if excl else "mix"): record})
     print_record(record)
     if alone_wins:

@@ -157,6 +157,14 @@ class MixedPrior:
         with torch.inference_mode():
             return self._mixed(torch.from_numpy(p), *self.sequence.scores(histories)).numpy()
 
+    def combine(self, p: torch.Tensor, scores: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+        """``probs`` from its parts computed elsewhere: the transition prior's [B, n] probabilities and
+        ``SequenceModel.scores``' (scores [B, m], known [B]) of the same histories (a validation search scores
+        SASRec once and mixes it under many settings)."""
+        if self.mix.mix <= 0 and self.mix.product <= 0:
+            return p
+        return self._mixed(p, scores, known)
+
     def _mixed(self, p: torch.Tensor, scores: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
         """p [B, n] transition probabilities, scores [B, m] SASRec's, known [B] -> [B, n] the prior (float32)."""
         on_catalog = scores if self._same_rows else scores[:, self._model_rows]  # [B, m'] the catalog's items
