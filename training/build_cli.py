@@ -264,10 +264,11 @@ def cmd_build(args: argparse.Namespace) -> int:
                                  args.window_stride, args.force)
             info = {k: v for k, v in info.items() if k != "config"}
             print(f"[drafter] finished in {time.monotonic() - t0:.1f}s: {json.dumps(info, default=str)}")
-    if not args.plan and bundle.semantic_ids_path.is_file():
+    if not args.plan and bundle.semantic_ids_path.is_file() and bundle.is_done("target"):
         from recsvc.bundle.serving_files import write_serving_files
 
-        # what serving reads of the data, inside the bundle: it never opens this data directory
+        # what serving reads of the data, inside the bundle (a servable bundle: one with a target): it never opens
+        # this data directory
         report = write_serving_files(bundle.root, data or load_split_dir(args.data))
         print(f"[serving files] {json.dumps(report)}")
     print(f"bundle: {bundle.root}")

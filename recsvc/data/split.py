@@ -258,8 +258,10 @@ def _item_from_json(value: dict[str, Any], where: str) -> ItemMeta:
     cats = value.get("categories") or []
     if isinstance(cats, str):
         cats = [cats]
+    if isinstance(cats, list) and all(isinstance(c, list) for c in cats):  # Amazon's [["a", "b"], ["a", "c"]]
+        cats = list(dict.fromkeys(c for path in cats for c in path))
     if not isinstance(cats, list) or not all(isinstance(c, str) for c in cats):
-        raise UserError(f"{where}: field 'categories' must be a list of strings")
+        raise UserError(f"{where}: field 'categories' must be a list of strings (or of lists of strings)")
     return ItemMeta(
         asin=opt_str("asin"),
         title=opt_str("title"),
