@@ -203,24 +203,3 @@ def test_a_truncated_run_follows_the_whole_schedule_step_for_step(tmp_path) -> N
     assert again.epochs == 2 and again.steps == part.steps
     for k, v in weights(resumed).items():
         torch.testing.assert_close(v, snapshots[1][k], rtol=0, atol=1e-6)
-
-
-def test_resuming_a_checkpoint_without_per_user_scores_compares_its_epochs_by_mean(tmp_path) -> None:
-    """A selection run checkpointed before per-user values were kept resumes with its earlier epochs in the
-    choice (by their means): a later epoch below the earlier best is not chosen for lack of their values."""
-    scripted = iter([hits(BASE), hits(BASE[:20])])
-
-    def evaluator(model) -> dict:
-        values = next(scripted)
-        return {"recall@10": float(np.mean(values)), PER_USER: {"recall@10": values}}
-
-    fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(epochs=2, stop_after=1, select="within-se"),
-                  tmp_path, TOK.pad_token_id, evaluator=evaluator)
-    path = tmp_path / "last" / "state.json"
-    payload = json.loads(path.read_text())
-    del payload["state"]["scores"]  # as written before
-    path.write_text(json.dumps(payload))
-    _, res = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(epochs=2, resume=True,
-                           select="within-se"), tmp_path, TOK.pad_token_id, evaluator=evaluator)
-    assert res.best_epoch == 1 and [r["chosen"] for r in res.selection] == [True, False]
-    assert res.selection[0]["se"] is None and res.selection[1]["se"] == pytest.approx(standard_error(hits(BASE[:20])))
