@@ -185,6 +185,18 @@ def test_serve_process_is_not_serving_until_loaded_and_bounds_calibration(tiny_b
                             stdout=subprocess.DEVNULL, text=True)
     seen: list[str] = []
     try:
+        # the port first, by TCP: a gRPC channel that failed to connect backs off for a second or more, longer than
+        # a tiny bundle's load on an idle machine, and would miss the NOT_SERVING window
+        import socket
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                seen[:] = ["DOWN"]
+                time.sleep(0.005)
         with RecClient(f"127.0.0.1:{port}", timeout_s=2) as client:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline and proc.poll() is None:
