@@ -68,7 +68,7 @@ def time_steps(model, make_batch: Callable[[list[int]], dict[str, torch.Tensor]]
 
     The model is trained in place: pass a throw-away copy. Padding is work but not a token (as in the loop's
     tokens/s display): the rate is real tokens per second of a padded, length-bucketed batch stream."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, fused=True)
     device_type = next(model.parameters()).device.type  # autocast where the model runs (cpu or cuda)
     model.train()
     tokens, start = 0, time.perf_counter()

@@ -208,7 +208,7 @@ def fit_causal_lm(
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, fused=True)
     lengths = list(source.lengths)
     world, rank = acc.num_processes, acc.process_index
     n_batches = math.ceil(len(lengths) / cfg.batch_size) // world  # per process, equal on every rank
