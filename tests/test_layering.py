@@ -128,15 +128,15 @@ from .. import other as alias
 if TYPE_CHECKING:
     from pkg.typed import T
 def f():
-    from training.api import load_setup
+    from training.drafters.api import load_setup
     import training.metrics
 """)
     assert sorted(imports(mod, tmp_path)) == [
         (1, "__future__.annotations"), (2, "json"), (2, "os.path"), (3, "typing.TYPE_CHECKING"),
         (4, "pkg.sub.sibling"), (5, "pkg.other.thing"), (6, "pkg.other"), (8, "pkg.typed.T"),
-        (10, "training.api.load_setup"), (11, "training.metrics"),
+        (10, "training.drafters.api.load_setup"), (11, "training.metrics"),
     ]
-    assert under("training.api.load_setup", ("training",)) and not under("trainings.x", ("training",))
+    assert under("training.drafters.api.load_setup", ("training",)) and not under("trainings.x", ("training",))
 
 
 def test_recsvc_never_imports_training() -> None:

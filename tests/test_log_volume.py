@@ -150,7 +150,7 @@ def test_optuna_trials_in_batch_mode_are_plain_lines(clean_env, capsys) -> None:
     interval and the closing summary with the best trial; on a terminal Optuna's own bar."""
     import optuna
 
-    from training.studies import run_trials
+    from training.tuning.studies import run_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     clean_env.setenv("RECSVC_PROGRESS_INTERVAL_S", "0.05")
