@@ -24,8 +24,8 @@ from recsvc.content.dense_head import (
 from recsvc.data.split import load_split_dir
 from recsvc.errors import UserError
 from tokenizer_rqvae.ids import SemanticIds
-from training.target.dense_loss import DenseLoss
-from training.target.sequences import collate, train_examples
+from training.target_lm.dense_loss import DenseLoss
+from training.target_lm.sequences import collate, train_examples
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from tokenizer_rqvae.trie import CatalogTrie
 from training.drafters.losses import METHODS, code_logprobs_tree, method_loss
 from training.drafters.teacher import TeacherStore, build_teacher, collate_tree, teacher_dir
 from training.drafters.train import acceptance_evaluator, train_drafter, validation_metric
-from training.target.train import TrainConfig
+from training.target_lm.train import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 K, ALPHA = 4, 0.5

@@ -9,7 +9,7 @@ interrupted training stage resumes from its checkpoint):
 
     ids        item texts -> RQ-VAE -> collision-free semantic ids (tokenizer_rqvae.build), or --ids FILE
     tokenizer  text BPE + 1024 code tokens (or --base-model's tokenizer)
-    target     the LC-Rec style target LM (training.target.train)
+    target     the LC-Rec style target LM (training.target_lm.train)
 
 then what serving reads of the data (BUNDLE/popularity.json, BUNDLE/calibration_histories.json:
 recsvc.bundle.serving_files), so a deployed bundle never reads its training data directory.
@@ -30,7 +30,7 @@ from pathlib import Path
 from recsvc.errors import UserError
 from training.cli import add_loop_args, add_model_args
 from training.ids.stage import stage_ids
-from training.target.settings import evaluator_factory, loop_config, lora_settings, target_settings
+from training.target_lm.settings import evaluator_factory, loop_config, lora_settings, target_settings
 
 STAGES = ("ids", "tokenizer", "target")
 
@@ -79,14 +79,15 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
-    """The ``--plan`` report for the target stage's settings (see training/target/plan.py); writes BUNDLE/plan.json."""
+    """The ``--plan`` report for the target stage's settings (see training/target_lm/plan.py); writes
+    BUNDLE/plan.json."""
     import torch
 
     from recsvc.bundle.presets import get_preset, new_model
     from recsvc.bundle.prompt import MAX_HISTORY, PromptBuilder
-    from training.target.plan import epoch_plan, probe_tokens_per_s, render_plan
-    from training.target.sequences import alignment_examples, train_examples
-    from training.target.train import ensure_tokenizer
+    from training.target_lm.plan import epoch_plan, probe_tokens_per_s, render_plan
+    from training.target_lm.sequences import alignment_examples, train_examples
+    from training.target_lm.train import ensure_tokenizer
 
     if args.plan_steps < 1:
         raise UserError(f"--plan-steps must be >= 1, got {args.plan_steps}")
@@ -121,13 +122,13 @@ def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
 
 
 def plan_fit_budget(args: argparse.Namespace, cfg, model, builder, data, selection, pad_id: int) -> dict:
-    """training.target.budget.plan_schedule for the run these flags describe (the --fit-budget plan, before
+    """training.target_lm.budget.plan_schedule for the run these flags describe (the --fit-budget plan, before
     training)."""
     import torch
 
-    from training.target.budget import plan_schedule
-    from training.target.sequences import collate, eval_examples
-    from training.target.train import lm_loss, resolve_bf16, validation_pass
+    from training.target_lm.budget import plan_schedule
+    from training.target_lm.sequences import collate, eval_examples
+    from training.target_lm.train import lm_loss, resolve_bf16, validation_pass
 
     cpu = torch.device("cpu")
     bf16 = resolve_bf16(cfg.bf16, cpu)
@@ -163,7 +164,7 @@ def cmd_recipe(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
-    from training.target.train import ensure_tokenizer, train_target
+    from training.target_lm.train import ensure_tokenizer, train_target
 
     if args.recipe:
         return cmd_recipe(args)

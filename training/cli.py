@@ -30,8 +30,8 @@ from training.choices import (
     SUPPORTS,
     VERIFY,
 )
-from training.target.selection import SELECT_RULES
-from training.target.settings import evaluator_factory, loop_config, lora_settings, target_settings
+from training.target_lm.selection import SELECT_RULES
+from training.target_lm.settings import evaluator_factory, loop_config, lora_settings, target_settings
 
 
 def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3) -> None:
@@ -265,7 +265,7 @@ def cmd_head(args: argparse.Namespace) -> int:
 
 
 def cmd_dense_head(args: argparse.Namespace) -> int:
-    from training.target.dense_head import train_dense_head
+    from training.target_lm.dense_head import train_dense_head
 
     if args.threads is not None:
         import torch
@@ -304,7 +304,7 @@ def cmd_sasrec(args: argparse.Namespace) -> int:
 
 
 def cmd_target(args: argparse.Namespace) -> int:
-    from training.target.train import train_target
+    from training.target_lm.train import train_target
 
     if not args.data.is_dir():
         raise UserError(f"data directory not found: {args.data}")

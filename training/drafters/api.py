@@ -62,7 +62,7 @@ def train_drafter(bundle: str | Path | Bundle, method: str = "atspeed-s", alpha:
     gamma, draft_beams, verify, init_from, eval_max_users, data_dir, ...). Saved to BUNDLE/drafters/<out_name>, or
     BUNDLE/drafter (the served one) without ``out_name``."""
     from training.drafters.train import train_drafter as train
-    from training.target.train import TrainConfig
+    from training.target_lm.train import TrainConfig
 
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, seed=seed, resume=resume,
                       max_minutes=max_minutes, patience=patience, bf16=bf16)

@@ -29,7 +29,7 @@ import torch
 
 from recsvc.errors import UserError
 from training.drafters.losses import METHODS, method_loss
-from training.target.train import load_checkpoint, save_checkpoint
+from training.target_lm.train import load_checkpoint, save_checkpoint
 
 
 def head_logprobs(head, hidden: torch.Tensor, ctx: torch.Tensor, codes: torch.Tensor) -> dict[int, torch.Tensor]:

@@ -36,7 +36,7 @@ import torch
 
 from recsvc.errors import UserError
 from training.choices import METHODS, SUPPORTS, VERIFY
-from training.target.train import TrainConfig, _best_entry, fit_causal_lm
+from training.target_lm.train import TrainConfig, _best_entry, fit_causal_lm
 
 GT_ONLY = ("wordkd", "tvdkd")  # alignment on ground-truth prefixes: no beams in their batches
 
@@ -113,7 +113,7 @@ def teacher_source(bundle, builder, data, method: str, alpha: float, k: int | No
     from tokenizer_rqvae.trie import CatalogTrie
     from training.drafters.losses import code_logprobs_tree, method_loss
     from training.drafters.teacher import TeacherStore, collate_tree, teacher_dir
-    from training.target.train import BatchSource
+    from training.target_lm.train import BatchSource
 
     store = TeacherStore(teacher_dir(bundle))
     store.check_target(bundle)
@@ -165,7 +165,7 @@ def train_drafter(
     from recsvc.bundle.loading import load_causal_lm, save_causal_lm
     from recsvc.bundle.presets import get_preset, new_model
     from recsvc.data.split import load_split_dir
-    from training.target.sequences import count_tokens, eval_examples, train_examples
+    from training.target_lm.sequences import count_tokens, eval_examples, train_examples
 
     if method not in METHODS:
         raise UserError(f"unknown drafter method {method!r}: expected one of {', '.join(METHODS)}")

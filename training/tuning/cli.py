@@ -233,9 +233,9 @@ def cmd_tune_target(args: argparse.Namespace) -> int:
     from recsvc.bundle.directory import Bundle
     from recsvc.bundle.presets import TARGET_PRESETS
     from training.ids.stage import stage_ids
-    from training.target.budget import default_patience
-    from training.target.settings import evaluator_factory
-    from training.target.train import TrainConfig, train_target
+    from training.target_lm.budget import default_patience
+    from training.target_lm.settings import evaluator_factory
+    from training.target_lm.train import TrainConfig, train_target
 
     _check_budget(args.trials, args.budget_minutes)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]

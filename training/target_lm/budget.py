@@ -108,7 +108,7 @@ def plan_schedule(model, make_batch, loss_fn, lengths: list[int], batch_size: in
 
     ``evaluate(model)`` is one validation pass (timed once, on the untrained copy: beam search costs the same
     whatever the weights). ``world`` processes share an epoch's batches."""
-    from training.target.sequences import bucketed_batches
+    from training.target_lm.sequences import bucketed_batches
 
     t0 = time.monotonic()
     probe = copy.deepcopy(model)

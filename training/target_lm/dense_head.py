@@ -28,9 +28,9 @@ def train_dense_head(bundle_dir: str | Path, epochs: int = 1, lr: float = 1e-3, 
     from recsvc.content.dense_head import DenseHead, DenseSettings, save_dense_head
     from recsvc.data.split import load_split_dir
     from recsvc.progress import progress_bar
-    from training.target.dense_loss import DenseLoss
-    from training.target.sequences import bucketed_batches, collate, train_examples
-    from training.target.train import catalog_text_embeddings
+    from training.target_lm.dense_loss import DenseLoss
+    from training.target_lm.sequences import bucketed_batches, collate, train_examples
+    from training.target_lm.train import catalog_text_embeddings
 
     if epochs < 1 or lr <= 0 or temperature <= 0 or batch_size < 1 or window_stride < 1:
         raise UserError("--epochs, --batch-size and --window-stride must be >= 1, --lr and --temperature > 0")

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from training.target.budget import PROBE_WARMUP, contention_warning, time_steps
-from training.target.sequences import Example, bucketed_batches, collate, count_tokens
-from training.target.train import TrainConfig, lm_loss, resolve_bf16
+from training.target_lm.budget import PROBE_WARMUP, contention_warning, time_steps
+from training.target_lm.sequences import Example, bucketed_batches, collate, count_tokens
+from training.target_lm.train import TrainConfig, lm_loss, resolve_bf16
 
 
 def probe_tokens_per_s(model, examples: list[Example], cfg: TrainConfig, pad_id: int, steps: int) -> float:

@@ -1,4 +1,4 @@
-"""The causal-LM training loop's state (``training.target.train.fit_causal_lm``): where it stands and what it has
+"""The causal-LM training loop's state (``training.target_lm.train.fit_causal_lm``): where it stands and what it has
 recorded, as one typed object.
 
 A checkpoint saves it as the "state" object of ``DIR/state.json`` (``to_json``: one key per field, the format
@@ -20,7 +20,7 @@ from recsvc.errors import UserError
 @dataclass
 class LoopState:
     schedule_epochs: int  # the epochs the learning-rate schedule spans (kept by a resumed run)
-    budget_plan: dict[str, Any] | None = None  # --fit-budget's plan (training.target.budget.plan_schedule), or None
+    budget_plan: dict[str, Any] | None = None  # --fit-budget's plan (training.target_lm.budget.plan_schedule), or None
     epoch: int = 0  # epochs finished
     batch: int = 0  # batches of the current epoch done (0 at an epoch's start)
     step: int = 0  # optimizer steps taken

@@ -46,8 +46,8 @@ def loop_config(args: argparse.Namespace):
     """TrainConfig from the flags (also applies --threads)."""
     import torch
 
-    from training.target.budget import default_patience
-    from training.target.train import TrainConfig
+    from training.target_lm.budget import default_patience
+    from training.target_lm.train import TrainConfig
 
     if args.threads is not None:
         if args.threads < 1:
@@ -73,7 +73,7 @@ def loop_config(args: argparse.Namespace):
 
 def evaluator_factory(args: argparse.Namespace):
     """make_evaluator(builder, data) for choosing the epoch on validation Recall@10 (with each user's values, for
-    the standard errors of ``training.target.selection``), or None (validation loss). ``recall_users`` None: every
+    the standard errors of ``training.target_lm.selection``), or None (validation loss). ``recall_users`` None: every
     user."""
     if getattr(args, "select_by", "loss") != "recall":
         return None
@@ -81,13 +81,13 @@ def evaluator_factory(args: argparse.Namespace):
         raise UserError("--recall-users must be >= 1")
     from functools import partial
 
-    from training.target.selection import make_selection_evaluator
+    from training.target_lm.selection import make_selection_evaluator
 
     return partial(make_selection_evaluator, split="valid", k=10, max_users=args.recall_users)
 
 
 def lora_settings(args: argparse.Namespace):
-    from training.target.lora import LoraSettings, parse_targets
+    from training.target_lm.lora import LoraSettings, parse_targets
 
     if not args.lora:
         return None

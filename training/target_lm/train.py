@@ -6,7 +6,7 @@
 
 ``fit_causal_lm`` is the generic loop (the drafter reuses it); ``train_target`` is the bundle stage.
 The model is trained on TRAIN sequences only; validation asks for the valid items given the train items
-(early stopping), and the test evaluation later uses history = train + valid (see training/target/sequences.py).
+(early stopping), and the test evaluation later uses history = train + valid (see training/target_lm/sequences.py).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import torch.nn.functional as F
 from recsvc.bundle.prompt import IGNORE_INDEX
 from recsvc.errors import UserError
 from training.choices import ALIGN_MODES, BF16_MODES, PROTOCOLS, REFIT_MODES
-from training.target.budget import contention_warning, plan_schedule
-from training.target.loop_state import LoopState
-from training.target.selection import PER_USER, SELECT_RULES, selection_table
-from training.target.sequences import Example, bucketed_batches, collate
+from training.target_lm.budget import contention_warning, plan_schedule
+from training.target_lm.loop_state import LoopState
+from training.target_lm.selection import PER_USER, SELECT_RULES, selection_table
+from training.target_lm.sequences import Example, bucketed_batches, collate
 
 # model -> {"recall@10": ..., ...}; optionally "per_user": {"recall@10": [one value per user]}
-# (training.target.selection)
+# (training.target_lm.selection)
 Evaluator = Callable[[Any], dict[str, Any]]
 
 
@@ -53,7 +53,7 @@ class TrainConfig:
     bf16: str = "auto"  # auto | on | off: bf16 autocast
     resume: bool = False
     metric: str = "recall@10"  # evaluator key to maximise (validation loss when there is no evaluator)
-    select: str = "best"  # training.target.selection rule: best | within-se (the CLI's default)
+    select: str = "best"  # training.target_lm.selection rule: best | within-se (the CLI's default)
     stop_after: int | None = None  # train only the first N epochs of the schedule (the scratch refit)
     eval_batch_size: int = 64
 
@@ -70,8 +70,8 @@ class FitResult:
     train_tokens_per_s: float
     history: list[dict[str, float]] = field(default_factory=list)
     schedule_epochs: int = 0  # epochs the warmup/cosine schedule spans (cfg.epochs, or the budget plan's)
-    budget_plan: dict[str, Any] | None = None  # training.target.budget.plan_schedule's record (fit_budget)
-    selection: list[dict[str, Any]] = field(default_factory=list)  # training.target.selection.selection_table
+    budget_plan: dict[str, Any] | None = None  # training.target_lm.budget.plan_schedule's record (fit_budget)
+    selection: list[dict[str, Any]] = field(default_factory=list)  # training.target_lm.selection.selection_table
     lrs: list[float] = field(default_factory=list)  # the learning rate after each evaluation's step
 
 
@@ -125,7 +125,7 @@ def validation_loss(model, examples: Sequence[Example], pad_id: int, batch_size:
 def validation_losses(model, examples: Sequence[Example], pad_id: int, batch_size: int, device,
                       bf16: bool) -> tuple[float, list[float]]:
     """(mean code-token cross-entropy over ``examples``, each example's own mean in ``examples``' order): the
-    per-example values give the loss's standard error (``training.target.selection``)."""
+    per-example values give the loss's standard error (``training.target_lm.selection``)."""
     if not examples:
         return float("nan"), []
     total, count = 0.0, 0
@@ -383,7 +383,7 @@ def cosine_schedule(optimizer, steps_per_epoch: int, schedule_epochs: int, warmu
 
 
 def _selection(scores: list[dict[str, Any]], rule: str) -> list[dict[str, Any]]:
-    """training.target.selection.selection_table over the loop state's per-evaluation scores."""
+    """training.target_lm.selection.selection_table over the loop state's per-evaluation scores."""
     return selection_table([s["epoch"] for s in scores], [s["score"] for s in scores],
                            [s["per_user"] for s in scores], rule)
 
@@ -528,7 +528,7 @@ def train_target(
     cfg: TrainConfig | None = None,
     evaluator: Evaluator | None = None,
     base_model: str | Path | None = None,
-    lora=None,  # training.target.lora.LoraSettings | None (with base_model)
+    lora=None,  # training.target_lm.lora.LoraSettings | None (with base_model)
     force: bool = False,
     eval_max_users: int | None = 2000,
     max_history: int | None = None,
@@ -555,13 +555,13 @@ def train_target(
     recent period before it serves the next one. ``dense``: also train the dense head (its loss beside the LM
     loss, over the fitting period's items; saved beside the target, ``recsvc.content.dense_head``).
     ``align="text2id"`` adds LC-Rec's text -> id alignment examples
-    (``training.target.sequences.alignment_examples``) of the catalog of the period each phase serves: the items
+    (``training.target_lm.sequences.alignment_examples``) of the catalog of the period each phase serves: the items
     interacted with by the end of valid for the selection phase, the whole catalog for the deploy refit. The
     prompt header style and history length are recorded in
     bundle.json (``Bundle.prompt_builder`` rebuilds the same prompts for serving and evaluation).
 
-    The epoch is chosen by ``cfg.select`` (``training.target.selection``: the best one, or the latest within one paired
-    standard error of it) on ``evaluator(model)["recall@10"]`` when given, else ``make_evaluator(builder, data)``
+    The epoch is chosen by ``cfg.select`` (``training.target_lm.selection``: the best one, or the latest within one
+    paired standard error of it) on ``evaluator(model)["recall@10"]`` when given, else ``make_evaluator(builder, data)``
     (built here from the bundle's PromptBuilder and the SplitData, e.g. a beam-search Recall@10 on
     validation users), else the validation loss.
     """
@@ -571,8 +571,8 @@ def train_target(
     from recsvc.bundle.presets import get_preset, new_model
     from recsvc.bundle.prompt import MAX_HISTORY, PromptBuilder
     from recsvc.data.split import load_split_dir
-    from training.target.lora import is_peft, load_base_model, merge_lora, wrap_lora
-    from training.target.sequences import alignment_examples, count_tokens, eval_examples, train_examples
+    from training.target_lm.lora import is_peft, load_base_model, merge_lora, wrap_lora
+    from training.target_lm.sequences import alignment_examples, count_tokens, eval_examples, train_examples
 
     cfg = cfg or TrainConfig()
     if align not in ALIGN_MODES:
@@ -636,7 +636,7 @@ def train_target(
     dense_items = None
     source: Any = train
     if dense is not None:
-        from training.target.dense_loss import attach_head
+        from training.target_lm.dense_loss import attach_head
 
         dense_items = catalog_text_embeddings(data_dir, ids)
         attach_head(model, dense_items.shape[1], seed=cfg.seed)
@@ -663,7 +663,7 @@ def train_target(
             best = wrap_lora(best, lora) if (base_model and lora is not None) else best
             refit_lr = refit_lr if refit_lr is not None else cfg.lr
             if dense is not None:
-                from training.target.dense_loss import attach_head
+                from training.target_lm.dense_loss import attach_head
 
                 attach_head(best, dense_items.shape[1], seed=cfg.seed)
         best, refit = _refit(best, builder, data, cfg, ckpt / "refit", tok.pad_token_id, window_stride,
@@ -704,7 +704,7 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
     the epoch count was chosen before), plus ``extra`` examples (the alignment task's). Resumable (``ckpt``)."""
     from dataclasses import replace
 
-    from training.target.sequences import count_tokens, train_examples
+    from training.target_lm.sequences import count_tokens, train_examples
 
     examples = train_examples(builder, data.sequences("train+valid"), stride=window_stride) + list(extra or [])
     tokens, labelled = count_tokens(examples)
@@ -735,9 +735,9 @@ def catalog_text_embeddings(data_dir: str | Path, ids) -> torch.Tensor:
 
 def dense_source(examples: Sequence[Example], builder, items: torch.Tensor, sequences, settings, pad_id: int
                  ) -> BatchSource:
-    """The windows trained with the LM loss + the dense head's (``training.target.dense_loss.DenseLoss``), its softmax
-    over the items of ``sequences`` (the fitting period's)."""
-    from training.target.dense_loss import DenseLoss
+    """The windows trained with the LM loss + the dense head's (``training.target_lm.dense_loss.DenseLoss``), its
+    softmax over the items of ``sequences`` (the fitting period's)."""
+    from training.target_lm.dense_loss import DenseLoss
 
     loss = DenseLoss(builder, items, known_rows(builder.ids, sequences), settings)
     return BatchSource([len(e) for e in examples], lambda idx: collate([examples[i] for i in idx], pad_id), loss)
@@ -753,7 +753,7 @@ def save_target(model, directory: Path, dense_items: torch.Tensor | None, dense,
     """The causal LM to ``directory``; its dense head (taken off the model) beside it when it has one."""
     from recsvc.bundle.loading import save_causal_lm
     from recsvc.content.dense_head import save_dense_head
-    from training.target.dense_loss import detach_head
+    from training.target_lm.dense_loss import detach_head
 
     head = detach_head(model)
     save_causal_lm(model, directory)

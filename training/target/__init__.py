@@ -1,1 +1,0 @@
-"""The target stage: the causal-LM training loop, its examples, schedule, epoch selection and options."""
