@@ -300,12 +300,12 @@ gpu-bundle:
 # `make gpu-capacity` (on that machine, with the slimmed bundle's ids): the recipe's target at each of
 # CAPACITY_PRESETS, each with the same training budget (5 minutes, fewer when its 10 epochs fit sooner), batch and
 # seed, compared on validation against the first, paired per user (`recsvc tune capacity`,
-# training/tune_capacity.py; at most 8 minutes in all).
+# training/tuning/capacity.py; at most 8 minutes in all).
 CAPACITY_PRESETS ?= small,base
 CAPACITY_IDS ?= $(GPU_BUNDLE)/ids/semantic_ids.json
 .PHONY: gpu-capacity
 gpu-capacity:
-	PYTHONPATH=$(CURDIR) $(GPU_PY) -m training.tune_capacity --data $(BEAUTY) --ids $(CAPACITY_IDS) \
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m training.tuning.capacity --data $(BEAUTY) --ids $(CAPACITY_IDS) \
 	  --out $(GPU_OUT)-capacity --presets $(CAPACITY_PRESETS) --epochs 10 --preset-minutes 5 --batch-size 128 \
 	  --budget-minutes 8 --sasrec-max-minutes 1 $(GPU_ARGS)
 gpu-bench-long:

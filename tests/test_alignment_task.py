@@ -13,7 +13,7 @@ from recsvc.bundle.directory import Bundle
 from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
 from recsvc.data.split import load_split_dir
 from recsvc.errors import UserError
-from training.sequences import ALIGN_MODES, ALIGN_TEXT_TOKENS, alignment_examples
+from training.target_lm.sequences import ALIGN_MODES, ALIGN_TEXT_TOKENS, alignment_examples
 
 TOK = small_tokenizer()
 TEXTS = {
@@ -66,7 +66,7 @@ def test_alignment_examples_truncate_the_text() -> None:
 
 
 def test_train_target_rejects_an_unknown_align_mode(tmp_path) -> None:
-    from training.train_target import train_target
+    from training.target_lm.train import train_target
 
     assert ALIGN_MODES == ("none", "text2id")
     with pytest.raises(UserError, match="align must be one of none, text2id"):

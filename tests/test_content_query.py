@@ -8,7 +8,7 @@ import pytest
 from recsvc.content.fresh import FreshItems, FreshSettings, ItemVectors, query_file
 from recsvc.content.query import ContentQuery
 from recsvc.errors import UserError
-from training.content_query import QueryFit, fit_content_query, fit_or_reuse, training_pairs
+from training.tuning.content_query import QueryFit, fit_content_query, fit_or_reuse, training_pairs
 
 
 def _identity(length: int, d: int) -> ContentQuery:

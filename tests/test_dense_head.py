@@ -24,8 +24,8 @@ from recsvc.content.dense_head import (
 from recsvc.data.split import load_split_dir
 from recsvc.errors import UserError
 from tokenizer_rqvae.ids import SemanticIds
-from training.dense_loss import DenseLoss
-from training.sequences import collate, train_examples
+from training.target_lm.dense_loss import DenseLoss
+from training.target_lm.sequences import collate, train_examples
 
 
 @pytest.fixture(autouse=True)
@@ -236,7 +236,7 @@ def test_served_and_evaluated_lists_merge_the_head_items(dense_bundle, tmp_path)
     assert len(res.item_ids) == 5 and res.item_ids != base.item_ids
 
     # the validation searches (tune history / fresh) rank the lists the bundle serves: merged too
-    from training.validation_lists import ValidationLists
+    from training.tuning.validation_lists import ValidationLists
 
     user = split.eval_users("valid")[0]
     listed = ValidationLists(b, split, ids, "fp32").rank([user], exclude_history=False, k=5)[user.user_id]

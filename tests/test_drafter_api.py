@@ -12,7 +12,7 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 import recsvc.cli.main as cli
 from recsvc.data.split import load_split_dir
-from training.api import build_teacher, evaluate_acceptance, load_bundle, train_drafter
+from training.drafters.api import build_teacher, evaluate_acceptance, load_bundle, train_drafter
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,7 +12,7 @@ import time
 from test_drafter_fixtures import tiny_bundle
 
 from recsvc.bundle.directory import Bundle
-from training.teacher import build_teacher
+from training.drafters.teacher import build_teacher
 
 
 def free_port() -> int:

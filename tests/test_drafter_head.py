@@ -14,8 +14,8 @@ from recsvc.engine.ports import TargetState
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
-from training.head_traces import paths, trace_batch
-from training.train_head import containment, head_loss
+from training.drafters.head import containment, head_loss
+from training.drafters.head_traces import paths, trace_batch
 
 LEVELS, CODEBOOK = 4, 16
 

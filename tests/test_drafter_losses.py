@@ -1,6 +1,6 @@
 """Drafter alignment losses computed BY HAND on tiny literal distributions (C = 3 or 4 codes per level).
 
-Conventions under test (training/drafter_losses.py): wordkd / tvdkd renormalise p and q over the level's codes;
+Conventions under test (training/drafters/losses.py): wordkd / tvdkd renormalise p and q over the level's codes;
 atspeed-s renormalises q over the trie-allowed codes and uses the stored p as is; atspeed-r renormalises both
 over V_c (the drafter's top-K allowed codes), or with support "trie" over every allowed code; the K-th
 sequence is the last valid one.
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from training.drafter_losses import (
+from training.drafters.losses import (
     atspeed_r_loss,
     atspeed_s_loss,
     constrained_topk,

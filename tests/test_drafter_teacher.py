@@ -22,8 +22,8 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
 from tokenizer_rqvae.trie import CatalogTrie
-from training.drafter_losses import code_logprobs_tree
-from training.teacher import TeacherStore, build_teacher, collate_tree, shard_name, teacher_dir
+from training.drafters.losses import code_logprobs_tree
+from training.drafters.teacher import TeacherStore, build_teacher, collate_tree, shard_name, teacher_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 K, N_PREFIXES, SHARD = 4, 70, 32

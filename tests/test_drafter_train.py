@@ -18,10 +18,10 @@ from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import load_split_dir
 from recsvc.errors import UserError
 from tokenizer_rqvae.trie import CatalogTrie
-from training.drafter_losses import METHODS, code_logprobs_tree, method_loss
-from training.teacher import TeacherStore, build_teacher, collate_tree, teacher_dir
-from training.train_drafter import acceptance_evaluator, train_drafter, validation_metric
-from training.train_target import TrainConfig
+from training.drafters.losses import METHODS, code_logprobs_tree, method_loss
+from training.drafters.teacher import TeacherStore, build_teacher, collate_tree, teacher_dir
+from training.drafters.train import acceptance_evaluator, train_drafter, validation_metric
+from training.target_lm.train import TrainConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 K, ALPHA = 4, 0.5

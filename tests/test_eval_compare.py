@@ -17,8 +17,8 @@ from test_tune import _hold_out_items
 import recsvc.cli.main as cli
 from recsvc.bundle.directory import Bundle
 from recsvc.content.fresh import FreshItems, FreshSettings, ItemVectors
-from training.lead import paired_lead
-from training.paired import SLICES, scores_from_payload
+from training.evaluation.lead import paired_lead
+from training.evaluation.paired import SLICES, scores_from_payload
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 COLD = {3, 4, 5}

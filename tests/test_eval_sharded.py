@@ -20,7 +20,7 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
 from tokenizer_rqvae.trie import CatalogTrie
-from training.ranking import rank_users, serving_model
+from training.evaluation.ranking import rank_users, serving_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = Path(__file__).resolve().parents[1]

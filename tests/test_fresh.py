@@ -123,7 +123,7 @@ def test_fresh_candidates_follow_the_catalog_of_the_period(tmp_path: Path) -> No
     """Valid: items first seen in valid (an item first seen in test is not in the catalog yet); test: every
     item without a train / valid interaction."""
     from recsvc.data.split import load_split_dir
-    from training.fresh_eval import cold_items, fresh_candidates
+    from training.evaluation.fresh import cold_items, fresh_candidates
 
     (tmp_path / "sequential_train.txt").write_text("1 1 2\n2 2 3\n")
     (tmp_path / "sequential_valid.txt").write_text("1 4\n2 3\n")
@@ -169,7 +169,7 @@ def test_rate_survives_save_and_load(tmp_path: Path) -> None:
 
 def test_prefix_sharing_counts_new_items_on_trained_code_paths() -> None:
     from tokenizer_rqvae.ids import SemanticIds
-    from training.fresh_eval import prefix_sharing
+    from training.evaluation.fresh import prefix_sharing
 
     ids = SemanticIds.from_mapping({1: (1, 2, 3, 4), 2: (1, 2, 9, 9), 3: (1, 5, 0, 0), 4: (7, 0, 0, 0)}, 16)
     assert prefix_sharing(ids, [2, 3, 4], [1]) == {"1": 2 / 3, "2": 1 / 3, "3": 0.0}

@@ -1,11 +1,12 @@
-"""The paired lead of a model over a baseline (training/lead.py): ratio of means with a bootstrap interval."""
+"""The paired lead of a model over a baseline (training/evaluation/lead.py): ratio of means with a bootstrap
+interval."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from recsvc.data.split import EvalUser
-from training.lead import best_baseline, format_leads, leads, paired_lead, per_user
+from training.evaluation.lead import best_baseline, format_leads, leads, paired_lead, per_user
 
 
 def test_identical_lists_lead_by_exactly_one() -> None:

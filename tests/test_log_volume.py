@@ -21,10 +21,10 @@ import pytest
 from service_helpers import Records
 from test_train_fixtures import make_data, write_ids
 
-from recsvc.progress import LineProgress, print_record, progress_bar, progress_mode
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
 from recsvc.service.server import RecServer, ServerConfig
+from recsvc_base.progress import LineProgress, print_record, progress_bar, progress_mode
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,7 +150,7 @@ def test_optuna_trials_in_batch_mode_are_plain_lines(clean_env, capsys) -> None:
     interval and the closing summary with the best trial; on a terminal Optuna's own bar."""
     import optuna
 
-    from training.studies import run_trials
+    from training.tuning.studies import run_trials
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     clean_env.setenv("RECSVC_PROGRESS_INTERVAL_S", "0.05")

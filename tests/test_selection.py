@@ -14,7 +14,7 @@ from test_train_loop import TOK, TRAIN, VALID, cfg
 from recsvc.bundle.presets import new_model
 from recsvc.data.metrics import evaluate_rankings, standard_error
 from recsvc.data.split import EvalUser
-from training.selection import (
+from training.target_lm.selection import (
     PER_USER,
     mean_se,
     paired_difference,
@@ -22,7 +22,7 @@ from training.selection import (
     select_epoch,
     selection_table,
 )
-from training.train_target import cosine_schedule, fit_causal_lm, validation_loss, validation_losses
+from training.target_lm.train import cosine_schedule, fit_causal_lm, validation_loss, validation_losses
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

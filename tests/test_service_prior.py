@@ -153,7 +153,7 @@ def test_serve_flags(bundle) -> None:
 
 
 def test_evaluation_fuses_and_reports_the_prior(bundle) -> None:
-    from training.evaluate import evaluate_bundle, make_evaluator
+    from training.evaluation.evaluate import evaluate_bundle, make_evaluator
 
     with_prior = evaluate_bundle(bundle, "valid", (5,), dtype="fp32", max_users=12)
     without = evaluate_bundle(bundle, "valid", (5,), dtype="fp32", max_users=12, use_prior=False)

@@ -97,7 +97,7 @@ def test_build_deploy_protocol_compact_prompt(data, tmp_path) -> None:
     train_only = load_causal_lm(b.train_only_target_dir, dtype="fp32")
     assert not torch.equal(served.lm_head.weight, train_only.lm_head.weight)
     # one deploy bundle gives both protocols' figures: paper = the train-only target
-    from training.evaluate import evaluate_bundle
+    from training.evaluation.evaluate import evaluate_bundle
 
     paper = evaluate_bundle(out, "test", (5,), dtype="fp32", protocol="paper", baselines=("transition",))
     deploy = evaluate_bundle(out, "test", (5,), dtype="fp32", baselines=("transition",))
@@ -222,7 +222,7 @@ def test_build_fit_budget_records_its_plan(data, tmp_path, capsys) -> None:
 def test_patience_is_off_under_fit_budget_unless_given(data, tmp_path, capsys) -> None:
     """A budget-sized schedule anneals only at its end, so by default it runs whole (the best epoch is kept);
     without --fit-budget the default stays 2; a given value always wins; a negative one is exit 2."""
-    from training.budget import default_patience
+    from training.target_lm.budget import default_patience
 
     assert (default_patience(None, False), default_patience(None, True)) == (2, 0)
     assert (default_patience(3, True), default_patience(0, False)) == (3, 0)

@@ -12,8 +12,8 @@ from recsvc.bundle.presets import new_model
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import EvalUser
 from recsvc.hardware import native_bf16
-from training.sequences import collate, eval_examples, train_examples
-from training.train_target import (
+from training.target_lm.sequences import collate, eval_examples, train_examples
+from training.target_lm.train import (
     TrainConfig,
     fit_causal_lm,
     flatten_optimizer_state,
@@ -136,7 +136,7 @@ def test_early_stopping_on_evaluator_metric_keeps_best(tmp_path) -> None:
 
 
 def test_epochs_in_budget_arithmetic() -> None:
-    from training.budget import epochs_in_budget
+    from training.target_lm.budget import epochs_in_budget
 
     assert epochs_in_budget(budget_s=3300, spent_s=60, epoch_s=600, eval_s=30, max_epochs=8) == 5
     assert epochs_in_budget(budget_s=100, spent_s=60, epoch_s=600, eval_s=30, max_epochs=8) == 1  # at least one
@@ -146,7 +146,7 @@ def test_epochs_in_budget_arithmetic() -> None:
 def test_fit_budget_sizes_the_schedule_and_resume_keeps_it(tmp_path) -> None:
     import time
 
-    from training.train_target import _saved_budget_plan
+    from training.target_lm.train import _saved_budget_plan
 
     calls = []
 
@@ -185,7 +185,7 @@ def test_fit_budget_needs_a_budget(tmp_path) -> None:
 def test_the_plan_records_other_processes_cpu_use_and_warns_when_they_contend() -> None:
     """``other_cores``: the machine's busy CPU seconds minus this process's, over the wall time; a plan made while
     other processes kept at least ``CONTENDED_CORES`` busy gets a warning line (the probe then times epochs slow)."""
-    from training.budget import CONTENDED_CORES, contention_warning, cpu_seconds, other_cores
+    from training.target_lm.budget import CONTENDED_CORES, contention_warning, cpu_seconds, other_cores
 
     assert other_cores((100.0, 10.0), (103.0, 11.0), 2.0) == 1.0
     assert other_cores((100.0, 10.0), (100.5, 11.0), 1.0) == 0.0  # never negative (tick rounding)
@@ -204,7 +204,7 @@ STATE_KEYS = {"epoch", "batch", "step", "best_score", "best_epoch", "bad_epochs"
 
 
 def test_the_checkpoints_state_keeps_its_format_and_an_older_one_resumes(tmp_path) -> None:
-    from training.loop_state import LoopState
+    from training.target_lm.loop_state import LoopState
 
     _, cut = fit_causal_lm(new_model("tiny", TOK, seed=0), TRAIN, VALID, cfg(max_minutes=0.0), tmp_path / "b",
                            TOK.pad_token_id)

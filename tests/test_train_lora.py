@@ -10,9 +10,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from recsvc.bundle.loading import load_causal_lm, save_causal_lm
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.bundle.tokenizer import code_token_offset, from_base_model, train_tokenizer
-from training.lora import LoraSettings, is_peft, load_base_model, merge_lora, wrap_lora
-from training.sequences import train_examples
-from training.train_target import TrainConfig, fit_causal_lm
+from training.target_lm.lora import LoraSettings, is_peft, load_base_model, merge_lora, wrap_lora
+from training.target_lm.sequences import train_examples
+from training.target_lm.train import TrainConfig, fit_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

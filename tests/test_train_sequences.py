@@ -7,7 +7,7 @@ from test_train_fixtures import random_ids, small_tokenizer
 
 from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
 from recsvc.data.split import EvalUser
-from training.sequences import bucketed_batches, collate, count_tokens, eval_examples, train_examples
+from training.target_lm.sequences import bucketed_batches, collate, count_tokens, eval_examples, train_examples
 
 TOK = small_tokenizer()
 BUILDER = PromptBuilder(TOK, random_ids(list(range(1, 31)), seed=2), max_history=3)

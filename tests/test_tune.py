@@ -197,7 +197,7 @@ def test_tune_fresh_gate_rate_resolves_the_threshold_on_each_period(tmp_path, mo
                      "--embed-cache", str(tmp_path / "emb")]) == 0
     from recsvc.content.fresh import FreshItems
     from recsvc.data.split import load_split_dir
-    from training.tune_fresh import RATES, SLOTS, WINDOWS
+    from training.tuning.fresh import RATES, SLOTS, WINDOWS
 
     b = Bundle.open(root)
     record = b.read()["tuning"]["fresh"]
@@ -251,7 +251,7 @@ def test_tune_fresh_signals_chooses_on_valid_and_reports_test(tmp_path, monkeypa
     assert cli.main(["tune", "fresh-signals", "--bundle", str(root), "--embed-cache", str(tmp_path / "emb"),
                      "--top", "2", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
-    from training.fresh_signals import LAMBDAS, MUS
+    from training.tuning.fresh_signals import LAMBDAS, MUS
 
     for split in ("valid", "test"):
         grid = record["grid"][split]
@@ -270,9 +270,9 @@ def test_tune_fresh_signals_chooses_on_valid_and_reports_test(tmp_path, monkeypa
 def test_fresh_signals_helpers_examples() -> None:
     import doctest
 
-    import training.fresh_signals
+    import training.tuning.fresh_signals
 
-    result = doctest.testmod(training.fresh_signals)
+    result = doctest.testmod(training.tuning.fresh_signals)
     assert result.attempted >= 4 and result.failed == 0
 
 
@@ -291,7 +291,7 @@ def test_tune_history_measures_both_lists_and_keeps_history_where_people_buy_aga
                                                                                    capsys) -> None:
     """Valid targets that are all repeats of a history item: the excluding lists score exactly 0, so the bundle
     keeps history; the record is the paired measurement of both lists on the same users."""
-    from training.tune_history import decide
+    from training.tuning.history import decide
 
     only_commands(monkeypatch, "tune", "eval")
     root = make_tiny_bundle(tmp_path, n_users=60)
@@ -345,7 +345,7 @@ def test_evaluation_and_service_follow_the_bundles_history_choice(tmp_path, monk
 
 def test_history_is_excluded_only_when_it_wins_by_more_than_its_noise() -> None:
     from recsvc.data.split import EvalUser
-    from training.tune_history import decide, paired
+    from training.tuning.history import decide, paired
 
     assert decide({"ndcg@10_diff": 0.002, "ndcg@10_diff_se": 0.0005}, "ndcg@10")
     assert not decide({"ndcg@10_diff": 0.0004, "ndcg@10_diff_se": 0.0005}, "ndcg@10")

@@ -9,7 +9,7 @@ from cli_commands import only_commands
 from test_train_fixtures import make_data, one_thread, write_ids  # noqa: F401
 
 import recsvc.cli.main as cli
-from training.tune_capacity import choose
+from training.tuning.capacity import choose
 
 
 @pytest.fixture(autouse=True)

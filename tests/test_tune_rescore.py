@@ -23,10 +23,10 @@ from recsvc.engine.prompts import PromptBatch
 from recsvc.priors.mixed import MixedPrior, MixSettings, SequenceModel
 from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
-from training import rescore_cache
-from training.ranking import rank_users, serving_model
-from training.rescore import DenseMasses, PriorTables, Rescorer, SearchTables, coverage
-from training.rescore_cache import CandidateCache, Widths, build_candidates, leaf_logprobs, wide_beam
+from training.evaluation.ranking import rank_users, serving_model
+from training.tuning import rescore_cache
+from training.tuning.rescore import DenseMasses, PriorTables, Rescorer, SearchTables, coverage
+from training.tuning.rescore_cache import CandidateCache, Widths, build_candidates, leaf_logprobs, wide_beam
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,7 @@ interrupted training stage resumes from its checkpoint):
 
     ids        item texts -> RQ-VAE -> collision-free semantic ids (tokenizer_rqvae.build), or --ids FILE
     tokenizer  text BPE + 1024 code tokens (or --base-model's tokenizer)
-    target     the LC-Rec style target LM (training.train_target)
+    target     the LC-Rec style target LM (training.target_lm.train)
 
 then what serving reads of the data (BUNDLE/popularity.json, BUNDLE/calibration_histories.json:
 recsvc.bundle.serving_files), so a deployed bundle never reads its training data directory.
@@ -24,19 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
 
 from recsvc.errors import UserError
-from training.cli import (
-    add_loop_args,
-    add_model_args,
-    evaluator_factory,
-    loop_config,
-    lora_settings,
-    target_settings,
-)
+from training.cli import add_loop_args, add_model_args
+from training.ids.stage import stage_ids
+from training.target_lm.settings import evaluator_factory, loop_config, lora_settings, target_settings
 
 STAGES = ("ids", "tokenizer", "target")
 
@@ -84,52 +78,16 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="--recipe: print the stages' commands, run nothing")
 
 
-def stage_ids(bundle, data_dir: Path, ids_file: Path | None) -> dict:
-    from tokenizer_rqvae.ids import SemanticIds
-
-    t0 = time.monotonic()
-    bundle.ids_dir.mkdir(parents=True, exist_ok=True)
-    later_name = "assigned_later.json"  # the cold-start protocol's items (tokenizer_rqvae.build)
-    if ids_file is not None:
-        ids = SemanticIds.load(ids_file)  # validates the file
-        shutil.copyfile(ids_file, bundle.semantic_ids_path)
-        # the cold-start record, and the RQ-VAE that made the ids (with its report, which names the embedding
-        # model): a bundle then places new items by itself (`recsvc catalog add`)
-        for name in (later_name, "rqvae.safetensors", "rqvae_config.json", "report.json"):
-            if (ids_file.parent / name).is_file() and ids_file.parent.resolve() != bundle.ids_dir.resolve():
-                shutil.copyfile(ids_file.parent / name, bundle.ids_dir / name)
-        report = {"source": str(ids_file.resolve()), "items": len(ids), "collisions": ids.collisions()}
-    else:
-        from tokenizer_rqvae.build import build_semantic_ids  # heavy (embedder, faiss): imported lazily
-
-        # an interrupted RQ-VAE run left ids/checkpoint/: continue it
-        report = build_semantic_ids(data_dir, bundle.ids_dir, resume=(bundle.ids_dir / "checkpoint").is_dir())
-        if not bundle.semantic_ids_path.is_file():
-            raise UserError(f"the ids stage wrote no {bundle.semantic_ids_path}")
-        ids = bundle.load_ids()
-    later = bundle.assigned_later()
-    bundle.mark_done("ids", seconds=round(time.monotonic() - t0, 1), items=len(ids),
-                     collisions=ids.collisions(), source=str(ids_file) if ids_file else "rqvae",
-                     assigned_later=len(later["items"]) if later else None,
-                     known_through=later["known_through"] if later else None)
-    return _summary(report)
-
-
-def _summary(report) -> dict:
-    if not isinstance(report, dict):
-        return {}
-    return {k: v for k, v in report.items() if isinstance(v, int | float | str | bool) or v is None}
-
-
 def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
-    """The ``--plan`` report for the target stage's settings (see training/plan.py); writes BUNDLE/plan.json."""
+    """The ``--plan`` report for the target stage's settings (see training/target_lm/plan.py); writes
+    BUNDLE/plan.json."""
     import torch
 
     from recsvc.bundle.presets import get_preset, new_model
     from recsvc.bundle.prompt import MAX_HISTORY, PromptBuilder
-    from training.plan import epoch_plan, probe_tokens_per_s, render_plan
-    from training.sequences import alignment_examples, train_examples
-    from training.train_target import ensure_tokenizer
+    from training.target_lm.plan import epoch_plan, probe_tokens_per_s, render_plan
+    from training.target_lm.sequences import alignment_examples, train_examples
+    from training.target_lm.train import ensure_tokenizer
 
     if args.plan_steps < 1:
         raise UserError(f"--plan-steps must be >= 1, got {args.plan_steps}")
@@ -164,12 +122,13 @@ def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
 
 
 def plan_fit_budget(args: argparse.Namespace, cfg, model, builder, data, selection, pad_id: int) -> dict:
-    """training.budget.plan_schedule for the run these flags describe (the --fit-budget plan, before training)."""
+    """training.target_lm.budget.plan_schedule for the run these flags describe (the --fit-budget plan, before
+    training)."""
     import torch
 
-    from training.budget import plan_schedule
-    from training.sequences import collate, eval_examples
-    from training.train_target import lm_loss, resolve_bf16, validation_pass
+    from training.target_lm.budget import plan_schedule
+    from training.target_lm.sequences import collate, eval_examples
+    from training.target_lm.train import lm_loss, resolve_bf16, validation_pass
 
     cpu = torch.device("cpu")
     bf16 = resolve_bf16(cfg.bf16, cpu)
@@ -205,7 +164,7 @@ def cmd_recipe(args: argparse.Namespace) -> int:
 def cmd_build(args: argparse.Namespace) -> int:
     from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
-    from training.train_target import ensure_tokenizer, train_target
+    from training.target_lm.train import ensure_tokenizer, train_target
 
     if args.recipe:
         return cmd_recipe(args)
@@ -251,7 +210,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.drafter_preset and not args.plan:
         from dataclasses import replace
 
-        from training.train_drafter import train_drafter
+        from training.drafters.train import train_drafter
 
         if bundle.is_done("drafter") and not args.force:
             print("[drafter] done earlier, skipped")

@@ -1,7 +1,7 @@
 """The target's dense head: its last hidden state predicts the next item's text embedding (after LIGER,
 "Unifying Generative and Dense Retrieval for Sequential Recommendation").
 
-Trained beside the language-model loss (``recsvc build --dense-head W``, ``training/dense_loss.py``): at each
+Trained beside the language-model loss (``recsvc build --dense-head W``, ``training/target_lm/dense_loss.py``): at each
 position where the target predicts an item's first code, a linear map of the hidden state is pulled towards that
 item's text embedding and away from the other items of the fitting period's catalog (a full softmax over cosine
 similarities, temperature ``temperature``). The text embedding is the one the item's semantic id was made from,

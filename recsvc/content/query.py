@@ -3,7 +3,7 @@
 The fresh-item component (``recsvc.content.fresh``) ranks items nobody has interacted with by the similarity of
 their text embedding to a query made from the user's history. The plain query is the mean embedding of the last
 items; it assumes the next item reads like the last ones. ``ContentQuery`` learns the query instead, from the
-fitting period's interactions (``training/content_query.py``): which positions of the history count (a softmax
+fitting period's interactions (``training/tuning/content_query.py``): which positions of the history count (a softmax
 over positions), and two linear maps, one for the history and one for the candidates, trained so that the next
 item scores highest among the period's items. Only text goes in, never an item's identity, so it ranks items
 that had no interactions when it was fitted as well as any other (what a two-tower text model does for cold

@@ -1,5 +1,5 @@
 """A bundle's parts, loaded once by one typed loader: the service (``BundleRecommender.from_bundle``), the
-benches (``bench.common.load_context``, ``bench.gpu_inputs.load``) and training (``training.api.load_setup``)
+benches (``bench.common.load_context``, ``bench.gpu_inputs.load``) and training (``training.drafters.api.load_setup``)
 all read a bundle through :func:`load_target` (the target and its catalog) or :func:`load_parts` (everything).
 
 ``TargetParts`` is what every reader needs (the ids, the prompt format, the trie on the target's device and the

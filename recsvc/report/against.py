@@ -2,8 +2,8 @@
 or against itself without a part) per cutoff, with its 95% paired bootstrap interval, on every user and on the
 cold and warm slices.
 
-The JSON's ``"against"`` (``training/compare.py``): ``"label"``, ``"bundle"``, ``"variant"``, ``"metrics"`` (B's
-Recall@K / NDCG@K) and ``"lead"``: ``{"all" | "cold" | "warm": {"recall@K": {"ratio", "ratio_lo", "ratio_hi",
+The JSON's ``"against"`` (``training/evaluation/compare.py``): ``"label"``, ``"bundle"``, ``"variant"``, ``"metrics"``
+(B's Recall@K / NDCG@K) and ``"lead"``: ``{"all" | "cold" | "warm": {"recall@K": {"ratio", "ratio_lo", "ratio_hi",
 "users", "diff", "diff_se"}}}``. A slice where B scores 0 has no ratio: it is named in the panel instead.
 """
 

@@ -1,5 +1,5 @@
 """Training curves from a training record (``BUNDLE/target/training.json``, a drafter's ``training.json``;
-``training/train_target.py`` writes it): ``"history"``: one row per evaluation, ``{"epoch": 1.0, "train_loss",
+``training/target_lm/train.py`` writes it): ``"history"``: one row per evaluation, ``{"epoch": 1.0, "train_loss",
 "valid_loss", "recall@10", "ndcg@10"}`` (a fractional epoch: a run stopped inside one); ``"best_epoch"``,
 ``"best": {"metric", "value"}``, ``"preset"``, ``"params"``, ``"stopped"``, ``"refit"``, ``"config": {"bf16",
 "lr", ...}``. Losses on the left (nats per labelled token), the selection metrics on the right, the selected

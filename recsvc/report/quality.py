@@ -1,7 +1,7 @@
 """Plots of a `recsvc eval --json` file: quality per method and cutoff, the model's paired lead over each
 baseline with its 95% bootstrap interval, and the cold / warm target slices.
 
-The JSON's layout (``training/evaluate.py``): ``"ks"``; ``"model"``: ``{"recall@K", "ndcg@K", "cold": {...,
+The JSON's layout (``training/evaluation/evaluate.py``): ``"ks"``; ``"model"``: ``{"recall@K", "ndcg@K", "cold": {...,
 "users"}, "warm": {...}}``; ``"baselines"``: ``{name: the same keys}`` (``name+fresh``: the baseline with the
 model's fresh slots, not plotted); ``"lead"``: ``{name: {"recall@K": {"ratio", "ratio_lo", "ratio_hi", ...}}}``;
 ``"split"``, ``"users"``, ``"protocol"``, ``"exclude_history"``, ``"dtype"``; with ``--against``, ``"against"``

@@ -16,7 +16,7 @@ from recsvc.data.metrics import score_lists
 from recsvc.data.split import EvalUser, SplitData
 from training.baselines.base import check_protocol, fit_period
 from training.baselines.registry import fit_baseline
-from training.fresh_eval import fresh_candidates_by_user, fresh_lists
+from training.evaluation.fresh import fresh_candidates_by_user, fresh_lists
 
 
 def evaluate_baselines(
@@ -30,7 +30,8 @@ def evaluate_baselines(
     ``cold`` (items never interacted with in the fitting period): each baseline also gets ``"cold"`` /
     ``"warm"`` slices. ``fresh`` (a ``recsvc.content.fresh.FreshItems`` with slots > 0): each baseline is scored a
     second time as ``NAME+fresh``, its lists' tails given to the same fresh items as the model's. ``lists_out``: filled
-    with each scored name's lists (cutoff k -> {user id: ranked items}), for paired comparisons (training.lead)."""
+    with each scored name's lists (cutoff k -> {user id: ranked items}), for paired comparisons
+    (training.evaluation.lead)."""
     check_protocol(protocol)
     fit_on = fit_period(protocol, split)
     users = list(users) if users is not None else data.eval_users(split)

@@ -1,0 +1,1 @@
+"""Offline evaluation: ranking a split's users, metrics beside baselines, paired comparisons."""

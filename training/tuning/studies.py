@@ -1,0 +1,87 @@
+"""Optuna studies shared by the ``recsvc tune`` searches: resumable (SQLite next to the bundle), bounded by a trial
+count and a wall-clock budget, whichever comes first."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from recsvc.errors import UserError
+from recsvc_base.progress import progress_bar, progress_mode
+
+
+def check_budget(trials: int, minutes: float) -> None:
+    if trials < 1:
+        raise UserError(f"--trials must be >= 1, got {trials}")
+    if minutes <= 0:
+        raise UserError(f"--budget-minutes must be > 0, got {minutes}")
+
+
+def study(path: Path, name: str, seed: int, objective_key: dict[str, Any] | None = None):
+    """The study ``name`` in the SQLite file ``path``, resumed when it exists. ``objective_key``: everything the
+    trials' scores depend on besides the searched parameters (the model's weights, the validation users, the
+    metric, the settings a search builds on); the study is named after its digest, so a run whose objective
+    changed (a retrained target, a re-tuned transition prior, other users) starts a new study instead of
+    resuming trials that were scored on another objective. The key is stored as a study attribute."""
+    import optuna
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    text = json.dumps(objective_key, sort_keys=True, default=str) if objective_key is not None else None
+    if text is not None:
+        name = f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    created = optuna.create_study(study_name=name, storage=f"sqlite:///{path.resolve()}", direction="maximize",
+                                  load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed))
+    if text is not None and "objective" not in created.user_attrs:
+        created.set_user_attr("objective", json.loads(text))
+    return created
+
+
+def files_fingerprint(directory: Path, pattern: str) -> dict[str, list[int]]:
+    """The files of ``directory`` matching ``pattern`` by name -> [size, modification time in ns]: rewritten files
+    change it (a copy does too, which only starts a fresh search), without reading them."""
+    return {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(Path(directory).glob(pattern))}
+
+
+def weights_fingerprint(model_dir: Path) -> dict[str, list[int]]:
+    """The weight files of a saved model (a retrained or replaced model changes it)."""
+    return files_fingerprint(model_dir, "*.safetensors")
+
+
+def run_trials(study, objective, trials: int, minutes: float) -> int:
+    """Run up to ``trials`` more-than-finished trials within ``minutes``; returns the trials run now. Progress
+    follows ``recsvc_base.progress``: Optuna's own bar on a terminal, else a plain line at most once a minute (or none
+    with ``TQDM_DISABLE``), never a ``\\r`` redraw in a log file."""
+    done = len([t for t in study.trials if t.state.name == "COMPLETE"])
+    todo = max(0, trials - done)
+    if not todo:
+        return todo
+    if progress_mode() == "bar":
+        study.optimize(objective, n_trials=todo, timeout=minutes * 60, show_progress_bar=True)
+        return todo
+    bar = progress_bar(total=todo, desc=f"trials ({minutes:g} min budget)")
+
+    def advance(search, trial) -> None:
+        bar.update(1)
+        if any(t.state.name == "COMPLETE" for t in search.trials):
+            bar.set_postfix(best=f"{search.best_value:.5f}@{search.best_trial.number}", refresh=False)
+
+    try:
+        study.optimize(objective, n_trials=todo, timeout=minutes * 60, callbacks=[advance])
+    finally:
+        bar.close()
+    return todo
+
+
+def validation_model(bundle, what: str) -> tuple[str, Path]:
+    """(protocol, the model directory a validation search must rank with): BUNDLE/target-train for a deploy
+    bundle (its served target saw the valid period), BUNDLE/target otherwise; ``what`` names the search for the
+    error when a deploy bundle has no train-only target."""
+    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
+    protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
+    if protocol == "deploy" and not has_train_only:
+        raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): its target saw the valid "
+                        f"period, so validation cannot choose {what}")
+    return protocol, (bundle.train_only_target_dir if protocol == "deploy" else bundle.target_dir)
