@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.bundle.directory import Bundle
     from recsvc.bundle.presets import get_preset, new_model
     from recsvc.data.split import load_split_dir
-    from training.sequences import bucketed_batches, collate, train_examples
-    from training.train_target import lm_loss
+    from training.target_lm.sequences import bucketed_batches, collate, train_examples
+    from training.target_lm.train import lm_loss
 
     set_threads(args.threads)
     if args.steps < 1:
