@@ -51,6 +51,7 @@ RUN --mount=type=secret,id=build-ca \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 COPY README.md ./
+COPY recsvc_base ./recsvc_base
 COPY recsvc ./recsvc
 COPY tokenizer_rqvae ./tokenizer_rqvae
 COPY training ./training

@@ -40,8 +40,8 @@ from recsvc.cli.args import set_threads
 from recsvc.data.split import EVAL_SPLITS
 from recsvc.engine.plan import forward_names
 from recsvc.hardware import machine
-from recsvc.progress import progress_bar
 from recsvc.report.records import markdown_table, write_json
+from recsvc_base.progress import progress_bar
 
 if TYPE_CHECKING:
     from recsvc.bundle.directory import Bundle

@@ -41,8 +41,8 @@ import numpy as np
 from recsvc.cli.args import set_threads
 from recsvc.errors import UserError
 from recsvc.hardware import machine
-from recsvc.progress import print_record
 from recsvc.report.records import markdown_table, write_json
+from recsvc_base.progress import print_record
 
 # one line of `recsvc bench --help`
 HELP = ("a large live-catalog file offered to a server under load: latency against the same load without it, the "

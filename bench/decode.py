@@ -18,8 +18,8 @@ import torch
 from bench import common
 from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.hardware import machine, resolve_dtype
-from recsvc.progress import progress_bar
 from recsvc.report.records import markdown_table, write_json
+from recsvc_base.progress import progress_bar
 
 # one line of `recsvc bench --help`
 HELP = "engine beam search vs transformers generate (same model, same users)"

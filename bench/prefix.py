@@ -38,9 +38,9 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
     from recsvc.hardware import resolve_dtype
-    from recsvc.progress import progress_bar
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
+    from recsvc_base.progress import progress_bar
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")

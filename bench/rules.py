@@ -28,10 +28,10 @@ from recsvc.data.split import EVAL_SPLITS
 from recsvc.engine.ledger import NO_LEDGER, Ledger, PhaseLedger
 from recsvc.errors import UserError
 from recsvc.hardware import machine
-from recsvc.progress import progress_bar
 from recsvc.report.records import markdown_table, write_json
 from recsvc.rules.attributes import ItemAttributes
 from recsvc.rules.spec import LOOKAHEAD_WHEN, STRATEGIES, VERIFY_MODES, Cap, Rules, ValueFilter, normalize_value
+from recsvc_base.progress import progress_bar
 
 # list_search's phases (recsvc.rule_decoding.search), then plain beam search's, in the order a request meets them
 PHASES = ("compile", "forward", "head", "select", "lookahead", "other")

@@ -26,10 +26,10 @@ from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.plan import forward_names
 from recsvc.engine.prior import prior_log_mass
 from recsvc.hardware import machine, resolve_dtype
-from recsvc.progress import progress_bar
 from recsvc.recommender.api import SPECULATIVE
 from recsvc.recommender.drafter_names import DRAFTER_KINDS, HEAD_OPENERS
 from recsvc.report.records import markdown_table, write_json
+from recsvc_base.progress import progress_bar
 
 # one line of `recsvc bench --help`
 HELP = "plain vs speculative beam search: WS@K, AS@K, target calls"

@@ -1,11 +1,11 @@
-"""User-facing errors: raised for bad input, turned into exit code 2 (CLI) or INVALID_ARGUMENT (gRPC)."""
+"""User-facing errors: raised for bad input, turned into exit code 2 (CLI) or INVALID_ARGUMENT (gRPC).
 
+``UserError`` is defined below every package (``recsvc_base.errors``: the item tokenizer raises it too) and is the
+same class here; ``InvalidRequest`` is the service's."""
 
-class UserError(Exception):
-    """A mistake in what the user gave us (missing file, wrong format, bad flag value).
+from recsvc_base.errors import UserError
 
-    The CLI prints ``error: <message>`` and exits with code 2; it never shows a traceback for these.
-    """
+__all__ = ["InvalidRequest", "UserError"]
 
 
 class InvalidRequest(UserError):

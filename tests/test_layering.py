@@ -14,8 +14,11 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   below it (engine, drafters, rules, the bundle, the data layer) never import it.
 - drafters are built by name in ``recommender/drafter_registry.py``: the rest of the recommender, the service,
   the benches and the CLI import no drafter (they use the ``Drafter`` port's capabilities).
+- ``recsvc_base/`` (the user's errors and the progress output) is the ground floor: it imports nothing of the
+  project, and ``tokenizer_rqvae`` (which ``recsvc`` stands on) takes ``UserError`` and the progress bars from it,
+  never from ``recsvc``.
 - the data layer (``recsvc/data``, ``recsvc/priors``, ``recsvc/content``, ``recsvc/catalog``,
-  ``recsvc/hardware.py``, ``recsvc/errors.py``, ``recsvc/progress.py``, ``tokenizer_rqvae``) imports no bundle,
+  ``recsvc/hardware.py``, ``recsvc/errors.py``, ``tokenizer_rqvae``) imports no bundle,
   engine, drafter, rule, recommender, service, client, bench or CLI module; ``recsvc/service`` imports no bench,
   CLI or client module.
 - the bundle (``recsvc/bundle``: its directory, the LM presets, loading, tokenizer and prompt) stands on the
@@ -55,9 +58,11 @@ ABOVE_RECOMMENDER = ("recsvc.service", "bench", "recsvc.cli", "training")
 BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules", "recsvc/rule_decoding")  # + bundle, data
 DRAFTER_REGISTRY = "recsvc/recommender/drafter_registry.py"  # the one place above the drafters that builds them
 DATA_LAYER = ("recsvc/data", "recsvc/priors", "recsvc/content", "recsvc/catalog", "recsvc/hardware.py",
-              "recsvc/errors.py", "recsvc/progress.py", "tokenizer_rqvae")
+              "recsvc/errors.py", "tokenizer_rqvae")
 ABOVE_DATA = ("recsvc.bundle", "recsvc.engine", "recsvc.drafters", "recsvc.rules", "recsvc.rule_decoding",
               "recsvc.recommender", "recsvc.service", "recsvc.client", "bench", "recsvc.cli", "training")
+BASE = ("recsvc_base",)  # the ground floor: imports nothing of the project
+PROJECT = ("recsvc", "tokenizer_rqvae", "training", "bench", "harness")
 # the bundle (its directory, LM presets, loading, tokenizer, prompt): on the data layer, beside the engine
 BUNDLE = ("recsvc/bundle",)
 ABOVE_BUNDLE = ABOVE_DATA[1:]
@@ -176,6 +181,15 @@ def test_data_layer_imports_no_engine_service_or_cli() -> None:
     assert violations(DATA_LAYER, ABOVE_DATA) == []
 
 
+def test_the_base_imports_nothing_of_the_project() -> None:
+    assert sources(*BASE)
+    assert violations(BASE, PROJECT) == []
+
+
+def test_the_item_tokenizer_imports_no_recsvc() -> None:
+    assert violations(("tokenizer_rqvae",), ("recsvc",)) == []
+
+
 def test_bundle_stands_beside_the_engine() -> None:
     assert violations(BUNDLE, ABOVE_BUNDLE) == []
     assert violations(BELOW_RECOMMENDER, ("recsvc.bundle",)) == []  # the engine, drafters, rules load no bundle
@@ -197,7 +211,7 @@ def test_benchmarks_and_harness_stand_outside_the_product() -> None:
 
 
 def test_every_place_named_holds_source() -> None:
-    places = (*BELOW_RECOMMENDER, *DATA_LAYER, *BUNDLE, *RULES_TRIE_LEVEL, *RULES_DECODING, DRAFTER_REGISTRY,
+    places = (*BELOW_RECOMMENDER, *DATA_LAYER, *BASE, *BUNDLE, *RULES_TRIE_LEVEL, *RULES_DECODING, DRAFTER_REGISTRY,
               "recsvc/recommender", "recsvc/service", "bench", "recsvc/cli")
     assert [place for place in places if not sources(place)] == []
     modules = {*ABOVE_ENGINE, *ABOVE_DATA, *ABOVE_TRIE_RULES, *ABOVE_SERVICE}

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 from tokenizer_rqvae.build import IDS_FILE, REPORT_FILE, check_device
 from tokenizer_rqvae.collisions import IdSpace, check_capacity, place_closest_first
 from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads

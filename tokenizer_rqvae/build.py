@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 from tokenizer_rqvae.collaborative import load_cf_embeddings
 from tokenizer_rqvae.collisions import IdSpace, check_capacity, place_closest_first, resolve_collisions
 from tokenizer_rqvae.embed import Embedder, items_texts, load_items, torch_threads

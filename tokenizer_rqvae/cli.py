@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 
 CF_WEIGHT = 0.1  # the collaborative term's weight with --cf-embeddings (chosen on Beauty's validation period)
 

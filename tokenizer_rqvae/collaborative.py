@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 
 
 def load_cf_embeddings(path: str | Path, item_ids: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 from tokenizer_rqvae.rqvae import sinkhorn
 
 EXACT_LIMIT = 1 << 16  # suffix spaces up to this size (K^m) are ranked exactly; 2 levels of 256 codes

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 
 # never reach the network for the model: set before sentence-transformers / transformers are imported
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -252,7 +252,7 @@ class Embedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """texts [n] -> [n, dim] float32 normalized; cached texts are not re-embedded."""
-        from recsvc.progress import progress_bar
+        from recsvc_base.progress import progress_bar
 
         keys = [self.key(t) for t in texts]
         found = self._read_cache(set(keys))

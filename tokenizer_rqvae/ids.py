@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 
 LEVELS = 4
 CODEBOOK_SIZE = 256

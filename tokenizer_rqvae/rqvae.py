@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 from tokenizer_rqvae.collaborative import cf_alignment_loss
 from tokenizer_rqvae.embed import torch_threads
 from tokenizer_rqvae.kmeans import kmeans
@@ -493,7 +493,7 @@ def train_rqvae(
 
 def _train(x: np.ndarray, cfg: RQVAEConfig, ckpt_dir: str | Path | None, resume: bool, device: str,
            progress: bool, t0: float, cf: tuple[np.ndarray, np.ndarray] | None) -> TrainResult:
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
 
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from recsvc.errors import UserError
+from recsvc_base.errors import UserError
 from tokenizer_rqvae.ids import SemanticIds
 
 

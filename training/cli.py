@@ -18,8 +18,8 @@ from recsvc.bundle.loading import PRECISIONS
 from recsvc.bundle.prompt import HEADER_STYLES
 from recsvc.engine.plan import ATTENTIONS
 from recsvc.errors import UserError
-from recsvc.progress import print_record
 from recsvc.service.arg_types import positive_int
+from recsvc_base.progress import print_record
 from training.choices import (
     ALIGN_MODES,
     BF16_MODES,

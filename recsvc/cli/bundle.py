@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from recsvc.errors import UserError
-from recsvc.progress import print_record
+from recsvc_base.progress import print_record
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -16,7 +16,7 @@ import sys
 from recsvc import commands
 from recsvc.cli.worker_exit import finish_worker
 from recsvc.errors import UserError
-from recsvc.progress import ENV_MODE, MODES, quiet_library_bars
+from recsvc_base.progress import ENV_MODE, MODES, quiet_library_bars
 
 
 def register_command(name: str, sub: argparse._SubParsersAction) -> None:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from recsvc.priors.sasrec import SASRec
-from recsvc.progress import progress_bar
+from recsvc_base.progress import progress_bar
 from training.choices import REFIT_MODES
 
 BUCKET_BATCHES = 32  # batches per length-sorted chunk

@@ -77,9 +77,9 @@ def open_text(path: Path) -> IO[str]:
 
 
 def iter_lines(path: Path, desc: str, progress: bool) -> Iterator[str]:
-    """Non-blank lines of ``path`` with a progress counter on stderr (``recsvc.progress``); a corrupt gzip
+    """Non-blank lines of ``path`` with a progress counter on stderr (``recsvc_base.progress``); a corrupt gzip
     stream is a UserError."""
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
 
     with open_text(path) as fh:
         bar = progress_bar(fh, desc=desc, unit=" lines", file=sys.stderr, enabled=progress, mininterval=1.0)

@@ -146,7 +146,7 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
     from recsvc.engine.decode import decode
     from recsvc.engine.prompts import PromptBatch
     from recsvc.engine.sampling import make_generators
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
 
     bad = [m for m in modes if m not in MODES]
     if bad or not users:

@@ -108,7 +108,7 @@ def train_head(bundle_dir: str | Path, method: str = "atspeed-s", alpha: float =
     from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
     from recsvc.drafters.head_model import DraftHead, HeadConfig, load_head, save_head
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
     from training.drafters.head_traces import build_traces
 

@@ -75,7 +75,7 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
     from recsvc.engine.prior import prior_log_mass
     from recsvc.engine.prompts import PromptBatch
     from recsvc.priors.mixed import load_prior
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
     from training.drafters.teacher import model_fingerprint
 

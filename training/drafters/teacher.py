@@ -190,7 +190,7 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
     from recsvc.engine.beam_search import BeamSearch
     from recsvc.engine.engine_model import EngineModel
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
 
     if k < 1 or batch_size < 1 or shard_size < 1:

@@ -20,7 +20,7 @@ from recsvc.engine.prompts import PromptBatch
 from recsvc.errors import UserError
 from recsvc.priors.mixed import MixedPrior
 from recsvc.priors.transition import TransitionPrior
-from recsvc.progress import progress_bar
+from recsvc_base.progress import progress_bar
 from tokenizer_rqvae.trie import CatalogTrie
 
 

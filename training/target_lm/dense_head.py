@@ -27,7 +27,7 @@ def train_dense_head(bundle_dir: str | Path, epochs: int = 1, lr: float = 1e-3, 
     from recsvc.bundle.loading import load_causal_lm
     from recsvc.content.dense_head import DenseHead, DenseSettings, save_dense_head
     from recsvc.data.split import load_split_dir
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
     from training.target_lm.dense_loss import DenseLoss
     from training.target_lm.sequences import bucketed_batches, collate, train_examples
     from training.target_lm.train import catalog_text_embeddings

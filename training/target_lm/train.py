@@ -196,7 +196,7 @@ def fit_causal_lm(
     from accelerate import Accelerator
     from accelerate.utils import broadcast_object_list, set_seed
 
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
 
     source = train if isinstance(train, BatchSource) else BatchSource.windows(train, pad_id)
     if not source.lengths:

@@ -51,7 +51,7 @@ from typing import Any
 
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
-from recsvc.progress import print_record
+from recsvc_base.progress import print_record
 from training.choices import TUNING_METRICS
 from training.cli import user_count
 from training.tuning.rescore_study import add_rescore_args

@@ -65,7 +65,7 @@ def fit_content_query(sequences: dict[int, list[int]], vectors: ItemVectors, set
     import torch
     import torch.nn.functional as F
 
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
 
     ids = vectors.item_ids.tolist()
     row_of = {int(i): r for r, i in enumerate(ids)}

@@ -69,7 +69,7 @@ def beams_and_similarities(model, builder, trie, users, width: int, retriever, e
     from recsvc.engine.decode import decode
     from recsvc.engine.prior import prior_log_mass
     from recsvc.engine.prompts import PromptBatch
-    from recsvc.progress import progress_bar
+    from recsvc_base.progress import progress_bar
 
     engine = BeamSearch(model, trie, builder.code_offset)
     fuse = prior is not None and prior.settings.weight > 0

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
-from recsvc.progress import print_record
+from recsvc_base.progress import print_record
 from training.choices import TUNING_METRICS
 
 SLOTS = (0, 1, 2, 3, 4, 5, 6, 7)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
-from recsvc.progress import print_record
+from recsvc_base.progress import print_record
 from training.choices import TUNING_METRICS
 
 METRICS = TUNING_METRICS

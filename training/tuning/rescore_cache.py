@@ -46,7 +46,7 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.expand import expand_beams
 from recsvc.engine.prompts import PromptBatch
 from recsvc.priors.transition import TransitionPrior
-from recsvc.progress import progress_bar
+from recsvc_base.progress import progress_bar
 from tokenizer_rqvae.trie import CatalogTrie
 
 CACHE_VERSION = 2

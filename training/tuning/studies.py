@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
-from recsvc.progress import progress_bar, progress_mode
+from recsvc_base.progress import progress_bar, progress_mode
 
 
 def check_budget(trials: int, minutes: float) -> None:
@@ -52,7 +52,7 @@ def weights_fingerprint(model_dir: Path) -> dict[str, list[int]]:
 
 def run_trials(study, objective, trials: int, minutes: float) -> int:
     """Run up to ``trials`` more-than-finished trials within ``minutes``; returns the trials run now. Progress
-    follows ``recsvc.progress``: Optuna's own bar on a terminal, else a plain line at most once a minute (or none
+    follows ``recsvc_base.progress``: Optuna's own bar on a terminal, else a plain line at most once a minute (or none
     with ``TQDM_DISABLE``), never a ``\\r`` redraw in a log file."""
     done = len([t for t in study.trials if t.state.name == "COMPLETE"])
     todo = max(0, trials - done)
