@@ -124,8 +124,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     from recsvc.data.split import load_split_dir
     from recsvc.priors.transition import PriorSettings, TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
+    from training.baselines.prior_alone import prior_rankings
     from training.evaluation.headline import format_target_over_prior
-    from training.evaluation.prior_alone import prior_rankings
     from training.evaluation.ranking import rank_users, serving_model
     from training.tuning import rescore_study as rs
     from training.tuning.prior_cli import prior_sequences, resolve_fit_on

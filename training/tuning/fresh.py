@@ -61,15 +61,6 @@ def register_fresh(sub) -> None:
     p.set_defaults(func=cmd_tune_fresh)
 
 
-def item_vectors(data_dir: Path, cache_dir: str | None = None):
-    """Every catalog item's text embedding (``ItemVectors``), with the texts the semantic ids were built from."""
-    from recsvc.content.fresh import ItemVectors
-    from tokenizer_rqvae.embed import Embedder, items_texts, load_items
-
-    ids, texts = items_texts(load_items(data_dir / "items.json"))
-    return ItemVectors.from_arrays(ids, Embedder(None, cache_dir, progress=False).embed(texts))
-
-
 def cmd_tune_fresh(args: argparse.Namespace) -> int:
     import optuna
     import torch
@@ -79,6 +70,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     from recsvc.data.metrics import score_lists
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
+    from training.data.item_vectors import item_vectors
     from training.evaluation.fresh import (
         cold_items,
         fresh_candidates,

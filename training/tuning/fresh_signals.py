@@ -88,8 +88,8 @@ def cmd_fresh_signals(args: argparse.Namespace) -> int:
     from recsvc.bundle.loading import load_causal_lm
     from recsvc.content.fresh import FreshItems, FreshSettings
     from recsvc.data.split import load_split_dir
+    from training.data.item_vectors import item_vectors
     from training.evaluation.fresh import cold_items, fresh_candidates
-    from training.tuning.fresh import item_vectors
     from training.tuning.prior_cli import resolve_fit_on
     from training.tuning.studies import validation_model
 

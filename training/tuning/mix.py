@@ -112,10 +112,10 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from recsvc.priors.transition import MAX_WEIGHT as WEIGHT_LIMIT
     from recsvc.priors.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
+    from training.baselines.prior_alone import prior_rankings
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
     from training.evaluation.headline import format_target_over_prior
-    from training.evaluation.prior_alone import prior_rankings
     from training.evaluation.ranking import serving_model
     from training.tuning import rescore_study as rs
     from training.tuning.prior_cli import prior_sequences, resolve_fit_on
@@ -256,7 +256,7 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
     Returns (best trial, trials run now)."""
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.priors.mixed import MixedPrior
-    from training.evaluation.prior_alone import prior_rankings
+    from training.baselines.prior_alone import prior_rankings
     from training.tuning.studies import run_trials, study
 
     def objective(trial) -> float:
