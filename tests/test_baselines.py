@@ -15,10 +15,11 @@ from test_train_fixtures import make_data, one_thread  # noqa: F401 (one_thread:
 
 import recsvc.cli.main as cli
 from recsvc.data.split import EvalUser, ItemMeta, SplitData
-from training.baselines import BASELINES, evaluate_baselines, fit_baseline, fit_period, fit_sequences
+from training.baselines import BASELINES, fit_baseline, fit_period, fit_sequences
 from training.baselines.registry import parse_baselines
 from training.baselines.sasrec import SASRecBaseline, cache_dir_for, fit_sasrec
 from training.baselines.sasrec_train import SASRecSettings
+from training.evaluation.baselines import evaluate_baselines
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""The served prior read alone (``training.evaluation.prior_alone``): the prior's own top-k, ties to the lower item id,
+"""The served prior read alone (``training.baselines.prior_alone``): the prior's own top-k, ties to the lower item id,
 history items dropped when asked; a mixed prior ranks by its mixture."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 
 from recsvc.data.split import EvalUser
 from recsvc.priors.transition import PriorSettings, TransitionPrior
-from training.evaluation.prior_alone import prior_rankings
+from training.baselines.prior_alone import prior_rankings
 
 SEQS = [[1, 2, 3], [1, 2, 4], [2, 3, 1], [5, 1, 2], [3, 2, 1]]
 ITEMS = [1, 2, 3, 4, 5, 6]

@@ -20,7 +20,7 @@ from recsvc.engine.prompts import PromptBatch
 from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
-from training.baselines import format_table
+from training.evaluation.baselines import format_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WEIGHT = 4.0

@@ -24,11 +24,12 @@ from functools import partial
 import torch
 
 from recsvc.drafters.head_model import DraftHead
+from recsvc.drafters.rows import sampled_depth, take_rows
 from recsvc.engine.cuda_graphs import FunctionGraphs
 from recsvc.engine.expand import expand_beams
 from recsvc.engine.ports import Drafter, DraftSession, DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.sampling import sample_children, temper
+from recsvc.engine.sampling import temper
 from tokenizer_rqvae.trie import CatalogTrie
 
 
@@ -167,18 +168,13 @@ class HeadDraftSession:
             return []
         h, state, logp, _ = self._roots(roots, target)
         nodes, weights = roots, root_logp
-        r = roots.shape[0]
         out: list[DraftStep] = []
         for s in range(1, g + 1):
             active = (steps >= s)[:, None]
             nodes = torch.where(active, nodes, -1)
             logq, child = temper(self.trie, logp, nodes, temperature, self.dead, self.prior)  # [R, n, C]
-            cand = weights[..., None] + logq
-            lse = torch.logsumexp(cand.reshape(r, -1), 1)  # [R]
-            lse = torch.where(torch.isfinite(lse), lse, 0.0)
-            new_nodes, new_w = sample_children(cand.reshape(r, -1), child.reshape(r, -1), width, gens, range(r))
-            out.append(DraftStep(torch.where(active, new_nodes, -1), new_w - lse[:, None], nodes,
-                                 cand - lse[:, None, None]))
+            step, new_nodes, new_w = sampled_depth(nodes, weights, logq, child, active, width, gens)
+            out.append(step)
             if s == g:
                 break
             parent = (self.trie.parent[new_nodes.clamp(min=0)][..., None] == nodes[:, None, :]).int().argmax(-1)
@@ -194,10 +190,7 @@ class HeadDraftSession:
     def select_rows(self, rows: torch.Tensor) -> None:
         if self.opener is not None:
             self.opener.select_rows(rows)
-        if self.dead is not None:
-            self.dead = self.dead[rows]
-        if self.prior is not None:
-            self.prior = self.prior[rows]
+        self.dead, self.prior = take_rows(self.dead, rows), take_rows(self.prior, rows)
 
 
 class HeadDrafter:

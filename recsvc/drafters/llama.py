@@ -18,12 +18,13 @@ from collections.abc import Sequence
 
 import torch
 
+from recsvc.drafters.rows import sampled_depth, take_rows
 from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.expand import expand_beams
 from recsvc.engine.ports import DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.sampling import sample_children, tempered_logp
+from recsvc.engine.sampling import tempered_logp
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -64,7 +65,6 @@ class LlamaDraftSession:
         trie-masked distribution over the children of its previous depth's samples (starting from the target's
         beams, weighted by their target log-probs)."""
         nodes, weights = roots, root_logp
-        b = roots.shape[0]
         out: list[DraftStep] = []
         for s in range(1, int(steps.max()) + 1):
             active = (steps >= s)[:, None]
@@ -72,12 +72,8 @@ class LlamaDraftSession:
             self.cache.feed(nodes)
             logq, child = tempered_logp(self.model, self.cache, nodes, temperature, self.dead,
                                         self.prior)  # [B, n, C]
-            cand = weights[..., None] + logq
-            lse = torch.logsumexp(cand.reshape(b, -1), 1)  # [B]
-            lse = torch.where(torch.isfinite(lse), lse, 0.0)
-            new_nodes, new_w = sample_children(cand.reshape(b, -1), child.reshape(b, -1), width, gens, range(b))
-            out.append(DraftStep(torch.where(active, new_nodes, -1), new_w - lse[:, None], nodes,
-                                 cand - lse[:, None, None]))
+            step, new_nodes, new_w = sampled_depth(nodes, weights, logq, child, active, width, gens)
+            out.append(step)
             nodes, weights = new_nodes, new_w
         return out
 
@@ -86,10 +82,7 @@ class LlamaDraftSession:
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
-        if self.dead is not None:
-            self.dead = self.dead[rows]
-        if self.prior is not None:
-            self.prior = self.prior[rows]
+        self.dead, self.prior = take_rows(self.dead, rows), take_rows(self.prior, rows)
 
 
 class LlamaDrafter:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from recsvc.drafters.rows import take_rows
 from recsvc.engine.expand import expand_beams
 from recsvc.engine.ports import StrictOnly, TargetState
 from recsvc.engine.prior import prior_log_mass
@@ -106,9 +107,7 @@ class TransitionDraftSession:
         pass
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        self.log_mass = self.log_mass[rows]
-        if self.dead is not None:
-            self.dead = self.dead[rows]
+        self.log_mass, self.dead = self.log_mass[rows], take_rows(self.dead, rows)
 
 
 class TransitionDrafter(StrictOnly):

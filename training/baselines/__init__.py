@@ -4,14 +4,15 @@
 - ``transition`` / ``transition-window``: last-item(s) transition counts with popularity back-off
   (``transition.py``, over ``recsvc.priors.transition.TransitionPrior``);
 - ``sasrec``: a self-attentive sequential recommender trained with full-softmax cross-entropy
-  (``recsvc/priors/sasrec.py`` the network, ``sasrec_train.py`` the loop, ``sasrec.py`` fit / rank / cache).
+  (``recsvc/priors/sasrec.py`` the network, ``sasrec_train.py`` the loop, ``sasrec.py`` fit / rank / cache);
+- the served prior alone as a ranker (``prior_alone.py``: the transition baselines rank with it too).
 
-Protocols and fit periods: ``base.py``; by name: ``registry.py``; the report beside the model: ``report.py``.
+Protocols and fit periods: ``base.py``; by name: ``registry.py``. Evaluation fits and scores them beside the model
+(``training/evaluation/baselines.py``).
 """
 
 from training.baselines.base import FIT_PERIODS, PROTOCOLS, Baseline, fit_period, fit_sequences
 from training.baselines.registry import BASELINES, DEFAULT_BASELINES, fit_baseline, parse_baselines
-from training.baselines.report import evaluate_baselines, format_table
 
-__all__ = ["BASELINES", "DEFAULT_BASELINES", "FIT_PERIODS", "PROTOCOLS", "Baseline", "evaluate_baselines",
-           "fit_baseline", "fit_period", "fit_sequences", "format_table", "parse_baselines"]
+__all__ = ["BASELINES", "DEFAULT_BASELINES", "FIT_PERIODS", "PROTOCOLS", "Baseline", "fit_baseline", "fit_period",
+           "fit_sequences", "parse_baselines"]

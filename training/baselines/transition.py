@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from recsvc.data.split import EvalUser, SplitData
 from recsvc.priors.transition import PriorSettings, TransitionPrior
 from training.baselines.base import Baseline, check_fit_on, fit_sequences
-from training.evaluation.prior_alone import prior_rankings
+from training.baselines.prior_alone import prior_rankings
 
 TRANSITION_SETTINGS: dict[str, PriorSettings] = {
     "transition": PriorSettings(window=1, beta=1.0),

@@ -31,12 +31,13 @@ import random
 import sys
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from recsvc.data.split import SPLITS, ItemMeta, write_split_dir
 from recsvc.errors import UserError
+from training.data.pair_times import PairTimes
 from training.data.split import kcore, split_by_global_time
 
 DESCRIPTION_KEEP_CHARS = 2000  # items.json keeps this much of a description (ItemMeta.text uses ~300)
@@ -52,14 +53,11 @@ class PrepareConfig:
 
 
 @dataclass
-class ReviewScan:
+class ReviewScan(PairTimes):
     """What streaming the reviews file left: ``pairs[(user, asin)] = earliest time`` + line counts."""
 
-    pairs: dict[tuple[str, str], int] = field(default_factory=dict)
     lines: int = 0
     malformed: int = 0
-    below_min_rating: int = 0
-    duplicates: int = 0
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -139,7 +137,6 @@ def parse_review(line: str) -> tuple[str, str, float, int] | None:
 def scan_reviews(path: Path, min_rating: float, progress: bool = True) -> ReviewScan:
     """Stream the reviews: rating filter, then dedupe (earliest time per user-item pair wins)."""
     scan = ReviewScan()
-    pairs = scan.pairs
     for line in iter_lines(path, f"reviews {path.name}", progress):
         scan.lines += 1
         review = parse_review(line)
@@ -150,14 +147,7 @@ def scan_reviews(path: Path, min_rating: float, progress: bool = True) -> Review
         if rating < min_rating:
             scan.below_min_rating += 1
             continue
-        key = (sys.intern(user), sys.intern(item))
-        old = pairs.get(key)
-        if old is None:
-            pairs[key] = ts
-        else:
-            scan.duplicates += 1
-            if ts < old:
-                pairs[key] = ts
+        scan.add(user, item, ts)
     return scan
 
 

@@ -8,11 +8,11 @@ Columns are named by ``--columns user=...,item=...,time=...,rating=...`` (defaul
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from recsvc.errors import UserError
+from training.data.pair_times import PairTimes
 from training.data.tabular import Table
 from training.data.times import EXPECTED, parse_time
 
@@ -29,13 +29,10 @@ class LogColumns:
 
 
 @dataclass
-class LogScan:
+class LogScan(PairTimes):
     """What reading the log left: ``pairs[(user, item)] = earliest time`` and the counts of rows set aside."""
 
-    pairs: dict[tuple[str, str], float] = field(default_factory=dict)
     rows: int = 0
-    below_min_rating: int = 0
-    duplicates: int = 0
     unknown_item_rows: int = 0
     unknown_items: set[str] = field(default_factory=set)
 
@@ -98,7 +95,6 @@ def scan_log(table: Table, cols: LogColumns, known_items: set[str], min_rating: 
                         "(name it with --columns rating=NAME)")
     names = [cols.user, cols.item, cols.time] + ([cols.rating] if has_rating else [])
     scan = LogScan()
-    pairs = scan.pairs
     for row, values in table.rows(names):
         scan.rows += 1
         user, item, raw_time = cell_text(values[0]), cell_text(values[1]), values[2]
@@ -124,14 +120,7 @@ def scan_log(table: Table, cols: LogColumns, known_items: set[str], min_rating: 
             scan.unknown_item_rows += 1
             scan.unknown_items.add(item)
             continue
-        key = (sys.intern(user), sys.intern(item))
-        old = pairs.get(key)
-        if old is None:
-            pairs[key] = when
-        else:
-            scan.duplicates += 1
-            if when < old:
-                pairs[key] = when
+        scan.add(user, item, when)
     if scan.rows == 0:
         raise UserError(f"{table.path}: no interaction rows")
     return scan

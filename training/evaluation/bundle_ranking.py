@@ -104,8 +104,8 @@ def rank_bundle(
     from recsvc.recommender.prior_ranked import ranks_alone
     from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.base import fit_period
+    from training.baselines.prior_alone import prior_rankings
     from training.evaluation.fresh import cold_items, fresh_candidates, fresh_candidates_by_user
-    from training.evaluation.prior_alone import prior_rankings
     from training.evaluation.ranking import (
         dist_rank_world,
         gather_rankings,

@@ -29,8 +29,8 @@ from recsvc.data.split import EVAL_SPLITS
 from recsvc.errors import UserError
 from recsvc.service.arg_types import add_history_flags
 from training.baselines import BASELINES, DEFAULT_BASELINES, PROTOCOLS, parse_baselines
-from training.baselines import format_table as baselines_table
 from training.choices import REFIT_MODES
+from training.evaluation.baselines import format_table as baselines_table
 from training.evaluation.bundle_ranking import VARIANTS
 from training.evaluation.lead import format_leads
 
@@ -195,8 +195,8 @@ def _baselines_only(args: argparse.Namespace, names: tuple[str, ...], ks: list[i
     """``--baselines-only``: no target is loaded; the data comes from --data (or the bundle's record)."""
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from training.baselines import evaluate_baselines
     from training.baselines.base import fit_period
+    from training.evaluation.baselines import evaluate_baselines
     from training.evaluation.fresh import cold_items
 
     if not names:

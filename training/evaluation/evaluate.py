@@ -92,8 +92,8 @@ def evaluate_bundle(
     pop = popularity_rankings(a.data.item_popularity(split), users, max(ks), exclude_history)
     # baselines beside the model (training/baselines): same users, metric code and history exclusion;
     # protocol default = the bundle's recorded one. Adds {"protocol": ..., "baselines": {name: {...}}}.
-    from training.baselines import evaluate_baselines
-    from training.evaluation.prior_alone import prior_rankings
+    from training.baselines.prior_alone import prior_rankings
+    from training.evaluation.baselines import evaluate_baselines
 
     alone = (a.rankings if ranks_alone(prior)  # the served ranking is the prior's own: not ranked again
              else prior_rankings(prior, users, max(ks), exclude_history) if prior is not None else None)

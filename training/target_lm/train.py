@@ -726,7 +726,7 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
 def catalog_text_embeddings(data_dir: str | Path, ids) -> torch.Tensor:
     """[n, D] every catalog item's text embedding (the one its semantic id was made from), in ``ids``' row order."""
     from recsvc.content.dense_head import item_embeddings
-    from training.tuning.fresh import item_vectors
+    from training.data.item_vectors import item_vectors
 
     vectors = item_vectors(Path(data_dir))
     return item_embeddings(ids.item_ids, dict(zip(vectors.item_ids.tolist(), vectors.vectors, strict=True)),

@@ -49,11 +49,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 from recsvc_base.progress import print_record
 from training.choices import TUNING_METRICS
-from training.cli import user_count
+from training.tuning.args import add_bundle_args, add_run_args, add_search_args
 from training.tuning.rescore_study import add_rescore_args
 from training.tuning.studies import check_budget as _check_budget
 from training.tuning.studies import files_fingerprint, validation_model, weights_fingerprint
@@ -67,19 +66,12 @@ def register(subparsers) -> None:
     tune = subparsers.add_parser("tune", help="validation searches (Optuna): prior fusion, target settings")
     sub = tune.add_subparsers(dest="tune_command", metavar="WHAT")
     p = sub.add_parser("prior", help="choose the transition prior's fusion settings on validation users")
-    p.add_argument("--bundle", type=Path, required=True)
-    p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
-    p.add_argument("--trials", type=int, default=40)
-    p.add_argument("--budget-minutes", type=float, default=15.0)
-    p.add_argument("--users", type=user_count, default=1000, metavar="N|all",
-                   help="validation users: a fixed random sample of N, or all (every one; the recipe's)")
-    p.add_argument("--metric", choices=PRIOR_METRICS, default="ndcg@10")
+    add_bundle_args(p)
+    add_search_args(p, trials=40, metrics=PRIOR_METRICS)
     p.add_argument("--max-weight", type=float, default=2.0, help="upper end of the fusion weight range")
     p.add_argument("--exclude-history", action="store_true",
                    help="rank with the users' history items excluded (for services run with --exclude-history)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
-    p.add_argument("--threads", type=int, default=None)
+    add_run_args(p)
     add_rescore_args(p)
     p.set_defaults(func=cmd_tune_prior)
 
@@ -124,8 +116,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     from recsvc.data.split import load_split_dir
     from recsvc.priors.transition import PriorSettings, TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
+    from training.baselines.prior_alone import prior_rankings
     from training.evaluation.headline import format_target_over_prior
-    from training.evaluation.prior_alone import prior_rankings
     from training.evaluation.ranking import rank_users, serving_model
     from training.tuning import rescore_study as rs
     from training.tuning.prior_cli import prior_sequences, resolve_fit_on

@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 from recsvc_base.progress import print_record
 from training.choices import TUNING_METRICS
+from training.tuning.args import add_bundle_args, add_grid_args, add_run_args, open_inputs
 
 SLOTS = (0, 1, 2, 3, 4, 5, 6, 7)
 WINDOWS = (1, 2, 3, 5, 10, 20)
@@ -41,13 +40,9 @@ GATES = ("similarity", "rate")
 
 def register_fresh(sub) -> None:
     p = sub.add_parser("fresh", help="choose the fresh-item slots on validation users (BUNDLE/fresh)")
-    p.add_argument("--bundle", type=Path, required=True)
-    p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
-    p.add_argument("--users", type=int, default=None, help="validation users (default: all)")
-    p.add_argument("--metric", choices=TUNING_METRICS, default="ndcg@10")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
-    p.add_argument("--threads", type=int, default=None)
+    add_bundle_args(p)
+    add_grid_args(p, TUNING_METRICS)
+    add_run_args(p)
     p.add_argument("--embed-cache", default=None, help="embedding cache directory")
     p.add_argument("--queries", default="mean",
                    help="content queries in the grid: mean (default), learned, or mean,learned (see docs/QUALITY.md: "
@@ -61,24 +56,13 @@ def register_fresh(sub) -> None:
     p.set_defaults(func=cmd_tune_fresh)
 
 
-def item_vectors(data_dir: Path, cache_dir: str | None = None):
-    """Every catalog item's text embedding (``ItemVectors``), with the texts the semantic ids were built from."""
-    from recsvc.content.fresh import ItemVectors
-    from tokenizer_rqvae.embed import Embedder, items_texts, load_items
-
-    ids, texts = items_texts(load_items(data_dir / "items.json"))
-    return ItemVectors.from_arrays(ids, Embedder(None, cache_dir, progress=False).embed(texts))
-
-
 def cmd_tune_fresh(args: argparse.Namespace) -> int:
     import optuna
-    import torch
 
-    from recsvc.bundle.directory import Bundle
     from recsvc.content.fresh import QUERIES, FreshItems, FreshSettings, query_file
     from recsvc.data.metrics import score_lists
     from recsvc.data.sampling import sample_users
-    from recsvc.data.split import load_split_dir
+    from training.data.item_vectors import item_vectors
     from training.evaluation.fresh import (
         cold_items,
         fresh_candidates,
@@ -96,12 +80,7 @@ def cmd_tune_fresh(args: argparse.Namespace) -> int:
     if not queries or any(q not in QUERIES for q in queries):
         raise UserError(f"--queries: expected a comma-separated subset of {', '.join(QUERIES)}")
     query_fit = QueryFit(epochs=args.query_epochs, seed=args.seed)  # checked before any work
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    bundle = Bundle.open(args.bundle)
-    data_dir = bundle.resolve_data_dir(args.data)
-    data = load_split_dir(data_dir)
-    ids = bundle.load_ids()
+    bundle, data_dir, data, ids = open_inputs(args)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
     # the lists the slots are added to are the served ones: without the history items when the bundle serves so
     # (`recsvc tune history`), with the prior tuned for that

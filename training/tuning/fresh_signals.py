@@ -31,6 +31,7 @@ import numpy as np
 
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
+from training.tuning.args import add_bundle_args, open_inputs
 
 MUS = (0.0, 0.01, 0.03, 0.1, 0.3)
 LAMBDAS = (0.0, 0.01, 0.1, 1.0)
@@ -40,8 +41,7 @@ TAU = 0.02
 def register_fresh_signals(sub) -> None:
     p = sub.add_parser("fresh-signals", help="analysis: content popularity and the target's first code as extra "
                                              "fresh-item signals, chosen on valid, checked on test")
-    p.add_argument("--bundle", type=Path, required=True)
-    p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
+    add_bundle_args(p)
     p.add_argument("--top", type=int, default=5, help="fresh candidates counted per user")
     p.add_argument("--window", type=int, default=None, help="history items in the query (default: the bundle's)")
     p.add_argument("--dtype", choices=PRECISIONS, default="fp32")
@@ -84,23 +84,16 @@ def share_in_top(scores: np.ndarray, fresh_ids: np.ndarray, history: set[int], c
 def cmd_fresh_signals(args: argparse.Namespace) -> int:
     import torch
 
-    from recsvc.bundle.directory import Bundle
     from recsvc.bundle.loading import load_causal_lm
     from recsvc.content.fresh import FreshItems, FreshSettings
-    from recsvc.data.split import load_split_dir
+    from training.data.item_vectors import item_vectors
     from training.evaluation.fresh import cold_items, fresh_candidates
-    from training.tuning.fresh import item_vectors
     from training.tuning.prior_cli import resolve_fit_on
     from training.tuning.studies import validation_model
 
     if args.top < 1:
         raise UserError("--top must be >= 1")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    bundle = Bundle.open(args.bundle)
-    data_dir = bundle.resolve_data_dir(args.data)
-    data = load_split_dir(data_dir)
-    ids = bundle.load_ids()
+    bundle, data_dir, data, ids = open_inputs(args)
     builder = bundle.prompt_builder(ids=ids)
     catalog = ids.item_ids.tolist()
     stored = FreshItems.load(bundle.fresh_dir).settings if (bundle.fresh_dir / "fresh.json").is_file() else None

@@ -21,25 +21,20 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
-from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 from recsvc_base.progress import print_record
 from training.choices import TUNING_METRICS
+from training.tuning.args import add_bundle_args, add_grid_args, add_run_args, open_inputs
 
 METRICS = TUNING_METRICS
 
 
 def register_history(sub) -> None:
     p = sub.add_parser("history", help="choose on validation whether served lists leave out the history items")
-    p.add_argument("--bundle", type=Path, required=True)
-    p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
-    p.add_argument("--users", type=int, default=None, help="validation users (default: all)")
-    p.add_argument("--metric", choices=METRICS, default="ndcg@10")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
-    p.add_argument("--threads", type=int, default=None)
+    add_bundle_args(p)
+    add_grid_args(p, METRICS)
+    add_run_args(p)
     p.set_defaults(func=cmd_tune_history)
 
 
@@ -73,20 +68,13 @@ def decide(effect: dict[str, float], metric: str) -> bool:
 
 
 def cmd_tune_history(args: argparse.Namespace) -> int:
-    import torch
 
-    from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
-    from recsvc.data.split import load_split_dir
     from training.tuning.validation_lists import ValidationLists
 
     if args.users is not None and args.users < 1:
         raise UserError("--users must be >= 1")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    bundle = Bundle.open(args.bundle)
-    data = load_split_dir(bundle.resolve_data_dir(args.data))
-    ids = bundle.load_ids()
+    bundle, _, data, ids = open_inputs(args)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
     lists = ValidationLists(bundle, data, ids, args.dtype, "the history exclusion")
     t0 = time.monotonic()

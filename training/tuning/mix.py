@@ -53,11 +53,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from recsvc.bundle.loading import PRECISIONS
 from recsvc.errors import UserError
 from recsvc_base.progress import print_record
 from training.choices import TUNING_METRICS
-from training.cli import user_count
+from training.tuning.args import add_bundle_args, add_run_args, add_search_args
 from training.tuning.rescore_study import add_rescore_args
 
 if TYPE_CHECKING:
@@ -76,21 +75,14 @@ PRODUCT_RANGE = (0.0, 1.0)  # the product term's exponent searched (1: SASRec we
 
 def register_mix(sub) -> None:
     p = sub.add_parser("mix", help="mix SASRec's item distribution into the fused prior (chosen on validation)")
-    p.add_argument("--bundle", type=Path, required=True)
-    p.add_argument("--data", type=Path, default=None, help="data directory (default: the bundle's)")
-    p.add_argument("--trials", type=int, default=25)
-    p.add_argument("--budget-minutes", type=float, default=15.0)
-    p.add_argument("--users", type=user_count, default=1000, metavar="N|all",
-                   help="validation users: a fixed random sample of N, or all (every one; the recipe's)")
-    p.add_argument("--metric", choices=TUNING_METRICS, default="ndcg@10")
+    add_bundle_args(p)
+    add_search_args(p, trials=25, metrics=TUNING_METRICS)
     p.add_argument("--max-weight", type=float, default=MAX_WEIGHT,
                    help="upper end of the fusion weight range (searched as the prior's share w / (1 + w))")
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="fitted SASRec cache, shared with `recsvc eval` (default: BUNDLE/baselines)")
     p.add_argument("--sasrec-max-minutes", type=float, default=10.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", choices=PRECISIONS, default="auto")
-    p.add_argument("--threads", type=int, default=None)
+    add_run_args(p)
     p.add_argument("--rank-by", choices=("auto", "fused", "prior"), default="auto",
                    help="auto: the prior ranks on its own when that beats every fused trial on validation; fused / "
                         "prior: force one (the record keeps both validation figures)")
@@ -112,10 +104,10 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from recsvc.priors.transition import MAX_WEIGHT as WEIGHT_LIMIT
     from recsvc.priors.transition import TransitionPrior
     from tokenizer_rqvae.trie import CatalogTrie
+    from training.baselines.prior_alone import prior_rankings
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
     from training.evaluation.headline import format_target_over_prior
-    from training.evaluation.prior_alone import prior_rankings
     from training.evaluation.ranking import serving_model
     from training.tuning import rescore_study as rs
     from training.tuning.prior_cli import prior_sequences, resolve_fit_on
@@ -256,7 +248,7 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
     Returns (best trial, trials run now)."""
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.priors.mixed import MixedPrior
-    from training.evaluation.prior_alone import prior_rankings
+    from training.baselines.prior_alone import prior_rankings
     from training.tuning.studies import run_trials, study
 
     def objective(trial) -> float:

@@ -55,7 +55,7 @@ class ValidationLists:
         beam search at the served width). ``prior``: the train-period prior (``priors``) when computed already."""
         from recsvc.recommender.prior_ranked import ranks_alone
         from tokenizer_rqvae.trie import CatalogTrie
-        from training.evaluation.prior_alone import prior_rankings
+        from training.baselines.prior_alone import prior_rankings
         from training.evaluation.ranking import rank_users, serving_model
 
         if prior is None:
