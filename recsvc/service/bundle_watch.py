@@ -135,11 +135,13 @@ class BundleWatch:
                 with self.catalog.paused() as current:
                     carried, dropped = carried_over(current.state.catalog, base.ids, live.vector_dim)
                     live.apply(carried)
+                    warming = time.monotonic()
                     self.warm(live, histories)
                     old = self.served.swap(live)
                     self.catalog.rebind(live)
             else:
                 carried, dropped = None, {}
+                warming = time.monotonic()
                 self.warm(live, histories)
                 old = self.served.swap(live)
         except UserError as exc:
@@ -149,6 +151,7 @@ class BundleWatch:
             return self._reject(key, f"{type(exc).__name__}: {exc}")
         if old.states is not None and old.states is not live.states:
             old.states.clear()  # its memory back (a batch still on the old version just misses)
+        swapped = time.monotonic()
         previous, self.serving = self.serving, target
         self._rejected = None
         self.applied += 1
@@ -156,7 +159,8 @@ class BundleWatch:
         if self.on_swapped is not None:
             self.on_swapped()
         log_event(log, "bundle_swapped", bundle=target, previous=previous, seconds=round(self.last_swap_s, 3),
-                  load_s=round(loaded - began, 3), catalog_version=carried.version if carried is not None else None,
+                  load_s=round(loaded - began, 3), warm_s=round(swapped - warming, 3),
+                  catalog_version=carried.version if carried is not None else None,
                   catalog_added=len(carried.item_ids) if carried is not None else 0,
                   catalog_retired=len(carried.retired) if carried is not None else 0, **dropped)
         return True
