@@ -123,7 +123,8 @@ def one_swap(server: Server, root: Path, target: Path, calls: Calls, before_s: f
     during = [s for b, s in done if flipped <= b <= swapped + AFTER_SWAP_S]
     row = {"p99_before_ms": p99(before) * 1e3, "p99_during_ms": p99(during) * 1e3, "before_calls": len(before),
            "during_calls": len(during), "window_s": swapped - flipped, "swap_s": line.get("seconds"),
-           "load_s": line.get("load_s"), "warm_s": line.get("warm_s")}
+           "load_s": line.get("load_s"), "warm_s": line.get("warm_s"),
+           "loader_pauses": line.get("pauses"), "loader_longest_run_ms": line.get("longest_run_ms")}
     row["ratio"] = row["p99_during_ms"] / row["p99_before_ms"]
     return row
 
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"swap {n + 1}: p99 before {row['p99_before_ms']:.1f} ms ({row['before_calls']} calls), "
                       f"during {row['p99_during_ms']:.1f} ms ({row['during_calls']} calls, {row['window_s']:.2f} s)"
                       f": {row['ratio']:.2f}x; load {row['load_s']} s, warm-up {row['warm_s']} s, "
-                      f"swap {row['swap_s']} s", flush=True)
+                      f"swap {row['swap_s']} s ({row['loader_pauses']} loader pauses)", flush=True)
         finally:
             stop.set()
             for t in threads:
