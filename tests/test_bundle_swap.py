@@ -39,11 +39,10 @@ REPO = Path(__file__).resolve().parents[1]
 K = 5
 USERS = [f"user{i}" for i in range(4)]
 CALLERS = 4  # caller threads, one request in flight each
-# p99 while a version loads, warms and swaps in, over p99 before. The goal is 2x; on an idle 2-core machine the
-# swap measures 2.8-3.3x today (the loading thread competes with serving for the cores and the GIL; under other
-# load, where the p99 before is already high, 1.0-1.1x), so the test holds the measured level: a regression past it
-# fails, and deploy/README.md states the figure
-SWAP_P99_BOUND = 4.0
+# p99 while a version loads, warms and swaps in, over p99 before: the goal. The loader yields to serving
+# (recsvc.service.loader_throttle); on a 2-core machine shared with other jobs `python -m bench.swap` measured
+# 0.83-1.45x over 12 swaps (1.05-2.66x before the throttle), the in-process check 1.1-1.44x (2.2-2.5x before)
+SWAP_P99_BOUND = 2.0
 MAX_CALLS = 4000  # per caller: the load is bounded in count ...
 MAX_LOAD_S = 90.0  # ... and in time
 FLAGS = ["--dtype", "fp32", "--spec", "off"]  # the engine flags of the server and of the direct decodes
