@@ -124,7 +124,7 @@ def one_swap(server: Server, root: Path, target: Path, calls: Calls, before_s: f
     row = {"p99_before_ms": p99(before) * 1e3, "p99_during_ms": p99(during) * 1e3, "before_calls": len(before),
            "during_calls": len(during), "window_s": swapped - flipped, "swap_s": line.get("seconds"),
            "load_s": line.get("load_s"), "warm_s": line.get("warm_s"),
-           "loader_pauses": line.get("pauses"), "loader_longest_run_ms": line.get("longest_run_ms")}
+           "loader_pauses": line.get("pauses"), "loader_longest_slice_cpu_ms": line.get("longest_slice_cpu_ms")}
     row["ratio"] = row["p99_during_ms"] / row["p99_before_ms"]
     return row
 
