@@ -10,15 +10,15 @@ preempted stalls the serving thread (a priority inversion).
 
 :class:`LoaderThrottle`, entered in the loading thread, installs a profile function in that thread only
 (``sys.setprofile``: called at each Python and C function call and return). Every ``CHECK_EVERY`` events it
-looks at the thread's CPU clock (``time.thread_time``: the time it ran, not the time it waited for the GIL or a
-core): once the thread has run ``run_s`` since it last yielded and ``busy()`` says requests are being decoded, it
-sleeps ``pause_s / run_s`` times as long as it ran (at most ``MAX_PAUSE_S``; the GIL and the
-core are the serving thread's meanwhile): a long C call (a sort, a tensor op, a file read) is followed by a long
-sleep, so the loader's share of the time stays ``run_s / (run_s + pause_s)``. When nothing is being decoded, the
-loader runs at full speed. The load gets slower under load (by up to ``(run_s + pause_s) / run_s``, plus the
-profile function's own cost), never the requests: a warm-up need not be fast, only done before the switch. A
-single C call that holds the GIL (a large JSON file parsed: 20-25 ms for a 12k-item catalog's semantic ids on a
-busy 2-core machine) is not cut.
+looks at the clock: once ``run_s`` has passed since it last yielded and ``busy()`` says requests are being
+decoded, it sleeps (the GIL and the core are the serving thread's meanwhile) ``pause_s``, or ``pause_s / run_s``
+times the CPU time it used since it last yielded (``time.thread_time``) when that is longer, at most
+``MAX_PAUSE_S``: a long C call (a sort, a tensor op) is followed by a long sleep, so the loader's share of the CPU
+stays about ``run_s / (run_s + pause_s)``, and a loader that waited for the GIL or a core (a busy machine) still
+yields every ``run_s``. When nothing is being decoded, the loader runs at full speed. The load gets slower under
+load (by ``(run_s + pause_s) / run_s`` or more, plus the profile function's own cost), never the requests: a
+warm-up need not be fast, only done before the switch. A single C call that holds the GIL (a large JSON file
+parsed: 20-25 ms for a 12k-item catalog's semantic ids on a busy 2-core machine) is not cut.
 
     >>> with LoaderThrottle(lambda: True, run_s=0.0, pause_s=0.0) as throttle:
     ...     _ = sorted(str(i) for i in range(1000))
@@ -35,7 +35,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 RUN_S = 0.001  # the longest the loader runs at a time while requests are being decoded ...
-PAUSE_S = 0.004  # ... then it sleeps this long: at most 1/5 of the time, and of the GIL, is the loader's
+PAUSE_S = 0.004  # ... then it sleeps this long (or 4x the CPU it used): about 1/5 of the CPU is the loader's
 MAX_PAUSE_S = 0.25  # the longest sleep (after a long C call)
 CHECK_EVERY = 32  # profile events between two looks at the clock (one event: ~0.1-1 us of work)
 
