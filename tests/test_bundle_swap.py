@@ -39,11 +39,11 @@ REPO = Path(__file__).resolve().parents[1]
 K = 5
 USERS = [f"user{i}" for i in range(4)]
 CALLERS = 4  # caller threads, one request in flight each
-# p99 while a version loads, warms and swaps in, over p99 before. The goal is 2x; on an idle 2-core machine the
-# swap measures 2.8-3.3x today (the loading thread competes with serving for the cores and the GIL; under other
-# load, where the p99 before is already high, 1.0-1.1x), so the test holds the measured level: a regression past it
-# fails, and deploy/README.md states the figure
-SWAP_P99_BOUND = 4.0
+# p99 while a version loads, warms and swaps in, over p99 before. The goal is 2x; the loader yields to serving
+# (recsvc.service.loader_throttle) and on a 2-core machine shared with other jobs this test measured 0.89-1.81x
+# (4 runs), `python -m bench.swap` 0.96-1.74x over 18 swaps (the loader without slices: 0.44-2.66x, the same
+# runs); the bound leaves a CI margin above the largest ratio measured
+SWAP_P99_BOUND = 2.5
 MAX_CALLS = 4000  # per caller: the load is bounded in count ...
 MAX_LOAD_S = 90.0  # ... and in time
 FLAGS = ["--dtype", "fp32", "--spec", "off"]  # the engine flags of the server and of the direct decodes

@@ -6,6 +6,9 @@ the previous bundle finishes on it (``answers`` decodes the whole batch on the r
 next one runs on the new bundle. A request validated against the previous bundle may reach the new one: once a
 swap happened, history items that the serving bundle does not know are left out of the prompt rather than failing
 the batch (before any swap, validation against the only bundle already did that).
+
+``busy`` says whether a call is decoding now: a new version loads in slices while it is
+(``recsvc.service.loader_throttle``).
 """
 
 from __future__ import annotations
@@ -41,10 +44,26 @@ class SwappableRecommender:
         self._current = current
         self._swap_lock = threading.Lock()
         self.swaps = 0
+        self._calls = 0  # calls in progress (decoding), under _calls_lock
+        self._calls_lock = threading.Lock()
 
     @property
     def current(self) -> Recommender:
         return self._current
+
+    @property
+    def busy(self) -> bool:
+        """Whether a call is decoding now (a read of one int: no lock)."""
+        return self._calls > 0
+
+    def _begin(self) -> Recommender:
+        with self._calls_lock:
+            self._calls += 1
+        return self._current
+
+    def _end(self) -> None:
+        with self._calls_lock:
+            self._calls -= 1
 
     def swap(self, new: Recommender) -> Recommender:
         """Makes ``new`` the served recommender; returns the previous one (batches that read it finish on it)."""
@@ -92,17 +111,29 @@ class SwappableRecommender:
         return self._current.popular_items(k, exclude, rules)
 
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]:
-        rec = self._current  # read once: the whole batch on one bundle
-        return rec.recommend(known_only(rec, queries) if self.swaps else queries)
+        rec = self._begin()  # read once: the whole batch on one bundle
+        try:
+            return rec.recommend(known_only(rec, queries) if self.swaps else queries)
+        finally:
+            self._end()
 
     def answer_now(self, query: RecQuery) -> Answer | None:
-        rec = self._current
-        return rec.answer_now(known_only(rec, [query])[0] if self.swaps else query)
+        rec = self._begin()
+        try:
+            return rec.answer_now(known_only(rec, [query])[0] if self.swaps else query)
+        finally:
+            self._end()
 
     def answers(self, queries: Sequence[RecQuery]) -> list[Answer]:
-        rec = self._current
-        return rec.answers(known_only(rec, queries) if self.swaps else queries)
+        rec = self._begin()
+        try:
+            return rec.answers(known_only(rec, queries) if self.swaps else queries)
+        finally:
+            self._end()
 
     def prefill_ahead(self, history: Sequence[int]) -> None:
-        rec = self._current
-        rec.prefill_ahead([i for i in history if rec.known_item(i)])
+        rec = self._begin()
+        try:
+            rec.prefill_ahead([i for i in history if rec.known_item(i)])
+        finally:
+            self._end()

@@ -16,9 +16,12 @@ tuning rewrote it in place), the new version is
 4. swapped in with one assignment (``SwappableRecommender.swap``): a batch that started on the old version
    finishes on it, the next one runs on the new one; the old user-state cache is emptied (its memory back).
 
-The loading thread runs at a lower CPU priority (nice ``LOADER_NICE``, Linux) and, while it loads, the
-interpreter's switch interval is ``SWAP_SWITCH_S``: the requests served meanwhile wait less for the CPU and the
-GIL (tests/test_bundle_swap.py measures their p99 during a swap against the p99 before).
+While requests are being decoded, the loading thread (load, catalog, warm-up) runs in slices of about 1 ms
+and sleeps 4 ms, or 4x the CPU time the slice used, between them (``recsvc.service.loader_throttle``): the
+requests served meanwhile keep the GIL and the cores, the load takes longer. Its thread keeps the normal CPU
+priority: a lower one would let the scheduler preempt it while it holds the GIL, stalling the serving threads.
+tests/test_bundle_swap.py measures the p99 of the requests served during a swap against the p99 before;
+``python -m bench.swap`` repeats it.
 
 User histories live in the history store (Redis, or the process's memory), not in the bundle: they carry over
 as they are. When the new version fails to load, to take the catalog or to warm, the old one keeps serving:
@@ -33,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -52,13 +54,12 @@ from recsvc.recommender.swappable import SwappableRecommender
 from recsvc.service.poll_thread import PollThread
 
 from .catalog_watch import CatalogWatch
+from .loader_throttle import LoaderThrottle
 from .logs import log_event
 
 log = logging.getLogger(__name__)
 Key = tuple[str, tuple[int, int, int]]  # (version directory, bundle.json's mtime_ns, size, inode)
 WARM_HISTORIES = 4  # calibration histories the new version is warmed on (besides popular items)
-LOADER_NICE = 10  # the watch thread's niceness (Linux: per thread), raised once; serving threads keep theirs
-SWAP_SWITCH_S = 0.0005  # sys.setswitchinterval while a version loads (restored after)
 
 
 def version_key(path: str | Path) -> Key | None:
@@ -87,7 +88,7 @@ class BundleWatch:
         self._rejected: Key | None = None
         self._reload = threading.Event()
         self._lock = threading.Lock()
-        self._poll = PollThread("recsvc-bundle-watch", self.check, check_every_s, nice=LOADER_NICE)
+        self._poll = PollThread("recsvc-bundle-watch", self.check, check_every_s)
         self.applied = 0
         self.rejected = 0
         self.last_reason: str | None = None
@@ -114,34 +115,27 @@ class BundleWatch:
         target = key[0]
         began = time.monotonic()
         log_event(log, "bundle_loading", bundle=target, serving=self.serving)
-        interval = sys.getswitchinterval()
-        # while the new version loads in this thread, a request thread waiting for the GIL gets it within
-        # SWAP_SWITCH_S instead of the default 5 ms (a request takes it dozens of times)
-        sys.setswitchinterval(min(interval, SWAP_SWITCH_S))
+        throttle = LoaderThrottle(lambda: self.served.busy)
         try:
-            return self._load_and_swap(key, began)
-        finally:
-            sys.setswitchinterval(interval)
-
-    def _load_and_swap(self, key: Key, began: float) -> bool:
-        target = key[0]
-        try:
-            base = self.load(target)
-            loaded = time.monotonic()
-            live = LiveRecommender(base)
-            stored = read_calibration_histories(target) or []
-            histories = [h for h in stored[:WARM_HISTORIES] if h and all(base.known_item(i) for i in h)]
-            if self.catalog is not None:
-                with self.catalog.paused() as current:
-                    carried, dropped = carried_over(current.state.catalog, base.ids, live.vector_dim)
-                    live.apply(carried)
+            with throttle:  # in slices while requests are decoded
+                base = self.load(target)
+                loaded = time.monotonic()
+                live = LiveRecommender(base)
+                stored = read_calibration_histories(target) or []
+                histories = [h for h in stored[:WARM_HISTORIES] if h and all(base.known_item(i) for i in h)]
+                if self.catalog is not None:
+                    with self.catalog.paused() as current:
+                        carried, dropped = carried_over(current.state.catalog, base.ids, live.vector_dim)
+                        live.apply(carried)
+                        warming = time.monotonic()
+                        self.warm(live, histories)
+                        old = self.served.swap(live)
+                        self.catalog.rebind(live)
+                else:
+                    carried, dropped = None, {}
+                    warming = time.monotonic()
                     self.warm(live, histories)
                     old = self.served.swap(live)
-                    self.catalog.rebind(live)
-            else:
-                carried, dropped = None, {}
-                self.warm(live, histories)
-                old = self.served.swap(live)
         except UserError as exc:
             return self._reject(key, str(exc))
         except Exception as exc:  # a broken bundle must not take the server down: the old one keeps serving
@@ -149,6 +143,7 @@ class BundleWatch:
             return self._reject(key, f"{type(exc).__name__}: {exc}")
         if old.states is not None and old.states is not live.states:
             old.states.clear()  # its memory back (a batch still on the old version just misses)
+        swapped = time.monotonic()
         previous, self.serving = self.serving, target
         self._rejected = None
         self.applied += 1
@@ -156,7 +151,8 @@ class BundleWatch:
         if self.on_swapped is not None:
             self.on_swapped()
         log_event(log, "bundle_swapped", bundle=target, previous=previous, seconds=round(self.last_swap_s, 3),
-                  load_s=round(loaded - began, 3), catalog_version=carried.version if carried is not None else None,
+                  load_s=round(loaded - began, 3), warm_s=round(swapped - warming, 3), **throttle.stats(),
+                  catalog_version=carried.version if carried is not None else None,
                   catalog_added=len(carried.item_ids) if carried is not None else 0,
                   catalog_retired=len(carried.retired) if carried is not None else 0, **dropped)
         return True

@@ -8,17 +8,16 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 
 
 class PollThread:
-    """``start()`` once (later calls do nothing), ``close()`` stops and joins; ``nice`` > 0 lowers the thread's CPU
-    priority on Linux (a thread that loads models in the background yields to the serving threads)."""
+    """``start()`` once (later calls do nothing), ``close()`` stops and joins. The thread keeps the normal CPU
+    priority: a lowered one (nice) preempted while it holds the GIL would stall the serving threads."""
 
-    def __init__(self, name: str, check: Callable[[], object], every_s: float, nice: int = 0) -> None:
-        self.name, self.check, self.every_s, self.nice = name, check, every_s, nice
+    def __init__(self, name: str, check: Callable[[], object], every_s: float) -> None:
+        self.name, self.check, self.every_s = name, check, every_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -29,11 +28,6 @@ class PollThread:
         return self
 
     def _loop(self) -> None:
-        if self.nice:
-            try:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
-            except (AttributeError, OSError):  # not Linux, or not allowed: same priority
-                pass
         while not self._stop.wait(self.every_s):
             self.check()
 
