@@ -1,4 +1,4 @@
-"""``python -m bench.swap --bundle B``: the latency of serving while a new bundle version swaps in.
+"""``recsvc bench swap --bundle B``: the latency of serving while a new bundle version swaps in.
 
 Copies bundle ``B`` into two version directories (``versions/a``, ``versions/b``: the same files, so the loader
 does the same work as for a retrained target), starts ``recsvc serve --bundle current --bundle-watch-s 0.2`` on
@@ -33,7 +33,10 @@ import numpy as np
 from harness.processes import stop as stop_process
 from recsvc.bundle.directory import Bundle
 from recsvc.client.client import RecClient
+from recsvc.errors import UserError
 
+# one line of `recsvc bench --help`
+HELP = "p99 of serving during a bundle swap against before it, under load (several swaps)"
 K = 5
 AFTER_SWAP_S = 0.5  # calls that begin this long after bundle_swapped still count as "during" (as the test)
 
@@ -130,6 +133,7 @@ def one_swap(server: Server, root: Path, target: Path, calls: Calls, before_s: f
 
 
 def run(args: argparse.Namespace) -> int:
+    check_args(args)
     with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
         root = Path(tmp)
         versions = [root / "versions" / "a", root / "versions" / "b"]
@@ -171,8 +175,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if calls.failed or len(rows) < args.swaps else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.swap", description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True, help="a bundle directory (copied twice: the two versions)")
     p.add_argument("--swaps", type=int, default=5, help="flips of `current` (default 5)")
     p.add_argument("--callers", type=int, default=4, help="caller threads, one call in flight each (default 4)")
@@ -180,13 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-args", default="--dtype fp32 --spec off",
                    help="more `recsvc serve` flags, one string (default: '--dtype fp32 --spec off')")
     p.add_argument("--json", help="write the per-swap rows to this file")
-    args = p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
     if args.swaps < 1 or args.callers < 1 or args.before_s <= 0:
-        p.error("--swaps and --callers must be >= 1, --before-s > 0")
+        raise UserError("--swaps and --callers must be >= 1, --before-s > 0")
     if not (Path(args.bundle) / "bundle.json").is_file():
-        p.error(f"not a bundle directory (no bundle.json): {args.bundle}")
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        raise UserError(f"not a bundle directory (no bundle.json): {args.bundle}")

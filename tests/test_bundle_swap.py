@@ -41,7 +41,7 @@ USERS = [f"user{i}" for i in range(4)]
 CALLERS = 4  # caller threads, one request in flight each
 # p99 while a version loads, warms and swaps in, over p99 before. The goal is 2x; the loader yields to serving
 # (recsvc.service.loader_throttle) and on a 2-core machine shared with other jobs this test measured 0.89-1.81x
-# (4 runs), `python -m bench.swap` 0.96-1.74x over 18 swaps (the loader without slices: 0.44-2.66x, the same
+# (4 runs), `recsvc bench swap` 0.96-1.74x over 18 swaps (the loader without slices: 0.44-2.66x, the same
 # runs); the bound leaves a CI margin above the largest ratio measured
 SWAP_P99_BOUND = 2.5
 MAX_CALLS = 4000  # per caller: the load is bounded in count ...

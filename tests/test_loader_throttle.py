@@ -1,6 +1,6 @@
 """The bundle loader's throttle (recsvc/service/loader_throttle.py) and what it asks: whether a call is decoding
 (SwappableRecommender.busy). Counts only: the latency it buys is measured by tests/test_bundle_swap.py and
-``python -m bench.swap``."""
+``recsvc bench swap``."""
 
 from __future__ import annotations
 

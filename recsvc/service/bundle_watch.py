@@ -21,7 +21,7 @@ and sleeps 4 ms, or 4x the CPU time the slice used, between them (``recsvc.servi
 requests served meanwhile keep the GIL and the cores, the load takes longer. Its thread keeps the normal CPU
 priority: a lower one would let the scheduler preempt it while it holds the GIL, stalling the serving threads.
 tests/test_bundle_swap.py measures the p99 of the requests served during a swap against the p99 before;
-``python -m bench.swap`` repeats it.
+``recsvc bench swap`` repeats it.
 
 User histories live in the history store (Redis, or the process's memory), not in the bundle: they carry over
 as they are. When the new version fails to load, to take the catalog or to warm, the old one keeps serving:
