@@ -75,15 +75,16 @@ def test_bench_speculative_with_the_head(bundle, tmp_path) -> None:
     assert spec and all(r["target_calls_spec"] >= 2 for r in spec)  # no opener: the prefill is a call of its own
 
 
-def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bundle) -> None:
-    """The served recommender (draft head, the prior's transition opener, fused prior) over the bucketed forward
-    (CUDA graphs' stand-in): a strict request gives plain's lists, with at most twice plain's eager device ops, at
-    most 4 graph replays more, and at most 2 device reads beyond plain's (the opener's prior check, the request's
-    counters)."""
+@pytest.mark.parametrize("exclude_history", [False, True])
+def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bundle, exclude_history) -> None:
+    """The served recommender (draft head, the prior's transition opener, fused prior, the history excluded or
+    not) over the bucketed forward (CUDA graphs' stand-in): a strict request gives plain's lists, with at most
+    twice plain's eager device ops, at most 4 graph replays more, and a whole request (prior, exclusions, lists
+    read out) reads the device at most twice: plain once (its lists), strict twice (its counters, its lists)."""
     from recsvc.engine.host_reads import HostReads
     from recsvc.engine.launches import Launches
 
-    rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed")
+    rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed", exclude_history=exclude_history)
     assert isinstance(rec.drafter, HeadDrafter) and rec.drafter.opener is not None
     data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
     for u in data.eval_users("valid")[:3]:
@@ -100,4 +101,7 @@ def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bu
         (items, ops, replays, reads), (plain_items, plain_ops, plain_replays, plain_reads) = (counts["strict"],
                                                                                               counts["plain"])
         assert items == plain_items
-        assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= plain_reads + 2, counts
+        if exclude_history:
+            assert not set(items) & set(u.history[-8:])
+        assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= 2, counts
+        assert plain_reads == 1 and reads == 2, counts
