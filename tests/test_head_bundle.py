@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
@@ -105,3 +106,44 @@ def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bu
             assert not set(items) & set(u.history[-8:])
         assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= 2, counts
         assert plain_reads == 1 and reads == 2, counts
+
+
+def test_served_head_relaxed_is_unrolled_with_the_eager_loops_lists(bundle) -> None:
+    """Relaxed on the served recommender over the bucketed forward: a whole request within strict's bounds (at
+    most twice plain's eager ops, 4 replays more, 2 device reads: its counters and its lists), and the head's
+    unrolled sampling gives the eager loop's lists for the same seeds (each request's noise drawn ahead)."""
+    from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.launches import Launches
+    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.relaxed import relaxed_speculative_search
+    from recsvc.engine.sampling import make_generators
+
+    rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed")
+    data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
+    users = data.eval_users("valid")[:4]
+    for u in users[:2]:
+        counts = {}
+        for mode in ("plain", "relaxed"):
+            query = [RecQuery(history=u.history[-8:], k=10, mode=mode, seed=3)]
+            rec.recommend(query)
+            with Launches() as ops:
+                (out,) = rec.recommend(query)
+            with HostReads(rec.target.device) as reads:
+                rec.recommend(query)
+            assert out.decoding is not None and out.decoding.mode == mode
+            counts[mode] = (ops.total, ops.replays, reads.total)
+        (ops, replays, reads), (plain_ops, plain_replays, _) = counts["relaxed"], counts["plain"]
+        assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads == 2, counts
+    hist = [u.history[-8:] for u in users]
+    prompts = PromptBatch.from_lists([rec.prompts.prompt_ids(h) for h in hist], rec.target.device)
+    prior = rec.prior_for(hist)
+    temps = torch.ones(len(hist))
+    runs = {}
+    for unrolled in (False, True):
+        runs[unrolled] = [relaxed_speculative_search(
+            rec.target, rec.trie, rec.prompts.code_offset, prompts, 10,
+            rec.drafter.sampling_session(prompts, hist, None, prior), 10, 3, temps,
+            make_generators([seed + i for i in range(len(hist))]), None, prior, unrolled=unrolled)
+            for seed in (0, 10, 20)]
+    for eager, out in zip(runs[False], runs[True], strict=True):
+        assert torch.equal(out.leaves, eager.leaves) and torch.equal(out.accepted, eager.accepted)

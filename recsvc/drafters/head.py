@@ -26,6 +26,7 @@ import torch
 from recsvc.drafters.head_model import DraftHead
 from recsvc.engine.cuda_graphs import FunctionGraphs
 from recsvc.engine.expand import expand_beams
+from recsvc.engine.noise import NoiseStream, gated
 from recsvc.engine.ports import Drafter, DraftSession, DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import sample_children, temper
@@ -158,16 +159,20 @@ class HeadDraftSession:
 
     @torch.inference_mode()
     def sample(self, roots: torch.Tensor, root_logp: torch.Tensor, steps: torch.Tensor, width: int,
-               temperature: torch.Tensor, gens: Sequence[torch.Generator], target: TargetState) -> list[DraftStep]:
+               temperature: torch.Tensor, gens: Sequence[torch.Generator] | NoiseStream, target: TargetState,
+               depths: int | None = None) -> list[DraftStep]:
         """Relaxed mode: ``width`` sequences per depth sampled without replacement from the tempered, trie-masked,
         prior-fused distribution (depth j + 1: the target's own; deeper: the head's) over the children of the
-        previous depth's samples, starting from the target's beams weighted by their log-probs."""
-        g = int(steps.max()) if len(steps) else 0
+        previous depth's samples, starting from the target's beams weighted by their log-probs. ``depths``
+        (sync-free targets): that many depths, nothing read (``SamplingSession.sample``)."""
+        read = depths is None or not target.plan.sync_free
+        g = (int(steps.max()) if len(steps) else 0) if depths is None else depths
         if g == 0:
             return []
         h, state, logp, _ = self._roots(roots, target)
         nodes, weights = roots, root_logp
         r = roots.shape[0]
+        most = steps.max()
         out: list[DraftStep] = []
         for s in range(1, g + 1):
             active = (steps >= s)[:, None]
@@ -176,14 +181,15 @@ class HeadDraftSession:
             cand = weights[..., None] + logq
             lse = torch.logsumexp(cand.reshape(r, -1), 1)  # [R]
             lse = torch.where(torch.isfinite(lse), lse, 0.0)
-            new_nodes, new_w = sample_children(cand.reshape(r, -1), child.reshape(r, -1), width, gens, range(r))
+            with gated(gens, (most >= s).expand(r)):  # the eager loop draws only while some row samples
+                new_nodes, new_w = sample_children(cand.reshape(r, -1), child.reshape(r, -1), width, gens, range(r))
             out.append(DraftStep(torch.where(active, new_nodes, -1), new_w - lse[:, None], nodes,
                                  cand - lse[:, None, None]))
             if s == g:
                 break
             parent = (self.trie.parent[new_nodes.clamp(min=0)][..., None] == nodes[:, None, :]).int().argmax(-1)
             h, state = _gather(h, parent), _gather(state, parent)  # [R, N, .]
-            state, logp = self._step(new_nodes, state, h)
+            state, logp = self._step(new_nodes, state, h, read=read)
             nodes, weights = new_nodes, new_w
         return out
 

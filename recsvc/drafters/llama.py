@@ -21,6 +21,7 @@ import torch
 from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.expand import expand_beams
+from recsvc.engine.noise import NoiseStream, gated
 from recsvc.engine.ports import DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import sample_children, tempered_logp
@@ -59,14 +60,17 @@ class LlamaDraftSession:
 
     @torch.inference_mode()
     def sample(self, roots: torch.Tensor, root_logp: torch.Tensor, steps: torch.Tensor, width: int,
-               temperature: torch.Tensor, gens: Sequence[torch.Generator], target: TargetState) -> list[DraftStep]:
+               temperature: torch.Tensor, gens: Sequence[torch.Generator] | NoiseStream, target: TargetState,
+               depths: int | None = None) -> list[DraftStep]:
         """Relaxed mode: sample ``width`` sequences per depth without replacement from the drafter's tempered,
         trie-masked distribution over the children of its previous depth's samples (starting from the target's
-        beams, weighted by their target log-probs)."""
+        beams, weighted by their target log-probs). ``depths``: that many depths, nothing read
+        (``SamplingSession.sample``)."""
         nodes, weights = roots, root_logp
         b = roots.shape[0]
+        most = steps.max()
         out: list[DraftStep] = []
-        for s in range(1, int(steps.max()) + 1):
+        for s in range(1, (depths if depths is not None else int(most)) + 1):
             active = (steps >= s)[:, None]
             nodes = torch.where(active, nodes, torch.full_like(nodes, -1))
             self.cache.feed(nodes)
@@ -75,7 +79,8 @@ class LlamaDraftSession:
             cand = weights[..., None] + logq
             lse = torch.logsumexp(cand.reshape(b, -1), 1)  # [B]
             lse = torch.where(torch.isfinite(lse), lse, 0.0)
-            new_nodes, new_w = sample_children(cand.reshape(b, -1), child.reshape(b, -1), width, gens, range(b))
+            with gated(gens, (most >= s).expand(b)):  # the eager loop draws only while some row samples
+                new_nodes, new_w = sample_children(cand.reshape(b, -1), child.reshape(b, -1), width, gens, range(b))
             out.append(DraftStep(torch.where(active, new_nodes, -1), new_w - lse[:, None], nodes,
                                  cand - lse[:, None, None]))
             nodes, weights = new_nodes, new_w
