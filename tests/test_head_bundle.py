@@ -147,3 +147,40 @@ def test_served_head_relaxed_is_unrolled_with_the_eager_loops_lists(bundle) -> N
             for seed in (0, 10, 20)]
     for eager, out in zip(runs[False], runs[True], strict=True):
         assert torch.equal(out.leaves, eager.leaves) and torch.equal(out.accepted, eager.accepted)
+
+
+def test_the_head_alone_runs_one_target_forward_and_bench_reports_its_quality(bundle, tmp_path, capsys) -> None:
+    """NEZHA-style decoding: the target's prompt prefill ranks the first code exactly, the head the others; one
+    target forward, the catalog's items only, the history excluded when asked; `recsvc bench speculative --mode
+    head` reports Recall@K / NDCG@K of both and the share of identical lists (and refuses another drafter)."""
+    from recsvc.drafters.head_alone import head_alone_search
+    from recsvc.engine.prompts import PromptBatch
+
+    for forward in ("fast", "bucketed"):
+        rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward=forward)
+        data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
+        hist = [u.history[-8:] for u in data.eval_users("valid")[:3]]
+        prompts = PromptBatch.from_lists([rec.prompts.prompt_ids(h) for h in hist], rec.target.device)
+        dead = rec.trie.dead_nodes(hist)
+        out = head_alone_search(rec.target, rec.trie, rec.prompts.code_offset, prompts, 6, rec.drafter, dead,
+                                rec.prior_for(hist))
+        assert out.target_calls == 1 and out.head_steps == rec.trie.levels - 1
+        assert out.leaves.shape == (3, 6) and bool((out.leaves >= rec.trie.num_internal).all())
+        assert bool((out.scores[:, :-1] >= out.scores[:, 1:]).all())  # best first
+        for r, h in enumerate(hist):
+            items = rec.trie.leaf_items(out.leaves[r])
+            assert len(set(items)) == 6 and not set(items) & set(h)
+        if forward == "fast":
+            first = out.leaves
+        else:  # the bucketed forward: the same beams
+            assert torch.equal(out.leaves, first)
+    path = tmp_path / "head.json"
+    assert cli.main(["bench", "speculative", "--bundle", str(bundle), "--users", "6", "--k", "4", "--drafter",
+                     "head", "--mode", "head", "--dtype", "fp32", "--split", "valid", "--count-users", "1",
+                     "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["setting"] == "head" and row["target_calls_spec"] == 1 and 0.0 <= row["identical"] <= 1.0
+    assert {"recall_plain", "recall_spec", "ndcg_plain", "ndcg_spec"} <= set(row)
+    assert cli.main(["bench", "speculative", "--bundle", str(bundle), "--users", "2", "--k", "4", "--drafter",
+                     "llama", "--mode", "head", "--dtype", "fp32", "--json", str(path)]) == 2
+    assert "--drafter head" in capsys.readouterr().err

@@ -128,7 +128,7 @@ class HeadDraftSession:
             return list(graphs.run(("head draft", g, width), fn, inputs) if graphs is not None else fn(*inputs))
         h, state, logp, exact = self._roots(roots, target)
         return self._depths(g, width, exact, roots, root_scores, steps, h, state, logp, self.dead, self.prior,
-                            read=True)
+                            read=True)[0]
 
     def _draft_round(self, g: int, width: int, roots: torch.Tensor, root_scores: torch.Tensor,
                      steps: torch.Tensor, h: torch.Tensor, logp: torch.Tensor, from_parent: torch.Tensor,
@@ -137,12 +137,14 @@ class HeadDraftSession:
         g tensors [R, N] (every root stepped, kept where it was not cached; no host read)."""
         state, logp = self._root_state(roots, h, logp, from_parent, True, False)
         return tuple(self._depths(g, width, False, roots, root_scores, steps, h, state, logp, dead, prior,
-                                  read=False))
+                                  read=False)[0])
 
     def _depths(self, g: int, width: int, exact: bool, roots: torch.Tensor, root_scores: torch.Tensor,
                 steps: torch.Tensor, h: torch.Tensor, state: torch.Tensor, logp: torch.Tensor,
-                dead: torch.Tensor | None, prior: torch.Tensor | None, read: bool) -> list[torch.Tensor]:
-        """Beam search inside the head over g depths from the roots: the drafted nodes of each depth [R, N]."""
+                dead: torch.Tensor | None, prior: torch.Tensor | None, read: bool
+                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Beam search inside the head over g depths from the roots: (the drafted nodes of each depth [R, N], the
+        last depth's beam scores [R, N], best first)."""
         nodes, scores = roots, root_scores
         drafts: list[torch.Tensor] = []
         for s in range(1, g + 1):
@@ -155,7 +157,25 @@ class HeadDraftSession:
                 break
             h, state = _gather(h, parent), _gather(state, parent)  # [R, N, .] follow the kept beams
             state, logp = self._step(nodes, state, h, read=read, count=read)
-        return drafts
+        return drafts, scores
+
+    @torch.inference_mode()
+    def search_alone(self, rows: int, width: int, target: TargetState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's drafts accepted without verification (NEZHA-style) for ``rows`` prompts: from the root, the
+        target's own next-code log-probs (the prompt prefill: the request's one target forward), then the head
+        beam-searches the remaining L - 1 codes -> (leaves [rows, width] best first by the head's beam score, -1:
+        fewer; those scores [rows, width])."""
+        levels, dev = self.trie.levels, target.model.device
+        roots = torch.zeros(rows, 1, dtype=torch.long, device=dev)
+        steps = torch.full((rows,), levels, dtype=torch.long, device=dev)
+        read = not target.plan.sync_free
+        h, logp, from_parent = self._root_inputs(roots, target)  # the roots are the prompts: none from a parent
+        state, logp = self._root_state(roots, h, logp, from_parent, False, read)
+        drafts, scores = self._depths(levels, width, False, roots, torch.zeros(rows, 1, device=dev), steps, h, state,
+                                      logp, self.dead, self.prior, read)
+        if not read:  # (``_step`` counts only the steps that read)
+            self.head_steps += levels - 1
+        return drafts[-1], scores
 
     @torch.inference_mode()
     def sample(self, roots: torch.Tensor, root_logp: torch.Tensor, steps: torch.Tensor, width: int,
