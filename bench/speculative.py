@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> dict:
             plain_once(u.history, k)
         for idx, (n, gamma) in enumerate(settings):
             label = "head" if alone else "auto" if idx == len(settings) - 1 else "fixed"
-            plain_ms, spec_ms, calls, acc, draft_calls, same = [], [], [], [], [], 0
+            plain_ms, spec_ms, calls, acc, draft_calls, same, shared = [], [], [], [], [], 0, []
             rank_plain, rank_spec = {}, {}
             led_p, led_s = PhaseLedger(), PhaseLedger()
             for i, u in enumerate(progress_bar(ctx.users, desc=f"K={k} N={n} g={gamma}", leave=False)):
@@ -210,6 +210,7 @@ def run(args: argparse.Namespace) -> dict:
                 same += torch.equal(leaves_p, leaves_s)
                 rank_plain[u.user_id] = ctx.trie.leaf_items(leaves_p[leaves_p >= 0])
                 rank_spec[u.user_id] = ctx.trie.leaf_items(leaves_s[leaves_s >= 0])
+                shared.append(len(set(rank_plain[u.user_id]) & set(rank_spec[u.user_id])) / k)
             p, s = statistics.mean(plain_ms), statistics.mean(spec_ms)
             row = {"k": k, "setting": label, "N": n, "gamma": gamma, "plain_ms": p, "spec_ms": s, "WS": p / s,
                    "AS": statistics.mean(acc), "target_calls_plain": float(engine.trie.levels),
@@ -231,6 +232,7 @@ def run(args: argparse.Namespace) -> dict:
                 row.update({"recall_plain": m_p[f"recall@{k}"], "recall_spec": m_s[f"recall@{k}"],
                             "ndcg_plain": m_p[f"ndcg@{k}"], "ndcg_spec": m_s[f"ndcg@{k}"]})
             row["identical"] = same / len(ctx.users)
+            row["overlap"] = statistics.mean(shared)  # the share of the baseline's K items in the list
             rows.append(row)
             print({kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in row.items()})
     cols = [("k", "K"), ("setting", "setting"), ("N", "N"), ("gamma", "gamma"), ("plain_ms", "plain ms"),
