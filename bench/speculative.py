@@ -7,7 +7,9 @@ Each row also counts, on a few users' untimed requests (``--count-users``), the 
 replays and host reads per request of both (``bench.counts``; ``--forward bucketed``: the CUDA graphs' path).
 Every (N, gamma) of the grid is measured, then ``auto``: chosen among plain beam search and the grid on
 calibration users from the validation split (as the server does at start-up), then measured like the others.
-N = 0 in a row means auto chose plain beam search.
+N = 0 in a row means auto chose plain beam search. ``--mode head`` (``--drafter head``): the draft head's beams
+accepted without verification (``recsvc.drafters.head_alone``: one target forward), timed against plain beam
+search, with Recall@K / NDCG@K of both and the share of identical lists.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ HELP = "plain vs speculative beam search: WS@K, AS@K, target calls"
 
 def add_args(p: argparse.ArgumentParser) -> None:
     add_bundle_bench_args(p, "1,3,5,10,20", attention="fp32")
-    p.add_argument("--mode", choices=SPECULATIVE, default="strict")
+    p.add_argument("--mode", choices=(*SPECULATIVE, "head"), default="strict",
+                   help="head (with --drafter head): the head's beams accepted without verification (one target "
+                        "forward, the head beam-searches the other codes), its quality against plain decoding's")
     p.add_argument("--drafter", choices=DRAFTER_KINDS, default="llama",
                    help="transition: drafts from the bundle's item-transition prior (no network; needs BUNDLE/prior); "
                         "head: the recurrent draft head on the target (BUNDLE/head, `recsvc train head`)")
@@ -118,7 +122,11 @@ def run(args: argparse.Namespace) -> dict:
     target = EngineModel.build(ctx.model, args.attention, forward=getattr(args, "forward", "auto"))
     engine = BeamSearch(target, ctx.trie, ctx.builder.code_offset)
     calib = sample_users(ctx.data.eval_users("valid"), args.calibration_users, seed=1)
-    relaxed = args.mode == "relaxed"
+    relaxed, alone = args.mode == "relaxed", args.mode == "head"
+    if alone and args.drafter != "head":
+        from recsvc.errors import UserError
+
+        raise UserError("--mode head takes --drafter head (the draft head accepted without verification)")
     temp = torch.tensor([args.temperature], device=device)
     fused = load_fused_prior(ctx.bundle_dir, args.prior)
 
@@ -130,6 +138,8 @@ def run(args: argparse.Namespace) -> dict:
     mode = "relaxed" if relaxed else "strict"
 
     def spec_once(user_history, k, n, gamma, drafter, seed=0, ledger=NO_LEDGER):
+        if alone:
+            return head_once(user_history, k, drafter)
         if n == 0:  # autotune chose not to speculate: plain (or sampling) beam search
             leaves, ms, calls = plain_once(user_history, k, seed, ledger)
             return leaves, ms, calls, 0, 0
@@ -151,6 +161,16 @@ def run(args: argparse.Namespace) -> dict:
         ms = 1000 * (time.perf_counter() - start)
         return out.leaves[0], ms, out.target_calls[0], out.accepted[0], out.draft_calls
 
+    def head_once(user_history, k, drafter):  # --mode head: one target forward, the head's beam search
+        from recsvc.drafters.head_alone import head_alone_search
+
+        pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
+        start = time.perf_counter()
+        out = head_alone_search(target, ctx.trie, ctx.builder.code_offset, pb, k, drafter,
+                                prior=prior_for(user_history))
+        synchronize(device)
+        return out.leaves[0], 1000 * (time.perf_counter() - start), out.target_calls, 0, 0
+
     def plain_once(user_history, k, seed=0, ledger=NO_LEDGER):
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
         start = time.perf_counter()
@@ -165,15 +185,18 @@ def run(args: argparse.Namespace) -> dict:
         drafter = make_drafter(args.drafter, ctx, engine, k, args.dtype, args.drafter_name, args.head_opener, device)
         if isinstance(getattr(drafter, "model", None), EngineModel) and getattr(args, "forward", "auto") != "auto":
             drafter.model.set_forward(args.forward)  # a LLaMA drafter runs the target's forward
-        candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
-        auto = autotune(lambda k_, n, g, d=drafter: sum(spec_once(u.history, k_, n, g, d)[1] for u in calib) / 1e3,
-                        [k], lambda _k, c=candidates: c, repeats=1)[k]
-        settings = [*candidates, auto]  # auto: chosen among plain + the candidates on calibration users
+        if alone:  # nothing to tune: the head decodes every code after the first
+            settings = [(k, engine.trie.levels - 1)]
+        else:
+            candidates = resolve_grid(fixed_grid or DEFAULT_GRID, k)
+            auto = autotune(lambda k_, n, g, d=drafter: sum(spec_once(u.history, k_, n, g, d)[1] for u in calib)
+                            / 1e3, [k], lambda _k, c=candidates: c, repeats=1)[k]
+            settings = [*candidates, auto]  # auto: chosen among plain + the candidates on calibration users
         for u in ctx.users[:2]:  # warm-up
             plain_once(u.history, k)
         for idx, (n, gamma) in enumerate(settings):
-            label = "auto" if idx == len(settings) - 1 else "fixed"
-            plain_ms, spec_ms, calls, acc, draft_calls, same = [], [], [], [], [], 0
+            label = "head" if alone else "auto" if idx == len(settings) - 1 else "fixed"
+            plain_ms, spec_ms, calls, acc, draft_calls, same, shared = [], [], [], [], [], 0, []
             rank_plain, rank_spec = {}, {}
             led_p, led_s = PhaseLedger(), PhaseLedger()
             for i, u in enumerate(progress_bar(ctx.users, desc=f"K={k} N={n} g={gamma}", leave=False)):
@@ -187,6 +210,7 @@ def run(args: argparse.Namespace) -> dict:
                 same += torch.equal(leaves_p, leaves_s)
                 rank_plain[u.user_id] = ctx.trie.leaf_items(leaves_p[leaves_p >= 0])
                 rank_spec[u.user_id] = ctx.trie.leaf_items(leaves_s[leaves_s >= 0])
+                shared.append(len(set(rank_plain[u.user_id]) & set(rank_spec[u.user_id])) / k)
             p, s = statistics.mean(plain_ms), statistics.mean(spec_ms)
             row = {"k": k, "setting": label, "N": n, "gamma": gamma, "plain_ms": p, "spec_ms": s, "WS": p / s,
                    "AS": statistics.mean(acc), "target_calls_plain": float(engine.trie.levels),
@@ -202,19 +226,19 @@ def run(args: argparse.Namespace) -> dict:
                 for name, led, total in (("plain", led_p, p), ("spec", led_s, s)):
                     phases = {ph: v / n_u for ph, v in led.ms.items()}
                     row[f"phases_{name}_ms"] = {**phases, "other": total - sum(phases.values())}
-            if relaxed:
+            if relaxed or alone:  # lists that differ from the baseline's: their quality beside it
                 m_p = evaluate_rankings(rank_plain, ctx.users, [k])
                 m_s = evaluate_rankings(rank_spec, ctx.users, [k])
                 row.update({"recall_plain": m_p[f"recall@{k}"], "recall_spec": m_s[f"recall@{k}"],
                             "ndcg_plain": m_p[f"ndcg@{k}"], "ndcg_spec": m_s[f"ndcg@{k}"]})
-            else:
-                row["identical"] = same / len(ctx.users)
+            row["identical"] = same / len(ctx.users)
+            row["overlap"] = statistics.mean(shared)  # the share of the baseline's K items in the list
             rows.append(row)
             print({kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in row.items()})
     cols = [("k", "K"), ("setting", "setting"), ("N", "N"), ("gamma", "gamma"), ("plain_ms", "plain ms"),
             ("spec_ms", "spec ms"), ("WS", "WS"), ("AS", "AS"), ("target_calls_spec", "target calls (spec)")]
     cols += ([("recall_plain", "Recall plain"), ("recall_spec", "Recall spec"), ("ndcg_plain", "NDCG plain"),
-              ("ndcg_spec", "NDCG spec")] if relaxed else [("identical", "identical")])
+              ("ndcg_spec", "NDCG spec")] if relaxed or alone else []) + [("identical", "identical")]
     table = markdown_table(rows, cols)
     print(table)
     payload = {"bench": "speculative", "mode": args.mode, "drafter": args.drafter,

@@ -76,7 +76,10 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
     # a strict request: 4 rounds of drafting, verification and replay, each one unit; one read
     per = phases["per_request"]
     assert per["plain"]["replays"] == 8 and per["strict"]["replays"] <= 8 + 4 and per["strict"]["host_reads"] <= 2
-    assert 0 < per["strict"]["eager_ops"] <= 2 * per["plain"]["eager_ops"] and per["relaxed"]["eager_ops"] > 0
+    assert 0 < per["strict"]["eager_ops"] <= 2 * per["plain"]["eager_ops"]
+    # relaxed the same way: 4 rounds of sampling, verification and replay, one read
+    assert 0 < per["relaxed"]["eager_ops"] <= 2 * per["plain"]["eager_ops"]
+    assert per["relaxed"]["replays"] <= 8 + 4 and per["relaxed"]["host_reads"] <= 2
     compiled = stages["compiled"]  # each decoder layer one torch.compile graph (inductor's C++ backend here)
     assert compiled["forward"] == "compiled-bucketed" and compiled["layer_failed"] == ""
     assert compiled["compiled_ms"] > 0 and compiled["graphs_ms"] > 0 and compiled["users"] == 3
@@ -98,7 +101,12 @@ def test_gpu_accept_smoke_writes_every_acceptance_figure(tmp_path, one_thread) -
     plain, strict = served["plain"], served["strict"]  # the served recommender: the draft head, its opener
     assert strict["eager_ops_per_request"] <= 2 * plain["eager_ops_per_request"]
     assert strict["replays_per_request"] <= plain["replays_per_request"] + 4
-    assert strict["host_reads_per_request"] <= plain["host_reads_per_request"] + 2
+    relaxed = served["relaxed"]
+    assert relaxed["decoded"] == ["relaxed"] and relaxed["eager_ops_per_request"] <= 2 * plain["eager_ops_per_request"]
+    assert relaxed["replays_per_request"] <= plain["replays_per_request"] + 4
+    # a whole request (prior, exclusions, its lists read out) reads the device at most twice
+    assert max(plain["host_reads_per_request"], strict["host_reads_per_request"],
+               relaxed["host_reads_per_request"]) <= 2
     assert stages["lossless_fp32"]["users"] == 2 and stages["lossless_fp32"]["same_share"] == 1.0
 
 

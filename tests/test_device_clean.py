@@ -26,6 +26,7 @@ HOST_ON_PURPOSE = {
     # one CPU generator per request (seeded results do not depend on the device); its noise is moved in one copy
     "recsvc/engine/sampling.py:make_generators:randint": "a host seed for an unseeded request's CPU generator",
     "recsvc/engine/sampling.py:uniform:rand": "drawn from the request's CPU generator, moved once (uniform)",
+    "recsvc/engine/noise.py:NoiseStream.__init__:rand": "drawn ahead from the requests' CPU generators, moved once",
     # module parameters are created by nn.Module.__init__ and moved with the module (.to(device))
     "recsvc/drafters/head_model.py:DraftHead.__init__:randn": "an nn.Parameter's initial value (module.to moves it)",
     "recsvc/drafters/head_model.py:DraftHead.__init__:zeros": "an nn.Parameter's initial value (module.to moves it)",

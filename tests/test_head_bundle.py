@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from cli_commands import only_commands
 from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
@@ -75,15 +76,16 @@ def test_bench_speculative_with_the_head(bundle, tmp_path) -> None:
     assert spec and all(r["target_calls_spec"] >= 2 for r in spec)  # no opener: the prefill is a call of its own
 
 
-def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bundle) -> None:
-    """The served recommender (draft head, the prior's transition opener, fused prior) over the bucketed forward
-    (CUDA graphs' stand-in): a strict request gives plain's lists, with at most twice plain's eager device ops, at
-    most 4 graph replays more, and at most 2 device reads beyond plain's (the opener's prior check, the request's
-    counters)."""
+@pytest.mark.parametrize("exclude_history", [False, True])
+def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bundle, exclude_history) -> None:
+    """The served recommender (draft head, the prior's transition opener, fused prior, the history excluded or
+    not) over the bucketed forward (CUDA graphs' stand-in): a strict request gives plain's lists, with at most
+    twice plain's eager device ops, at most 4 graph replays more, and a whole request (prior, exclusions, lists
+    read out) reads the device at most twice: plain once (its lists), strict twice (its counters, its lists)."""
     from recsvc.engine.host_reads import HostReads
     from recsvc.engine.launches import Launches
 
-    rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed")
+    rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed", exclude_history=exclude_history)
     assert isinstance(rec.drafter, HeadDrafter) and rec.drafter.opener is not None
     data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
     for u in data.eval_users("valid")[:3]:
@@ -100,4 +102,85 @@ def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bu
         (items, ops, replays, reads), (plain_items, plain_ops, plain_replays, plain_reads) = (counts["strict"],
                                                                                               counts["plain"])
         assert items == plain_items
-        assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= plain_reads + 2, counts
+        if exclude_history:
+            assert not set(items) & set(u.history[-8:])
+        assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= 2, counts
+        assert plain_reads == 1 and reads == 2, counts
+
+
+def test_served_head_relaxed_is_unrolled_with_the_eager_loops_lists(bundle) -> None:
+    """Relaxed on the served recommender over the bucketed forward: a whole request within strict's bounds (at
+    most twice plain's eager ops, 4 replays more, 2 device reads: its counters and its lists), and the head's
+    unrolled sampling gives the eager loop's lists for the same seeds (each request's noise drawn ahead)."""
+    from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.launches import Launches
+    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.relaxed import relaxed_speculative_search
+    from recsvc.engine.sampling import make_generators
+
+    rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed")
+    data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
+    users = data.eval_users("valid")[:4]
+    for u in users[:2]:
+        counts = {}
+        for mode in ("plain", "relaxed"):
+            query = [RecQuery(history=u.history[-8:], k=10, mode=mode, seed=3)]
+            rec.recommend(query)
+            with Launches() as ops:
+                (out,) = rec.recommend(query)
+            with HostReads(rec.target.device) as reads:
+                rec.recommend(query)
+            assert out.decoding is not None and out.decoding.mode == mode
+            counts[mode] = (ops.total, ops.replays, reads.total)
+        (ops, replays, reads), (plain_ops, plain_replays, _) = counts["relaxed"], counts["plain"]
+        assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads == 2, counts
+    hist = [u.history[-8:] for u in users]
+    prompts = PromptBatch.from_lists([rec.prompts.prompt_ids(h) for h in hist], rec.target.device)
+    prior = rec.prior_for(hist)
+    temps = torch.ones(len(hist))
+    runs = {}
+    for unrolled in (False, True):
+        runs[unrolled] = [relaxed_speculative_search(
+            rec.target, rec.trie, rec.prompts.code_offset, prompts, 10,
+            rec.drafter.sampling_session(prompts, hist, None, prior), 10, 3, temps,
+            make_generators([seed + i for i in range(len(hist))]), None, prior, unrolled=unrolled)
+            for seed in (0, 10, 20)]
+    for eager, out in zip(runs[False], runs[True], strict=True):
+        assert torch.equal(out.leaves, eager.leaves) and torch.equal(out.accepted, eager.accepted)
+
+
+def test_the_head_alone_runs_one_target_forward_and_bench_reports_its_quality(bundle, tmp_path, capsys) -> None:
+    """NEZHA-style decoding: the target's prompt prefill ranks the first code exactly, the head the others; one
+    target forward, the catalog's items only, the history excluded when asked; `recsvc bench speculative --mode
+    head` reports Recall@K / NDCG@K of both and the share of identical lists (and refuses another drafter)."""
+    from recsvc.drafters.head_alone import head_alone_search
+    from recsvc.engine.prompts import PromptBatch
+
+    for forward in ("fast", "bucketed"):
+        rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward=forward)
+        data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
+        hist = [u.history[-8:] for u in data.eval_users("valid")[:3]]
+        prompts = PromptBatch.from_lists([rec.prompts.prompt_ids(h) for h in hist], rec.target.device)
+        dead = rec.trie.dead_nodes(hist)
+        out = head_alone_search(rec.target, rec.trie, rec.prompts.code_offset, prompts, 6, rec.drafter, dead,
+                                rec.prior_for(hist))
+        assert out.target_calls == 1 and out.head_steps == rec.trie.levels - 1
+        assert out.leaves.shape == (3, 6) and bool((out.leaves >= rec.trie.num_internal).all())
+        assert bool((out.scores[:, :-1] >= out.scores[:, 1:]).all())  # best first
+        for r, h in enumerate(hist):
+            items = rec.trie.leaf_items(out.leaves[r])
+            assert len(set(items)) == 6 and not set(items) & set(h)
+        if forward == "fast":
+            first = out.leaves
+        else:  # the bucketed forward: the same beams
+            assert torch.equal(out.leaves, first)
+    path = tmp_path / "head.json"
+    assert cli.main(["bench", "speculative", "--bundle", str(bundle), "--users", "6", "--k", "4", "--drafter",
+                     "head", "--mode", "head", "--dtype", "fp32", "--split", "valid", "--count-users", "1",
+                     "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["setting"] == "head" and row["target_calls_spec"] == 1 and 0.0 <= row["identical"] <= 1.0
+    assert {"recall_plain", "recall_spec", "ndcg_plain", "ndcg_spec"} <= set(row)
+    assert cli.main(["bench", "speculative", "--bundle", str(bundle), "--users", "2", "--k", "4", "--drafter",
+                     "llama", "--mode", "head", "--dtype", "fp32", "--json", str(path)]) == 2
+    assert "--drafter head" in capsys.readouterr().err

@@ -78,6 +78,13 @@ class CatalogTrie:
         self.node_code = torch.from_numpy(node_code)  # [num_nodes] code of the node's last token (-1 root)
         self.ancestors = torch.from_numpy(ancestors)  # [num_nodes, L] path nodes depth 1..depth(node), then -1
         self._collided = bool(len(np.unique(leaf_rows)) != n)
+        # host copies for reading a request's leaves out (``items_of_leaves``): no device tensor is touched
+        self._leaf_item_host = leaf_item
+        self._path_host, self._count_host = path, count  # ``dead_nodes`` counts on the host, then one copy
+        self._leaf_group: dict[int, list[int]] = {}  # collided leaf -> its item ids, ascending
+        if self._collided:
+            for row in range(n):
+                self._leaf_group.setdefault(int(path[row, levels]), []).append(int(ids.item_ids[row]))
         self._on: dict[str, CatalogTrie] = {}  # device -> this trie's copy there (``to``)
 
     _TENSORS = ("children", "depth", "count", "item_path", "leaf_item", "parent", "node_code", "ancestors")
@@ -126,27 +133,27 @@ class CatalogTrie:
 
         Example: excluding items 7 and 8 above kills leaves 3, 4 and node 1 (both its items are gone).
         """
-        dead = torch.zeros(len(excluded), self.num_nodes, dtype=torch.bool, device=self.device)
+        hits = np.zeros((len(excluded), self.num_nodes), dtype=np.int64)  # on the host: no device op per row
         for b, items in enumerate(excluded):
             rows = [self.ids.index_of(i) for i in set(int(x) for x in items) if i in self.ids]
-            if not rows:
-                continue
-            nodes = self.item_path[torch.tensor(rows, device=self.device)].reshape(-1)  # [r * (L+1)]
-            hits = torch.bincount(nodes, minlength=self.num_nodes)
-            dead[b] = hits >= self.count
-        return dead
+            if rows:
+                np.add.at(hits[b], self._path_host[rows].reshape(-1), 1)  # [r * (L+1)] nodes on their paths
+        return torch.from_numpy(hits >= self._count_host).to(self.device)  # one host-to-device copy
 
     def leaf_items(self, leaves: torch.Tensor, excluded: Sequence[int] = ()) -> list[int]:
-        """Item id of each leaf node (collided leaves: the lowest item id not excluded)."""
-        leaves = leaves.reshape(-1).to(self.leaf_item.device)  # a search on another device returns its leaves there
+        """Item id of each leaf node (collided leaves: the lowest item id not excluded): one host read."""
+        return self.items_of_leaves(leaves.reshape(-1).tolist(), excluded)
+
+    def items_of_leaves(self, leaves: Sequence[int], excluded: Sequence[int] = ()) -> list[int]:
+        """``leaf_items`` of leaves already read to the host (Python ints): reads no tensor."""
+        first = self._leaf_item_host
         if not self._collided:
-            return self.leaf_item[leaves - self.num_internal].tolist()
+            return [int(first[leaf - self.num_internal]) for leaf in leaves]
         ex = set(int(x) for x in excluded)
         out = []
-        for leaf in leaves.tolist():
-            rows = torch.nonzero(self.item_path[:, self.levels] == leaf).reshape(-1).tolist()
-            items = [int(self.ids.item_ids[r]) for r in rows if int(self.ids.item_ids[r]) not in ex]
-            out.append(min(items) if items else int(self.leaf_item[leaf - self.num_internal]))
+        for leaf in leaves:
+            items = [i for i in self._leaf_group.get(int(leaf), ()) if i not in ex]
+            out.append(min(items) if items else int(first[leaf - self.num_internal]))
         return out
 
     def codes_of_nodes(self, nodes: torch.Tensor) -> torch.Tensor:

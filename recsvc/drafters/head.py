@@ -27,6 +27,7 @@ from recsvc.drafters.head_model import DraftHead
 from recsvc.drafters.rows import sampled_depth, take_rows
 from recsvc.engine.cuda_graphs import FunctionGraphs
 from recsvc.engine.expand import expand_beams
+from recsvc.engine.noise import NoiseStream
 from recsvc.engine.ports import Drafter, DraftSession, DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import temper
@@ -128,7 +129,7 @@ class HeadDraftSession:
             return list(graphs.run(("head draft", g, width), fn, inputs) if graphs is not None else fn(*inputs))
         h, state, logp, exact = self._roots(roots, target)
         return self._depths(g, width, exact, roots, root_scores, steps, h, state, logp, self.dead, self.prior,
-                            read=True)
+                            read=True)[0]
 
     def _draft_round(self, g: int, width: int, roots: torch.Tensor, root_scores: torch.Tensor,
                      steps: torch.Tensor, h: torch.Tensor, logp: torch.Tensor, from_parent: torch.Tensor,
@@ -137,12 +138,14 @@ class HeadDraftSession:
         g tensors [R, N] (every root stepped, kept where it was not cached; no host read)."""
         state, logp = self._root_state(roots, h, logp, from_parent, True, False)
         return tuple(self._depths(g, width, False, roots, root_scores, steps, h, state, logp, dead, prior,
-                                  read=False))
+                                  read=False)[0])
 
     def _depths(self, g: int, width: int, exact: bool, roots: torch.Tensor, root_scores: torch.Tensor,
                 steps: torch.Tensor, h: torch.Tensor, state: torch.Tensor, logp: torch.Tensor,
-                dead: torch.Tensor | None, prior: torch.Tensor | None, read: bool) -> list[torch.Tensor]:
-        """Beam search inside the head over g depths from the roots: the drafted nodes of each depth [R, N]."""
+                dead: torch.Tensor | None, prior: torch.Tensor | None, read: bool
+                ) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Beam search inside the head over g depths from the roots: (the drafted nodes of each depth [R, N], the
+        last depth's beam scores [R, N], best first)."""
         nodes, scores = roots, root_scores
         drafts: list[torch.Tensor] = []
         for s in range(1, g + 1):
@@ -155,31 +158,55 @@ class HeadDraftSession:
                 break
             h, state = _gather(h, parent), _gather(state, parent)  # [R, N, .] follow the kept beams
             state, logp = self._step(nodes, state, h, read=read, count=read)
-        return drafts
+        return drafts, scores
+
+    @torch.inference_mode()
+    def search_alone(self, rows: int, width: int, target: TargetState) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's drafts accepted without verification (NEZHA-style) for ``rows`` prompts: from the root, the
+        target's own next-code log-probs (the prompt prefill: the request's one target forward), then the head
+        beam-searches the remaining L - 1 codes -> (leaves [rows, width] best first by the head's beam score, -1:
+        fewer; those scores [rows, width])."""
+        levels, dev = self.trie.levels, target.model.device
+        roots = torch.zeros(rows, 1, dtype=torch.long, device=dev)
+        steps = torch.full((rows,), levels, dtype=torch.long, device=dev)
+        read = not target.plan.sync_free
+        h, logp, from_parent = self._root_inputs(roots, target)  # the roots are the prompts: none from a parent
+        state, logp = self._root_state(roots, h, logp, from_parent, False, read)
+        drafts, scores = self._depths(levels, width, False, roots, torch.zeros(rows, 1, device=dev), steps, h, state,
+                                      logp, self.dead, self.prior, read)
+        if not read:  # (``_step`` counts only the steps that read)
+            self.head_steps += levels - 1
+        return drafts[-1], scores
 
     @torch.inference_mode()
     def sample(self, roots: torch.Tensor, root_logp: torch.Tensor, steps: torch.Tensor, width: int,
-               temperature: torch.Tensor, gens: Sequence[torch.Generator], target: TargetState) -> list[DraftStep]:
+               temperature: torch.Tensor, gens: Sequence[torch.Generator] | NoiseStream, target: TargetState,
+               depths: int | None = None) -> list[DraftStep]:
         """Relaxed mode: ``width`` sequences per depth sampled without replacement from the tempered, trie-masked,
         prior-fused distribution (depth j + 1: the target's own; deeper: the head's) over the children of the
-        previous depth's samples, starting from the target's beams weighted by their log-probs."""
-        g = int(steps.max()) if len(steps) else 0
+        previous depth's samples, starting from the target's beams weighted by their log-probs. ``depths``
+        (sync-free targets): that many depths, nothing read (``SamplingSession.sample``)."""
+        read = depths is None or not target.plan.sync_free
+        g = (int(steps.max()) if len(steps) else 0) if depths is None else depths
         if g == 0:
             return []
         h, state, logp, _ = self._roots(roots, target)
         nodes, weights = roots, root_logp
+        r = roots.shape[0]
+        most = steps.max()
         out: list[DraftStep] = []
         for s in range(1, g + 1):
             active = (steps >= s)[:, None]
             nodes = torch.where(active, nodes, -1)
             logq, child = temper(self.trie, logp, nodes, temperature, self.dead, self.prior)  # [R, n, C]
-            step, new_nodes, new_w = sampled_depth(nodes, weights, logq, child, active, width, gens)
+            step, new_nodes, new_w = sampled_depth(nodes, weights, logq, child, active, width, gens,
+                                                    (most >= s).expand(r))
             out.append(step)
             if s == g:
                 break
             parent = (self.trie.parent[new_nodes.clamp(min=0)][..., None] == nodes[:, None, :]).int().argmax(-1)
             h, state = _gather(h, parent), _gather(state, parent)  # [R, N, .]
-            state, logp = self._step(new_nodes, state, h)
+            state, logp = self._step(new_nodes, state, h, read=read)
             nodes, weights = new_nodes, new_w
         return out
 

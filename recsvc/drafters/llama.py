@@ -22,6 +22,7 @@ from recsvc.drafters.rows import sampled_depth, take_rows
 from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.expand import expand_beams
+from recsvc.engine.noise import NoiseStream
 from recsvc.engine.ports import DraftStep, TargetState
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import tempered_logp
@@ -60,19 +61,24 @@ class LlamaDraftSession:
 
     @torch.inference_mode()
     def sample(self, roots: torch.Tensor, root_logp: torch.Tensor, steps: torch.Tensor, width: int,
-               temperature: torch.Tensor, gens: Sequence[torch.Generator], target: TargetState) -> list[DraftStep]:
+               temperature: torch.Tensor, gens: Sequence[torch.Generator] | NoiseStream, target: TargetState,
+               depths: int | None = None) -> list[DraftStep]:
         """Relaxed mode: sample ``width`` sequences per depth without replacement from the drafter's tempered,
         trie-masked distribution over the children of its previous depth's samples (starting from the target's
-        beams, weighted by their target log-probs)."""
+        beams, weighted by their target log-probs). ``depths``: that many depths, nothing read
+        (``SamplingSession.sample``)."""
         nodes, weights = roots, root_logp
+        b = roots.shape[0]
+        most = steps.max()
         out: list[DraftStep] = []
-        for s in range(1, int(steps.max()) + 1):
+        for s in range(1, (depths if depths is not None else int(most)) + 1):
             active = (steps >= s)[:, None]
             nodes = torch.where(active, nodes, torch.full_like(nodes, -1))
             self.cache.feed(nodes)
             logq, child = tempered_logp(self.model, self.cache, nodes, temperature, self.dead,
                                         self.prior)  # [B, n, C]
-            step, new_nodes, new_w = sampled_depth(nodes, weights, logq, child, active, width, gens)
+            step, new_nodes, new_w = sampled_depth(nodes, weights, logq, child, active, width, gens,
+                                                    (most >= s).expand(b))
             out.append(step)
             nodes, weights = new_nodes, new_w
         return out

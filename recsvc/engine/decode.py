@@ -95,8 +95,8 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
                    else sampler.sampling_session(batch, histories, dead, prior))
         rel = relaxed_speculative_search(engine.model, engine.trie, engine.code_offset, batch, width, samples, n,
                                          gamma, temps, gens, dead, prior, states=states)
-        return Decoded(rel.leaves, rel.logp, rel.target_calls.tolist(), rel.accepted.tolist(), rel.draft_calls,
-                       Decoding("relaxed", width, n, gamma))
+        calls, accepted = rel.host_counts or (rel.target_calls.tolist(), rel.accepted.tolist())
+        return Decoded(rel.leaves, rel.logp, calls, accepted, rel.draft_calls, Decoding("relaxed", width, n, gamma))
     if mode == "plain":
         return _plain(engine, batch, width, dead, prior, top, ledger, states, b, "")
     raise NotImplementedError(f"decoding mode {mode!r}")

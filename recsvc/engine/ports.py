@@ -29,6 +29,7 @@ import torch
 
 from recsvc.engine.beam_search import node_logprobs
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.noise import NoiseStream
 from recsvc.engine.plan import ForwardPlan
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.tree_cache import TreeCache
@@ -133,9 +134,11 @@ class SamplingSession(Session, Protocol):
         steps: torch.Tensor,  # [R] depths to sample per row
         width: int,  # N >= K sequences per depth
         temperature: torch.Tensor,  # [R]
-        gens: Sequence[torch.Generator],  # one per row
+        gens: Sequence[torch.Generator] | NoiseStream,  # one per row (sync-free: the rows' NoiseStream)
         target: TargetState,  # read access to the target at these rows (may be ignored)
-    ) -> list[DraftStep]:  # max(steps) steps
+        depths: int | None = None,  # sync-free: max(steps) may be < depths; the draws of depth s count only if
+        #                             max(steps) >= s (``noise.gated``), so the rows draw what the eager loop draws
+    ) -> list[DraftStep]:  # max(steps) steps (``depths`` when given)
         ...
 
 

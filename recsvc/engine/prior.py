@@ -45,6 +45,9 @@ def prior_log_mass(trie: CatalogTrie, probs: torch.Tensor | np.ndarray, weight: 
     node's mass sums its own items only (no cancellation), ~0.4 ms per request for a 12k-item catalog on a CPU.
     The result lives on the trie's device (``CatalogTrie.to``: the model's), ``probs`` are moved there once."""
     dev = trie.device
+    checked = isinstance(probs, np.ndarray)
+    if checked:  # host probabilities (the priors' ``probs``): checked here, so the device is never read
+        _check_host(np.asarray(probs, dtype=np.float32))
     probs = torch.as_tensor(probs, device=dev)
     if probs.ndim != 2 or probs.shape[1] != trie.item_path.shape[0]:
         raise ValueError(f"probs must be [B, {trie.item_path.shape[0]}] (one column per catalog item), "
@@ -59,13 +62,23 @@ def prior_log_mass(trie: CatalogTrie, probs: torch.Tensor | np.ndarray, weight: 
     # every item adds its probability to each node of its path, the root included (depth-major: [(L+1) * n])
     mass.scatter_add_(1, _path_index(trie).expand(b, -1), torch.cat([p] * trie.item_path.shape[1], 1))
     total = mass[:, :1].clone()  # [B, 1] the root's mass
-    # one host read: negative probabilities, or a non-finite sum (finite sums: finite p)
-    if b and p.numel() and bool((p.min() < 0) | ~torch.isfinite(total.max())):
-        raise ValueError("prior probabilities must be finite and >= 0")
+    # a tensor's check is one host read: negative probabilities, or a non-finite sum (finite sums: finite p)
+    if not checked and b and p.numel() and bool((p.min() < 0) | ~torch.isfinite(total.max())):
+        raise ValueError(_INVALID)
     empty = total <= 0  # rows without information: no bias (no read: applied to every row)
     mass, total = torch.where(empty, 1.0, mass), torch.where(empty, 1.0, total)
     log_m = mass.div_(total).log_()
     return log_m if weight == 1 else log_m.mul_(weight)
+
+
+_INVALID = "prior probabilities must be finite and >= 0"
+
+
+def _check_host(p: np.ndarray) -> None:
+    """``prior_log_mass``'s check of host probabilities [B, n] (float32, as on the device): no negative value, every
+    row's sum finite."""
+    if p.size and p.ndim == 2 and ((p.min() < 0) or not np.isfinite(p.sum(axis=1, dtype=np.float32)).all()):
+        raise ValueError(_INVALID)
 
 
 _PATH_INDEX: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -27,6 +27,7 @@ from recsvc.engine.beam_search import to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ports import DraftStep, SamplingSession, TargetState
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.relaxed_unrolled import unrolled_relaxed
 from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp, uniform
 from recsvc.engine.state_cache import UserStateCache
@@ -41,6 +42,8 @@ class RelaxedOutput:
     target_calls: torch.Tensor  # [B]
     accepted: torch.Tensor  # [B] depths accepted without resampling
     draft_calls: int
+    # target_calls and accepted as the host read them (the sync-free request's one read), else None
+    host_counts: tuple[list[int], list[int]] | None = None
 
 
 def _uniform_pick(mask: torch.Tensor, width: int, gens, rows) -> torch.Tensor:
@@ -57,6 +60,7 @@ def relaxed_speculative_search(
     dead: torch.Tensor | None = None,
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior: p_s is the fused target (sampling.py)
     states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
+    unrolled: bool = True,  # sync-free targets: rounds unrolled (``relaxed_unrolled``); False: the eager loop
 ) -> RelaxedOutput:
     dev = target.device  # inputs moved once; every tensor of the search lives there
     trie, prompts, temperature = trie.to(dev), prompts.to(dev), temperature.to(dev)
@@ -65,6 +69,10 @@ def relaxed_speculative_search(
     n_draft = max(draft_beams, width)
     cache = TreeCache(target, trie, code_offset, prompts, states)
     beams = ActiveBeams.start(b, dev, dead=dead, temp=temperature.clone(), prior=prior)
+    if unrolled and target.plan.sync_free:  # rounds unrolled on the device, three units a round, one read
+        leaves, logp_seq, calls_t, acc_t, calls_h, acc_h = unrolled_relaxed(cache, beams, drafts, width, n_draft,
+                                                                            gamma, gens, _verify_depth)
+        return RelaxedOutput(leaves, logp_seq, calls_t, acc_t, drafts.calls, (calls_h, acc_h))
     out_leaves = torch.full((b, width), -1, dtype=torch.long, device=dev)
     out_logp = torch.full((b, width), float("-inf"), device=dev)
     calls = torch.zeros(b, dtype=torch.long, device=dev)

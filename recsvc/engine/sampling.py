@@ -19,6 +19,7 @@ import torch
 
 from recsvc.engine.beam_search import node_logprobs, to_device
 from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.noise import NoiseStream
 from recsvc.engine.prior import step_bias
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.state_cache import UserStateCache
@@ -40,7 +41,10 @@ def make_generators(seeds: Sequence[int | None]) -> list[torch.Generator]:
 def uniform(shape: tuple[int, ...], gens: Sequence[torch.Generator], rows: Sequence[int] | None = None,
             device: torch.device | str = "cpu") -> torch.Tensor:
     """[B, *shape] U(0, 1) noise, row b drawn from the CPU generator gens[rows[b]], then moved to ``device`` in one
-    copy (the draws, hence seeded results, do not depend on the device)."""
+    copy (the draws, hence seeded results, do not depend on the device). ``gens`` may be a ``NoiseStream``: the same
+    numbers, drawn ahead and read on the device (``recsvc.engine.noise``)."""
+    if isinstance(gens, NoiseStream):
+        return gens.take(shape, rows)
     rows = list(range(len(gens))) if rows is None else list(rows)
     u = torch.stack([torch.rand(shape, generator=gens[r]) for r in rows])
     return u if u.device == torch.device(device) else u.to(device)

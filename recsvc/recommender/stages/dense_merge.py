@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from recsvc.content.dense_head import DenseRetriever
 from recsvc.engine.decode import Decoded, Mode
+from recsvc.engine.final_read import read_decoded
+from recsvc.engine.host_reads import uncounted
 from recsvc.recommender.api import RecQuery, RecResult, RecStats
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
@@ -26,15 +28,16 @@ class DenseMerge:
         """``out``: the width's leaves and scores [B, W] and the prompts' final hidden states [B, H] that the
         decoding's prefill computed (plain and strict always return them) -> one merged list per query."""
         assert self.dense is not None and out.prompt_hidden is not None
-        sims = self.dense.similarities(out.prompt_hidden)  # [B, n]
+        host = read_decoded(out, hidden=True)  # the request's one read: every beam, the head's query
         results = []
-        for r, q in enumerate(queries):
-            ok = out.leaves[r] >= 0
-            items = self.trie.leaf_items(out.leaves[r][ok], excluded[r])
-            merged, merged_scores = self.dense.merge(items, out.scores[r][ok].tolist(), sims[r], self.ids, q.k,
-                                                     excluded[r])
-            calls = out.target_calls[r]
-            stats = RecStats(target_calls=calls, draft_calls=out.draft_calls, accepted_steps=out.accepted[r],
-                             rounds=calls)
-            results.append(RecResult(item_ids=merged, scores=merged_scores, stats=stats, decoding=out.decoding))
+        with uncounted():  # the head runs on the host (host tensors, on a CPU run too)
+            sims = self.dense.similarities(host.prompt_hidden)  # [B, n]
+            for r, q in enumerate(queries):
+                leaves, scores = host.row(r)
+                items = self.trie.items_of_leaves(leaves, excluded[r])
+                merged, merged_scores = self.dense.merge(items, scores, sims[r], self.ids, q.k, excluded[r])
+                calls = out.target_calls[r]
+                stats = RecStats(target_calls=calls, draft_calls=out.draft_calls, accepted_steps=out.accepted[r],
+                                 rounds=calls)
+                results.append(RecResult(item_ids=merged, scores=merged_scores, stats=stats, decoding=out.decoding))
         return results

@@ -8,6 +8,7 @@ import torch
 
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.decode import Mode, decode
+from recsvc.engine.final_read import read_decoded
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.sampling import make_generators
@@ -45,12 +46,12 @@ class EngineDecode:
                      ledger=ledger, states=scope.settings.states)
         if merging:
             return self.merge(queries, out, excluded)
+        host = read_decoded(out, max(q.k for q in queries))  # the request's one read of its lists
         results = []
         for r, q in enumerate(queries):  # the first k of the width's beams, best first
-            leaves, scores = out.leaves[r][: q.k], out.scores[r][: q.k]
-            ok = leaves >= 0
+            leaves, scores = host.row(r, q.k)
             stats = RecStats(target_calls=out.target_calls[r], draft_calls=out.draft_calls,
                              accepted_steps=out.accepted[r], rounds=out.target_calls[r])
-            results.append(RecResult(item_ids=parts.trie.leaf_items(leaves[ok], excluded[r]),
-                                     scores=scores[ok].tolist(), stats=stats, decoding=out.decoding))
+            results.append(RecResult(item_ids=parts.trie.items_of_leaves(leaves, excluded[r]), scores=scores,
+                                     stats=stats, decoding=out.decoding))
         return results

@@ -7,6 +7,7 @@ import torch
 
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.decode import Decoding, Mode, decode
+from recsvc.engine.host_reads import uncounted
 from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.prompts import PromptBatch
 from recsvc.recommender.api import RecQuery, RecResult, RecStats
@@ -47,9 +48,15 @@ class RulesDecode:
         head = drafter.draft_head if drafter is not None else None  # cdsl's look-ahead
         out = decode_rules(scope.settings.rules, parts.target, catalog, parts.prompts.code_offset, batch, k, width,
                            compiled, prior, head, wide, ledger)
+        b, n = out.rows.shape
+        flat = torch.cat([out.rows.reshape(-1).double(), out.scores.reshape(-1).double()]).cpu()  # one read
+        with uncounted():  # host tensors from here on
+            listed, listed_scores = item_ids(catalog, flat[: b * n].view(b, n).long()), flat[b * n :].view(b, n)
+            host_scores = [listed_scores[r][: len(items)][: q.k].tolist()
+                           for r, (q, items) in enumerate(zip(queries, listed, strict=True))]
         results = []
-        for r, (q, items) in enumerate(zip(queries, item_ids(catalog, out.rows), strict=True)):
-            scores = out.scores[r][: len(items)][: q.k].tolist()
+        for r, (q, items) in enumerate(zip(queries, listed, strict=True)):
+            scores = host_scores[r]
             stats = RecStats(target_calls=out.target_calls[r], draft_calls=0, accepted_steps=0,
                              rounds=out.target_calls[r])
             results.append(RecResult(item_ids=items[: q.k], scores=scores, stats=stats, decoding=decoded[0]))
