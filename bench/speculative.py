@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> dict:
         return out.leaves[0], ms, out.target_calls[0], out.accepted[0], out.draft_calls
 
     def head_once(user_history, k, drafter):  # --mode head: one target forward, the head's beam search
-        from recsvc.drafters.head_alone import head_alone_search
+        from recsvc.recommender.drafter_registry import head_alone_search
 
         pb = PromptBatch.from_lists([ctx.builder.prompt_ids(user_history)])
         start = time.perf_counter()

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.processes import stop as stop_process
+from harness.serve_log import ServeLog
 from recsvc.bundle.directory import Bundle
 from recsvc.client.client import RecClient
 from recsvc.errors import UserError
@@ -39,32 +40,6 @@ from recsvc.errors import UserError
 HELP = "p99 of serving during a bundle swap against before it, under load (several swaps)"
 K = 5
 AFTER_SWAP_S = 0.5  # calls that begin this long after bundle_swapped still count as "during" (as the test)
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    events: list[tuple[float, dict]] = field(default_factory=list)  # (arrival time, JSON log line)
-
-    def read(self) -> None:
-        for line in self.proc.stderr:
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(entry, dict):
-                self.events.append((time.monotonic(), entry))
-
-    def event(self, name: str, after: int = 0, timeout_s: float = 120.0) -> tuple[float, dict]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for at, entry in self.events[after:]:
-                if entry.get("event") == name:
-                    return at, entry
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"recsvc serve exited ({self.proc.returncode})")
-            time.sleep(0.01)
-        raise RuntimeError(f"no {name} event within {timeout_s} s")
 
 
 @dataclass
@@ -104,17 +79,15 @@ def p99(values: list[float]) -> float:
     return float(np.percentile(values, 99)) if values else float("nan")
 
 
-def start_server(root: Path, serve_args: list[str]) -> Server:
+def start_server(root: Path, serve_args: list[str]) -> ServeLog:
     cmd = [sys.executable, "-m", "recsvc.cli.main", "serve", "--bundle", str(root / "current"), "--port", "0",
            "--threads", "1", "--bundle-watch-s", "0.2", "--grace-s", "1", "--max-wait-ms", "2", *serve_args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    server = Server(proc)
-    threading.Thread(target=server.read, daemon=True).start()
-    return server
+    return ServeLog(proc).follow()
 
 
-def one_swap(server: Server, root: Path, target: Path, calls: Calls, before_s: float) -> dict:
+def one_swap(server: ServeLog, root: Path, target: Path, calls: Calls, before_s: float) -> dict:
     time.sleep(before_s)
     mark = len(server.events)
     flipped = flip(root, target)

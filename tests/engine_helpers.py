@@ -106,3 +106,24 @@ def catalog_with_sequences(seed: int, device: str = "cpu"):
     items = ids.item_ids.tolist()
     seqs = [[items[(i * 7 + j) % len(items)] for j in range(6)] for i in range(40)]
     return CatalogTrie(ids).to(device), model, items, seqs
+
+
+def counted_request(engine: BeamSearch, drafter, prompts: PromptBatch, mode: str, k: int = 10,
+                    seeded: bool = False):
+    """(one decoded request, its eager device ops, graph replays, host reads), after one warm-up request; each
+    of the three runs is the same request (``seeded``: each prompt's sampling generator seeded by its row)."""
+    from recsvc.engine.decode import decode
+    from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.launches import Launches
+    from recsvc.engine.sampling import make_generators
+
+    def run():
+        gens = make_generators(list(range(len(prompts.lengths)))) if seeded else None
+        return decode(engine, drafter, prompts, [[]] * len(prompts.lengths), mode, k, (k, 3), generators=gens)
+
+    run()
+    with Launches() as ops:
+        out = run()
+    with HostReads(engine.model.device) as reads:
+        run()
+    return out, ops.total, ops.replays, reads.total

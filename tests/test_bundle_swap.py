@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from catalog_fixtures import DIM, NEW, add_entry, free_codes, live_bundle
-from service_helpers import json_line
 
 from harness.processes import stop
+from harness.serve_log import ServeLog
 from recsvc.bundle.directory import Bundle
 from recsvc.bundle.loading import save_causal_lm
 from recsvc.bundle.presets import new_model
@@ -55,25 +55,9 @@ class Served:
     root: Path
     address: str = ""
     metrics_port: int = 0
-    events: list[tuple[float, dict]] = field(default_factory=list)  # (arrival time, JSON log line)
+    log: ServeLog | None = None  # its JSON log lines
     catalog: dict = field(default_factory=dict)  # the live-catalog document written
     serving: Path | None = None  # the version directory the server should be serving
-
-    def read(self) -> None:
-        for line in self.proc.stderr:
-            entry = json_line(line)
-            if entry:
-                self.events.append((time.monotonic(), entry))
-
-    def event(self, name: str, after: int = 0, timeout_s: float = 120.0) -> tuple[float, dict]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            for at, entry in self.events[after:]:
-                if entry.get("event") == name:
-                    return at, entry
-            assert self.proc.poll() is None, f"recsvc serve exited ({self.proc.returncode})"
-            time.sleep(0.02)
-        raise AssertionError(f"no {name} event; last: {[e for _, e in self.events[-10:]]}")
 
     def flip(self, version: Path) -> float:
         """Points `current` at ``version`` atomically (as an operator does: ln -sfn + mv -T); returns when."""
@@ -122,12 +106,11 @@ def served(tmp_path_factory):
            "--max-wait-ms", "2"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    s = Served(proc, root, serving=versions / "v1")
-    threading.Thread(target=s.read, daemon=True).start()
+    s = Served(proc, root, serving=versions / "v1", log=ServeLog(proc).follow())
     try:
-        _, line = s.event("serving")
+        _, line = s.log.event("serving")
         s.address, s.metrics_port = line["address"], line["metrics_port"]
-        _, watching = s.event("bundle_watching")
+        _, watching = s.log.event("bundle_watching")
         assert watching["serving"] == str(versions / "v1")
         ids = Bundle.open(versions / "v1").load_ids()
         with RecClient(s.address) as client:  # the users' histories, in Redis
@@ -137,7 +120,7 @@ def served(tmp_path_factory):
         s.catalog = {"version": 1, "add": [add_entry(NEW, free_codes(ids, 1, seed=3)[0], [0.2] * DIM)],
                      "retire": [int(ids.item_ids[10])]}
         (root / "catalog_live.json").write_text(json.dumps(s.catalog))
-        s.event("catalog_updated")
+        s.log.event("catalog_updated")
         yield s
     finally:
         stop(proc)
@@ -216,13 +199,13 @@ def test_a_new_version_swaps_in_under_load_without_a_failed_call(served) -> None
     histories = stored_histories(s)
     before_lists, after_lists = direct_lists(v1, s.catalog, histories), direct_lists(v2, s.catalog, histories)
     assert before_lists != after_lists  # another model: the test can tell them apart
-    mark = len(s.events)
+    mark = len(s.log.events)
     window: dict[str, float] = {}
 
     def during() -> None:
         time.sleep(4.0)  # before the swap
         window["flip"] = s.flip(v2)
-        window["swapped"], window["line"] = s.event("bundle_swapped", after=mark, timeout_s=60)
+        window["swapped"], window["line"] = s.log.event("bundle_swapped", after=mark, timeout_s=60)
         time.sleep(3.0)  # after it
 
     calls, errors, _ = run_load(s, during)
@@ -256,13 +239,13 @@ def test_a_broken_version_leaves_the_old_one_serving(served) -> None:
     serving = s.serving
     histories = stored_histories(s)
     expected = direct_lists(serving, s.catalog, histories)
-    mark = len(s.events)
+    mark = len(s.log.events)
     rejected_line: dict = {}
 
     def during() -> None:
         time.sleep(1.0)
         s.flip(s.root / "versions" / "v3-broken")
-        rejected_line.update(s.event("bundle_swap_rejected", after=mark, timeout_s=60)[1])
+        rejected_line.update(s.log.event("bundle_swap_rejected", after=mark, timeout_s=60)[1])
         time.sleep(1.5)
 
     calls, errors, _ = run_load(s, during)
@@ -272,7 +255,7 @@ def test_a_broken_version_leaves_the_old_one_serving(served) -> None:
     assert rejected_line["serving"] == str(serving) and rejected_line["level"] == "warning"
     assert rejected_line["reason"]
     print(f"broken version rejected: {rejected_line['reason']}")
-    assert not any(e.get("event") == "bundle_swapped" for _, e in s.events[mark:])
+    assert not any(e.get("event") == "bundle_swapped" for _, e in s.log.events[mark:])
     metrics = s.metrics()
     assert 'recsvc_bundle_swaps_total{outcome="rejected"} 1.0' in metrics
     assert f'recsvc_bundle_serving_info{{bundle="{serving}"}} 1.0' in metrics
@@ -284,9 +267,9 @@ def test_sighup_reloads_the_served_version(served) -> None:
     import signal
 
     s = served
-    mark = len(s.events)
+    mark = len(s.log.events)
     s.proc.send_signal(signal.SIGHUP)
-    _, line = s.event("bundle_swapped", after=mark, timeout_s=60)
+    _, line = s.log.event("bundle_swapped", after=mark, timeout_s=60)
     assert line["bundle"] == line["previous"] == str(s.serving)
     assert line["catalog_added"] == 1 and line["catalog_retired"] == 1  # the live catalog carried over again
     with RecClient(s.address) as client:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from engine_helpers import TEXT_VOCAB, batch, counted_request, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.drafters.oracle import OracleDrafter
@@ -269,22 +269,6 @@ def test_each_search_in_turn_gets_the_static_pool(setup) -> None:
     assert leases == [True, True] * 3
 
 
-def _per_request(engine: BeamSearch, drafter, prompts, mode: str, k: int = 10):
-    """(the decoded request, its eager device ops, graph replays, host reads), after one warm-up request."""
-    from recsvc.engine.decode import decode
-    from recsvc.engine.launches import Launches
-
-    def run():
-        return decode(engine, drafter, prompts, [[]] * len(prompts.lengths), mode, k, (k, 3))
-
-    run()
-    with Launches() as ops:
-        out = run()
-    with HostReads(engine.model.device) as reads:
-        run()
-    return out, ops.total, ops.replays, reads.total
-
-
 @pytest.mark.parametrize("n_prompts", [1, 3])
 def test_a_strict_request_is_a_handful_of_replays_and_one_read(setup, n_prompts: int) -> None:
     """The bench pairing's shape (a LLaMA target, a smaller LLaMA drafter; bucketed forward): a strict request
@@ -293,8 +277,8 @@ def test_a_strict_request_is_a_handful_of_replays_and_one_read(setup, n_prompts:
     here), and returns plain's lists."""
     trie, target, drafter, engine = _models(setup, "bucketed")
     prompts = batch(random_prompts(n_prompts, 70 + n_prompts, min_len=3, max_len=30))
-    plain, plain_ops, plain_replays, plain_reads = _per_request(engine, None, prompts, "plain")
-    strict, ops, replays, reads = _per_request(engine, drafter, prompts, "strict")
+    plain, plain_ops, plain_replays, plain_reads = counted_request(engine, None, prompts, "plain")
+    strict, ops, replays, reads = counted_request(engine, drafter, prompts, "strict")
     assert strict.decoding.mode == "strict"
     assert torch.equal(strict.leaves, plain.leaves)
     assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= 2, (ops, plain_ops, replays, reads)

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
+from engine_helpers import TEXT_VOCAB, batch, counted_request, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.decode import decode
 from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.host_reads import HostReads
-from recsvc.engine.launches import Launches
 from recsvc.engine.noise import NoiseStream
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.relaxed import relaxed_speculative_search
@@ -82,19 +79,6 @@ def test_the_noise_budget_bounds_every_draw_and_an_overdraft_is_reported() -> No
     assert noise_budget(4, 3, 10, 10, 256) >= 4 * (3 * 10 * 256 + 4 * (2 * 10 + 2 * 10 * 256)) // 2
 
 
-def _per_request(engine: BeamSearch, drafter, prompts, mode: str, k: int = 10):
-    def run():
-        return decode(engine, drafter, prompts, [[]] * len(prompts.lengths), mode, k, (k, 3),
-                      generators=make_generators(list(range(len(prompts.lengths)))))
-
-    run()
-    with Launches() as ops:
-        out = run()
-    with HostReads(engine.model.device) as reads:
-        run()
-    return out, ops.total, ops.replays, reads.total
-
-
 @pytest.mark.parametrize("n_prompts", [1, 3])
 def test_a_relaxed_request_is_a_handful_of_replays_and_one_read(setup, n_prompts: int) -> None:
     """The bench pairing's shape: a relaxed request launches at most twice plain's eager ops from Python, replays
@@ -103,8 +87,8 @@ def test_a_relaxed_request_is_a_handful_of_replays_and_one_read(setup, n_prompts
     trie, target, drafter = setup
     engine = BeamSearch(target, trie, TEXT_VOCAB)
     prompts = batch(random_prompts(n_prompts, 80 + n_prompts, min_len=3, max_len=30))
-    _, plain_ops, plain_replays, plain_reads = _per_request(engine, None, prompts, "plain")
-    relaxed, ops, replays, reads = _per_request(engine, drafter, prompts, "relaxed")
+    _, plain_ops, plain_replays, plain_reads = counted_request(engine, None, prompts, "plain", seeded=True)
+    relaxed, ops, replays, reads = counted_request(engine, drafter, prompts, "relaxed", seeded=True)
     assert relaxed.decoding.mode == "relaxed"
     assert ops <= 2 * plain_ops and replays <= plain_replays + 4 and reads <= 2, (ops, plain_ops, replays, reads)
     assert replays == 3 * L and reads == 1 and plain_reads == 0

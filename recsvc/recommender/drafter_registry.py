@@ -116,3 +116,11 @@ DRAFTERS: dict[str, Callable[[DraftSource, str | None], Drafter]] = {
 }
 if tuple(DRAFTERS) != DRAFTER_KINDS:
     raise RuntimeError("recsvc.recommender.drafter_names.DRAFTER_KINDS must name the builders of DRAFTERS")
+
+
+def head_alone_search(*args, **kwargs):
+    """The draft head's beams without verification (``recsvc.drafters.head_alone.head_alone_search``: one target
+    forward, the head beam-searches the remaining codes), for the benches: the drafters stay behind this module."""
+    from recsvc.drafters.head_alone import head_alone_search as search
+
+    return search(*args, **kwargs)
