@@ -14,7 +14,8 @@ the batch (before any swap, validation against the only bundle already did that)
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -56,14 +57,16 @@ class SwappableRecommender:
         """Whether a call is decoding now (a read of one int: no lock)."""
         return self._calls > 0
 
-    def _begin(self) -> Recommender:
+    @contextmanager
+    def _decoding(self) -> Iterator[Recommender]:
+        """The served recommender, read once (a whole batch on one bundle), counted in ``busy`` while in use."""
         with self._calls_lock:
             self._calls += 1
-        return self._current
-
-    def _end(self) -> None:
-        with self._calls_lock:
-            self._calls -= 1
+        try:
+            yield self._current
+        finally:
+            with self._calls_lock:
+                self._calls -= 1
 
     def swap(self, new: Recommender) -> Recommender:
         """Makes ``new`` the served recommender; returns the previous one (batches that read it finish on it)."""
@@ -111,29 +114,17 @@ class SwappableRecommender:
         return self._current.popular_items(k, exclude, rules)
 
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]:
-        rec = self._begin()  # read once: the whole batch on one bundle
-        try:
+        with self._decoding() as rec:
             return rec.recommend(known_only(rec, queries) if self.swaps else queries)
-        finally:
-            self._end()
 
     def answer_now(self, query: RecQuery) -> Answer | None:
-        rec = self._begin()
-        try:
+        with self._decoding() as rec:
             return rec.answer_now(known_only(rec, [query])[0] if self.swaps else query)
-        finally:
-            self._end()
 
     def answers(self, queries: Sequence[RecQuery]) -> list[Answer]:
-        rec = self._begin()
-        try:
+        with self._decoding() as rec:
             return rec.answers(known_only(rec, queries) if self.swaps else queries)
-        finally:
-            self._end()
 
     def prefill_ahead(self, history: Sequence[int]) -> None:
-        rec = self._begin()
-        try:
+        with self._decoding() as rec:
             rec.prefill_ahead([i for i in history if rec.known_item(i)])
-        finally:
-            self._end()
