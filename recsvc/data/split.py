@@ -9,7 +9,7 @@ train + valid items, targets = all test items. Only users with at least one targ
 
 Example::
 
-    >>> data = load_split_dir("/work/shared/data/amazon-beauty")      # doctest: +SKIP
+    >>> data = load_split_dir("data/beauty")      # doctest: +SKIP
     >>> u = data.eval_users("test")[0]                                 # doctest: +SKIP
     >>> u.history == data.train[u.user_id] + data.valid[u.user_id]     # doctest: +SKIP
     True
