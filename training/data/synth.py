@@ -57,12 +57,31 @@ P_SUCCESSOR, P_SAME_LEAF, P_PREFERRED = 0.55, 0.25, 0.15  # the rest: a random i
 
 
 @dataclass(frozen=True)
-class SynthConfig:
-    n_items: int = 300
-    n_users: int = 600
+class UserSequences:
+    """How the synthetic users' sequences are drawn (``data synth`` and ``data synth-log``): everything from one
+    ``seed``, each user's length uniform in [``min_len``, ``max_len``], then :func:`make_sequence`."""
+
     seed: int = 0
     min_len: int = 5
     max_len: int = 20
+
+    def check_lengths(self, n_items: int) -> None:
+        """UserError unless 2 <= min_len <= max_len <= n_items (a user never repeats an item)."""
+        if not 2 <= self.min_len <= self.max_len:
+            raise UserError(f"need 2 <= --min-len <= --max-len, got {self.min_len} and {self.max_len}")
+        if self.max_len > n_items:
+            raise UserError(f"--max-len ({self.max_len}) cannot exceed --items ({n_items}): "
+                            "a user never repeats an item")
+
+    def draw(self, cat: Catalog, rng: random.Random) -> list[int]:
+        """One user's chronological items."""
+        return make_sequence(cat, rng.randint(self.min_len, self.max_len), rng)
+
+
+@dataclass(frozen=True)
+class SynthConfig(UserSequences):
+    n_items: int = 300
+    n_users: int = 600
     split: tuple[int, int, int] = (8, 1, 1)
 
     def check(self) -> None:
@@ -70,11 +89,7 @@ class SynthConfig:
             raise UserError(f"--items must be >= 2, got {self.n_items}")
         if self.n_users < 1:
             raise UserError(f"--users must be >= 1, got {self.n_users}")
-        if not 2 <= self.min_len <= self.max_len:
-            raise UserError(f"need 2 <= --min-len <= --max-len, got {self.min_len} and {self.max_len}")
-        if self.max_len > self.n_items:
-            raise UserError(f"--max-len ({self.max_len}) cannot exceed --items ({self.n_items}): "
-                            "a user never repeats an item")
+        self.check_lengths(self.n_items)
 
 
 @dataclass
@@ -172,7 +187,7 @@ def synthesize(config: SynthConfig) -> tuple[Catalog, Seqs, Seqs, Seqs]:
     horizon = 1_000_000
     events: list[tuple[int, int, int]] = []
     for user in range(config.n_users):
-        seq = make_sequence(cat, rng.randint(config.min_len, config.max_len), rng)
+        seq = config.draw(cat, rng)
         start = rng.uniform(0, 0.6 * horizon)
         end = rng.uniform(start + 0.3 * horizon, horizon)
         times = sorted(int(rng.uniform(start, end)) for _ in seq)

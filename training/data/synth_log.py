@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
-from training.data.synth import make_catalog, make_sequence
+from training.data.synth import UserSequences, make_catalog
 from training.data.tabular import pyarrow_parquet
 
 START = 1_704_067_200  # 2024-01-01T00:00:00Z
@@ -33,21 +33,16 @@ FORMATS = ("csv", "parquet")
 
 
 @dataclass(frozen=True)
-class SynthLogConfig:
+class SynthLogConfig(UserSequences):
     interactions: int = 100_000
     items: int = 2000
-    seed: int = 0
-    min_len: int = 5
-    max_len: int = 20
     new_share: float = 0.1
     formats: tuple[str, ...] = FORMATS
 
     def check(self) -> None:
         if self.interactions < 1:
             raise UserError(f"--interactions must be >= 1, got {self.interactions}")
-        if not 2 <= self.min_len <= self.max_len <= self.items:
-            raise UserError(f"need 2 <= --min-len <= --max-len <= --items, got {self.min_len}, {self.max_len}, "
-                            f"{self.items}")
+        self.check_lengths(self.items)
         if not 0.0 <= self.new_share < 1.0:
             raise UserError(f"--new-share must lie in [0, 1), got {self.new_share}")
         unknown = sorted(set(self.formats) - set(FORMATS))
@@ -69,7 +64,7 @@ def synth_rows(config: SynthLogConfig) -> tuple[list[Row], list[dict[str, Any]]]
     user = 0
     while len(rows) < config.interactions:
         user += 1
-        seq = make_sequence(cat, rng.randint(config.min_len, config.max_len), rng)
+        seq = config.draw(cat, rng)
         seq = seq[: config.interactions - len(rows)]
         start = rng.uniform(0, 0.6 * HORIZON_S)
         end = rng.uniform(start + 0.3 * HORIZON_S, HORIZON_S)
