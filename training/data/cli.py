@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recsvc.service.arg_types import non_negative_int, positive_int
+
+if TYPE_CHECKING:
+    from training.data.columns import Columns
 
 
 def _ratios(text: str) -> tuple[int, int, int]:
@@ -33,12 +36,10 @@ def _split_arg(text: str) -> tuple[int, int, int] | str:
     return LEAVE_LAST_OUT if text == LEAVE_LAST_OUT else _ratios(text)
 
 
-def _mapping(roles: tuple[str, ...], flag: str) -> Any:
-    from training.data.import_log import parse_mapping
-
+def _mapping(columns: Columns) -> Any:
     def parse(text: str) -> dict[str, str]:
         try:
-            return parse_mapping(text, roles, flag)
+            return columns.parse(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -72,14 +73,14 @@ def _prepare_amazon(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from training.data.import_items import item_columns
-    from training.data.import_log import log_columns
+    from training.data.import_items import ITEM_COLUMNS
+    from training.data.import_log import LOG_COLUMNS
     from training.data.importer import ImportConfig, import_log, print_summary
 
     config = ImportConfig(kcore=args.kcore, split=args.split, seed=args.seed, min_rating=args.min_rating,
                           missing_items=args.missing_items, all_items=args.all_items, category_sep=args.category_sep)
-    stats = import_log(args.log, args.items, args.out, log_columns(args.columns), item_columns(args.item_columns),
-                       config)
+    stats = import_log(args.log, args.items, args.out, LOG_COLUMNS.given(args.columns),
+                       ITEM_COLUMNS.given(args.item_columns), config)
     print_summary(args.out, stats)
     _print_json(stats)
     return 0
@@ -130,8 +131,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=_prepare_amazon)
 
-    from training.data.import_items import ITEM_ROLES
-    from training.data.import_log import LOG_ROLES
+    from training.data.import_items import ITEM_COLUMNS
+    from training.data.import_log import LOG_COLUMNS
 
     i = sub.add_parser("import", help="your interaction log + item table (CSV or Parquet) -> split data dir "
                                       "(docs/DATA.md)")
@@ -139,10 +140,10 @@ def register(subparsers: Any) -> None:
                    help="interaction log, .csv / .tsv (gzipped or not) or Parquet: one row per interaction")
     i.add_argument("--items", required=True, help="item table, CSV or Parquet: one row per item")
     i.add_argument("--out", required=True, help="output data directory")
-    i.add_argument("--columns", type=_mapping(LOG_ROLES, "--columns"), default={},
+    i.add_argument("--columns", type=_mapping(LOG_COLUMNS), default={},
                    help="the log's column names, ROLE=NAME,... with roles user, item, time, rating "
                         "(defaults user_id, item_id, timestamp, rating; rating is optional)")
-    i.add_argument("--item-columns", type=_mapping(ITEM_ROLES, "--item-columns"), default={},
+    i.add_argument("--item-columns", type=_mapping(ITEM_COLUMNS), default={},
                    help="the item table's column names, ROLE=NAME,... with roles id, title, description, brand, "
                         "categories (defaults item_id, title, description, brand, categories; the last three "
                         "optional)")

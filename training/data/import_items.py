@@ -9,31 +9,18 @@ column named on the command line must exist. Categories: a Parquet list of strin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Any
 
 from recsvc.data.split import ItemMeta
 from recsvc.errors import UserError
 from training.data.amazon_raw import DESCRIPTION_KEEP_CHARS
+from training.data.columns import Columns
 from training.data.import_log import cell_text
 from training.data.tabular import Table
 
-ITEM_ROLES = ("id", "title", "description", "brand", "categories")
+ITEM_COLUMNS = Columns("--item-columns", {"id": "item_id", "title": "title", "description": "description",
+                                          "brand": "brand", "categories": "categories"}, labels={"id": "item id"})
 OPTIONAL_ROLES = ("description", "brand", "categories")
-
-
-@dataclass(frozen=True)
-class ItemColumns:
-    id: str = "item_id"
-    title: str = "title"
-    description: str = "description"
-    brand: str = "brand"
-    categories: str = "categories"
-    named: frozenset[str] = frozenset()
-
-
-def item_columns(mapping: dict[str, str]) -> ItemColumns:
-    return replace(ItemColumns(), **mapping, named=frozenset(mapping))
 
 
 def _text(value: Any) -> str | None:
@@ -58,24 +45,19 @@ def _categories(value: Any, sep: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def read_items(table: Table, cols: ItemColumns, category_sep: str = "|") -> dict[str, ItemMeta]:
-    """``{external item id: ItemMeta}`` (``asin`` = the external id); a duplicate or empty id is a UserError
-    naming both rows."""
-    table.require(cols.id, "item id column", "--item-columns id=NAME")
-    table.require(cols.title, "title column", "--item-columns title=NAME")
-    for role in OPTIONAL_ROLES:
-        if role in cols.named:
-            table.require(getattr(cols, role), f"{role} column", f"--item-columns {role}=NAME")
-    present = [role for role in OPTIONAL_ROLES if getattr(cols, role) in table.columns]
-    names = [cols.id, cols.title] + [getattr(cols, role) for role in present]
+def read_items(table: Table, cols: Columns, category_sep: str = "|") -> dict[str, ItemMeta]:
+    """``{external item id: ItemMeta}`` (``asin`` = the external id; ``cols``: :data:`ITEM_COLUMNS` as given);
+    a duplicate or empty id is a UserError naming both rows."""
+    present = cols.require(table, "id", "title", optional=OPTIONAL_ROLES)
+    names = [cols["id"], cols["title"]] + [cols[role] for role in present]
     items: dict[str, ItemMeta] = {}
     first_row: dict[str, int] = {}
     for row, values in table.rows(names):
         item = cell_text(values[0])
         if not item:
-            raise UserError(f"{table.where(row)}, column {cols.id!r}: empty item id")
+            raise UserError(f"{table.where(row)}, column {cols['id']!r}: empty item id")
         if item in first_row:
-            raise UserError(f"{table.where(row)}, column {cols.id!r}: duplicate item id {item!r} "
+            raise UserError(f"{table.where(row)}, column {cols['id']!r}: duplicate item id {item!r} "
                             f"(first at row {first_row[item]})")
         first_row[item] = row
         fields = dict(zip(present, values[2:], strict=True))

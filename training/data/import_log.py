@@ -8,24 +8,16 @@ Columns are named by ``--columns user=...,item=...,time=...,rating=...`` (defaul
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from recsvc.errors import UserError
+from training.data.columns import Columns
 from training.data.pair_times import PairTimes
 from training.data.tabular import Table
 from training.data.times import EXPECTED, parse_time
 
-LOG_ROLES = ("user", "item", "time", "rating")
-
-
-@dataclass(frozen=True)
-class LogColumns:
-    user: str = "user_id"
-    item: str = "item_id"
-    time: str = "timestamp"
-    rating: str = "rating"
-    named: frozenset[str] = frozenset()  # the roles given on the command line (a named column must exist)
+LOG_COLUMNS = Columns("--columns", {"user": "user_id", "item": "item_id", "time": "timestamp", "rating": "rating"})
 
 
 @dataclass
@@ -35,30 +27,6 @@ class LogScan(PairTimes):
     rows: int = 0
     unknown_item_rows: int = 0
     unknown_items: set[str] = field(default_factory=set)
-
-
-def parse_mapping(text: str, roles: tuple[str, ...], flag: str) -> dict[str, str]:
-    """``"user=uid,time=ts" -> {"user": "uid", "time": "ts"}``; a ValueError names an unknown role.
-
-    >>> parse_mapping("user=uid, time=ts", LOG_ROLES, "--columns")
-    {'user': 'uid', 'time': 'ts'}
-    """
-    out: dict[str, str] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        role, sep, name = part.partition("=")
-        role, name = role.strip(), name.strip()
-        if not sep or not name:
-            raise ValueError(f"{flag}: expected ROLE=COLUMN, got {part!r}")
-        if role not in roles:
-            raise ValueError(f"{flag}: unknown role {role!r} (roles: {', '.join(roles)})")
-        out[role] = name
-    return out
-
-
-def log_columns(mapping: dict[str, str]) -> LogColumns:
-    return replace(LogColumns(), **mapping, named=frozenset(mapping))
 
 
 def cell_text(value: Any) -> str:
@@ -80,42 +48,38 @@ def _rating(value: Any) -> float | None:
     return rating if math.isfinite(rating) else None
 
 
-def scan_log(table: Table, cols: LogColumns, known_items: set[str], min_rating: float | None,
+def scan_log(table: Table, cols: Columns, known_items: set[str], min_rating: float | None,
              missing_items: str) -> LogScan:
-    """Read every row: check it, filter by rating, dedupe user-item pairs (the earliest time wins) and set aside
-    items missing from the item table (``missing_items`` "drop": counted; "error": a UserError)."""
-    table.require(cols.user, "user column", "--columns user=NAME")
-    table.require(cols.item, "item column", "--columns item=NAME")
-    table.require(cols.time, "time column", "--columns time=NAME")
-    has_rating = cols.rating in table.columns
-    if "rating" in cols.named:
-        table.require(cols.rating, "rating column", "--columns rating=NAME")
+    """Read every row (``cols``: :data:`LOG_COLUMNS` as given): check it, filter by rating, dedupe user-item
+    pairs (the earliest time wins) and set aside items missing from the item table (``missing_items`` "drop":
+    counted; "error": a UserError)."""
+    has_rating = bool(cols.require(table, "user", "item", "time", optional=("rating",)))
     if min_rating is not None and not has_rating:
-        raise UserError(f"--min-rating needs a rating column: {table.path} has no column {cols.rating!r} "
+        raise UserError(f"--min-rating needs a rating column: {table.path} has no column {cols['rating']!r} "
                         "(name it with --columns rating=NAME)")
-    names = [cols.user, cols.item, cols.time] + ([cols.rating] if has_rating else [])
+    names = [cols["user"], cols["item"], cols["time"]] + ([cols["rating"]] if has_rating else [])
     scan = LogScan()
     for row, values in table.rows(names):
         scan.rows += 1
         user, item, raw_time = cell_text(values[0]), cell_text(values[1]), values[2]
         if not user:
-            raise UserError(f"{table.where(row)}, column {cols.user!r}: empty user id")
+            raise UserError(f"{table.where(row)}, column {cols['user']!r}: empty user id")
         if not item:
-            raise UserError(f"{table.where(row)}, column {cols.item!r}: empty item id")
+            raise UserError(f"{table.where(row)}, column {cols['item']!r}: empty item id")
         when = parse_time(raw_time)
         if when is None:
-            raise UserError(f"{table.where(row)}, column {cols.time!r}: cannot read {raw_time!r} as a time "
+            raise UserError(f"{table.where(row)}, column {cols['time']!r}: cannot read {raw_time!r} as a time "
                             f"({EXPECTED})")
         if has_rating:
             rating = _rating(values[3])
             if rating is None and values[3] not in (None, ""):
-                raise UserError(f"{table.where(row)}, column {cols.rating!r}: rating {values[3]!r} is not a number")
+                raise UserError(f"{table.where(row)}, column {cols['rating']!r}: rating {values[3]!r} is not a number")
             if min_rating is not None and (rating is None or rating < min_rating):
                 scan.below_min_rating += 1
                 continue
         if item not in known_items:
             if missing_items == "error":
-                raise UserError(f"{table.where(row)}, column {cols.item!r}: item {item!r} is not in the item table "
+                raise UserError(f"{table.where(row)}, column {cols['item']!r}: item {item!r} is not in the item table "
                                 "(--missing-items drop skips such rows)")
             scan.unknown_item_rows += 1
             scan.unknown_items.add(item)

@@ -30,8 +30,9 @@ from typing import Any
 from recsvc.data.split import SPLITS, ItemMeta, write_split_dir
 from recsvc.errors import UserError
 from training.data.amazon_raw import shuffled_ids
-from training.data.import_items import ItemColumns, read_items
-from training.data.import_log import LogColumns, scan_log
+from training.data.columns import Columns
+from training.data.import_items import ITEM_COLUMNS, read_items
+from training.data.import_log import LOG_COLUMNS, scan_log
 from training.data.split import TimeSplit, kcore, split_by_global_time, split_leave_last_out
 from training.data.tabular import open_table
 
@@ -58,11 +59,8 @@ def _split(events: list[tuple[float, str, str]], config: ImportConfig) -> TimeSp
     return split_by_global_time(events, config.split, config.min_train)
 
 
-DEFAULT_LOG_COLUMNS, DEFAULT_ITEM_COLUMNS = LogColumns(), ItemColumns()
-
-
 def import_log(log: str | Path, items_file: str | Path, out: str | Path,
-               log_cols: LogColumns = DEFAULT_LOG_COLUMNS, item_cols: ItemColumns = DEFAULT_ITEM_COLUMNS,
+               log_cols: Columns = LOG_COLUMNS, item_cols: Columns = ITEM_COLUMNS,
                config: ImportConfig = ImportConfig()) -> dict[str, Any]:
     """Run the pipeline (module docstring); returns the ``stats.json`` content."""
     out = Path(out)
@@ -110,8 +108,7 @@ def import_log(log: str | Path, items_file: str | Path, out: str | Path,
         "params": {**asdict(config), "split": (list(config.split) if isinstance(config.split, tuple)
                                                else config.split),
                    "log": str(log), "items": str(items_file),
-                   "columns": {k: v for k, v in asdict(log_cols).items() if k != "named"},
-                   "item_columns": {k: v for k, v in asdict(item_cols).items() if k != "named"}},
+                   "columns": dict(log_cols.names), "item_columns": dict(item_cols.names)},
     }
     stats["interactions"]["total"] = sum(stats["interactions"].values())
     (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
