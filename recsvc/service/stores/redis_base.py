@@ -37,8 +37,20 @@ class RedisStoreBase(HistoryStore):
     label = "redis"  # names the backend in errors and logs
     RETRIABLE: tuple[type[BaseException], ...] = (RedisConnectionError,)
 
-    def __init__(self, *, max_len: int, ttl_s: int, prefix: str, wait: WaitPolicy | None, socket_timeout_s: float,
-                 backoff_s: float, max_backoff_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        max_len: int = 200,
+        ttl_s: int = 90 * 24 * 3600,
+        prefix: str = "recsvc:hist:",
+        wait: WaitPolicy | None = None,
+        socket_timeout_s: float = 0.5,
+        connect_timeout_s: float = 0.25,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 0.5,
+        max_connections: int = 64,
+    ) -> None:
+        """The settings both stores take (a subclass adds its own: how long to keep retrying, its pool)."""
         if max_len < 1 or ttl_s < 1:
             raise ValueError("max_len and ttl_s must be >= 1")
         self.max_len, self.ttl_s, self.prefix, self.wait = max_len, ttl_s, prefix, wait
@@ -46,6 +58,12 @@ class RedisStoreBase(HistoryStore):
         # WAIT blocks the connection up to its timeout: the socket must wait longer than WAIT does
         self.socket_timeout_s = (socket_timeout_s if wait is None
                                  else max(socket_timeout_s, wait.timeout_ms / 1000.0 + 0.25))
+        self.connect_timeout_s, self.max_connections = connect_timeout_s, max_connections
+
+    def client_options(self) -> dict[str, Any]:
+        """The redis-py connection options of both clients (timeouts, connection cap, client name)."""
+        return {"socket_timeout": self.socket_timeout_s, "socket_connect_timeout": self.connect_timeout_s,
+                "max_connections": self.max_connections, "client_name": "recsvc"}
 
     def key(self, user_id: str) -> str:
         return f"{self.prefix}{user_id}"

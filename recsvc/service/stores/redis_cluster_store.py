@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
@@ -40,7 +41,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
-from .redis_append import WaitPolicy, append_script
+from .redis_append import append_script
 from .redis_base import RedisStoreBase
 from .redis_urls import parse_cluster_url, redacted
 
@@ -64,39 +65,22 @@ class RedisClusterHistoryStore(RedisStoreBase):
     label = "redis cluster"
     RETRIABLE = FAILOVER_ERRORS
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        max_len: int = 200,
-        ttl_s: int = 90 * 24 * 3600,
-        prefix: str = "recsvc:hist:",
-        wait: WaitPolicy | None = None,
-        socket_timeout_s: float = 0.5,
-        connect_timeout_s: float = 0.25,
-        retry_budget_s: float = 1.0,
-        backoff_s: float = 0.05,
-        max_backoff_s: float = 0.4,
-        max_connections: int = 64,
-    ) -> None:
+    def __init__(self, url: str, *, retry_budget_s: float = 1.0, max_backoff_s: float = 0.4, **settings: Any) -> None:
+        """``retry_budget_s``: how long a failing call keeps retrying; ``settings``: :class:`RedisStoreBase`'s."""
         if retry_budget_s < 0:
             raise ValueError("retry_budget_s must be >= 0")
-        if "{" in prefix or "}" in prefix:
+        super().__init__(max_backoff_s=max_backoff_s, **settings)
+        if "{" in self.prefix or "}" in self.prefix:
             raise ValueError(f"a Redis Cluster key prefix cannot contain '{{' or '}}' (the hash tag is the user id), "
-                             f"got {prefix!r}")
-        super().__init__(max_len=max_len, ttl_s=ttl_s, prefix=prefix, wait=wait, socket_timeout_s=socket_timeout_s,
-                         backoff_s=backoff_s, max_backoff_s=max_backoff_s)
+                             f"got {self.prefix!r}")
         self.cluster_url = parse_cluster_url(url)
         self.url = redacted(url)
         self.retry_budget_s = retry_budget_s
         self._options = {
-            "socket_timeout": self.socket_timeout_s,
-            "socket_connect_timeout": connect_timeout_s,
-            "max_connections": max_connections,
+            **self.client_options(),
             "username": self.cluster_url.username,
             "password": self.cluster_url.password,
             "ssl": self.cluster_url.ssl,
-            "client_name": "recsvc",
         }
         self._lock = threading.Lock()
         self._cluster: RedisCluster | None = None

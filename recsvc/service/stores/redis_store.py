@@ -17,48 +17,33 @@ replicas have it (:class:`WriteNotReplicated` otherwise, never retried).
 
 from __future__ import annotations
 
+from typing import Any
+
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from .redis_append import WaitPolicy, append_script
+from .redis_append import append_script
 from .redis_base import RedisStoreBase
 
 
 class RedisHistoryStore(RedisStoreBase):
     """History lists under ``{prefix}{user_id}`` in the Redis at ``url`` (``redis://host:port/db``)."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        max_len: int = 200,
-        ttl_s: int = 90 * 24 * 3600,
-        prefix: str = "recsvc:hist:",
-        socket_timeout_s: float = 0.5,
-        connect_timeout_s: float = 0.25,
-        retries: int = 2,
-        backoff_s: float = 0.05,
-        max_backoff_s: float = 0.5,
-        max_connections: int = 64,
-        pool_timeout_s: float = 1.0,
-        wait: WaitPolicy | None = None,
-    ) -> None:
+    def __init__(self, url: str, *, retries: int = 2, pool_timeout_s: float = 1.0, **settings: Any) -> None:
+        """``retries``: further attempts after a failed call; ``pool_timeout_s``: longest wait for a free pooled
+        connection; ``settings``: :class:`RedisStoreBase`'s."""
         if retries < 0:
             raise ValueError("retries must be >= 0")
-        super().__init__(max_len=max_len, ttl_s=ttl_s, prefix=prefix, wait=wait, socket_timeout_s=socket_timeout_s,
-                         backoff_s=backoff_s, max_backoff_s=max_backoff_s)
+        super().__init__(**settings)
         self.url = url
         self.retries = retries
         self._pool = redis.BlockingConnectionPool.from_url(
             url,
-            max_connections=max_connections,
             timeout=pool_timeout_s,
-            socket_timeout=self.socket_timeout_s,
-            socket_connect_timeout=connect_timeout_s,
             retry=Retry(NoBackoff(), 0),  # retries are ours (RedisStoreBase._call), with the append/timeout rule
-            client_name="recsvc",
+            **self.client_options(),
         )
         self._client = redis.Redis(connection_pool=self._pool)
 
