@@ -50,6 +50,13 @@ def random_prompts(n: int, seed: int, min_len: int = 3, max_len: int = 12) -> li
     return [rng.integers(3, TEXT_VOCAB, size=int(rng.integers(min_len, max_len + 1))).tolist() for _ in range(n)]
 
 
+def peaked_probs(n: int, rows: int, seed: int) -> torch.Tensor:
+    """[rows, n] random item probabilities with a long tail (rows sum to 1): a prior's input."""
+    g = torch.Generator().manual_seed(seed)
+    logits = 3.0 * torch.randn(rows, n, generator=g)
+    return torch.softmax(logits, 1)
+
+
 def generate_reference(model: LlamaForCausalLM, trie: CatalogTrie, prompt: list[int], k: int,
                        excluded: list[int] | None = None) -> tuple[list[tuple[int, ...]], list[float]]:
     """transformers' own constrained beam search for one prompt (see recsvc.engine.reference)."""

@@ -1,6 +1,7 @@
 """An item prior fused into beam search (recsvc.engine.prior): the trie factorisation is exact, plain beam search
 returns fused scores (and the prior's order when the prior dominates), no prior / weight 0 changes nothing, and
-strict speculative decoding with the prior equals plain beam search with the prior."""
+relaxed sampling renormalises the fused distributions. Strict speculative decoding with the prior equals plain beam
+search with the prior: tests/test_engine_speculative.py."""
 
 from __future__ import annotations
 
@@ -9,25 +10,22 @@ import pytest
 import torch
 from engine_helpers import (
     SCORE_TOL,
-    STRICT_CASES,
     TEXT_VOCAB,
     batch,
-    check_strict,
+    peaked_probs,
     random_catalog,
     random_prompts,
     tiny_llama,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.drafters.oracle import OracleDrafter
 from recsvc.engine.beam_search import BeamSearch
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.prior import prior_log_mass, step_bias
 from recsvc.engine.relaxed import relaxed_speculative_search
 from recsvc.engine.sampling import make_generators, sampling_beam_search, tempered_logp
-from recsvc.engine.speculative import speculative_search
 from recsvc.engine.tree_cache import TreeCache
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
@@ -42,13 +40,6 @@ def item_step_sums(trie: CatalogTrie, prior: torch.Tensor) -> torch.Tensor:
     for d in range(1, path.shape[1]):
         total += prior[:, path[:, d]] - prior[:, path[:, d - 1]]
     return total
-
-
-def peaked_probs(n: int, rows: int, seed: int) -> torch.Tensor:
-    """Random item probabilities with a long tail (rows sum to 1)."""
-    g = torch.Generator().manual_seed(seed)
-    logits = 3.0 * torch.randn(rows, n, generator=g)
-    return torch.softmax(logits, 1)
 
 
 # ---- the factorisation ---------------------------------------------------------------------------------------
@@ -195,63 +186,6 @@ def test_exclusions_with_a_prior(setup) -> None:
         for item, score in zip(got, out.scores[r].tolist(), strict=True):  # an item's fused score is its own
             if item in before:
                 assert abs(score - before[item]) < SCORE_TOL
-
-
-# ---- strict speculative == plain, with the prior ---------------------------------------------------------------
-def check_strict_with_prior(model, drafter, trie, prompts, k, n, gamma, prior, excluded=None, drafter_prior=True):
-    return check_strict(model, drafter, trie, prompts, k, n, gamma, excluded, prior, drafter_prior)
-
-
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    **STRICT_CASES,
-    weight=st.sampled_from([0.3, 1.0, 4.0, 50.0]),
-    with_exclusions=st.booleans(),
-    drafter_prior=st.booleans(),
-)
-def test_strict_with_prior_equals_plain_with_prior(seed, codebook, k, n_rel, gamma, batch_size, weight,
-                                                   with_exclusions, drafter_prior):
-    ids = random_catalog(120, L, codebook, seed)
-    trie = CatalogTrie(ids)
-    model = EngineModel.build(tiny_llama(L, codebook, seed))
-    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, codebook, seed + 1, hidden=16, layers=1)), trie, TEXT_VOCAB)
-    n = {"less": max(1, k // 2), "equal": k, "more": k + 3}[n_rel]
-    prompts = random_prompts(batch_size, seed, min_len=1, max_len=15)
-    prior = prior_log_mass(trie, peaked_probs(len(ids), batch_size, seed), weight)
-    excluded = None
-    if with_exclusions:
-        excluded = [ids.item_ids[(seed + r) % len(ids) :][:5].tolist() for r in range(batch_size)]
-    check_strict_with_prior(model, drafter, trie, prompts, k, n, gamma, prior, excluded, drafter_prior)
-
-
-def test_oracle_with_the_prior_accepts_everything(setup) -> None:
-    ids, trie, model = setup
-    prompts = random_prompts(3, seed=15)
-    prior = prior_log_mass(trie, peaked_probs(len(ids), 3, 4), 2.0)
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
-    spec = check_strict_with_prior(model, OracleDrafter(engine, 10), trie, prompts, 10, 10, 3, prior)
-    assert spec.target_calls.tolist() == [1, 1, 1] and spec.accepted.tolist() == [3, 3, 3]
-
-
-@pytest.mark.parametrize("attention", ["exact", "fp32"])
-def test_strict_with_prior_is_bit_identical_in_bf16(attention: str) -> None:
-    trie = CatalogTrie(random_catalog(2000, L, 32, 6))
-    model = EngineModel.build(tiny_llama(L, 32, 6, hidden=64, init=0.2, dtype=torch.bfloat16), attention)
-    drafter = LlamaDrafter(EngineModel.build(tiny_llama(L, 32, 7, hidden=32, layers=1, dtype=torch.bfloat16),
-                                             attention), trie, TEXT_VOCAB)
-    prompts = random_prompts(4, 6, min_len=3, max_len=40)
-    prior = prior_log_mass(trie, peaked_probs(len(trie.ids), 4, 6), 1.0)
-    engine = BeamSearch(model, trie, TEXT_VOCAB)
-    for k, n, gamma in ((10, 10, 3), (5, 12, 1)):
-        plain = engine.search(batch(prompts), k, prior=prior)
-        spec = speculative_search(model, trie, TEXT_VOCAB, batch(prompts), k,
-                                  drafter.session(batch(prompts), [], None, prior), n, gamma, None, engine.select,
-                                  prior)
-        assert torch.equal(spec.leaves, plain.leaves)
-        if attention == "exact":
-            assert torch.equal(spec.scores, plain.scores)
-        else:
-            torch.testing.assert_close(spec.scores, plain.scores, atol=SCORE_TOL, rtol=0)
 
 
 # ---- relaxed (sampling) mode: the fused, renormalised distributions ---------------------------------------------
