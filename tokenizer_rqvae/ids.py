@@ -36,7 +36,7 @@ def all_code_tokens(levels: int = LEVELS, codebook_size: int = CODEBOOK_SIZE) ->
 
 def parse_code_token(token: str) -> tuple[int, int]:
     """``parse_code_token("<c_12>") == (2, 12)``; raises UserError for anything else."""
-    m = _TOKEN_RE.match(token)
+    m = _TOKEN_RE.match(token) if isinstance(token, str) else None
     if not m or m.group(1) not in LEVEL_NAMES:
         raise UserError(f"not a code token: {token!r} (expected like '<a_12>')")
     return LEVEL_NAMES.index(m.group(1)), int(m.group(2))
@@ -113,10 +113,12 @@ class SemanticIds:
         if not isinstance(raw, dict) or not raw:
             raise UserError(f"{path}: expected a non-empty object item_id -> list of code tokens")
         mapping: dict[int, tuple[int, ...]] = {}
+        known: dict[str, tuple[int, int]] = {}  # each distinct token parsed once (at most levels x codebook)
         for key, toks in raw.items():
             if not str(key).isdigit() or not isinstance(toks, list) or not toks:
                 raise UserError(f"{path}: bad entry {key!r}: {toks!r}")
-            parsed = [parse_code_token(t) for t in toks]
+            parsed = [known[t] if isinstance(t, str) and t in known else known.setdefault(t, parse_code_token(t))
+                      for t in toks]
             if [lv for lv, _ in parsed] != list(range(len(parsed))):
                 raise UserError(f"{path}: item {key}: code levels out of order: {toks}")
             mapping[int(key)] = tuple(c for _, c in parsed)

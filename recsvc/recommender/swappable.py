@@ -8,7 +8,7 @@ swap happened, history items that the serving bundle does not know are left out 
 the batch (before any swap, validation against the only bundle already did that).
 
 ``busy`` says whether a call is decoding now: a new version loads in slices while it is
-(``recsvc.service.loader_throttle``).
+(``recsvc.service.loader_throttle``). ``recent`` keeps the histories served lately: a new version warms on them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from recsvc.recommender.api import Answer, EngineFacts, Recommender, RecQuery, RecResult
+from recsvc.recommender.recent_histories import RecentHistories
 from recsvc.rules.spec import Rules
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class SwappableRecommender:
         self.swaps = 0
         self._calls = 0  # calls in progress (decoding), under _calls_lock
         self._calls_lock = threading.Lock()
+        self.recent = RecentHistories()  # what a new version warms on before it serves
 
     @property
     def current(self) -> Recommender:
@@ -113,15 +115,22 @@ class SwappableRecommender:
     def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
         return self._current.popular_items(k, exclude, rules)
 
+    def _note(self, queries: Sequence[RecQuery]) -> None:
+        for q in queries:
+            self.recent.add(q.history)
+
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]:
+        self._note(queries)
         with self._decoding() as rec:
             return rec.recommend(known_only(rec, queries) if self.swaps else queries)
 
     def answer_now(self, query: RecQuery) -> Answer | None:
+        self._note([query])
         with self._decoding() as rec:
             return rec.answer_now(known_only(rec, [query])[0] if self.swaps else query)
 
     def answers(self, queries: Sequence[RecQuery]) -> list[Answer]:
+        self._note(queries)
         with self._decoding() as rec:
             return rec.answers(known_only(rec, queries) if self.swaps else queries)
 

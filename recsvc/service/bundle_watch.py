@@ -11,13 +11,15 @@ tuning rewrote it in place), the new version is
    old one keeps serving every request;
 2. given the live catalog: the items added and retired at run time, carried over and validated against the
    new bundle's ids (``recsvc.catalog.carry``), while no catalog change is applied (``CatalogWatch.paused``);
-3. warmed: it answers the warm-up queries (the default mode and plain, on popular items and the bundle's
-   calibration histories) before it serves anything;
+3. warmed: it answers the warm-up queries (the default mode and plain, on popular items, the bundle's
+   calibration histories and the histories served lately, ``SwappableRecommender.recent``: the active users'
+   next requests find its state cache warm) before it serves anything;
 4. swapped in with one assignment (``SwappableRecommender.swap``): a batch that started on the old version
    finishes on it, the next one runs on the new one; the old user-state cache is emptied (its memory back).
 
-While requests are being decoded, the loading thread (load, catalog, warm-up) runs in slices of about 1 ms
-and sleeps 4 ms, or 4x the CPU time the slice used, between them (``recsvc.service.loader_throttle``): the
+While calls are being answered (``recsvc.service.call_activity``), the loading thread (load, catalog, warm-up)
+runs in slices of about 0.5 ms and sleeps 4.5 ms, or 9x the CPU time the slice used, between them
+(``recsvc.service.loader_throttle``): the
 requests served meanwhile keep the GIL and the cores, the load takes longer. Its thread keeps the normal CPU
 priority: a lower one would let the scheduler preempt it while it holds the GIL, stalling the serving threads.
 tests/test_bundle_swap.py measures the p99 of the requests served during a swap against the p99 before;
@@ -62,6 +64,20 @@ Key = tuple[str, tuple[int, int, int]]  # (version directory, bundle.json's mtim
 WARM_HISTORIES = 4  # calibration histories the new version is warmed on (besides popular items)
 
 
+def warm_histories(rec: Recommender, stored: list[list[int]], recent: list[list[int]]) -> list[list[int]]:
+    """What a new version warms on: ``WARM_HISTORIES`` of the bundle's calibration histories, then the histories
+    served lately (``RecentHistories``: their users' first requests then find the new version's state cache
+    warm), each once, with the items the new version does not know left out."""
+    out: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    for history in [*stored[:WARM_HISTORIES], *recent]:
+        known = [i for i in history if rec.known_item(i)]
+        if known and tuple(known) not in seen:
+            seen.add(tuple(known))
+            out.append(known)
+    return out
+
+
 def version_key(path: str | Path) -> Key | None:
     """The version directory ``path`` resolves to and its bundle.json's stamp; None while it has none."""
     target = os.path.realpath(path)
@@ -76,15 +92,17 @@ class BundleWatch:
     def __init__(self, served: SwappableRecommender, path: str | Path, load: Callable[[str], BundleRecommender],
                  warm: Callable[[Recommender, list[list[int]]], object], catalog: CatalogWatch | None = None,
                  check_every_s: float = 1.0, on_swapped: Callable[[], None] | None = None,
-                 serving: str | None = None) -> None:
+                 serving: str | None = None, busy: Callable[[], bool] | None = None) -> None:
         """``served``: what the server answers with; ``path``: the bundle path given to ``recsvc serve``;
         ``load(version_dir)``: a new version's recommender (UserError / any exception: rejected); ``warm(rec,
         histories)``: raises when ``rec`` cannot answer; ``catalog``: the live-catalog watch whose catalog is
         carried over; ``on_swapped``: called after each swap (e.g. ``gc.freeze``); ``serving``: the version
-        directory served now (default: the one ``path`` resolves to)."""
+        directory served now (default: the one ``path`` resolves to); ``busy()``: whether calls are being
+        answered, the loader then works in slices (default: ``served`` is decoding)."""
         self.served, self.path, self.load, self.warm = served, str(path), load, warm
         self.catalog, self.check_every_s, self.on_swapped = catalog, check_every_s, on_swapped
         self.serving = serving or os.path.realpath(self.path)  # the version directory served
+        self.busy = busy or (lambda: served.busy)
         self._rejected: Key | None = None
         self._reload = threading.Event()
         self._lock = threading.Lock()
@@ -115,14 +133,14 @@ class BundleWatch:
         target = key[0]
         began = time.monotonic()
         log_event(log, "bundle_loading", bundle=target, serving=self.serving)
-        throttle = LoaderThrottle(lambda: self.served.busy)
+        throttle = LoaderThrottle(self.busy)
         try:
             with throttle:  # in slices while requests are decoded
                 base = self.load(target)
                 loaded = time.monotonic()
                 live = LiveRecommender(base)
-                stored = read_calibration_histories(target) or []
-                histories = [h for h in stored[:WARM_HISTORIES] if h and all(base.known_item(i) for i in h)]
+                histories = warm_histories(base, read_calibration_histories(target) or [],
+                                           self.served.recent.latest())
                 if self.catalog is not None:
                     with self.catalog.paused() as current:
                         carried, dropped = carried_over(current.state.catalog, base.ids, live.vector_dim)
@@ -151,7 +169,8 @@ class BundleWatch:
         if self.on_swapped is not None:
             self.on_swapped()
         log_event(log, "bundle_swapped", bundle=target, previous=previous, seconds=round(self.last_swap_s, 3),
-                  load_s=round(loaded - began, 3), warm_s=round(swapped - warming, 3), **throttle.stats(),
+                  load_s=round(loaded - began, 3), warm_s=round(swapped - warming, 3),
+                  warmed_histories=len(histories), **throttle.stats(),
                   catalog_version=carried.version if carried is not None else None,
                   catalog_added=len(carried.item_ids) if carried is not None else 0,
                   catalog_retired=len(carried.retired) if carried is not None else 0, **dropped)

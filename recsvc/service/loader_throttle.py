@@ -1,5 +1,5 @@
 """A background thread that loads a new bundle version (``bundle_watch.BundleWatch``) without slowing the requests
-served meanwhile: while requests are being decoded, it runs in short slices and sleeps between them.
+served meanwhile: while calls are being answered, it runs in short slices and sleeps between them.
 
 Why: loading (tokenizer, model construction, the tables) and warming up are Python code that holds the GIL,
 and the serving thread needs the GIL back after each of its many short torch operations (each releases it). A
@@ -10,15 +10,17 @@ preempted stalls the serving thread (a priority inversion).
 
 :class:`LoaderThrottle`, entered in the loading thread, installs a profile function in that thread only
 (``sys.setprofile``: called at each Python and C function call and return). Every ``CHECK_EVERY`` events it
-looks at the clock: once ``run_s`` has passed since it last yielded and ``busy()`` says requests are being
-decoded, it sleeps (the GIL and the core are the serving thread's meanwhile) ``pause_s``, or ``pause_s / run_s``
+looks at the clock: once ``run_s`` has passed since it last yielded and ``busy()`` says calls are being answered
+(``recsvc.service.call_activity``: the whole call, and a moment after it, not only its decoding), it sleeps
+(the GIL and the core are the serving thread's meanwhile) ``pause_s``, or ``pause_s / run_s``
 times the CPU time it used since it last yielded (``time.thread_time``) when that is longer, at most
 ``MAX_PAUSE_S``: a long C call (a sort, a tensor op) is followed by a long sleep, so the loader's share of the CPU
 stays about ``run_s / (run_s + pause_s)``, and a loader that waited for the GIL or a core (a busy machine) still
-yields every ``run_s``. When nothing is being decoded, the loader runs at full speed. The load gets slower under
+yields every ``run_s``. When no call is being answered, the loader runs at full speed. The load gets slower under
 load (by ``(run_s + pause_s) / run_s`` or more, plus the profile function's own cost), never the requests: a
 warm-up need not be fast, only done before the switch. A single C call that holds the GIL (a large JSON file
-parsed: 20-25 ms for a 12k-item catalog's semantic ids on a busy 2-core machine) is not cut.
+parsed: 20-25 ms for a 12k-item catalog's semantic ids on a busy 2-core machine) is not cut: the loading code
+keeps its calls short (the trie's 46 MB table is filled 64 rows per call, the popularity order is one C sort).
 
     >>> with LoaderThrottle(lambda: True, run_s=0.0, pause_s=0.0) as throttle:
     ...     _ = sorted(str(i) for i in range(1000))
@@ -34,8 +36,8 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
-RUN_S = 0.001  # the longest the loader runs at a time while requests are being decoded ...
-PAUSE_S = 0.004  # ... then it sleeps this long (or 4x the CPU it used): about 1/5 of the CPU is the loader's
+RUN_S = 0.0005  # the longest the loader runs at a time while calls are being answered ...
+PAUSE_S = 0.0045  # ... then it sleeps this long (or 9x the CPU it used): about 1/10 of the CPU is the loader's
 MAX_PAUSE_S = 0.25  # the longest sleep (after a long C call)
 CHECK_EVERY = 32  # profile events between two looks at the clock (one event: ~0.1-1 us of work)
 

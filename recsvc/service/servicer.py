@@ -31,6 +31,7 @@ from recsvc.errors import UserError
 from recsvc.recommender.api import Mode, Recommender, RecQuery
 
 from .batcher import Batcher, BatcherClosed, BatchOutcome, DeadlineExpired, Overloaded
+from .call_activity import CallActivity
 from .gen import recommender_pb2 as pb
 from .logs import EveryInterval, log_event
 from .metrics import ServiceMetrics
@@ -103,6 +104,7 @@ class RecommenderServicer:
         self.on_store_state = on_store_state
         self.after_record: Callable[[str], None] | None = None  # called with the user id after a stored write
         self._rejections = EveryInterval(1.0)  # a burst of rejected calls: one log line a second, with a count
+        self.activity = CallActivity()  # calls being answered: a bundle loading beside this one yields to them
 
     def attach(self, recommender: Recommender, batcher: Batcher) -> None:
         """The engine is ready: serve RPCs from now on."""
@@ -271,7 +273,8 @@ class RecommenderServicer:
                 raise NotReady("server is starting up")
             if isinstance(request, _Malformed):
                 raise UserError(f"malformed {method} request: {request.error}")
-            response = fn(request, context, fields)
+            with self.activity.call():
+                response = fn(request, context, fields)
         except UserError as exc:
             code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except HistoryStoreUnavailable as exc:

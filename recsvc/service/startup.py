@@ -103,7 +103,7 @@ def watch_bundle(args: argparse.Namespace, serving: str, served, server, catalog
 
     watch = BundleWatch(served, args.bundle, load, server.warm, catalog, check_every_s=args.bundle_watch_s,
                         on_swapped=gc.freeze,  # the new version's objects out of the collector's reach too
-                        serving=serving)
+                        serving=serving, busy=lambda: served.busy or server.servicer.activity.busy())
     server.metrics.registry.register(watch)
     signal.signal(signal.SIGHUP, lambda _signum, _frame: watch.request_reload())
     return watch.start()
