@@ -210,3 +210,31 @@ def test_a_decode_steps_direct_mask_is_the_tree_mask_of_its_groups(setup, fp32: 
         want_slots, want_visible = tree_mask(cache.width, nodes.shape, cache._groups(path))
         assert torch.equal(slots, want_slots) and torch.equal(visible, want_visible)
         cache.path, cache.width = path, cache.width + k
+
+
+@pytest.mark.parametrize("forward", ["fast", "bucketed"])
+def test_a_finished_search_frees_its_keys_and_values_without_the_cyclic_collector(setup, forward: str) -> None:
+    """Cache layers hold their cache weakly: no reference cycle keeps a search's KV buffers (or, once
+    ``gc.freeze`` ran, a retired bundle version's forward) alive after the last reference goes."""
+    import gc
+    import weakref
+
+    trie, model = setup
+    engine = EngineModel.build(model, "fp32", forward=forward)
+    search = BeamSearch(engine, trie, TEXT_VOCAB)
+    search.search(batch(random_prompts(2, 23)), 4)  # a warm engine (a bucketed one: its pool leased once)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        cache = engine.new_cache()
+        cache.reserve(24, 2)
+        buffers = [weakref.ref(kv.k) for kv in cache.layers] + [weakref.ref(kv.v) for kv in cache.layers]
+        layer = weakref.ref(cache.layers[0])
+        assert layer().cache is cache
+        del cache
+        assert layer() is None  # freed by reference counting alone
+        if forward == "fast":  # its own buffers (a bucketed cache's are the engine's pool, kept for the next)
+            assert all(b() is None for b in buffers)
+    finally:
+        if was_enabled:
+            gc.enable()

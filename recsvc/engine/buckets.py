@@ -136,18 +136,6 @@ class _StaticKV(_KV):
         super().__init__(cache, k, v)
         self.rows_k = self.rows_v = batch  # rows in use (keys, values: replaced one after the other)
 
-    # the cache is held weakly: a reference cycle (cache -> layers -> cache) would keep a finished search's
-    # cache, and with it the pool's lease, alive until the garbage collector ran (the next searches uncaptured)
-    @property
-    def cache(self) -> StaticCache:
-        cache = self._cache()
-        assert cache is not None, "a static cache layer outlived its cache"
-        return cache
-
-    @cache.setter
-    def cache(self, value: StaticCache) -> None:
-        self._cache = weakref.ref(value)
-
     def reserve(self, width: int) -> None:
         self.ensure(self.k.shape[0], width)
         self.n = self.n_v = max(self.n, width)

@@ -44,6 +44,7 @@ Shapes: B requests, q new tokens, S cache width (slots), H hidden, h heads, h_kv
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -105,6 +106,19 @@ class _KV:
     def __init__(self, cache: FastCache, k: torch.Tensor, v: torch.Tensor) -> None:
         self.cache, self.k, self.v = cache, k, v
         self.n = self.n_v = 0  # slots in use (keys, values: replaced one after the other by a compaction)
+
+    # the cache is held weakly: a reference cycle (cache -> layers -> cache) would keep a finished search's keys
+    # and values (and a static cache's pool lease) alive until the cyclic collector ran, and a retired bundle
+    # version's forward with them for good once ``gc.freeze`` had moved it out of the collector's reach
+    @property
+    def cache(self) -> FastCache:
+        cache = self._cache()
+        assert cache is not None, "a KV cache layer outlived its cache"
+        return cache
+
+    @cache.setter
+    def cache(self, value: FastCache) -> None:
+        self._cache = weakref.ref(value)
 
     def reserve(self, width: int) -> None:
         cap = self.k.shape[2]
