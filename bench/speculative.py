@@ -27,6 +27,7 @@ from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
 from recsvc.engine.plan import forward_names
 from recsvc.engine.prior import prior_log_mass
+from recsvc.engine.relaxed_keep import DEFAULT_KEEP, KEEPS
 from recsvc.hardware import machine, resolve_dtype
 from recsvc.recommender.api import SPECULATIVE
 from recsvc.recommender.drafter_names import DRAFTER_KINDS, HEAD_OPENERS
@@ -56,6 +57,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", default="auto", help="'auto' (measure the grid, then auto) or N:gamma pairs, N a "
                    "number or relative to each K (K, 2K, K/2), gamma 1..5: e.g. 10:3,20:2 or K:3,2K:3")
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--relaxed-keep", choices=KEEPS, default=DEFAULT_KEEP,
+                   help="--mode relaxed: which K of >= K accepted drafts a depth keeps: the first K in the drafter's "
+                        "draw order, or K uniformly at random (the AtSpeed paper's listing; docs/SPECULATIVE.md)")
     p.add_argument("--calibration-users", type=int, default=8)
     p.add_argument("--forward", choices=["auto", *forward_names()], default="auto",
                    help="the engine forward of the target and a LLaMA drafter (bucketed: the CUDA graphs' shapes, "
@@ -156,7 +160,8 @@ def run(args: argparse.Namespace) -> dict:
             drafter.sampling_session(pb, [user_history], None, pr)  # the drafter's UserError
         out = decode(engine, drafter, pb, [user_history], mode, k, (n, gamma), prior=pr, temperatures=temp,
                      generators=make_generators([seed]), session=session, ledger=ledger,
-                     exit_check=getattr(args, "exit_check", 0) or None)
+                     exit_check=getattr(args, "exit_check", 0) or None,
+                     keep=getattr(args, "relaxed_keep", DEFAULT_KEEP))
         synchronize(device)  # CUDA: the request's work is done before the clock is read
         ms = 1000 * (time.perf_counter() - start)
         return out.leaves[0], ms, out.target_calls[0], out.accepted[0], out.draft_calls
@@ -242,6 +247,7 @@ def run(args: argparse.Namespace) -> dict:
     table = markdown_table(rows, cols)
     print(table)
     payload = {"bench": "speculative", "mode": args.mode, "drafter": args.drafter,
+               "relaxed_keep": getattr(args, "relaxed_keep", DEFAULT_KEEP) if relaxed else None,
                "prior": None if fused is None else {**vars(fused.settings), "fitted_on": fused.fitted_on},
                "dtype": resolve_dtype(args.dtype, device), "device": device,
                "split": args.split, "machine": machine(), "rows": rows, "table": table}

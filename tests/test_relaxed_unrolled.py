@@ -14,6 +14,7 @@ from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.noise import NoiseStream
 from recsvc.engine.prior import prior_log_mass
 from recsvc.engine.relaxed import relaxed_speculative_search
+from recsvc.engine.relaxed_keep import KEEPS
 from recsvc.engine.relaxed_unrolled import noise_budget
 from recsvc.engine.sampling import make_generators
 from tokenizer_rqvae.trie import CatalogTrie
@@ -30,22 +31,25 @@ def setup():
     return trie, target, drafter
 
 
-def _relaxed(setup, prompts, k, n, gamma, seeds, unrolled, dead=None, prior=None):
+def _relaxed(setup, prompts, k, n, gamma, seeds, unrolled, dead=None, prior=None, keep="draw-order"):
     trie, target, drafter = setup
     temps = torch.full((len(seeds),), 0.8)
     return relaxed_speculative_search(target, trie, TEXT_VOCAB, prompts, k,
                                       drafter.sampling_session(prompts, [], dead, prior), n, gamma, temps,
-                                      make_generators(seeds), dead, prior, unrolled=unrolled)
+                                      make_generators(seeds), dead, prior, unrolled=unrolled, keep=keep)
 
 
+@pytest.mark.parametrize("keep", KEEPS)
 @pytest.mark.parametrize(("k", "n", "gamma", "n_prompts"), [(10, 10, 3, 1), (6, 12, 3, 3), (4, 8, 2, 4),
                                                            (5, 5, 1, 2)])
-def test_unrolled_relaxed_gives_the_eager_loops_lists(setup, k: int, n: int, gamma: int, n_prompts: int) -> None:
+def test_unrolled_relaxed_gives_the_eager_loops_lists(setup, k: int, n: int, gamma: int, n_prompts: int,
+                                                      keep: str) -> None:
+    """Both keep rules: uniform draws its pick's numbers where the verification draws, draw-order draws none."""
     prompts = batch(random_prompts(n_prompts, 60 + k, min_len=3, max_len=30))
     for first in (0, 100, 200):
         seeds = list(range(first, first + n_prompts))
-        eager = _relaxed(setup, prompts, k, n, gamma, seeds, unrolled=False)
-        out = _relaxed(setup, prompts, k, n, gamma, seeds, unrolled=True)
+        eager = _relaxed(setup, prompts, k, n, gamma, seeds, unrolled=False, keep=keep)
+        out = _relaxed(setup, prompts, k, n, gamma, seeds, unrolled=True, keep=keep)
         assert out.host_counts is not None and eager.host_counts is None
         assert torch.equal(out.leaves, eager.leaves), (seeds, out.leaves, eager.leaves)
         torch.testing.assert_close(out.logp, eager.logp, atol=1e-4, rtol=0)
@@ -53,7 +57,8 @@ def test_unrolled_relaxed_gives_the_eager_loops_lists(setup, k: int, n: int, gam
         assert out.host_counts == (eager.target_calls.tolist(), eager.accepted.tolist())
 
 
-def test_unrolled_relaxed_with_exclusions_and_a_fused_prior(setup) -> None:
+@pytest.mark.parametrize("keep", KEEPS)
+def test_unrolled_relaxed_with_exclusions_and_a_fused_prior(setup, keep: str) -> None:
     trie = setup[0]
     prompts = batch(random_prompts(3, 77, min_len=3, max_len=30))
     dead = trie.dead_nodes([[int(i) for i in trie.ids.item_ids[:40]]] * 3)
@@ -61,8 +66,8 @@ def test_unrolled_relaxed_with_exclusions_and_a_fused_prior(setup) -> None:
     prior = prior_log_mass(trie, probs, 0.7)
     for first in (0, 50):
         seeds = [first, first + 1, first + 2]
-        eager = _relaxed(setup, prompts, 6, 8, 3, seeds, False, dead, prior)
-        out = _relaxed(setup, prompts, 6, 8, 3, seeds, True, dead, prior)
+        eager = _relaxed(setup, prompts, 6, 8, 3, seeds, False, dead, prior, keep)
+        out = _relaxed(setup, prompts, 6, 8, 3, seeds, True, dead, prior, keep)
         assert torch.equal(out.leaves, eager.leaves) and torch.equal(out.accepted, eager.accepted)
         excluded = set(trie.leaf_items(out.leaves[out.leaves >= 0]))
         assert not excluded & {int(i) for i in trie.ids.item_ids[:40]}
@@ -76,7 +81,9 @@ def test_the_noise_budget_bounds_every_draw_and_an_overdraft_is_reported() -> No
     stream.take((3,), when=torch.tensor([True, False]))
     assert stream.cursor.tolist() == [6, 3] and bool(stream.overdrawn())
     # the budget covers the largest request: every round's drafting and both replay alternatives at every depth
-    assert noise_budget(4, 3, 10, 10, 256) >= 4 * (3 * 10 * 256 + 4 * (2 * 10 + 2 * 10 * 256)) // 2
+    assert noise_budget(4, 3, 10, 10, 256, "uniform") >= 4 * (3 * 10 * 256 + 4 * (2 * 10 + 2 * 10 * 256)) // 2
+    # draw-order's pick draws nothing: N fewer per verified depth (3 + 3 + 2 + 1 of them over the 4 rounds)
+    assert noise_budget(4, 3, 10, 10, 256, "uniform") - noise_budget(4, 3, 10, 10, 256, "draw-order") == 9 * 10
 
 
 @pytest.mark.parametrize("n_prompts", [1, 3])

@@ -29,6 +29,7 @@ from recsvc.engine.ledger import NO_LEDGER, Ledger
 from recsvc.engine.ports import Drafter, DraftSession, SamplingSession
 from recsvc.engine.prompts import PromptBatch
 from recsvc.engine.relaxed import relaxed_speculative_search
+from recsvc.engine.relaxed_keep import DEFAULT_KEEP, Keep
 from recsvc.engine.sampling import make_generators, sampling_beam_search
 from recsvc.engine.speculative import speculative_search
 from recsvc.engine.state_cache import UserStateCache
@@ -54,7 +55,7 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
            dead: torch.Tensor | None = None, prior: torch.Tensor | None = None,
            temperatures: torch.Tensor | None = None, generators: Sequence[torch.Generator] | None = None,
            session: DraftSession | SamplingSession | None = None, top: int | None = None, ledger: Ledger = NO_LEDGER,
-           states: UserStateCache | None = None, exit_check: int | None = None) -> Decoded:
+           states: UserStateCache | None = None, exit_check: int | None = None, keep: Keep = DEFAULT_KEEP) -> Decoded:
     """Decodes ``batch`` (B prompts, ``histories`` their item histories) in ``mode`` at beam width ``width``.
 
     ``speculation``: (N, gamma) for this width; N = 0 means "do not speculate" (``why_plain`` says why).
@@ -63,7 +64,8 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
     (strict: ``DraftSession``, relaxed: ``SamplingSession``) made by the caller, e.g. outside its timer; default:
     the drafter's. ``top``: plain search reads only the best
     ``top`` beams (``BeamSearch.search``). ``states``: the user-state cache. ``exit_check``: strict over a sync-free
-    forward, one more read after that many rounds ends a finished request early (``recsvc.engine.unrolled``)."""
+    forward, one more read after that many rounds ends a finished request early (``recsvc.engine.unrolled``).
+    ``keep``: relaxed, which K of >= K accepted drafts a depth keeps (``recsvc.engine.relaxed_keep``)."""
     b = len(histories)
     n, gamma = speculation
     if mode == "strict":
@@ -94,7 +96,7 @@ def decode(engine: BeamSearch, drafter: Drafter | None, batch: PromptBatch, hist
         samples = (cast(SamplingSession, session) if session is not None
                    else sampler.sampling_session(batch, histories, dead, prior))
         rel = relaxed_speculative_search(engine.model, engine.trie, engine.code_offset, batch, width, samples, n,
-                                         gamma, temps, gens, dead, prior, states=states)
+                                         gamma, temps, gens, dead, prior, states=states, keep=keep)
         calls, accepted = rel.host_counts or (rel.target_calls.tolist(), rel.accepted.tolist())
         return Decoded(rel.leaves, rel.logp, calls, accepted, rel.draft_calls, Decoding("relaxed", width, n, gamma))
     if mode == "plain":

@@ -4,7 +4,8 @@ Per depth s of a round (every unfinished request; p: target, q: drafter, both tr
 sequence distributions over the children of their own current beams):
   - the drafter has sampled N >= K sequences from q_s without replacement;
   - each drafted y is accepted with probability min(1, p_s(y) / q_s(y));
-  - >= K accepted: keep K of them uniformly at random, go to the next depth;
+  - >= K accepted: keep K of them (``keep``: the first K in the drafter's draw order, the default, or K uniformly
+    at random as the paper's listing; ``relaxed_keep``), go to the next depth;
   - else: the missing K - a are sampled without replacement from p' = norm(max(0, p_s - q_s)) with the accepted
     ones zeroed, and the round stops here.
 If all g drafted depths pass, one more depth is sampled from the target directly (its distributions at the last
@@ -27,6 +28,7 @@ from recsvc.engine.beam_search import to_device
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.ports import DraftStep, SamplingSession, TargetState
 from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.relaxed_keep import DEFAULT_KEEP, Keep, pick_accepted
 from recsvc.engine.relaxed_unrolled import unrolled_relaxed
 from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.sampling import gumbel, rank_final, sample_children, tempered_logp, uniform
@@ -46,12 +48,6 @@ class RelaxedOutput:
     host_counts: tuple[list[int], list[int]] | None = None
 
 
-def _uniform_pick(mask: torch.Tensor, width: int, gens, rows) -> torch.Tensor:
-    """[R, n] bool -> [R, width] indices of width True entries chosen uniformly (rows with >= width True)."""
-    keys = torch.where(mask, gumbel((mask.shape[1],), gens, rows, mask.device), float("-inf"))
-    return torch.topk(keys, width, dim=1).indices
-
-
 @torch.inference_mode()
 def relaxed_speculative_search(
     target: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, width: int,
@@ -61,6 +57,7 @@ def relaxed_speculative_search(
     prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior: p_s is the fused target (sampling.py)
     states: UserStateCache | None = None,  # the user-state cache (recsvc.engine.state_cache; fast forward)
     unrolled: bool = True,  # sync-free targets: rounds unrolled (``relaxed_unrolled``); False: the eager loop
+    keep: Keep = DEFAULT_KEEP,  # which K of >= K accepted drafts a depth keeps (``relaxed_keep``)
 ) -> RelaxedOutput:
     dev = target.device  # inputs moved once; every tensor of the search lives there
     trie, prompts, temperature = trie.to(dev), prompts.to(dev), temperature.to(dev)
@@ -71,7 +68,7 @@ def relaxed_speculative_search(
     beams = ActiveBeams.start(b, dev, dead=dead, temp=temperature.clone(), prior=prior)
     if unrolled and target.plan.sync_free:  # rounds unrolled on the device, three units a round, one read
         leaves, logp_seq, calls_t, acc_t, calls_h, acc_h = unrolled_relaxed(cache, beams, drafts, width, n_draft,
-                                                                            gamma, gens, _verify_depth)
+                                                                            gamma, gens, _verify_depth, keep)
         return RelaxedOutput(leaves, logp_seq, calls_t, acc_t, drafts.calls, (calls_h, acc_h))
     out_leaves = torch.full((b, width), -1, dtype=torch.long, device=dev)
     out_logp = torch.full((b, width), float("-inf"), device=dev)
@@ -99,7 +96,8 @@ def relaxed_speculative_search(
                 new_nodes, new_w = sample_children(cand_w, cand_nodes, width, gens, grow)
                 ok = torch.zeros_like(go)
             else:
-                new_nodes, new_w, ok = _verify_depth(cand_w, cand_nodes, beams.nodes, drafted[s - 1], width, gens, grow)
+                new_nodes, new_w, ok = _verify_depth(cand_w, cand_nodes, beams.nodes, drafted[s - 1], width, gens, grow,
+                                                     keep)
                 free = go & ~verify
                 if free.any():
                     fn, fw = sample_children(cand_w, cand_nodes, width, gens, grow)
@@ -117,9 +115,10 @@ def relaxed_speculative_search(
 
 
 def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.Tensor, step: DraftStep, width: int,
-                  gens, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  gens, rows, keep: Keep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One depth of relaxed verification. cand_w / cand_nodes: [R, Kc*C] target candidates (children of the
-    target's beams ``beams`` [R, Kc]). Returns (new beams [R, K], their log P [R, K], accepted-all [R])."""
+    target's beams ``beams`` [R, Kc]); ``keep``: the rule for >= K accepted drafts (``relaxed_keep``). Returns (new
+    beams [R, K], their log P [R, K], accepted-all [R])."""
     r, n_cand = cand_w.shape
     c = step.parent_logq.shape[2]
     lse_p = torch.logsumexp(cand_w, 1, keepdim=True)
@@ -140,8 +139,8 @@ def _verify_depth(cand_w: torch.Tensor, cand_nodes: torch.Tensor, beams: torch.T
     acc = (step.nodes >= 0) & (u < torch.where(q_y > 0, p_y / q_y, 0.0).clamp(max=1.0)) & in_cand  # [R, N]
     n_acc = acc.sum(1)
     enough = n_acc >= width
-    # >= K accepted: K of them uniformly at random
-    pick = _uniform_pick(acc, width, gens, rows)  # [R, K] (garbage rows without enough)
+    # >= K accepted: K of them, by the keep rule (uniform draws N Gumbel numbers here, draw-order none)
+    pick = pick_accepted(acc, width, keep, gens, rows)  # [R, K] (garbage rows without enough)
     nodes_a = step.nodes.gather(1, pick)
     w_a = cand_w.gather(1, pos.gather(1, pick))
     # < K accepted: keep them, draw the rest from norm(max(0, p - q)) without the accepted ones

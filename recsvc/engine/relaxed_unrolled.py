@@ -23,6 +23,7 @@ import torch
 from recsvc.engine.launches import replayable
 from recsvc.engine.noise import NoiseStream, gated
 from recsvc.engine.ports import DraftStep, SamplingSession, TargetState
+from recsvc.engine.relaxed_keep import Keep, pick_draws
 from recsvc.engine.rounds import ActiveBeams
 from recsvc.engine.sampling import rank_final, sample_children, tempered_logp
 from recsvc.engine.tree_cache import TreeCache
@@ -30,9 +31,10 @@ from recsvc.engine.tree_cache import TreeCache
 VerifyDepth = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # relaxed._verify_depth
 
 
-def noise_budget(levels: int, gamma: int, width: int, n_draft: int, codes: int) -> int:
+def noise_budget(levels: int, gamma: int, width: int, n_draft: int, codes: int, keep: Keep) -> int:
     """Uniforms one request can draw over ``levels`` rounds (an upper bound: every depth of every round drawn,
-    by the drafter and by both of the replay's alternatives)."""
+    by the drafter and by both of the replay's alternatives; a verified depth draws N acceptance uniforms, the
+    keep rule's pick (``relaxed_keep.pick_draws``) and the residual's Gumbel numbers)."""
     total = 0
     for r in range(levels):
         kc = 1 if r == 0 else width  # the target's beams at the round's start
@@ -40,21 +42,22 @@ def noise_budget(levels: int, gamma: int, width: int, n_draft: int, codes: int) 
         total += sum((kc if s == 1 else n_draft) * codes for s in range(1, drafted + 1))
         for s in range(1, min(gamma + 1, levels - r) + 1):
             cand = (kc if s == 1 else width) * codes
-            total += cand + (2 * n_draft + cand if s <= drafted else 0)
+            total += cand + (n_draft + pick_draws(keep, n_draft) + cand if s <= drafted else 0)
     return total
 
 
 def unrolled_relaxed(cache: TreeCache, beams: ActiveBeams, drafts: SamplingSession, width: int, n_draft: int,
-                     gamma: int, gens: Sequence[torch.Generator], verify_depth: VerifyDepth
+                     gamma: int, gens: Sequence[torch.Generator], verify_depth: VerifyDepth, keep: Keep
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int], list[int]]:
     """Runs the request's L rounds over ``cache`` (sync-free target) from ``beams`` (every row at the root; per
     row: dead, temp, prior). Returns (leaves [B, K] and their log-probs [B, K] ranked, target calls [B], accepted
-    depths [B], both again as host lists)."""
+    depths [B], both again as host lists). ``keep``: the rule for >= K accepted drafts, as the eager loop's (its
+    draws, if any, are the verification's: gated with them)."""
     model, trie = cache.model, cache.trie
     dev, levels, b = model.device, trie.levels, len(beams.rows)
     dead, temp, prior = beams.per_row["dead"], beams.per_row["temp"], beams.per_row["prior"]
     assert temp is not None
-    stream = NoiseStream(gens, noise_budget(levels, gamma, width, n_draft, trie.codebook_size), dev)
+    stream = NoiseStream(gens, noise_budget(levels, gamma, width, n_draft, trie.codebook_size, keep), dev)
     state = TargetState(model, cache)
     closed = getattr(drafts, "closed_tree", False)
     accepted = torch.zeros(b, dtype=torch.long, device=dev)
@@ -86,7 +89,7 @@ def unrolled_relaxed(cache: TreeCache, beams: ActiveBeams, drafts: SamplingSessi
                     free = go & ~verify
                     with gated(stream, draws & some):  # some row verifies: the verification's draws ...
                         ver_nodes, ver_w, ok = verify_depth(cand_w, cand_nodes, beams.nodes, drafted[s - 1], width,
-                                                            stream, rows)
+                                                            stream, rows, keep)
                         with gated(stream, free.any().expand(b)):  # ... then the free rows' sample, if any
                             free_nodes, free_w = sample_children(cand_w, cand_nodes, width, stream, rows)
                     with gated(stream, draws & ~some):  # else the target's own sample, from the same place

@@ -43,7 +43,7 @@ class EngineDecode:
                                    if sampling else None),
                      generators=make_generators([q.seed for q in queries]) if sampling else None,
                      top=None if merging else max(q.k for q in queries),  # the first k of the width are read
-                     ledger=ledger, states=scope.settings.states)
+                     ledger=ledger, states=scope.settings.states, keep=scope.settings.relaxed_keep)
         if merging:
             return self.merge(queries, out, excluded)
         host = read_decoded(out, max(q.k for q in queries))  # the request's one read of its lists
