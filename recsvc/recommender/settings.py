@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from recsvc.engine.engine_model import EngineModel
 from recsvc.engine.host_reads import ReadSampler
-from recsvc.engine.relaxed_keep import Keep
+from recsvc.engine.relaxed_keep import DEFAULT_KEEP, Keep
 from recsvc.engine.state_cache import UserStateCache
 from recsvc.errors import UserError
 from recsvc.rule_decoding.decode import RuleSettings
@@ -51,8 +51,8 @@ class RecommenderSettings:
     ``states``: the user-state cache (``state_cache_for``; None: off); ``prefill_ahead``: compute a user's next
     request after a write, when the server is idle. ``read_sampler``: counts the host reads of every N-th decode
     (None: off). ``relaxed_keep``: relaxed mode's rule for >= K accepted drafts (``recsvc.engine.relaxed_keep``);
-    served: the paper's uniform pick, whose outputs tests/data/decoding_golden.json records (the engine's default,
-    draw-order, is the better one: docs/SPECULATIVE.md)."""
+    default the paper's uniform pick, whose outputs tests/data/decoding_golden.json records (draw-order follows
+    the target's sampling more closely: docs/SPECULATIVE.md)."""
 
     spec: SpecSettings = field(default_factory=SpecSettings)
     max_k: int = 50
@@ -62,7 +62,7 @@ class RecommenderSettings:
     states: UserStateCache | None = None
     prefill_ahead: bool = False
     read_sampler: ReadSampler | None = None
-    relaxed_keep: Keep = "uniform"
+    relaxed_keep: Keep = DEFAULT_KEEP
 
     def __post_init__(self) -> None:
         if self.beam_width < 0:
