@@ -96,3 +96,19 @@ def test_semantic_ids_parse_each_token_once_and_reject_non_strings(tmp_path) -> 
     path.write_text(json.dumps({"1": ["<a_1>", ["<b_2>"]]}))
     with pytest.raises(UserError, match="not a code token"):
         SemanticIds.load(path)
+
+
+def test_a_calibration_under_the_loader_throttle_times_cpu_not_its_sleeps() -> None:
+    """A version swapped in with ``--spec auto`` calibrates in the throttled loading thread: on one CPU thread
+    the runs are timed in that thread's CPU time, which the throttle's sleeps do not add to."""
+    from recsvc.service.calibration import calibration_clock
+
+    assert calibration_clock("cpu", 1) is time.thread_time
+    assert calibration_clock("cpu", 2) is time.perf_counter and calibration_clock("cuda", 1) is time.perf_counter
+    clock = calibration_clock("cpu", 1)
+    with LoaderThrottle(lambda: True, run_s=0.0, pause_s=0.01) as throttle:
+        began, wall = clock(), time.monotonic()
+        sorted(str(i) for i in range(20000))
+        took, waited = clock() - began, time.monotonic() - wall
+    assert throttle.pauses > 0 and throttle.paused_s > 0.05
+    assert took < waited - 0.8 * throttle.paused_s  # the sleeps are in the wall time, not in the CPU time
