@@ -144,3 +144,18 @@ def test_fit_budget_plans_an_alignment_run(bundle) -> None:
     state = json.loads((bundle.root / "checkpoints" / "drafter-s-fit" / "last" / "state.json").read_text())["state"]
     plan = state["budget_plan"]
     assert plan["epochs"] == 2 and plan["train_tokens_per_s"] > 0 and plan["epochs_fit"] > 2
+
+
+def test_init_from_takes_a_trained_drafters_name(bundle) -> None:
+    """``--init-from sft`` starts from BUNDLE/drafters/sft (its --out-name), as the help says; an unknown name is
+    a UserError naming where it looked."""
+    train_drafter(bundle.root, preset="drafter-tiny", method="sft", cfg=cfg(epochs=1), eval_max_users=10,
+                  out_name="init-src")
+    source = load_causal_lm(bundle.root / "drafters" / "init-src", dtype="fp32")
+    info = train_drafter(bundle.root, preset="drafter-tiny", method="sft", cfg=cfg(epochs=1, lr=0.0),
+                         eval_max_users=10, out_name="init-dst", init_from="init-src")
+    started = load_causal_lm(info["out"], dtype="fp32")
+    assert all(torch.equal(a, b) for a, b in zip(source.parameters(), started.parameters(), strict=True))
+    with pytest.raises(UserError, match="no drafter 'nowhere'"):
+        train_drafter(bundle.root, preset="drafter-tiny", method="sft", cfg=cfg(epochs=1), out_name="x",
+                      init_from="nowhere")

@@ -142,7 +142,9 @@ def register(subparsers) -> None:
     d.add_argument("--out-name", default=None,
                    help="save to BUNDLE/drafters/NAME (what `recsvc bench drafters` compares) instead of "
                         "BUNDLE/drafter (the served one)")
-    d.add_argument("--init-from", type=Path, default=None, help="start from a saved drafter, e.g. the SFT one")
+    d.add_argument("--init-from", default=None,
+                   help="start from a saved drafter: its --out-name (e.g. sft: BUNDLE/drafters/sft), 'drafter' "
+                        "(BUNDLE/drafter) or a model directory")
     d.add_argument("--as-users", type=int, default=200,
                    help="validation users for AS@K (strict and relaxed acceptance); the best epoch by AS is kept")
     d.add_argument("--verify", choices=VERIFY, default="auto",

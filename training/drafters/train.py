@@ -211,8 +211,8 @@ def train_drafter(
         evaluator = acceptance_evaluator(bundle, builder, CatalogTrie(builder.ids), data, as_k, as_users, gamma,
                                          draft_beams, eval_dtype, cfg.seed)
         cfg = replace(cfg, metric=metric)
-    if init_from is not None:
-        model = load_causal_lm(init_from, dtype="fp32").train()
+    if init_from is not None:  # a drafter's --out-name (BUNDLE/drafters/NAME), "drafter", or a model directory
+        model = load_causal_lm(bundle.drafter_path(init_from), dtype="fp32").train()
         if model.config.vocab_size != len(builder.tokenizer):
             raise UserError(f"{init_from} has another vocabulary than the bundle's tokenizer")
     else:
