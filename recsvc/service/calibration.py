@@ -66,8 +66,8 @@ class _OutOfBudget(Exception):
 
 def calibrate_speculation(rec: BundleRecommender, spec: str, bundle: str | None = None, *, budget_s: float = 60.0,
                           step: Step | None = None, should_stop: Callable[[], bool] | None = None,
-                          ks: tuple[int, ...] = CALIBRATION_KS,
-                          cache_settings: dict | None = None) -> SpecSettings:
+                          ks: tuple[int, ...] = CALIBRATION_KS, cache_settings: dict | None = None,
+                          clock: Callable[[], float] = time.perf_counter) -> SpecSettings:
     """The speculation settings to serve ``rec`` with (``rec`` itself is not modified: the caller builds the
     served recommender with the choice, ``rec.variant(spec=...)``).
 
@@ -80,7 +80,8 @@ def calibrate_speculation(rec: BundleRecommender, spec: str, bundle: str | None 
 
     ``cache_settings`` (the serving settings the timing depends on): reuse the choice stored in
     BUNDLE/calibration.json when it was made on this hardware with these models and settings, and store a
-    complete calibration there (``recsvc.service.calibration_cache``); None: always calibrate."""
+    complete calibration there (``recsvc.service.calibration_cache``); None: always calibrate. ``clock``: what each
+    run is timed with (``calibration_clock``; the budget is wall time)."""
     step = step or log_step
     if spec == "off":  # the width-1 choice applies to every larger width
         step("speculation_off", serving="plain decoding for every K")
@@ -109,7 +110,6 @@ def calibrate_speculation(rec: BundleRecommender, spec: str, bundle: str | None 
     from recsvc.recommender.api import RecQuery
 
     histories, source = calibration_histories(rec, bundle)
-    clock = calibration_clock(str(rec.target.device.type), torch_threads())
     deadline = time.monotonic() + budget_s
     longest = 0.0  # the longest calibration run so far: a run is started only if it can end in time
 

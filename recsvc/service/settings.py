@@ -24,7 +24,7 @@ from recsvc.recommender.api import MODES, Mode, Recommender
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
 
 from .arg_types import add_history_flags, positive_float
-from .calibration import calibrate_speculation, torch_threads
+from .calibration import calibrate_speculation, calibration_clock, torch_threads
 from .logs import Step, log_step
 
 if TYPE_CHECKING:
@@ -258,7 +258,8 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
             step("compiling_forward")
             step("forward_compiled", seconds=round(loaded.warm_up(), 3))
         spec = calibrate_speculation(loaded, settings.spec, settings.bundle, budget_s=settings.startup_budget_s,
-                                     step=step, should_stop=should_stop, cache_settings=cache)
+                                     step=step, should_stop=should_stop, cache_settings=cache,
+                                     clock=calibration_clock(loaded.target.device.type, torch_threads()))
     # the cache is new here, after calibration (its users are not the served ones); a reload builds a new
     # recommender: an empty cache
     states = state_cache_for(loaded.target, settings.state_cache_mb << 20, f"{settings.bundle}@{time.time_ns()}")
