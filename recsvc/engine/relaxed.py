@@ -4,8 +4,8 @@ Per depth s of a round (every unfinished request; p: target, q: drafter, both tr
 sequence distributions over the children of their own current beams):
   - the drafter has sampled N >= K sequences from q_s without replacement;
   - each drafted y is accepted with probability min(1, p_s(y) / q_s(y));
-  - >= K accepted: keep K of them (``keep``: the first K in the drafter's draw order, the default, or K uniformly
-    at random as the paper's listing; ``relaxed_keep``), go to the next depth;
+  - >= K accepted: keep K of them (``keep``: K uniformly at random as the paper's listing, the default, or the
+    first K in the drafter's draw order; ``relaxed_keep``), go to the next depth;
   - else: the missing K - a are sampled without replacement from p' = norm(max(0, p_s - q_s)) with the accepted
     ones zeroed, and the round stops here.
 If all g drafted depths pass, one more depth is sampled from the target directly (its distributions at the last
