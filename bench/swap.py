@@ -7,7 +7,8 @@ loopback (the process's own history store, ``--threads 1``), records each caller
 flips ``current`` between the two versions ``--swaps`` times. For each swap it reports, as
 tests/test_bundle_swap.py measures them: the p99 of the calls that ended in the ``--before-s`` seconds before the
 flip, the p99 of the calls that began between the flip and 0.5 s after ``bundle_swapped``, their ratio, and the
-swap's phases from the server's log (load, warm-up, total). The summary line gives the ratios' min / median /
+swap's phases from the server's log (load, warm-up, total) and the server's resident memory after it (a retired
+version must be freed: it stays flat over swaps). The summary line gives the ratios' min / median /
 max and the failed calls (exit status 1 when a call failed or a swap did not happen).
 
 Same-run ratios only: the absolute latencies depend on what else the machine runs.
@@ -87,6 +88,15 @@ def start_server(root: Path, serve_args: list[str]) -> ServeLog:
     return ServeLog(proc).follow()
 
 
+def resident_mb(pid: int) -> float | None:
+    """The process's resident memory (Linux /proc), None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def one_swap(server: ServeLog, root: Path, target: Path, calls: Calls, before_s: float) -> dict:
     time.sleep(before_s)
     mark = len(server.events)
@@ -100,7 +110,8 @@ def one_swap(server: ServeLog, root: Path, target: Path, calls: Calls, before_s:
     row = {"p99_before_ms": p99(before) * 1e3, "p99_during_ms": p99(during) * 1e3, "before_calls": len(before),
            "during_calls": len(during), "window_s": swapped - flipped, "swap_s": line.get("seconds"),
            "load_s": line.get("load_s"), "warm_s": line.get("warm_s"),
-           "loader_pauses": line.get("pauses"), "loader_longest_slice_cpu_ms": line.get("longest_slice_cpu_ms")}
+           "loader_pauses": line.get("pauses"), "loader_longest_slice_cpu_ms": line.get("longest_slice_cpu_ms"),
+           "server_rss_mb": resident_mb(server.proc.pid)}
     row["ratio"] = row["p99_during_ms"] / row["p99_before_ms"]
     return row
 
@@ -133,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"swap {n + 1}: p99 before {row['p99_before_ms']:.1f} ms ({row['before_calls']} calls), "
                       f"during {row['p99_during_ms']:.1f} ms ({row['during_calls']} calls, {row['window_s']:.2f} s)"
                       f": {row['ratio']:.2f}x; load {row['load_s']} s, warm-up {row['warm_s']} s, "
-                      f"swap {row['swap_s']} s ({row['loader_pauses']} loader pauses)", flush=True)
+                      f"swap {row['swap_s']} s ({row['loader_pauses']} loader pauses); server resident "
+                      f"{row['server_rss_mb'] or float('nan'):.0f} MB", flush=True)
         finally:
             stop.set()
             for t in threads:

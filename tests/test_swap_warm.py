@@ -112,3 +112,15 @@ def test_a_calibration_under_the_loader_throttle_times_cpu_not_its_sleeps() -> N
         took, waited = clock() - began, time.monotonic() - wall
     assert throttle.pauses > 0 and throttle.paused_s > 0.05
     assert took < waited - 0.8 * throttle.paused_s  # the sleeps are in the wall time, not in the CPU time
+
+
+def test_the_swap_bench_reads_a_process_resident_memory() -> None:
+    """``recsvc bench swap`` prints the server's resident memory after each swap (a retired version must be
+    freed): read from /proc, None for a process that is not there."""
+    import os
+
+    from bench.swap import resident_mb
+
+    mine = resident_mb(os.getpid())
+    assert mine is not None and 10 < mine < 100_000
+    assert resident_mb(2**22 + 12345) is None  # above Linux's pid_max default: no such process

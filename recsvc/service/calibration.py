@@ -32,8 +32,8 @@ def calibration_clock(device: str, threads: int) -> Callable[[], float]:
     (the CPU, one torch thread), so that neither a bundle swap's loader throttle (it sleeps between slices while
     calls are answered: ``recsvc.service.loader_throttle``) nor the requests served meanwhile count; else wall
     time (torch's worker threads, a GPU's asynchronous work). What is left of the throttle in CPU time is its
-    profile function's own cost, about 15% of a plain decode's (more for speculation's more Python calls): a
-    small lean toward plain decoding, the lossless choice.
+    profile function's own cost, larger for speculation's more Python calls: a small lean toward plain decoding,
+    the lossless choice.
 
     >>> calibration_clock("cpu", 1) is time.thread_time, calibration_clock("cuda", 1) is time.perf_counter
     (True, True)
