@@ -27,8 +27,10 @@ def test_config_fields() -> None:
 
 
 def test_sizes_and_roles() -> None:
-    assert set(TARGET_PRESETS) == {"tiny", "small", "medium", "base"}
-    assert PRESETS["small"].params(VOCAB) < PRESETS["medium"].params(VOCAB) < PRESETS["base"].params(VOCAB)
+    assert set(TARGET_PRESETS) == {"tiny", "small", "medium", "base", "large"}
+    sizes = [PRESETS[n].params(VOCAB) for n in ("small", "medium", "base", "large")]
+    assert sizes == sorted(sizes)
+    assert 1.1e9 < PRESETS["large"].params(VOCAB) < 1.3e9 and PRESETS["large"].layers == 24
     assert set(DRAFTER_PRESETS) == {"drafter-tiny", "drafter-small", "llama-68m"}
     assert 140e6 < PRESETS["base"].params(VOCAB) < 170e6
     m68 = PRESETS["llama-68m"]

@@ -6,6 +6,7 @@
 | small         | target  | 256    | 4      | 4     | 1024 | 5.1M                 | 2-core CPU, Beauty < 60 min |
 | medium        | target  | 384    | 6      | 6     | 1024 | 12.0M                | CPU, the larger-target point |
 | base          | target  | 1024   | 12     | 16    | 2816 | 158M                 | GPU                         |
+| large         | target  | 2048   | 24     | 16    | 5632 | 1.24B                | GPU: AtSpeed's regime (a target ~60x llama-68m) |
 | drafter-tiny  | drafter | 32     | 1      | 2     | 64   | 0.13M                | tests                       |
 | drafter-small | drafter | 128    | 2      | 4     | 512  | 1.0M                 | CPU                         |
 | llama-68m     | drafter | 768    | 2      | 12    | 3072 | 22M (68M at 32k vocab) | AtSpeed's drafter shape   |
@@ -52,6 +53,7 @@ PRESETS: dict[str, ModelPreset] = {
         ModelPreset("small", hidden=256, layers=4, heads=4, ffn=1024),
         ModelPreset("medium", hidden=384, layers=6, heads=6, ffn=1024),
         ModelPreset("base", hidden=1024, layers=12, heads=16, ffn=2816),
+        ModelPreset("large", hidden=2048, layers=24, heads=16, ffn=5632),
         ModelPreset("drafter-tiny", hidden=32, layers=1, heads=2, ffn=64, role="drafter"),
         ModelPreset("drafter-small", hidden=128, layers=2, heads=4, ffn=512, role="drafter"),
         ModelPreset("llama-68m", hidden=768, layers=2, heads=12, ffn=3072, role="drafter"),
