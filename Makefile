@@ -63,7 +63,7 @@ SASREC_MINUTES ?= 30
 TUNE_MINUTES ?= 25
 BENCH ?= artifacts/beauty/bench
 .PHONY: beauty-bundle beauty-ids beauty-target beauty-seeds quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
-	drafters-beauty-alpha10
+	drafters-beauty-alpha10 drafters-beauty-wide
 # the whole recipe: the ids, then the target and its tunings over them
 beauty-bundle: install
 	$(MAKE) beauty-ids
@@ -207,6 +207,26 @@ drafters-beauty-alpha: install
 	$(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --split valid --users 1000 --k 10 --threads 1 \
 	  --methods sft,$$(for m in $(ALIGN_METHODS); do printf '%s,%s-a07,%s-a09,' $$m $$m $$m; done)atspeed-r-trie-a07,atspeed-r-trie-a09 \
 	  --json $(BENCH)/alpha_valid.json
+
+# wide trees (BENCHMARKS.md, "Drafter alignment", N = 40): the SFT drafter trained 2 more epochs (sft-cont), then
+# AtSpeed-S from it, aligned on the teacher's 20 beams (K = 20 in the loss) over every training prefix, one epoch
+# at each alpha of WIDE_ALPHAS (named atspeed-s-all-aXX); strict AS@10 at N = 4K on 1,000 validation users (the
+# SFT drafters beside them) chooses the alpha, then every test user (~1.7 h on one core; the teacher data ~33 min)
+WIDE_ALPHAS ?= 05 025
+drafters-beauty-wide: install
+	test -f $(BUNDLE)/teacher/meta.json || $(VENV)/bin/recsvc train teacher --bundle $(BUNDLE) --k 20 --threads 1
+	$(SFT_DRAFTER)
+	test -f $(BUNDLE)/drafters/sft-cont/config.json || $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
+	  --preset drafter-small --method sft --epochs 2 --lr 3e-4 --init-from sft --draft-beams 40 --threads 1 \
+	  --out-name sft-cont
+	for a in $(WIDE_ALPHAS); do $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) --preset drafter-small \
+	  --method atspeed-s --alpha 0.$${a#0} --k 20 --epochs 1 --lr 3e-4 --init-from sft-cont --draft-beams 40 \
+	  --threads 1 --out-name atspeed-s-all-a$$a || exit 1; done
+	mkdir -p $(BENCH)
+	for split in valid test; do $(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --split $$split --users \
+	  $$([ $$split = valid ] && echo 1000 || echo 5000) --k 10 --n-mult 4 --seed 1 --modes strict --threads 1 \
+	  --methods sft,sft-cont,$$(for a in $(WIDE_ALPHAS); do printf 'atspeed-s-all-a%s,' $$a; done | sed 's/,$$//') \
+	  --json $(BENCH)/drafters_wide_$$split.json || exit 1; done
 
 # the test comparison: each method at the alpha its validation AS@10 chose (BENCHMARKS.md, "Drafter
 # alignment"), 1,000 test users (seed 1), K = 10, N = K, strict and relaxed.
