@@ -6,7 +6,7 @@
 | small         | target  | 256    | 4      | 4     | 1024 | 5.1M                 | 2-core CPU, Beauty < 60 min |
 | medium        | target  | 384    | 6      | 6     | 1024 | 12.0M                | CPU, the larger-target point |
 | base          | target  | 1024   | 12     | 16    | 2816 | 158M                 | GPU                         |
-| large         | target  | 2048   | 24     | 16    | 5632 | 1.24B                | GPU: AtSpeed's regime (a target ~60x llama-68m) |
+| large         | target  | 2048   | 24     | 16    | 5632 | 1.24B                | GPU, AtSpeed's regime        |
 | drafter-tiny  | drafter | 32     | 1      | 2     | 64   | 0.13M                | tests                       |
 | drafter-small | drafter | 128    | 2      | 4     | 512  | 1.0M                 | CPU                         |
 | llama-68m     | drafter | 768    | 2      | 12    | 3072 | 22M (68M at 32k vocab) | AtSpeed's drafter shape   |
