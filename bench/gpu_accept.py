@@ -133,9 +133,10 @@ def build(data: Path, bundle: Path, cfg: dict, device: str, align: bool, threads
         run_command("train", ["teacher", "--bundle", str(bundle), "--k", str(cfg["width"]), "--max-prefixes",
                               str(cfg["teacher_prefixes"]), "--batch-size", "64", *thr])
         run_command("train", ["drafter", "--bundle", str(bundle), "--preset", cfg["drafter"], "--method",
-                              "atspeed-s", "--alpha", "0.5", "--out-name", "atspeed", "--init-from",
+                              "atspeed-s", "--alpha", "0.25", "--out-name", "atspeed", "--init-from",
                               str(bundle / "drafter"), "--epochs", str(cfg["align_epochs"]), "--as-users", "32",
-                              "--as-k", str(cfg["k"]), "--batch-size", str(cfg["train_batch"]), *thr])
+                              "--as-k", str(cfg["k"]), "--draft-beams", str(cfg["n"]),
+                              "--batch-size", str(cfg["train_batch"]), *thr])
     return {"minutes": round((time.perf_counter() - t0) / 60, 2), "target_and_sft_minutes": round(built / 60, 2),
             "aligned": aligned.is_file(), "device": device}
 
