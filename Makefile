@@ -213,8 +213,11 @@ drafters-beauty-alpha: install
 # at each alpha of WIDE_ALPHAS (named atspeed-s-all-aXX); strict AS@10 at N = 4K on 1,000 validation users (the
 # SFT drafters beside them) chooses the alpha, then every test user (~1.7 h on one core; the teacher data ~33 min)
 WIDE_ALPHAS ?= 05 025
+space := $(subst ,, )
+WIDE_BENCH = $(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --k 10 --n-mult 4 --seed 1 --modes strict \
+  --threads 1 --methods sft,sft-cont,$(subst $(space),$(comma),$(strip $(foreach a,$(WIDE_ALPHAS),atspeed-s-all-a$(a))))
 drafters-beauty-wide: install
-	test -f $(BUNDLE)/teacher/meta.json || $(VENV)/bin/recsvc train teacher --bundle $(BUNDLE) --k 20 --threads 1
+	$(VENV)/bin/recsvc train teacher --bundle $(BUNDLE) --k 20 --threads 1
 	$(SFT_DRAFTER)
 	test -f $(BUNDLE)/drafters/sft-cont/config.json || $(VENV)/bin/recsvc train drafter --bundle $(BUNDLE) \
 	  --preset drafter-small --method sft --epochs 2 --lr 3e-4 --init-from sft --draft-beams 40 --threads 1 \
@@ -223,10 +226,8 @@ drafters-beauty-wide: install
 	  --method atspeed-s --alpha 0.$${a#0} --k 20 --epochs 1 --lr 3e-4 --init-from sft-cont --draft-beams 40 \
 	  --threads 1 --out-name atspeed-s-all-a$$a || exit 1; done
 	mkdir -p $(BENCH)
-	for split in valid test; do $(VENV)/bin/recsvc bench drafters --bundle $(BUNDLE) --split $$split --users \
-	  $$([ $$split = valid ] && echo 1000 || echo 5000) --k 10 --n-mult 4 --seed 1 --modes strict --threads 1 \
-	  --methods sft,sft-cont,$$(for a in $(WIDE_ALPHAS); do printf 'atspeed-s-all-a%s,' $$a; done | sed 's/,$$//') \
-	  --json $(BENCH)/drafters_wide_$$split.json || exit 1; done
+	$(WIDE_BENCH) --split valid --users 1000 --json $(BENCH)/drafters_wide_valid.json
+	$(WIDE_BENCH) --split test --users 5000 --json $(BENCH)/drafters_wide_test.json
 
 # the test comparison: each method at the alpha its validation AS@10 chose (BENCHMARKS.md, "Drafter
 # alignment"), 1,000 test users (seed 1), K = 10, N = K, strict and relaxed.
