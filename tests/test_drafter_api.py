@@ -92,6 +92,7 @@ def test_commands_and_bench(bundle, tmp_path, capsys) -> None:
     assert "atspeed-r" in capsys.readouterr().out
     assert json.loads(summary.read_text())["methods"][0]["AS_mean"] == pytest.approx(rel5["AS"])
     assert all(r["identical"] == 1.0 for r in rows if r["mode"] == "strict" and r["drafter"] != "target")
+    assert all(r["differing"] == [] for r in rows if r["mode"] == "strict" and r["drafter"] != "target")
     assert all(r["N"] == r["k"] for r in rows)  # default: N = K
 
     assert cli.main(["bench", "drafters", "--bundle", root, "--methods", "atspeed-r", "--k", "1,5", "--users", "2",

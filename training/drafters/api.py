@@ -160,16 +160,18 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
         for k in ks:
             n = max(k, draft_beams if draft_beams is not None else round(n_mult * k))
             plain_ms, rank_plain = [], {}
-            stats = {name: {"ms": [], "calls": [], "acc": [], "same": 0, "rank": {}} for name in usable}
+            stats = {name: {"ms": [], "calls": [], "acc": [], "same": 0, "rank": {}, "differing": []}
+                     for name in usable}
             for i, u in enumerate(progress_bar(users, desc=f"{mode} K={k}", enabled=progress, leave=False)):
                 pb = PromptBatch.from_lists([builder.prompt_ids(u.history)])
                 runs = 2 if i == 0 else 1  # the first user warms up
                 for _ in range(runs):  # the target alone (relaxed: its own sampling beam search)
                     start = time.perf_counter()
-                    plain = decode(engine, None, pb, [u.history], mode, k, (0, 0), temperatures=temp,
-                                   generators=make_generators([i])).leaves[0]
+                    plain_out = decode(engine, None, pb, [u.history], mode, k, (0, 0), temperatures=temp,
+                                       generators=make_generators([i]))
                     ms = 1000 * (time.perf_counter() - start)
                 plain_ms.append(ms)
+                plain = plain_out.leaves[0]
                 rank_plain[u.user_id] = trie.leaf_items(plain[plain >= 0])
                 for name, drafter in usable.items():
                     for _ in range(runs):
@@ -184,7 +186,13 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
                     s["calls"].append(int(out.target_calls[0]))
                     s["acc"].append(int(out.accepted[0]))
                     leaves = out.leaves[0]
-                    s["same"] += int(torch.equal(leaves, plain))
+                    same = torch.equal(leaves, plain)
+                    s["same"] += int(same)
+                    if not same and not relaxed:  # how far from plain: the same items, and the scores' largest gap
+                        a, b = out.scores[0].sort().values, plain_out.scores[0].sort().values
+                        gap = torch.where(a.isfinite() & b.isfinite(), a - b, 0.0).abs().max()
+                        s["differing"].append({"user": u.user_id, "same_items": set(leaves.tolist()) ==
+                                               set(plain.tolist()), "max_score_gap": float(gap)})
                     s["rank"][u.user_id] = trie.leaf_items(leaves[leaves >= 0])
             p_ms = statistics.mean(plain_ms)
             base = {"mode": mode, "k": k, "N": n, "gamma": gamma, "users": len(users)}
@@ -207,6 +215,7 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
                                 f"ndcg@{recall_at}": m[f"ndcg@{recall_at}"]})
                 elif not relaxed:
                     row["identical"] = s["same"] / len(users)
+                    row["differing"] = s["differing"]  # [{user, same_items, max_score_gap}] where not identical
                 rows.append(row)
     return rows
 
