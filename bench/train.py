@@ -25,10 +25,10 @@ from recsvc.cli.args import set_threads
 from recsvc.errors import UserError
 from recsvc.hardware import machine, native_bf16
 from recsvc.report.records import markdown_table, write_json
+from training.choices import OPTIMIZERS
 
 HELP = "target training throughput: tokens/s and sustained FLOPs per preset, precision and optimizer"
 PRECISIONS = ("fp32", "bf16")
-OPTIMIZERS = ("foreach", "fused")
 WARMUP_STEPS = 3
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm")
 

@@ -6,6 +6,9 @@ SUPPORTS = ("topk", "trie")  # atspeed-r's TVD support: V_c (the spec) or every 
 VERIFY = ("auto", "strict", "relaxed")  # the acceptance a drafter is selected on
 TUNING_METRICS = ("ndcg@10", "recall@10")  # what the tunings rank their candidates by
 BF16_MODES = ("auto", "on", "off")  # bf16 autocast in training
+# AdamW: the fused kernel, or torch's default implementation (foreach on CUDA, a per-tensor loop on the CPU;
+# the recipe's optimizer before the fused one)
+OPTIMIZERS = ("fused", "foreach")
 REFIT_MODES = ("continue", "scratch")  # a deploy refit: from the fitted weights, or from scratch
 ALIGN_MODES = ("none", "text2id")  # the target's auxiliary alignment task
 PROTOCOLS: tuple[str, ...] = ("paper", "deploy")  # paper: fit on train; deploy: refit on train+valid

@@ -25,6 +25,7 @@ from training.choices import (
     BF16_MODES,
     FIT_PERIODS,
     METHODS,
+    OPTIMIZERS,
     PROTOCOLS,
     REFIT_MODES,
     SUPPORTS,
@@ -53,6 +54,9 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
                         "--fit-budget, whose schedule anneals only at its end: the whole schedule runs and --select "
                         "chooses the epoch); an epoch counts against patience when --select does not choose it")
     p.add_argument("--bf16", choices=BF16_MODES, default="auto", help="bf16 autocast")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default=OPTIMIZERS[0],
+                   help="AdamW implementation: fused (one kernel, the default), or foreach (torch's default one, "
+                        "the recipe's before the fused one: it reproduces older runs' steps)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--force", action="store_true", help="discard checkpoints and retrain")
     p.add_argument("--eval-users", type=user_count, default=None, metavar="N|all",

@@ -106,6 +106,7 @@ class Target:
     drafter_epochs: int | None = None
     recall_users: int | None = None
     eval_users: int | None = None
+    optimizer: str | None = None
 
     def commands(self, paths: RecipePaths) -> list[Command]:
         argv = ["--data", str(paths.data), "--out", str(paths.bundle), *_opt("--ids", paths.ids),
@@ -116,7 +117,8 @@ class Target:
                 *_opt("--dense-head", self.dense_head), *_opt("--patience", self.patience),
                 *_opt("--batch-size", self.batch_size), *_opt("--lr", self.lr),
                 *_opt("--drafter-preset", self.drafter_preset), *_opt("--drafter-epochs", self.drafter_epochs),
-                *_opt("--recall-users", self.recall_users), *_opt("--eval-users", self.eval_users)]
+                *_opt("--recall-users", self.recall_users), *_opt("--eval-users", self.eval_users),
+                *_opt("--optimizer", self.optimizer)]
         return [Command("build", tuple(argv))]
 
 
@@ -132,11 +134,13 @@ class TunePrior:
     threads: int | None = 1
     exclude_history: bool = False
     dtype: str | None = None
+    full_decode: bool = False  # every trial a full decode (the search before trials re-scored cached candidates)
 
     def commands(self, paths: RecipePaths) -> list[Command]:
         argv = ["prior", "--bundle", str(paths.bundle), "--trials", str(self.trials), "--budget-minutes",
                 str(self.budget_minutes), "--users", str(self.users), *_opt("--threads", self.threads),
-                *_flag("--exclude-history", self.exclude_history), *_opt("--dtype", self.dtype)]
+                *_flag("--exclude-history", self.exclude_history), *_opt("--dtype", self.dtype),
+                *_flag("--full-decode", self.full_decode)]
         return [Command("tune", tuple(argv))]
 
 
@@ -153,12 +157,14 @@ class TuneMix:
     sasrec_max_minutes: float = 30
     exclude_history: bool = False
     dtype: str | None = None
+    full_decode: bool = False
 
     def commands(self, paths: RecipePaths) -> list[Command]:
         argv = ["mix", "--bundle", str(paths.bundle), "--trials", str(self.trials), "--budget-minutes",
                 str(self.budget_minutes), "--users", str(self.users), *_opt("--threads", self.threads),
                 "--cache-dir", self.cache_dir, "--sasrec-max-minutes", str(self.sasrec_max_minutes),
-                *_flag("--exclude-history", self.exclude_history), *_opt("--dtype", self.dtype)]
+                *_flag("--exclude-history", self.exclude_history), *_opt("--dtype", self.dtype),
+                *_flag("--full-decode", self.full_decode)]
         return [Command("tune", tuple(argv))]
 
 

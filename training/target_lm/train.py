@@ -51,6 +51,7 @@ class TrainConfig:
     fit_budget: bool = False  # size the schedule to the epochs that fit max_minutes (at most `epochs`)
     patience: int = 2  # epochs without improvement before stopping; 0 = never stop early
     bf16: str = "auto"  # auto | on | off: bf16 autocast
+    optimizer: str = "fused"  # training.choices.OPTIMIZERS: the AdamW implementation
     resume: bool = False
     metric: str = "recall@10"  # evaluator key to maximise (validation loss when there is no evaluator)
     select: str = "best"  # training.target_lm.selection rule: best | within-se (the CLI's default)
@@ -209,7 +210,8 @@ def fit_causal_lm(
     decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, fused=True)
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
+                                  fused=cfg.optimizer == "fused")
     lengths = list(source.lengths)
     world, rank = acc.num_processes, acc.process_index
     n_batches = math.ceil(len(lengths) / cfg.batch_size) // world  # per process, equal on every rank
