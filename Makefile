@@ -62,7 +62,7 @@ SASREC_MINUTES ?= 30
 # each Optuna tuning's time bound (tune prior / tune mix: --budget-minutes; --trials ends it first when sooner)
 TUNE_MINUTES ?= 25
 BENCH ?= artifacts/beauty/bench
-.PHONY: beauty-bundle beauty-ids beauty-target beauty-seeds quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
+.PHONY: beauty-bundle beauty-ids beauty-target recipe-reproduce beauty-seeds quality-beauty weak-target-beauty engine-beauty spec-beauty bench-beauty drafters-beauty drafters-beauty-alpha drafters-beauty-test drafters-beauty-seeds \
 	drafters-beauty-alpha10 drafters-beauty-wide
 # the whole recipe: the ids, then the target and its tunings over them
 beauty-bundle: install
@@ -85,6 +85,15 @@ beauty-target: install
 	$(RECIPE) --from target --set target.preset=$(PRESET) target.refit=$(REFIT) target.threads=$(TARGET_THREADS) \
 	  target.max_minutes=$(TARGET_MINUTES) target.seed=$(SEED) target.dense_head=$(DENSE_HEAD) \
 	  sasrec_max_minutes=$(SASREC_MINUTES) budget_minutes=$(TUNE_MINUTES)
+
+# docs/QUALITY.md "The recipe as code computes what the Makefile did": the recipe's stages run by the code of the
+# last commit whose recipe lived in the Makefile and by this tree's, side by side on one thread each, same lines and
+# seed, compared leaf by leaf (a 1-epoch schedule, 6 trials per search and a smaller head: about 40 minutes)
+REPRODUCE ?= artifacts/reproduce
+recipe-reproduce: install
+	$(VENV)/bin/recsvc bench reproduce --data $(BEAUTY) --ids $(IDS)/semantic_ids.json --out $(REPRODUCE) \
+	  --set target.epochs=1 target.fit_budget=false target.max_minutes=none trials=6 head.prefixes=3000 \
+	  head.epochs=2 --json $(REPRODUCE)/compare.json
 
 # three seeds of the recipe on the same ids (about 40 min each on two threads), each evaluated as served, then the
 # mean of their ratios with one interval (docs/QUALITY.md "Three seeds of today's recipe")
