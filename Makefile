@@ -88,7 +88,8 @@ beauty-target: install
 
 # docs/QUALITY.md "The recipe as code computes what the Makefile did": the recipe's stages run by the code of the
 # last commit whose recipe lived in the Makefile and by this tree's, side by side on one thread each, same lines and
-# seed, compared leaf by leaf (a 1-epoch schedule, 6 trials per search and a smaller head: about 40 minutes)
+# seed, compared leaf by leaf and weight file by file (a 1-epoch schedule, 6 trials per search and a smaller head:
+# 68 minutes on a 2-core AVX2 EPYC, most of it the full-decode trials)
 REPRODUCE ?= artifacts/reproduce
 recipe-reproduce: install
 	$(VENV)/bin/recsvc bench reproduce --data $(BEAUTY) --ids $(IDS)/semantic_ids.json --out $(REPRODUCE) \

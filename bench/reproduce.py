@@ -9,8 +9,9 @@ per side, ``--threads`` torch threads each): with ``PYTHONPATH`` on the exported
 this tree (``OUT/new/bundle``). Two later changes of what the recipe computes are switched back on this tree's
 side only (``RESTORE``): the fused AdamW (``--optimizer foreach``) and the re-scored tuning trials
 (``--full-decode``). Then BUNDLE/target/training.json (per-epoch validation figures, the chosen epoch) and
-BUNDLE/bundle.json (every tuned choice) are flattened and compared: timings and paths are left out, keys only
-one side writes are listed apart.
+BUNDLE/bundle.json (every tuned choice) and BUNDLE/target/dense_head.json are flattened and compared: timings and
+paths are left out, keys only one side writes are listed apart; every weight file (``*.safetensors``) is compared
+byte for byte.
 
     recsvc bench reproduce --data data/beauty --ids artifacts/beauty/ids/semantic_ids.json \\
         --out artifacts/reproduce --set target.epochs=1 target.fit_budget=false target.max_minutes=none \\
@@ -22,6 +23,7 @@ A stage whose two sides finished is skipped on a re-run (``OUT/SIDE/done/STAGE``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -39,7 +41,7 @@ BASELINE = "cd728cc6829c5b6d8dd97b468d25e45ac100ca21"  # the recipe in the Makef
 # this tree's switches back to what the baseline computed (each a recipe override)
 RESTORE = ("target.optimizer=foreach", "prior.full_decode=true", "prior-excl.full_decode=true",
            "mix.full_decode=true", "mix-excl.full_decode=true")
-RECORDS = ("target/training.json", "bundle.json")
+RECORDS = ("target/training.json", "bundle.json", "target/dense_head.json")
 # leaves that measure the run rather than the result: wall time, throughput, dates, the budget probe's timing
 VOLATILE = re.compile(r"(seconds|_s$|tokens_per_s|finished_at|started_at|minutes_used|other_cores|elapsed|"
                       r"budget_plan|per_trial|this_run|^recipe\.)")
@@ -183,6 +185,23 @@ def compare(old: dict[str, Any], new: dict[str, Any], old_root: str, new_root: s
             "new_only": sorted(b.keys() - a.keys())}
 
 
+def weight_files(old: Path, new: Path) -> dict[str, str]:
+    """Each ``*.safetensors`` under either bundle (checkpoints left out): identical (bytes), differ, or on one
+    side only."""
+    def found(root: Path) -> dict[str, Path]:
+        return {str(f.relative_to(root)): f for f in root.rglob("*.safetensors") if "checkpoints" not in f.parts}
+
+    a, b = found(old), found(new)
+    out = {}
+    for rel in sorted(a.keys() | b.keys()):
+        if rel not in a or rel not in b:
+            out[rel] = "old only" if rel in a else "new only"
+        else:
+            out[rel] = "identical" if hashlib.sha256(a[rel].read_bytes()).digest() == hashlib.sha256(
+                b[rel].read_bytes()).digest() else "differ"
+    return out
+
+
 def epochs_table(records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per epoch, each side's validation Recall@10 / NDCG@10 (BUNDLE/target/training.json "history")."""
     rows: dict[float, dict[str, Any]] = {}
@@ -234,8 +253,13 @@ def run(args: argparse.Namespace) -> None:
               f"old record, {len(c['new_only'])} only in the new", flush=True)
         for k, (a, b) in list(c["differ"].items())[:20]:
             print(f"  {k}: {a!r} -> {b!r}", flush=True)
-    result["identical"] = bool(result["records"]) and all(not c["differ"] for c in result["records"].values())
-    print("reproduced: every shared leaf equal" if result["identical"] else "NOT reproduced: leaves differ",
-          flush=True)
+    result["weights"] = weight_files(out / "old" / "bundle", out / "new" / "bundle")
+    same = sum(v == "identical" for v in result["weights"].values())
+    print(f"weights: {same} of {len(result['weights'])} safetensors files byte-identical"
+          + "".join(f"; {k} {v}" for k, v in result["weights"].items() if v != "identical"), flush=True)
+    result["identical"] = (bool(result["records"]) and all(not c["differ"] for c in result["records"].values())
+                           and same == len(result["weights"]))
+    print("reproduced: every shared leaf equal, every weight file identical" if result["identical"]
+          else "NOT reproduced: leaves or weights differ", flush=True)
     if args.json_path:
         write_json(args.json_path, result)

@@ -74,6 +74,7 @@ def test_head_against_this_tree_reproduces_the_tiny_target(tmp_path, capsys, mon
     assert epoch["old_recall@10"] is not None and epoch["old_recall@10"] == epoch["new_recall@10"]
     training = result["records"]["target/training.json"]
     assert training["equal"] > 20 and training["differ"] == {} and result["identical"]
+    assert result["weights"]["target/model.safetensors"] == "identical"
     assert "reproduced: every shared leaf equal" in capsys.readouterr().out
     # a re-run keeps the finished stage on both sides
     assert cli.main(argv) == 0
