@@ -23,7 +23,7 @@ A stage whose two sides finished is skipped on a re-run (``OUT/SIDE/done/STAGE``
 from __future__ import annotations
 
 import argparse
-import hashlib
+import io
 import json
 import os
 import re
@@ -91,11 +91,8 @@ def export_tree(commit: str, dest: Path) -> Path:
         raise UserError(f"--against {commit}: cannot export it from {ROOT} (a git clone of recsvc is needed): "
                         f"{getattr(exc, 'stderr', b'').decode(errors='replace').strip() or exc}") from exc
     dest.mkdir(parents=True, exist_ok=True)
-    tar_path = dest.parent / "src.tar"
-    tar_path.write_bytes(archive)
-    with tarfile.open(tar_path) as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(dest, filter="data")
-    tar_path.unlink()
     stamp.write_text(commit + "\n")
     return dest
 
@@ -197,8 +194,7 @@ def weight_files(old: Path, new: Path) -> dict[str, str]:
         if rel not in a or rel not in b:
             out[rel] = "old only" if rel in a else "new only"
         else:
-            out[rel] = "identical" if hashlib.sha256(a[rel].read_bytes()).digest() == hashlib.sha256(
-                b[rel].read_bytes()).digest() else "differ"
+            out[rel] = "identical" if a[rel].read_bytes() == b[rel].read_bytes() else "differ"
     return out
 
 

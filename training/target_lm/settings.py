@@ -67,7 +67,7 @@ def loop_config(args: argparse.Namespace):
     return TrainConfig(epochs=args.epochs, batch_size=args.batch_size, grad_accum=args.grad_accum, lr=args.lr,
                        weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
                        max_minutes=args.max_minutes, patience=default_patience(args.patience, args.fit_budget),
-                       bf16=args.bf16, optimizer=getattr(args, "optimizer", "fused"), resume=args.resume,
+                       bf16=args.bf16, optimizer=args.optimizer, resume=args.resume,
                        fit_budget=args.fit_budget, select=getattr(args, "select", "best"))
 
 
