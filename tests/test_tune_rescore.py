@@ -26,7 +26,14 @@ from tokenizer_rqvae.trie import CatalogTrie
 from training.evaluation.ranking import rank_users, serving_model
 from training.tuning import rescore_cache
 from training.tuning.rescore import DenseMasses, PriorTables, Rescorer, SearchTables, coverage
-from training.tuning.rescore_cache import CandidateCache, Widths, build_candidates, leaf_logprobs, wide_beam
+from training.tuning.rescore_cache import (
+    BeamStore,
+    CandidateCache,
+    Widths,
+    build_candidates,
+    leaf_logprobs,
+    wide_beam,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -168,6 +175,45 @@ def test_the_cache_resumes_part_by_part(world, tmp_path, monkeypatch) -> None:
     stale = CandidateCache(cache.directory, key, widths, list(reversed(users)))
     with pytest.raises(RuntimeError, match="other users"):
         stale.load_or_build(build)
+
+
+def test_a_second_study_reads_the_first_ones_wide_beams(world, tmp_path, monkeypatch) -> None:
+    """`tune mix` after `tune prior` (one history rule): the mix's candidates come from the wide beams the prior's
+    study stored, with no search of their own, and equal the candidates it builds without them."""
+    monkeypatch.setattr(rescore_cache, "PART_USERS", 16)
+    model, builder, trie, users, prior = (world[k] for k in ("model", "builder", "trie", "users", "prior"))
+    searched: list[int] = []
+    real = rescore_cache.wide_beam
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        searched.append(len(out[0][0]))
+        return out
+
+    monkeypatch.setattr(rescore_cache, "wide_beam", counted)
+    for exclude in (False, True):
+        store = BeamStore(tmp_path, {"exclude_history": exclude}, 6, users)
+        for widths in (Widths(beam=6, prior=0), Widths(beam=6, prior=4, sequence=3)):  # prior's, then mix's
+            top = [np.arange(i % 5, i % 5 + 3) for i in range(len(users))] if widths.sequence else None
+            parts = []
+            for lo in range(0, len(users), 16):
+                chunk = users[lo: lo + 16]
+                mine = top[lo: lo + 16] if top is not None else None
+                found = store.load(chunk)
+                before = len(searched)
+                parts.append(build_candidates(model, builder, trie, chunk, prior, widths, exclude, mine, beams=found))
+                store.save(chunk, found)
+                if widths.sequence:  # the mix's study: no search, the same candidates as its own search gives
+                    assert len(searched) == before
+                    alone = build_candidates(model, builder, trie, chunk, prior, widths, exclude, mine)
+                    assert torch.equal(parts[-1].leaves, alone.leaves) and torch.equal(parts[-1].items, alone.items)
+                    assert torch.equal(parts[-1].partial, alone.partial)
+        assert store.stored == store.reused == (len(users) + 15) // 16
+    dirs = {BeamStore(tmp_path, key, width, users).directory
+            for key, width in (({"exclude_history": False}, 6), ({"exclude_history": True}, 6), ({}, 7))}
+    assert len(dirs) == 3  # another rule or width: another store
+    with pytest.raises(RuntimeError, match="other users"):
+        BeamStore(tmp_path, {"exclude_history": False}, 6, list(reversed(users))).load(list(reversed(users))[:16])
 
 
 def test_tune_prior_rescores_resumes_its_cache_and_checks_the_choice(tmp_path, monkeypatch, capsys) -> None:

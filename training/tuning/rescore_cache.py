@@ -20,7 +20,10 @@ lowest item id that is not history (``CatalogTrie.leaf_items``), exactly as a se
 
 Stored next to the study (``CandidateCache``): DIR/meta.json (the objective key, widths, users) and one
 safetensors file per ``PART_USERS`` users, so an interrupted build resumes at the first missing part and a
-changed key (another target, other users, other widths) builds into another directory.
+changed key (another target, other users, other widths) builds into another directory. The wide beams are stored
+apart as well (``BeamStore``, beams-<digest> beside the studies' directories), keyed only by what a beam depends on
+(the target, the data, the users, the history rule, the precision, the width): ``tune mix`` then reads the beams of
+``tune prior`` under the same history rule and runs only the forced pass of the candidates it adds.
 
 Shapes: U users, M candidates per user (padded: leaf -1, item -1, log-prob -inf), B users of a batch.
 """
@@ -198,8 +201,11 @@ def _popular(prior: TransitionPrior) -> np.ndarray:
 @torch.inference_mode()
 def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser],
                      prior: TransitionPrior, widths: Widths, exclude_history: bool,
-                     sequence_top: Sequence[np.ndarray] | None = None, progress: bool = False) -> Candidates:
-    """The candidates of ``users`` (in their order). ``sequence_top``: per user, SASRec's top catalog rows."""
+                     sequence_top: Sequence[np.ndarray] | None = None, progress: bool = False,
+                     beams: dict[int, UserBeam] | None = None) -> Candidates:
+    """The candidates of ``users`` (in their order). ``sequence_top``: per user, SASRec's top catalog rows.
+    ``beams``: user id -> that user's wide beam when another study computed it (``BeamStore``; a batch whose users
+    all have one runs no search); the beams computed here are added to it."""
     leaf_of_row = trie.item_path[:, trie.levels]  # [n] each catalog row's leaf
     index = {u.user_id: i for i, u in enumerate(users)}
     order = sorted(users, key=lambda u: min(len(u.history), builder.max_history))  # similar prompts together
@@ -209,7 +215,12 @@ def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTr
         prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
         excluded = [u.history for u in chunk] if exclude_history else None
         dead = trie.dead_nodes(excluded) if excluded else None
-        visited = wide_beam(model, trie, builder.code_offset, prompts, widths.beam, dead)
+        if beams is not None and all(u.user_id in beams for u in chunk):
+            visited = _stack_beams([beams[u.user_id] for u in chunk])
+        else:
+            visited = wide_beam(model, trie, builder.code_offset, prompts, widths.beam, dead)
+            if beams is not None:
+                beams.update({u.user_id: [(n[r], s[r]) for n, s in visited] for r, u in enumerate(chunk)})
         beam_leaves, beam_partial = visited[-1]
         extra = []
         for r, u in enumerate(chunk):
@@ -249,6 +260,76 @@ def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTr
         partial_t[i, : len(partial)] = partial
     return Candidates(np.array([u.user_id for u in users], dtype=np.int64), leaves_t, items_t,
                       partial_t[..., -1].contiguous(), partial_t)
+
+
+UserBeam = list[tuple[torch.Tensor, torch.Tensor]]  # per depth d = 1..L: (nodes [W], partial sums [W, L])
+
+
+def _stack_beams(rows: Sequence[UserBeam]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Users' wide beams as ``wide_beam`` returns a batch's: per depth, (nodes [B, W], sums [B, W, L])."""
+    out = []
+    for depth in range(len(rows[0])):
+        width = max(int(r[depth][0].shape[0]) for r in rows)
+        nodes = torch.full((len(rows), width), -1, dtype=torch.long)
+        sums = torch.full((len(rows), width, rows[0][depth][1].shape[1]), float("-inf"))
+        for i, r in enumerate(rows):
+            n, s = r[depth]
+            nodes[i, : len(n)], sums[i, : len(n)] = n, s
+        out.append((nodes, sums))
+    return out
+
+
+class BeamStore:
+    """The target's wide beams (``wide_beam``) of a study's users, stored part by part (``PART_USERS``) under
+    ROOT/beams-<digest of the key and width> and read by every study with the same key: ``tune prior`` and ``tune
+    mix`` under one history rule search the same target over the same users at the same width, so the second study
+    runs only its own added candidates' forced pass. ``key``: what a beam depends on (``BEAM_KEY`` fields)."""
+
+    def __init__(self, root: Path, key: dict[str, Any], width: int, users: Sequence[EvalUser]) -> None:
+        text = json.dumps({"key": key, "width": width, "version": CACHE_VERSION}, sort_keys=True, default=str)
+        self.directory = root / f"beams-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+        self.users = list(users)
+        self.reused = self.stored = 0
+
+    def _path(self, chunk: Sequence[EvalUser]) -> Path:
+        index = next(i for i, u in enumerate(self.users) if u.user_id == chunk[0].user_id) // PART_USERS
+        return self.directory / f"part-{index:05d}.safetensors"
+
+    def load(self, chunk: Sequence[EvalUser]) -> dict[int, UserBeam]:
+        """user id -> wide beam of the stored part holding ``chunk`` (empty: not stored yet)."""
+        from safetensors.torch import load_file
+
+        path = self._path(chunk)
+        if not path.is_file():
+            return {}
+        t = load_file(str(path))
+        ids = t["user_ids"].tolist()
+        if ids != [u.user_id for u in chunk]:
+            raise RuntimeError(f"{path}: holds other users than this study's (a stale cache?)")
+        self.reused += 1
+        depths = sum(k.startswith("nodes_") for k in t)
+        return {uid: [(t[f"nodes_{d}"][i][t[f"nodes_{d}"][i] >= 0], t[f"sums_{d}"][i][t[f"nodes_{d}"][i] >= 0])
+                      for d in range(depths)] for i, uid in enumerate(ids)}
+
+    def save(self, chunk: Sequence[EvalUser], beams: dict[int, UserBeam]) -> None:
+        """Stores the part's beams (once: a stored part is left as it is)."""
+        from safetensors.torch import save_file
+
+        path = self._path(chunk)
+        if path.is_file():
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        stacked = _stack_beams([beams[u.user_id] for u in chunk])
+        tensors = {"user_ids": torch.tensor([u.user_id for u in chunk], dtype=torch.long)}
+        for d, (nodes, sums) in enumerate(stacked):
+            tensors[f"nodes_{d}"], tensors[f"sums_{d}"] = nodes.contiguous(), sums.contiguous()
+        tmp = path.with_suffix(".tmp")
+        save_file(tensors, str(tmp))
+        tmp.replace(path)
+        self.stored += 1
+
+
+BEAM_KEY = ("model", "data", "users", "seed", "exclude_history", "dtype")  # the study key's fields a beam depends on
 
 
 class CandidateCache:

@@ -32,7 +32,7 @@ from recsvc.priors.mixed import SequenceModel
 from recsvc.priors.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 from training.tuning.rescore import DenseMasses, PriorTables, Rescorer, SearchTables, sequence_top, standard_error
-from training.tuning.rescore_cache import CandidateCache, Widths, build_candidates, cache_dir
+from training.tuning.rescore_cache import BEAM_KEY, BeamStore, CandidateCache, Widths, build_candidates, cache_dir
 
 K = 10
 
@@ -66,12 +66,19 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
     top = sequence_top(sequence, prior, users, widths.sequence) if sequence is not None and widths.sequence else None
     index = {u.user_id: i for i, u in enumerate(users)}
 
+    beams = BeamStore(tune_dir / "candidates", {k: key[k] for k in BEAM_KEY}, widths.beam, users)
+
     def build(chunk: Sequence[EvalUser]):
         mine = [top[index[u.user_id]] for u in chunk] if top is not None else None
-        return build_candidates(model, builder, trie, chunk, prior, widths, exclude_history, mine, progress=True)
+        found = beams.load(chunk)
+        part = build_candidates(model, builder, trie, chunk, prior, widths, exclude_history, mine, progress=True,
+                                beams=found)
+        beams.save(chunk, found)
+        return part
 
     cache = CandidateCache(cache_dir(tune_dir / "candidates", name, key, widths), key, widths, users)
     cands, info = cache.load_or_build(build)
+    info = {**info, "beam_parts_reused": beams.reused, "beams": str(beams.directory)}
     start = time.monotonic()
     tables = PriorTables.build(prior, trie, users, cands)
     search = SearchTables.build(prior, trie, users, cands)
@@ -82,7 +89,8 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
             "tables_seconds": round(time.monotonic() - start, 1),
             "ranking": "the served search replayed"}
     print(f"candidates: {info['candidates_per_user']} per user ({info['parts_reused']} parts reused, "
-          f"{info['parts_built']} built in {info['seconds']} s; prior tables {info['tables_seconds']} s) "
+          f"{info['parts_built']} built in {info['seconds']} s, {info['beam_parts_reused']} of them on another "
+          f"study's wide beams; prior tables {info['tables_seconds']} s) "
           f"in {cache.directory}")
     return Rescorer(cands, tables, users, K, search, width, dense), info
 
