@@ -43,3 +43,24 @@ def test_ties_go_to_the_lower_item_id_and_k_is_respected() -> None:
     got = prior_rankings(_Fixed(), _users([10], [40]), 3)  # type: ignore[arg-type]
     assert got[0] == [20, 40, 10]
     assert prior_rankings(_Fixed(), _users([40]), 2, exclude_history=True)[0] == [20, 10]  # type: ignore[arg-type]
+
+
+def test_top_items_equals_a_full_sort_ties_and_exclusions_included() -> None:
+    """The partial sort (each row's items at or above its k-th value, then sorted) lists what sorting the whole
+    row by (-p, item id) lists first, on rows full of ties, with exclusions, for k from 0 past the catalog."""
+    from recsvc.priors.transition import top_items
+
+    rng = np.random.default_rng(0)
+    for case in range(200):
+        n, rows, k = int(rng.integers(1, 40)), int(rng.integers(1, 5)), int(rng.integers(0, 45))
+        p = rng.integers(0, 4, size=(rows, n)).astype(np.float32) / 4  # four values: many ties
+        ids = rng.permutation(1000)[:n]
+        row_of = {int(i): r for r, i in enumerate(ids)}
+        exclude = [[*rng.choice(ids, size=min(n, 3), replace=False).tolist(), 5000] for _ in range(rows)] \
+            if case % 2 else None
+        q = p.copy()
+        if exclude is not None:
+            for b in range(rows):
+                q[b, [row_of[i] for i in exclude[b] if i in row_of]] = -1.0
+        full = [[int(ids[r]) for r in np.lexsort((ids, -q[b]))[:k] if q[b, r] >= 0] for b in range(rows)]
+        assert top_items(p, ids, row_of, k, exclude) == full

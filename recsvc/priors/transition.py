@@ -193,11 +193,16 @@ def top_items(p: np.ndarray, item_ids: np.ndarray, row_of: dict[int, int], k: in
               exclude: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
     """[B, n] item probabilities (columns: ``item_ids``; ``row_of``: item id -> column) -> the top-k item ids of
     each row, ties to the lower item id, optionally without the items of ``exclude[b]`` (``p`` is overwritten
-    there)."""
+    there). Each row sorts only the items at or above its k-th largest value (``np.partition``), which holds every
+    item a full sort would list first, ties included."""
     out = []
-    for b in range(p.shape[0]):
-        if exclude is not None:
+    n = p.shape[1]
+    if exclude is not None:
+        for b in range(p.shape[0]):
             p[b, [row_of[int(i)] for i in exclude[b] if int(i) in row_of]] = -1.0
-        order = np.lexsort((item_ids, -p[b]))[:k]
+    kth = np.partition(p, n - k, axis=1)[:, n - k] if 0 < k < n else np.full(p.shape[0], -np.inf)  # [B]
+    for b in range(p.shape[0]):
+        cand = np.flatnonzero(p[b] >= kth[b])
+        order = cand[np.lexsort((item_ids[cand], -p[b, cand]))][:k]
         out.append([int(item_ids[r]) for r in order if p[b, r] >= 0])
     return out

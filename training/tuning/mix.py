@@ -187,8 +187,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     best = search.best_trial
     first = search.trials[0]
     chosen = _with_weight(stored.settings, weight_of(best.params))
-    own, ran_own = _search_alone(args, bundle, excl, train_prior.with_settings(chosen), seq_train, users, best.params,
-                                 {**key, "model": None, "fused": best.params})
+    own, ran_own, own_seconds = _search_alone(args, bundle, excl, train_prior.with_settings(chosen), seq_train, users,
+                                              best.params, {**key, "model": None, "fused": best.params})
     # the chosen fused settings' full decode on validation: the check of the re-scored choice, and the fused lists
     # the headline figure compares with the prior's own best ranking
     fused_prior = MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(best.params))
@@ -220,7 +220,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
                                     "ndcg@10": own.user_attrs["ndcg@10"]},
               "rank_by": "prior" if alone_wins else "fused", "rank_by_rule": args.rank_by,
               "sasrec_cache": str(cache), "trials": len(search.trials), "trials_this_run": ran,
-              "prior_alone_trials_this_run": ran_own,
+              "prior_alone_trials_this_run": ran_own, "prior_alone_seconds_per_trial": own_seconds,
               "seconds_this_run": round(time.monotonic() - t0, 1), "exclude_history": excl,
               "objective": "full decode" if scorer is None else "rescored",
               "seconds_per_trial": rs.per_trial(search, ran), "candidates": cache_info, "check": check,
@@ -242,18 +242,21 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
 
 def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transition: TransitionPrior,
                   sequence: SequenceModel, users: Sequence[EvalUser], fused: dict,
-                  objective_key: dict) -> tuple[FrozenTrial, int]:
+                  objective_key: dict) -> tuple[FrozenTrial, int, float | None]:
     """The prior's best mixture as a ranker on its own, on the same validation users (Optuna, its own study
     BUNDLE/tune/mix-alone[-excl].db; the first trials: SASRec alone, then the fused choice's mixture).
-    Returns (best trial, trials run now)."""
+    Returns (best trial, trials run now, their mean seconds: None when none ran)."""
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.priors.mixed import MixedPrior
     from training.baselines.prior_alone import prior_rankings
+    from training.tuning.rescore_study import per_trial
     from training.tuning.studies import run_trials, study
 
     def objective(trial) -> float:
+        start = time.perf_counter()
         ranked = prior_rankings(MixedPrior(transition, sequence, suggest_mix(trial)), users, 10, excl)
         m = evaluate_rankings(ranked, users, (10,))
+        trial.set_user_attr("seconds", time.perf_counter() - start)
         trial.set_user_attr("recall@10", m["recall@10"])
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
@@ -264,7 +267,7 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
         search.enqueue_trial({"mix": 1.0, "temperature": 1.0, "product": 0.0})  # SASRec alone
         search.enqueue_trial({k: fused[k] for k in ("mix", "temperature", "product")})
     ran = run_trials(search, objective, args.trials, args.budget_minutes)
-    return search.best_trial, ran
+    return search.best_trial, ran, per_trial(search, ran)
 
 
 def suggest_mix(trial) -> MixSettings:
