@@ -288,12 +288,11 @@ class BeamStore:
     def __init__(self, root: Path, key: dict[str, Any], width: int, users: Sequence[EvalUser]) -> None:
         text = json.dumps({"key": key, "width": width, "version": CACHE_VERSION}, sort_keys=True, default=str)
         self.directory = root / f"beams-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
-        self.users = list(users)
+        self.position = {u.user_id: i for i, u in enumerate(users)}
         self.reused = self.stored = 0
 
     def _path(self, chunk: Sequence[EvalUser]) -> Path:
-        index = next(i for i, u in enumerate(self.users) if u.user_id == chunk[0].user_id) // PART_USERS
-        return self.directory / f"part-{index:05d}.safetensors"
+        return self.directory / f"part-{self.position[chunk[0].user_id] // PART_USERS:05d}.safetensors"
 
     def load(self, chunk: Sequence[EvalUser]) -> dict[int, UserBeam]:
         """user id -> wide beam of the stored part holding ``chunk`` (empty: not stored yet)."""
@@ -303,29 +302,22 @@ class BeamStore:
         if not path.is_file():
             return {}
         t = load_file(str(path))
-        ids = t["user_ids"].tolist()
-        if ids != [u.user_id for u in chunk]:
-            raise RuntimeError(f"{path}: holds other users than this study's (a stale cache?)")
+        _check_users(path, t["user_ids"].tolist(), chunk)
         self.reused += 1
         depths = sum(k.startswith("nodes_") for k in t)
-        return {uid: [(t[f"nodes_{d}"][i][t[f"nodes_{d}"][i] >= 0], t[f"sums_{d}"][i][t[f"nodes_{d}"][i] >= 0])
-                      for d in range(depths)] for i, uid in enumerate(ids)}
+        return {u.user_id: [(t[f"nodes_{d}"][i], t[f"sums_{d}"][i]) for d in range(depths)]
+                for i, u in enumerate(chunk)}
 
     def save(self, chunk: Sequence[EvalUser], beams: dict[int, UserBeam]) -> None:
         """Stores the part's beams (once: a stored part is left as it is)."""
-        from safetensors.torch import save_file
-
         path = self._path(chunk)
         if path.is_file():
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        stacked = _stack_beams([beams[u.user_id] for u in chunk])
         tensors = {"user_ids": torch.tensor([u.user_id for u in chunk], dtype=torch.long)}
-        for d, (nodes, sums) in enumerate(stacked):
-            tensors[f"nodes_{d}"], tensors[f"sums_{d}"] = nodes.contiguous(), sums.contiguous()
-        tmp = path.with_suffix(".tmp")
-        save_file(tensors, str(tmp))
-        tmp.replace(path)
+        for d, (nodes, sums) in enumerate(_stack_beams([beams[u.user_id] for u in chunk])):
+            tensors[f"nodes_{d}"], tensors[f"sums_{d}"] = nodes, sums
+        _write_part(path, tensors)
         self.stored += 1
 
 
@@ -352,7 +344,7 @@ class CandidateCache:
     def load_or_build(self, build) -> tuple[Candidates, dict[str, Any]]:
         """All users' candidates: stored parts read, missing ones built with ``build(users) -> Candidates`` and
         stored as each finishes. Returns (candidates, {"parts_built": .., "parts_reused": .., "seconds": ..})."""
-        from safetensors.torch import load_file, save_file
+        from safetensors.torch import load_file
 
         self.directory.mkdir(parents=True, exist_ok=True)
         meta = self.directory / "meta.json"
@@ -366,17 +358,28 @@ class CandidateCache:
             path = self._part(i)
             if path.is_file():
                 part = Candidates.from_tensors(load_file(str(path)))
-                if part.user_ids.tolist() != [u.user_id for u in chunk]:
-                    raise RuntimeError(f"{path}: holds other users than this study's (a stale cache?)")
+                _check_users(path, part.user_ids.tolist(), chunk)
             else:
                 part = build(chunk)
-                tmp = path.with_suffix(".tmp")
-                save_file({k: v.contiguous() for k, v in part.tensors().items()}, str(tmp))
-                tmp.replace(path)  # a part is either whole or absent
+                _write_part(path, part.tensors())
                 built += 1
             parts.append(part)
         return Candidates.concat(parts), {"parts_built": built, "parts_reused": self.parts - built,
                                           "seconds": round(time.monotonic() - start, 1)}
+
+
+def _check_users(path: Path, stored: list[int], chunk: Sequence[EvalUser]) -> None:
+    if stored != [u.user_id for u in chunk]:
+        raise RuntimeError(f"{path}: holds other users than this study's (a stale cache?)")
+
+
+def _write_part(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """A part is either whole or absent: written beside, then moved into place."""
+    from safetensors.torch import save_file
+
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    tmp.replace(path)
 
 
 def cache_dir(root: Path, name: str, key: dict[str, Any], widths: Widths) -> Path:

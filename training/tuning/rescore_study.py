@@ -65,7 +65,6 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
     with a SASRec ``sequence`` mixed in, its masses come from ``DenseMasses``)."""
     top = sequence_top(sequence, prior, users, widths.sequence) if sequence is not None and widths.sequence else None
     index = {u.user_id: i for i, u in enumerate(users)}
-
     beams = BeamStore(tune_dir / "candidates", {k: key[k] for k in BEAM_KEY}, widths.beam, users)
 
     def build(chunk: Sequence[EvalUser]):
@@ -78,12 +77,12 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
 
     cache = CandidateCache(cache_dir(tune_dir / "candidates", name, key, widths), key, widths, users)
     cands, info = cache.load_or_build(build)
-    info = {**info, "beam_parts_reused": beams.reused, "beams": str(beams.directory)}
     start = time.monotonic()
     tables = PriorTables.build(prior, trie, users, cands)
     search = SearchTables.build(prior, trie, users, cands)
     dense = DenseMasses(prior, sequence, trie, users, cands) if sequence is not None else None
-    info = {**info, "dir": str(cache.directory), "widths": asdict(widths), "candidates_per_user":
+    info = {**info, "dir": str(cache.directory), "beams": str(beams.directory), "beam_parts_reused": beams.reused,
+            "widths": asdict(widths), "candidates_per_user":
             round(float((cands.items >= 0).sum(1).float().mean()), 1),
             "prefixes_per_user": round(float(((cands.leaves >= 0) & (cands.items < 0)).sum(1).float().mean()), 1),
             "tables_seconds": round(time.monotonic() - start, 1),
