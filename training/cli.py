@@ -119,6 +119,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "item's text embedding; a softmax over the fitting period's items at this weight beside the "
                         "LM loss); served beside the beams once `recsvc tune dense` has chosen how to merge them")
     p.add_argument("--dense-temperature", type=float, default=0.07, help="the dense head's softmax temperature")
+    p.add_argument("--prior-loss", type=float, default=0.0, metavar="WEIGHT",
+                   help="> 0: train the target with the last-item transition prior inside its softmax at this "
+                        "weight (leave-one-out counts of the fitting period), so that it learns what the prior it "
+                        "is fused with does not say; the epoch is then chosen with that prior fused")
+    p.add_argument("--prior-loss-beta", type=float, default=1.0,
+                   help="the training prior's popularity back-off pseudo-count (> 0)")
 
 
 def register(subparsers) -> None:

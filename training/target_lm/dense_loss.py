@@ -7,7 +7,7 @@ checkpoints and budget probe carry it) and taken off before the model is saved (
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -38,14 +38,16 @@ def detach_head(model) -> DenseHead | None:
 
 
 class DenseLoss:
-    """(model, batch) -> (lm loss + weight * dense loss, labelled code tokens): a ``BatchSource`` loss.
+    """(model, batch) -> (lm loss + weight * dense loss, labelled code tokens): a ``BatchSource`` loss (the LM
+    loss with the prior inside when ``fusion`` is given).
 
     ``items`` [n, D]: every catalog item's text embedding (semantic ids' row order); ``known``: the rows the softmax
     runs over (the fitting period's items: the only ones that can be a target)."""
 
     def __init__(self, builder: PromptBuilder, items: torch.Tensor, known: Iterable[int],
-                 settings: DenseSettings) -> None:
+                 settings: DenseSettings, fusion: Callable | None = None) -> None:
         self.settings = settings
+        self.fusion = fusion  # training.target_lm.prior_loss.PriorFusion: the prior inside the LM loss
         self.offset = builder.code_offset
         codes = torch.as_tensor(builder.ids.codes, dtype=torch.long)  # [n, L]
         self.levels = codes.shape[1]
@@ -89,6 +91,8 @@ class DenseLoss:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep,
                     output_hidden_states=True)
         logits = out.logits.float()
+        if self.fusion is not None:
+            logits = self.fusion(logits, keep, batch)
         target = labels[:, keep]
         n = int((target != IGNORE_INDEX).sum())
         lm = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX,

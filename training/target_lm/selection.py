@@ -105,16 +105,17 @@ def per_user_metrics(rankings: dict[int, Sequence[int]], users: Sequence[Any], k
 
 
 def make_selection_evaluator(builder, data, split: str = "valid", k: int = 10, max_users: int | None = None,
-                             batch_size: int = 64, seed: int = 0) -> Callable[[Any], dict[str, Any]]:
+                             batch_size: int = 64, seed: int = 0, prior=None) -> Callable[[Any], dict[str, Any]]:
     """model -> {"recall@k": mean, "ndcg@k": mean, "users": n, "per_user": {"recall@k": [...], "ndcg@k": [...]}}:
     the target's plain constrained beam search (as ``training.evaluation.evaluate.make_evaluator`` ranks) on the
     validation users (every one by default; ``max_users``: a fixed seeded sample), with the per-user values the rule
-    needs."""
+    needs; ``prior`` (a ``TransitionPrior`` with its weight) fused into the search when given (a target trained
+    with the prior inside its loss is chosen as it will be served: fused)."""
     from recsvc.data.sampling import sample_users
     from training.evaluation.ranking import model_ranker
 
     users = [u for u in sample_users(data.eval_users(split), max_users, seed) if u.targets]
-    rank = model_ranker(builder, users, k, batch_size)
+    rank = model_ranker(builder, users, k, batch_size, prior=prior)
 
     def evaluate(model: Any) -> dict[str, Any]:
         values = per_user_metrics(rank(model), users, k)

@@ -27,7 +27,18 @@ def target_settings(args: argparse.Namespace) -> dict:
     header = args.prompt if args.prompt != "auto" else ("lcrec" if args.base_model else "compact")
     return {"prompt_header": header, "max_history": args.max_history, "protocol": args.protocol,
             "refit_epochs": refit_epochs, "refit_lr": args.refit_lr, "refit_mode": args.refit_mode,
-            "align": getattr(args, "align", "none"), "dense": dense_settings(args)}
+            "align": getattr(args, "align", "none"), "dense": dense_settings(args),
+            "prior_loss": prior_loss_settings(args)}
+
+
+def prior_loss_settings(args: argparse.Namespace):
+    """``PriorLossSettings`` of --prior-loss / --prior-loss-beta, None when off (weight 0)."""
+    weight = getattr(args, "prior_loss", 0.0)
+    if weight is None or weight == 0:
+        return None
+    from training.target_lm.prior_loss import PriorLossSettings
+
+    return PriorLossSettings(weight=weight, beta=args.prior_loss_beta).check()
 
 
 def dense_settings(args: argparse.Namespace):

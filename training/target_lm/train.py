@@ -543,6 +543,7 @@ def train_target(
     refit_mode: str = "continue",
     align: str = "none",
     dense=None,  # recsvc.content.dense_head.DenseSettings | None: train the dense head beside the LM
+    prior_loss=None,  # training.target_lm.prior_loss.PriorLossSettings | None: the prior inside the LM loss
 ) -> dict[str, Any]:
     """The ``target`` stage: train, save the best model to BUNDLE/target, mark the stage done.
 
@@ -555,7 +556,9 @@ def train_target(
     ``refit_epochs`` comes from an earlier selection run, e.g. a paper-protocol bundle's best epoch, and the
     schedule spans those epochs): a deployed model must know the most
     recent period before it serves the next one. ``dense``: also train the dense head (its loss beside the LM
-    loss, over the fitting period's items; saved beside the target, ``recsvc.content.dense_head``).
+    loss, over the fitting period's items; saved beside the target, ``recsvc.content.dense_head``). ``prior_loss``:
+    the last-item transition prior of each phase's fitting period inside the LM loss
+    (``training.target_lm.prior_loss``); the epoch is then chosen with that prior fused into the evaluator's search.
     ``align="text2id"`` adds LC-Rec's text -> id alignment examples
     (``training.target_lm.sequences.alignment_examples``) of the catalog of the period each phase serves: the items
     interacted with by the end of valid for the selection phase, the whole catalog for the deploy refit. The
@@ -608,7 +611,8 @@ def train_target(
                           protocol=protocol)
     builder = PromptBuilder(tok, ids, max_history or MAX_HISTORY, header=prompt_header)
     if evaluator is None and make_evaluator is not None:
-        evaluator = make_evaluator(builder, data)
+        evaluator = (make_evaluator(builder, data) if prior_loss is None else
+                     make_evaluator(builder, data, prior=training_prior(ids, data.train.values(), prior_loss)))
     train = train_examples(builder, data.train, stride=window_stride)
     texts = {i: m.text() for i, m in data.items.items()}
     aligned = 0
@@ -635,14 +639,21 @@ def train_target(
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"target: {preset_name}, {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trained)")
 
+    from training.target_lm.prior_loss import fusion_for
+
     dense_items = None
-    source: Any = train
+    fusion = fusion_for(builder, data.train.values(), prior_loss)
+    source: Any = train if fusion is None else prior_source(train, fusion, tok.pad_token_id)
+    if fusion is not None:
+        log(f"target: the transition prior inside the loss (weight {prior_loss.weight:g}, beta {prior_loss.beta:g}, "
+            "leave-one-out counts of train)")
     if dense is not None:
         from training.target_lm.dense_loss import attach_head
 
         dense_items = catalog_text_embeddings(data_dir, ids)
         attach_head(model, dense_items.shape[1], seed=cfg.seed)
-        source = dense_source(train, builder, dense_items, data.sequences("train").values(), dense, tok.pad_token_id)
+        source = dense_source(train, builder, dense_items, data.sequences("train").values(), dense, tok.pad_token_id,
+                              fusion)
         log(f"target: dense head {model.config.hidden_size} -> {dense_items.shape[1]} (weight {dense.weight:g}, "
             f"temperature {dense.temperature:g})")
 
@@ -671,7 +682,7 @@ def train_target(
         best, refit = _refit(best, builder, data, cfg, ckpt / "refit", tok.pad_token_id, window_stride,
                              refit_epochs, refit_lr, log, schedule if refit_mode == "scratch" else refit_epochs,
                              alignment_examples(builder, texts, data.items) if align == "text2id" else [],
-                             dense=None if dense is None else (builder, dense_items, dense))
+                             dense=None if dense is None else (builder, dense_items, dense), prior_loss=prior_loss)
         refit["mode"] = refit_mode
     info = {
         "seconds": round(result.seconds, 1), "preset": preset_name, "params": n_params,
@@ -684,6 +695,7 @@ def train_target(
         "refit": refit, "align": align, "align_examples": aligned,
         "dense_head": asdict(dense) if dense is not None else None,
         "lora": asdict(lora) if lora is not None else None, "window_stride": window_stride,
+        "prior_loss": asdict(prior_loss) if prior_loss is not None else None,
         "config": asdict(cfg), "main_process": main_process,
     }
     if main_process:
@@ -699,7 +711,7 @@ def train_target(
 
 
 def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, window_stride: int, epochs: int,
-           lr: float | None, log, schedule_epochs: int, extra: list | None = None, dense=None
+           lr: float | None, log, schedule_epochs: int, extra: list | None = None, dense=None, prior_loss=None
            ) -> tuple[Any, dict[str, Any]]:
     """The deployment protocol's second phase: train ``model`` over train + valid sequences for ``epochs`` epochs
     of a warmup/cosine schedule spanning ``schedule_epochs`` (no selection: the valid period is now training data;
@@ -714,10 +726,14 @@ def _refit(model, builder, data, cfg: TrainConfig, ckpt: Path, pad_id: int, wind
                    patience=0, resume=(ckpt / "last" / "state.json").is_file(), max_minutes=None, fit_budget=False)
     log(f"refit (deploy protocol): {len(examples)} windows, {tokens} tokens ({labelled} labelled) per epoch, "
         f"{epochs} epoch(s) of a {schedule_epochs}-epoch schedule at peak lr {rcfg.lr:g}")
+    from training.target_lm.prior_loss import fusion_for
+
     model.train()
-    source: Any = examples
+    fusion = fusion_for(builder, data.sequences("train+valid").values(), prior_loss)  # the prior counts train + valid
+    source: Any = examples if fusion is None else prior_source(examples, fusion, pad_id)
     if dense is not None:  # (builder, item embeddings, settings): the head over train + valid's items
-        source = dense_source(examples, dense[0], dense[1], data.sequences("train+valid").values(), dense[2], pad_id)
+        source = dense_source(examples, dense[0], dense[1], data.sequences("train+valid").values(), dense[2], pad_id,
+                              fusion)
     best, result = fit_causal_lm(model, source, [], rcfg, ckpt, pad_id, None, desc="refit")
     return best, {"epochs": result.epochs, "schedule_epochs": result.schedule_epochs, "lr": rcfg.lr,
                   "lr_by_epoch": result.lrs, "extra_examples": len(extra or []),
@@ -735,14 +751,31 @@ def catalog_text_embeddings(data_dir: str | Path, ids) -> torch.Tensor:
                            vectors.vectors.shape[1])
 
 
-def dense_source(examples: Sequence[Example], builder, items: torch.Tensor, sequences, settings, pad_id: int
-                 ) -> BatchSource:
+def dense_source(examples: Sequence[Example], builder, items: torch.Tensor, sequences, settings, pad_id: int,
+                 fusion=None) -> BatchSource:
     """The windows trained with the LM loss + the dense head's (``training.target_lm.dense_loss.DenseLoss``), its
-    softmax over the items of ``sequences`` (the fitting period's)."""
+    softmax over the items of ``sequences`` (the fitting period's); ``fusion``: the prior inside the LM loss."""
     from training.target_lm.dense_loss import DenseLoss
 
-    loss = DenseLoss(builder, items, known_rows(builder.ids, sequences), settings)
+    loss = DenseLoss(builder, items, known_rows(builder.ids, sequences), settings, fusion)
     return BatchSource([len(e) for e in examples], lambda idx: collate([examples[i] for i in idx], pad_id), loss)
+
+
+def prior_source(examples: Sequence[Example], fusion, pad_id: int) -> BatchSource:
+    """The windows trained with the prior inside the LM loss (``training.target_lm.prior_loss.PriorLoss``)."""
+    from training.target_lm.prior_loss import PriorLoss
+
+    return BatchSource([len(e) for e in examples], lambda idx: collate([examples[i] for i in idx], pad_id),
+                       PriorLoss(fusion))
+
+
+def training_prior(ids, sequences, settings):
+    """The prior a ``--prior-loss`` target is chosen with: the last-item transition prior of ``sequences`` fused at
+    the training weight (``recsvc.priors.transition``; the tunings choose the served prior's settings later)."""
+    from recsvc.priors.transition import PriorSettings, TransitionPrior
+
+    return TransitionPrior.fit(sequences, ids.item_ids.tolist(),
+                               PriorSettings(window=1, beta=settings.beta, weight=settings.weight))
 
 
 def known_rows(ids, sequences) -> set[int]:
