@@ -144,10 +144,10 @@ def test_tune_mix_exclude_history_writes_the_excluding_services_prior(tmp_path, 
     root = tiny_bundle(tmp_path, n_users=60)
     base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
     mix_excl = ["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2", "--exclude-history"]
-    assert cli.main(["tune", "prior", *base, "--trials", "2"]) == 0
     assert cli.main(mix_excl) == 2  # no BUNDLE/prior-excl yet: a clear error, nothing written
     assert cli.main(["tune", "prior", *base, "--trials", "2", "--exclude-history"]) == 0
-    assert cli.main(mix_excl) == 0
+    assert cli.main(mix_excl) == 0  # the excluding service's prior is all it needs (no BUNDLE/prior yet)
+    assert cli.main(["tune", "prior", *base, "--trials", "2"]) == 0
     b = Bundle.open(root)
     meta = b.read()
     record = meta["tuning"]["mix_excl"]

@@ -122,7 +122,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     bundle = Bundle.open(args.bundle)
     excl = bool(args.exclude_history)
-    if not bundle.has_prior(False) or (excl and bundle.prior_dir_for(True) == bundle.prior_dir):
+    if not bundle.has_prior(excl) or (excl and bundle.prior_dir_for(True) == bundle.prior_dir):
         flag = " --exclude-history" if excl else ""
         raise UserError(f"{bundle.root} has no transition prior{' for exclusion' if excl else ''}: run "
                         f"`recsvc tune prior{flag}` first")
