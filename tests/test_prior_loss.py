@@ -18,8 +18,9 @@ from recsvc.bundle.presets import get_preset, new_model
 from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
 from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.ids import SemanticIds
-from training.target_lm.prior_loss import FLOOR, PriorFusion, PriorLoss, PriorTerm, lifted
+from training.target_lm.prior_loss import FLOOR, PriorFusion, PriorTerm, lifted
 from training.target_lm.sequences import collate, train_examples
+from training.target_lm.train import lm_loss
 
 # items sharing prefixes, so that a level's children are several codes under one prefix
 IDS = SemanticIds.from_mapping({10: (0, 0, 0, 0), 11: (0, 0, 0, 1), 12: (0, 1, 0, 0), 13: (1, 0, 0, 0),
@@ -103,7 +104,7 @@ def test_the_loss_is_cross_entropy_of_the_logits_plus_the_weighted_shares() -> N
     model = new_model(get_preset("tiny"), tok, seed=0).eval().requires_grad_(False)
     batch = collate(train_examples(builder, {u: s for u, s in enumerate(SEQS)}), tok.pad_token_id)
     fusion = PriorFusion(PriorTerm(builder, SEQS), weight=0.7)
-    got, n = PriorLoss(fusion)(model, batch)
+    got, n = lm_loss(model, batch, fusion)
     # by hand: full logits, the bias added at the token each position predicts
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()  # [B, T, V]
     b, t, lv, shares = fusion.term.batch_bias(batch["input_ids"], batch["labels"])
@@ -115,8 +116,8 @@ def test_the_loss_is_cross_entropy_of_the_logits_plus_the_weighted_shares() -> N
                            ignore_index=IGNORE_INDEX)
     assert n == int((labels != IGNORE_INDEX).sum())
     assert got.item() == pytest.approx(want.item(), rel=1e-5)
-    plain, _ = PriorLoss(PriorFusion(fusion.term, weight=0.0))(model, batch)
-    strong, _ = PriorLoss(PriorFusion(fusion.term, weight=3.0))(model, batch)
+    plain, _ = lm_loss(model, batch, PriorFusion(fusion.term, weight=0.0))
+    strong, _ = lm_loss(model, batch, PriorFusion(fusion.term, weight=3.0))
     assert abs(plain.item() - got.item()) > 1e-4 and abs(strong.item() - plain.item()) > 0.1  # the prior counts
 
 

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from recsvc.bundle.prompt import IGNORE_INDEX, PromptBuilder
 from recsvc.errors import UserError
@@ -71,6 +70,7 @@ class PriorTerm:
         self.levels = self.codes.shape[1]
         self.beta = beta
         prior = TransitionPrior.fit(sequences, ids.item_ids.tolist(), PriorSettings(window=1, beta=beta))
+        self.prior = prior  # the counts, unmodified: what the epoch is chosen with (``PriorFusion.search_prior``)
         self.indptr, self.indices, self.counts = prior.indptr, prior.indices, prior.counts.astype(np.float64)
         pop = prior.popularity.astype(np.float64)  # [n]
         # prefix index of every item at each level: pre[l][row] numbers the distinct prefixes codes[row, :l]
@@ -176,27 +176,15 @@ class PriorFusion:
                                 self.weight * shares.to(dev), accumulate=True)
 
 
+    def search_prior(self) -> TransitionPrior:
+        """The training prior as the search fuses it (all counts, window 1, this weight): the prior a
+        ``--prior-loss`` target's epoch is chosen with (the tunings choose the served prior's settings later)."""
+        return self.term.prior.with_settings(PriorSettings(window=1, beta=self.term.beta, weight=self.weight))
+
+
 def fusion_for(builder: PromptBuilder, sequences: Iterable[Sequence[int]], settings: PriorLossSettings | None
                ) -> PriorFusion | None:
     """The fusion of ``settings`` over the prior counted on ``sequences`` (the fitting period's); None: off."""
     if settings is None:
         return None
     return PriorFusion(PriorTerm(builder, sequences, settings.beta), settings.weight)
-
-
-class PriorLoss:
-    """(model, batch) -> (mean fused cross-entropy over labelled tokens, their count): a ``BatchSource`` loss."""
-
-    def __init__(self, fusion: PriorFusion) -> None:
-        self.fusion = fusion
-
-    def __call__(self, model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-        labels = batch["labels"][:, 1:]  # [B, T-1]: position p predicts token p + 1
-        keep = (labels != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [K] positions whose logits are needed
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep)
-        logits = self.fusion(out.logits.float(), keep, batch)  # [B, K, V]
-        target = labels[:, keep]
-        n = int((target != IGNORE_INDEX).sum())
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=IGNORE_INDEX,
-                               reduction="sum") / max(n, 1)
-        return loss, n

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -97,18 +98,21 @@ def resolve_bf16(mode: str, device: torch.device) -> bool:
     return False
 
 
-def labelled_logits(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def labelled_logits(model, batch: dict[str, torch.Tensor], fusion: Callable | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 logits [B, P, V], their targets [B, P]) at the positions ``keep`` = {p : labels[:, p+1] labelled in
-    some row}: position p predicts token p + 1, and lm_head runs only there."""
+    some row}: position p predicts token p + 1, and lm_head runs only there. ``fusion(logits, keep, batch)``: the
+    prior added to them (``training.target_lm.prior_loss.PriorFusion``)."""
     labels = batch["labels"][:, 1:]  # [B, T-1]
     keep = (labels != IGNORE_INDEX).any(dim=0).nonzero().squeeze(1)  # [P]
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=keep)
-    return out.logits.float(), labels[:, keep]
+    logits = out.logits.float()
+    return (logits if fusion is None else fusion(logits, keep, batch)), labels[:, keep]
 
 
-def lm_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+def lm_loss(model, batch: dict[str, torch.Tensor], fusion: Callable | None = None) -> tuple[torch.Tensor, int]:
     """(mean cross-entropy over labelled tokens, label count); lm_head runs only where some row has a label."""
-    logits, target = labelled_logits(model, batch)  # [B, P, V], [B, P]
+    logits, target = labelled_logits(model, batch, fusion)  # [B, P, V], [B, P]
     n = int((target != IGNORE_INDEX).sum())
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=IGNORE_INDEX, reduction="sum")
@@ -577,6 +581,7 @@ def train_target(
     from recsvc.bundle.prompt import MAX_HISTORY, PromptBuilder
     from recsvc.data.split import load_split_dir
     from training.target_lm.lora import is_peft, load_base_model, merge_lora, wrap_lora
+    from training.target_lm.prior_loss import fusion_for
     from training.target_lm.sequences import alignment_examples, count_tokens, eval_examples, train_examples
 
     cfg = cfg or TrainConfig()
@@ -610,9 +615,10 @@ def train_target(
             bundle.update(prompt={"header": prompt_header, "max_history": max_history or MAX_HISTORY},
                           protocol=protocol)
     builder = PromptBuilder(tok, ids, max_history or MAX_HISTORY, header=prompt_header)
+    fusion = fusion_for(builder, data.train.values(), prior_loss)  # None without --prior-loss
     if evaluator is None and make_evaluator is not None:
-        evaluator = (make_evaluator(builder, data) if prior_loss is None else
-                     make_evaluator(builder, data, prior=training_prior(ids, data.train.values(), prior_loss)))
+        evaluator = (make_evaluator(builder, data) if fusion is None else
+                     make_evaluator(builder, data, prior=fusion.search_prior()))
     train = train_examples(builder, data.train, stride=window_stride)
     texts = {i: m.text() for i, m in data.items.items()}
     aligned = 0
@@ -639,10 +645,7 @@ def train_target(
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     log(f"target: {preset_name}, {n_params / 1e6:.2f}M parameters ({n_train / 1e6:.2f}M trained)")
 
-    from training.target_lm.prior_loss import fusion_for
-
     dense_items = None
-    fusion = fusion_for(builder, data.train.values(), prior_loss)
     source: Any = train if fusion is None else prior_source(train, fusion, tok.pad_token_id)
     if fusion is not None:
         log(f"target: the transition prior inside the loss (weight {prior_loss.weight:g}, beta {prior_loss.beta:g}, "
@@ -762,20 +765,10 @@ def dense_source(examples: Sequence[Example], builder, items: torch.Tensor, sequ
 
 
 def prior_source(examples: Sequence[Example], fusion, pad_id: int) -> BatchSource:
-    """The windows trained with the prior inside the LM loss (``training.target_lm.prior_loss.PriorLoss``)."""
-    from training.target_lm.prior_loss import PriorLoss
+    """The windows trained with the prior inside the LM loss (``training.target_lm.prior_loss.PriorFusion``)."""
+    from dataclasses import replace
 
-    return BatchSource([len(e) for e in examples], lambda idx: collate([examples[i] for i in idx], pad_id),
-                       PriorLoss(fusion))
-
-
-def training_prior(ids, sequences, settings):
-    """The prior a ``--prior-loss`` target is chosen with: the last-item transition prior of ``sequences`` fused at
-    the training weight (``recsvc.priors.transition``; the tunings choose the served prior's settings later)."""
-    from recsvc.priors.transition import PriorSettings, TransitionPrior
-
-    return TransitionPrior.fit(sequences, ids.item_ids.tolist(),
-                               PriorSettings(window=1, beta=settings.beta, weight=settings.weight))
+    return replace(BatchSource.windows(examples, pad_id), loss=partial(lm_loss, fusion=fusion))
 
 
 def known_rows(ids, sequences) -> set[int]:
