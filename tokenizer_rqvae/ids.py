@@ -48,6 +48,7 @@ class SemanticIds:
     codes: np.ndarray  # [n, levels] int64
     codebook_size: int = CODEBOOK_SIZE
     _index: dict[int, int] = field(default_factory=dict, compare=False, repr=False)
+    _paths: dict[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)  # rows_of's index
 
     def __post_init__(self) -> None:
         if self.codes.ndim != 2 or self.codes.shape[0] != self.item_ids.shape[0]:
@@ -55,6 +56,7 @@ class SemanticIds:
         if len(self.item_ids) and (self.codes.min() < 0 or self.codes.max() >= self.codebook_size):
             raise UserError(f"codes must lie in [0, {self.codebook_size})")
         self._index.clear()
+        self._paths.clear()
         self._index.update({int(i): n for n, i in enumerate(self.item_ids)})
         if len(self._index) != len(self.item_ids):
             raise UserError("duplicate item ids")
@@ -72,6 +74,28 @@ class SemanticIds:
     def index_of(self, item_id: int) -> int:
         """Row of ``item_id`` in ``codes``; KeyError for unknown items."""
         return self._index[int(item_id)]
+
+    def rows_of(self, paths: np.ndarray) -> np.ndarray:
+        """[K, levels] code paths -> [K] int64 rows of the items with those paths (-1 where no item has one, or a
+        code lies outside the codebook)."""
+        paths = np.asarray(paths, dtype=np.int64).reshape(-1, self.levels)
+        if "keys" not in self._paths:
+            keys = self._path_keys(self.codes)
+            order = np.argsort(keys, kind="stable")
+            self._paths.update(keys=keys[order], rows=order)
+        keys, rows = self._paths["keys"], self._paths["rows"]
+        valid = ((paths >= 0) & (paths < self.codebook_size)).all(axis=1)
+        want = self._path_keys(np.where(valid[:, None], paths, 0))
+        at = np.searchsorted(keys, want).clip(max=max(len(keys) - 1, 0))
+        found = valid & (keys[at] == want) if len(keys) else np.zeros(len(want), dtype=bool)
+        return np.where(found, rows[at] if len(keys) else -1, -1).astype(np.int64)
+
+    def _path_keys(self, paths: np.ndarray) -> np.ndarray:
+        """[K, levels] codes in [0, codebook_size) -> [K] int64 keys, one per distinct path."""
+        keys = np.zeros(len(paths), dtype=np.int64)
+        for level in range(paths.shape[1]):
+            keys = keys * self.codebook_size + paths[:, level]
+        return keys
 
     def codes_of(self, item_id: int) -> tuple[int, ...]:
         return tuple(int(c) for c in self.codes[self._index[int(item_id)]])

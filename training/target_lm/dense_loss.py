@@ -49,21 +49,12 @@ class DenseLoss:
         self.settings = settings
         self.fusion = fusion  # training.target_lm.prior_loss.PriorFusion: the prior inside the LM loss
         self.offset = builder.code_offset
-        codes = torch.as_tensor(builder.ids.codes, dtype=torch.long)  # [n, L]
-        self.levels = codes.shape[1]
-        keys = self._keys(codes)
-        order = torch.argsort(keys)
-        self.sorted_keys, self.key_rows = keys[order], order  # code path -> item row
+        self.ids = builder.ids
+        self.levels = self.ids.levels
         known_rows = torch.as_tensor(sorted(set(known)), dtype=torch.long)  # [m]
-        self.row_to_known = torch.full((len(codes),), -1, dtype=torch.long)
+        self.row_to_known = torch.full((len(self.ids),), -1, dtype=torch.long)
         self.row_to_known[known_rows] = torch.arange(len(known_rows))
         self.known_items = F.normalize(items.float()[known_rows], dim=-1)  # [m, D]
-
-    def _keys(self, codes: torch.Tensor) -> torch.Tensor:
-        key = torch.zeros(codes.shape[:-1], dtype=torch.long)
-        for level in range(self.levels):
-            key = key * CODEBOOK_SIZE + codes[..., level]
-        return key
 
     def targets(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
                                                                                torch.Tensor]:
@@ -77,11 +68,8 @@ class DenseLoss:
         span = p[:, None] + 1 + torch.arange(self.levels, device=p.device)[None]  # [P, L]
         span = span.clamp(max=input_ids.shape[1] - 1)
         codes = input_ids[b[:, None], span].cpu() - self.offset - CODEBOOK_SIZE * torch.arange(self.levels)[None]
-        keys = self._keys(codes)
-        pos = torch.searchsorted(self.sorted_keys, keys).clamp(max=len(self.sorted_keys) - 1)
-        found = self.sorted_keys[pos] == keys
-        rows = torch.where(found, self.key_rows[pos], torch.zeros_like(pos))
-        target = torch.where(found, self.row_to_known[rows], torch.full_like(rows, -1))
+        rows = torch.from_numpy(self.ids.rows_of(codes.numpy()))  # [P]; -1 where no item has the path
+        target = torch.where(rows >= 0, self.row_to_known[rows.clamp(min=0)], torch.full_like(rows, -1))
         ok = (target >= 0).to(b.device)
         return b[ok], p[ok], target[ok.cpu()].to(b.device)
 

@@ -84,8 +84,7 @@ class PriorTerm:
             np.add.at(table, (inv, self.codes[:, level]), pop)
             self.child_pop.append(table)
             keys = keys * self.size + self.codes[:, level]
-        order = np.argsort(keys, kind="stable")
-        self.sorted_keys, self.key_rows = keys[order], order  # full code path -> item row
+        self.ids = ids
 
     def log_shares(self, source: np.ndarray, target: np.ndarray) -> np.ndarray:
         """source [K], target [K] item rows (the previous item and the labelled one) -> [K, L, C] float32
@@ -108,15 +107,6 @@ class PriorTerm:
             out = np.log(mass / total)
         return np.where(mass > 0, out, FLOOR).astype(np.float32)
 
-    def rows_of(self, codes: np.ndarray) -> np.ndarray:
-        """[K, L] code paths -> [K] item rows (-1 where no item has the path)."""
-        keys = np.zeros(len(codes), dtype=np.int64)
-        for level in range(self.levels):
-            keys = keys * self.size + codes[:, level]
-        at = np.searchsorted(self.sorted_keys, keys).clip(max=max(len(self.sorted_keys) - 1, 0))
-        found = self.sorted_keys[at] == keys if len(self.sorted_keys) else np.zeros(len(keys), dtype=bool)
-        return np.where(found, self.key_rows[at], -1)
-
     def batch_bias(self, input_ids: torch.Tensor, labels: torch.Tensor
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """input_ids, labels [B, T] -> (rows b [N], token positions t [N], levels [N], biases b [N, C]) of every
@@ -131,8 +121,7 @@ class PriorTerm:
             return empty, empty, empty, torch.zeros(0, self.size)
         span = (s[:, None] + np.arange(self.levels)[None]).clip(max=ids.shape[1] - 1)  # [I, L]
         codes = rel[b[:, None], span] - self.size * np.arange(self.levels)[None]
-        ok = ((codes >= 0) & (codes < self.size)).all(axis=1)
-        rows = np.where(ok, self.rows_of(np.where(ok[:, None], codes, 0)), -1)  # [I]
+        rows = self.ids.rows_of(codes)  # [I]; -1 where the span is not an item's path
         prev = np.r_[-1, rows[:-1]]
         prev[np.r_[True, b[1:] != b[:-1]]] = -1  # an item that opens its row has no previous item
         lab = labels.cpu().numpy()
