@@ -42,6 +42,9 @@ def add_loop_args(p: argparse.ArgumentParser, epochs: int = 8, lr: float = 1e-3)
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout while training, on the token embeddings and each attention / MLP output (0: none; "
+                        "the served model is the same LLaMA either way)")
     p.add_argument("--warmup", type=float, default=0.05, help="< 1: fraction of the steps; >= 1: steps")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget; stops cleanly")

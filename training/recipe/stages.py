@@ -108,6 +108,7 @@ class Target:
     eval_users: int | None = None
     optimizer: str | None = None
     prior_loss: float | None = None  # the transition prior inside the target's loss at this weight (None: off)
+    dropout: float | None = None  # dropout while the target trains (training.target_lm.dropout; None: none)
 
     def commands(self, paths: RecipePaths) -> list[Command]:
         argv = ["--data", str(paths.data), "--out", str(paths.bundle), *_opt("--ids", paths.ids),
@@ -119,7 +120,8 @@ class Target:
                 *_opt("--batch-size", self.batch_size), *_opt("--lr", self.lr),
                 *_opt("--drafter-preset", self.drafter_preset), *_opt("--drafter-epochs", self.drafter_epochs),
                 *_opt("--recall-users", self.recall_users), *_opt("--eval-users", self.eval_users),
-                *_opt("--optimizer", self.optimizer), *_opt("--prior-loss", self.prior_loss)]
+                *_opt("--optimizer", self.optimizer), *_opt("--prior-loss", self.prior_loss),
+                *_opt("--dropout", self.dropout)]
         return [Command("build", tuple(argv))]
 
 

@@ -71,6 +71,8 @@ def loop_config(args: argparse.Namespace):
             raise UserError(f"--{name.replace('_', '-')} must be >= 1 (--epochs 0 only with --refit scratch)")
     if args.lr <= 0:
         raise UserError("--lr must be > 0")
+    if not 0.0 <= getattr(args, "dropout", 0.0) < 1.0:
+        raise UserError(f"--dropout must lie in [0, 1), not {args.dropout}")
     if args.fit_budget and (args.max_minutes is None or args.max_minutes <= 0):
         raise UserError("--fit-budget sizes the schedule to the budget: give --max-minutes > 0")
     if args.patience is not None and args.patience < 0:
@@ -79,7 +81,8 @@ def loop_config(args: argparse.Namespace):
                        weight_decay=args.weight_decay, warmup=args.warmup, seed=args.seed,
                        max_minutes=args.max_minutes, patience=default_patience(args.patience, args.fit_budget),
                        bf16=args.bf16, optimizer=args.optimizer, resume=args.resume,
-                       fit_budget=args.fit_budget, select=getattr(args, "select", "best"))
+                       fit_budget=args.fit_budget, select=getattr(args, "select", "best"),
+                       dropout=getattr(args, "dropout", 0.0))
 
 
 def evaluator_factory(args: argparse.Namespace):

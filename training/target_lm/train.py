@@ -58,6 +58,7 @@ class TrainConfig:
     select: str = "best"  # training.target_lm.selection rule: best | within-se (the CLI's default)
     stop_after: int | None = None  # train only the first N epochs of the schedule (the scratch refit)
     eval_batch_size: int = 64
+    dropout: float = 0.0  # training.target_lm.dropout: on the embeddings and each sub-layer's output (0: none)
 
 
 @dataclass
@@ -197,7 +198,17 @@ def fit_causal_lm(
     """Train ``model`` in place; returns (the best model, unwrapped, best weights loaded; FitResult).
 
     ``train``: windows (Examples, trained with ``lm_loss``) or any ``BatchSource`` (its own batches and loss).
-    ``valid``: Examples for the validation loss (next-item cross-entropy)."""
+    ``valid``: Examples for the validation loss (next-item cross-entropy). ``cfg.dropout``: dropout while this
+    fit trains (``TrainingDropout``; off again when it returns)."""
+    from training.target_lm.dropout import TrainingDropout
+
+    with TrainingDropout.attach(model, cfg.dropout):
+        return _fit(model, train, valid, cfg, ckpt_dir, pad_id, evaluator, desc)
+
+
+def _fit(model, train: Sequence[Example] | BatchSource, valid: Sequence[Example], cfg: TrainConfig, ckpt_dir: Path,
+         pad_id: int, evaluator: Evaluator | None, desc: str) -> tuple[Any, FitResult]:
+    """``fit_causal_lm``'s loop."""
     from accelerate import Accelerator
     from accelerate.utils import broadcast_object_list, set_seed
 
