@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from cli_commands import only_commands
-from test_train_fixtures import make_data, one_thread, small_tokenizer, write_ids  # noqa: F401
+from test_train_fixtures import one_thread, small_tokenizer, tiny_build_argv  # noqa: F401
 
 import recsvc.cli.main as cli
 from recsvc.bundle.directory import Bundle
@@ -73,12 +73,7 @@ def test_zero_rate_attaches_nothing_and_bad_rates_are_user_errors() -> None:
 
 @pytest.mark.usefixtures("one_thread")
 def test_build_with_dropout_records_it_and_bad_rates_exit_2(tmp_path) -> None:
-    d = make_data(tmp_path, n_users=30)
-    ids_path = write_ids(d, tmp_path / "ids.json")
-    out = tmp_path / "bundle"
-    argv = ["build", "--data", str(d), "--out", str(out), "--ids", str(ids_path), "--preset", "tiny",
-            "--batch-size", "8", "--eval-users", "10", "--bf16", "off", "--protocol", "deploy", "--refit", "scratch",
-            "--refit-epochs", "1", "--patience", "0", "--epochs", "1", "--recall-users", "10"]
+    argv, out = tiny_build_argv(tmp_path)
     assert cli.main([*argv, "--dropout", "1"]) == 2
     assert cli.main([*argv, "--dropout", "-0.2"]) == 2
     assert cli.main([*argv, "--dropout", "0.2", "--dense-head", "1.0"]) == 0

@@ -42,6 +42,17 @@ def write_ids(data_dir: Path, path: Path, seed: int = 0) -> Path:
     return path
 
 
+def tiny_build_argv(tmp_path: Path) -> tuple[list[str], Path]:
+    """(`recsvc build` argv, bundle dir): a one-epoch tiny target on 30 users, deploy protocol with a one-epoch
+    scratch refit, chosen on Recall@10 of 10 users (the options' end-to-end tests add their flag)."""
+    d = make_data(tmp_path, n_users=30)
+    ids_path = write_ids(d, tmp_path / "ids.json")
+    out = tmp_path / "bundle"
+    return ["build", "--data", str(d), "--out", str(out), "--ids", str(ids_path), "--preset", "tiny",
+            "--batch-size", "8", "--eval-users", "10", "--bf16", "off", "--protocol", "deploy", "--refit", "scratch",
+            "--refit-epochs", "1", "--patience", "0", "--epochs", "1", "--recall-users", "10"], out
+
+
 def small_tokenizer(texts: list[str] | None = None, vocab_size: int = 400):
     texts = texts or ["Lavender Shampoo by Acme, 12 oz", "Ruby Red Lipstick by Kirra, 0.1 oz"]
     return train_tokenizer(tokenizer_texts(texts, TEMPLATES, template_weight=20), vocab_size)
