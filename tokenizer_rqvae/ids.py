@@ -84,11 +84,12 @@ class SemanticIds:
             order = np.argsort(keys, kind="stable")
             self._paths.update(keys=keys[order], rows=order)
         keys, rows = self._paths["keys"], self._paths["rows"]
+        if not len(keys):
+            return np.full(len(paths), -1, dtype=np.int64)
         valid = ((paths >= 0) & (paths < self.codebook_size)).all(axis=1)
         want = self._path_keys(np.where(valid[:, None], paths, 0))
-        at = np.searchsorted(keys, want).clip(max=max(len(keys) - 1, 0))
-        found = valid & (keys[at] == want) if len(keys) else np.zeros(len(want), dtype=bool)
-        return np.where(found, rows[at] if len(keys) else -1, -1).astype(np.int64)
+        at = np.searchsorted(keys, want).clip(max=len(keys) - 1)
+        return np.where(valid & (keys[at] == want), rows[at], -1)
 
     def _path_keys(self, paths: np.ndarray) -> np.ndarray:
         """[K, levels] codes in [0, codebook_size) -> [K] int64 keys, one per distinct path."""

@@ -18,6 +18,13 @@ import torch.nn.functional as F
 from recsvc.errors import UserError
 
 
+def check_rate(p: float) -> float:
+    """``p`` when it lies in [0, 1); a UserError naming ``--dropout`` otherwise."""
+    if not 0.0 <= p < 1.0:
+        raise UserError(f"--dropout must lie in [0, 1), not {p}")
+    return p
+
+
 @dataclass
 class TrainingDropout:
     """Dropout at rate ``p`` on ``model``'s embeddings and every layer's attention and MLP outputs while training.
@@ -30,9 +37,7 @@ class TrainingDropout:
     @classmethod
     def attach(cls, model, p: float) -> TrainingDropout:
         """Hooks on ``model`` (a ``LlamaForCausalLM``, or a peft model around one); ``p`` in [0, 1)."""
-        if not 0.0 <= p < 1.0:
-            raise UserError(f"--dropout must lie in [0, 1), not {p}")
-        out = cls(p)
+        out = cls(check_rate(p))
         if p == 0.0:
             return out
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -63,7 +63,7 @@ class PriorTerm:
     Rows are the semantic ids' item rows (``builder.ids``, ascending item id, as ``TransitionPrior`` orders)."""
 
     def __init__(self, builder: PromptBuilder, sequences: Iterable[Sequence[int]], beta: float = 1.0) -> None:
-        ids = builder.ids
+        ids = self.ids = builder.ids  # SemanticIds: rows_of maps a window's code spans to item rows
         self.offset = builder.code_offset
         self.size = ids.codebook_size
         self.codes = np.asarray(ids.codes, dtype=np.int64)  # [n, L]
@@ -84,7 +84,6 @@ class PriorTerm:
             np.add.at(table, (inv, self.codes[:, level]), pop)
             self.child_pop.append(table)
             keys = keys * self.size + self.codes[:, level]
-        self.ids = ids
 
     def log_shares(self, source: np.ndarray, target: np.ndarray) -> np.ndarray:
         """source [K], target [K] item rows (the previous item and the labelled one) -> [K, L, C] float32

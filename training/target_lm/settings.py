@@ -58,6 +58,7 @@ def loop_config(args: argparse.Namespace):
     import torch
 
     from training.target_lm.budget import default_patience
+    from training.target_lm.dropout import check_rate
     from training.target_lm.train import TrainConfig
 
     if args.threads is not None:
@@ -71,8 +72,7 @@ def loop_config(args: argparse.Namespace):
             raise UserError(f"--{name.replace('_', '-')} must be >= 1 (--epochs 0 only with --refit scratch)")
     if args.lr <= 0:
         raise UserError("--lr must be > 0")
-    if not 0.0 <= getattr(args, "dropout", 0.0) < 1.0:
-        raise UserError(f"--dropout must lie in [0, 1), not {args.dropout}")
+    check_rate(getattr(args, "dropout", 0.0))  # before any data is read
     if args.fit_budget and (args.max_minutes is None or args.max_minutes <= 0):
         raise UserError("--fit-budget sizes the schedule to the budget: give --max-minutes > 0")
     if args.patience is not None and args.patience < 0:
