@@ -27,8 +27,8 @@ def test_config_fields() -> None:
 
 
 def test_sizes_and_roles() -> None:
-    assert set(TARGET_PRESETS) == {"tiny", "small", "medium", "base", "large"}
-    sizes = [PRESETS[n].params(VOCAB) for n in ("small", "medium", "base", "large")]
+    assert set(TARGET_PRESETS) == {"tiny", "mini", "small", "medium", "base", "large"}
+    sizes = [PRESETS[n].params(VOCAB) for n in ("mini", "small", "medium", "base", "large")]
     assert sizes == sorted(sizes)
     assert 1.1e9 < PRESETS["large"].params(VOCAB) < 1.3e9 and PRESETS["large"].layers == 24
     assert set(DRAFTER_PRESETS) == {"drafter-tiny", "drafter-small", "llama-68m"}

@@ -102,7 +102,8 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     assert cli.main(["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2"]) == 0
     b = Bundle.open(root)
     record = b.read()["tuning"]["mix"]
-    assert record["trials"] == 3 and record["valid"]["ndcg@10"] >= record["valid_transition_only"]["ndcg@10"]
+    # two stages of --trials: the mixture and weight, then the transition settings and weight under the best mixture
+    assert record["trials"] == 6 and record["valid"]["ndcg@10"] >= record["valid_transition_only"]["ndcg@10"]
     prior = load_prior(b.prior_dir)
     # validation decides whether the fused target or the prior's own best ranking is served (rank_by)
     alone = record["valid_prior_alone"]
@@ -115,6 +116,14 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     assert b.read()["prior"]["product"] == pytest.approx(prior.mix.product)
     assert b.read()["prior"]["rank_by"] == record["rank_by"]
     assert prior.settings.weight == pytest.approx(record["settings"]["weight"])
+    # the prior alone searched its own transition counts settings; a prior that ranks alone is served with them
+    counts = alone["transition"]
+    assert 1 <= counts["window"] <= 5 and 0.05 <= counts["decay"] <= 1.0 and 0.01 <= counts["beta"] <= 30.0
+    served = counts if gated else record["settings"]
+    assert (prior.settings.window, prior.settings.decay, prior.settings.beta) == pytest.approx(
+        (served["window"], served["decay"], served["beta"]))
+    assert b.read()["prior"]["window"] == served["window"] and b.read()["prior"]["beta"] == pytest.approx(
+        served["beta"])
     # the weight is searched as the prior's share s of the fused score: w = s / (1 - s), s <= 30 / 31
     share = record["settings"]["share"]
     assert 0 <= share <= 30 / 31 and record["settings"]["weight"] == pytest.approx(share / (1 - share))
@@ -133,7 +142,7 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     assert Bundle.open(root).read()["tuning"]["mix"]["trials_this_run"] == 0
     assert cli.main(["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2", "--max-weight", "5"]) == 0
     again = Bundle.open(root).read()["tuning"]["mix"]
-    assert again["trials_this_run"] == 3 and again["trials"] == 3
+    assert again["trials_this_run"] == 6 and again["trials"] == 6
     # re-tuning the transition prior drops the stale mix
     assert cli.main(["tune", "prior", *base, "--trials", "3"]) == 0
     assert isinstance(load_prior(b.prior_dir), TransitionPrior)

@@ -3,6 +3,7 @@
 | preset        | role    | hidden | layers | heads | ffn  | params (vocab 1,824) | where                       |
 | ------------- | ------- | ------ | ------ | ----- | ---- | -------------------- | --------------------------- |
 | tiny          | target  | 32     | 2      | 2     | 64   | 0.14M                | tests                       |
+| mini          | target  | 128    | 4      | 4     | 512  | 1.5M                 | CPU, more epochs per budget |
 | small         | target  | 256    | 4      | 4     | 1024 | 5.1M                 | 2-core CPU, Beauty < 60 min |
 | medium        | target  | 384    | 6      | 6     | 1024 | 12.0M                | CPU, the larger-target point |
 | base          | target  | 1024   | 12     | 16    | 2816 | 158M                 | GPU                         |
@@ -50,6 +51,7 @@ PRESETS: dict[str, ModelPreset] = {
     p.name: p
     for p in (
         ModelPreset("tiny", hidden=32, layers=2, heads=2, ffn=64),
+        ModelPreset("mini", hidden=128, layers=4, heads=4, ffn=512),
         ModelPreset("small", hidden=256, layers=4, heads=4, ffn=1024),
         ModelPreset("medium", hidden=384, layers=6, heads=6, ffn=1024),
         ModelPreset("base", hidden=1024, layers=12, heads=16, ffn=2816),

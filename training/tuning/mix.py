@@ -22,12 +22,16 @@ default) puts three quarters of the trials at w <= 3 and leaves room for a prior
 trained too briefly for its catalog. On Beauty, a target trained for one epoch chose w = 2.84 under the
 earlier cap w <= 3 and w = 9.9 under a cap of 10 (docs/QUALITY.md).
 
-Then the prior competes on its own: a second search (its own study) looks for the mixture that ranks best by
-itself on the same users (its first trial is SASRec alone, mix 1). With ``--rank-by auto`` (the default), when
+Then the prior competes on its own: a second search (its own study) looks for the mixture and the transition
+counts' window, decay and back-off that rank best by themselves on the same users, in two stages of ``--trials``
+each (the mixture first, from SASRec alone, mix 1; then the transition settings under it). The transition settings
+``recsvc tune prior`` chose were tuned for fusion with this target; the prior's own ranking, the reference of the
+headline and the fallback the bundle may serve, searches its own. With ``--rank-by auto`` (the default), when
 that ranking beats every fused trial, the prior is stored with ``alone`` set and the bundle serves its ranking
 instead of the fused target's (``recsvc.recommender.prior_ranked``; ``recsvc eval`` and ``recsvc tune fresh``
-rank the same way), and the command says that the target needs more training. So what a bundle serves is, on
-validation, at least as good as its best fused search, its prior's best ranking and SASRec alone. The record keeps both
+rank the same way) with the transition settings of that search, and the command says that the target needs more
+training. So what a bundle serves is, on validation, at least as good as its best fused search, its prior's best
+ranking and SASRec alone. The record keeps both
 figures (``valid``, ``valid_prior_alone``) and the decision (``rank_by``). The choice goes to BUNDLE/prior
 (``recsvc.priors.mixed``: ``sequence/`` the served SASRec and mix.json, ``sequence-train/`` the
 train-period SASRec the paper protocol's evaluation uses) and bundle.json ("prior" weight, "tuning"."mix").
@@ -65,12 +69,13 @@ if TYPE_CHECKING:
     from recsvc.bundle.directory import Bundle
     from recsvc.data.split import EvalUser
     from recsvc.priors.mixed import MixSettings, SequenceModel
-    from recsvc.priors.transition import TransitionPrior
+    from recsvc.priors.transition import PriorSettings, TransitionPrior
 
 TRAIN_SEQUENCE_DIR = "sequence-train"
 MAX_WEIGHT = 30.0
 SEQUENCE_CANDIDATES = 50  # SASRec's top items added to each user's cached candidates
 PRODUCT_RANGE = (0.0, 1.0)  # the product term's exponent searched (1: SASRec weighs as much as the mixture)
+MIX_KEYS = ("mix", "temperature", "product")  # a mixture's trial parameters (``suggest_mix``)
 
 
 def register_mix(sub) -> None:
@@ -112,7 +117,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training.tuning import rescore_study as rs
     from training.tuning.prior_cli import prior_sequences, resolve_fit_on
     from training.tuning.rescore import coverage
-    from training.tuning.studies import check_budget, run_trials, study, validation_model, weights_fingerprint
+    from training.tuning.studies import check_budget, run_staged, study, validation_model, weights_fingerprint
 
     check_budget(args.trials, args.budget_minutes)
     widths = None if args.full_decode else rs.widths_of(args)  # refused before anything loads
@@ -130,7 +135,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     data = load_split_dir(bundle.resolve_data_dir(args.data))
     protocol, model_dir = validation_model(bundle, "the mix")
     fit_on = resolve_fit_on("auto", protocol)
-    stored = TransitionPrior.load(prior_dir)
+    stored = fused_transition(bundle, excl, prior_dir)
     ids = bundle.load_ids()
     cache = args.cache_dir or bundle.root / "baselines"
     settings = SASRecSettings(max_minutes=args.sasrec_max_minutes).check()
@@ -139,13 +144,13 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
         fit_sasrec(data, period, settings, cache_dir=cache)
     train_dir, served_dir = (cache_dir_for(cache, data, p, settings) for p in ("train", fit_on))
     seq_train = SequenceModel.load(train_dir)
-    train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored.settings,
+    train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored,
                                       fitted_on="train")
     model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
     width = bundle.served_beam_width()  # the top-10 read from the served search, as a server reads it
     builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
-    print(f"tune mix: {len(users)} validation users, model {model_dir.name}, transition {stored.settings}, "
+    print(f"tune mix: {len(users)} validation users, model {model_dir.name}, transition {stored}, "
           f"metric {args.metric}{', history excluded' if excl else ''}")
 
     # what every trial's score depends on: a retrained target, a re-tuned transition prior, other SASRec fits or
@@ -153,7 +158,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     key = {"model": weights_fingerprint(model_dir), "sasrec": weights_fingerprint(train_dir),
            # the transition prior's own settings; its weight is searched here (and the stored one is a previous
            # run's choice once this command has written the mix)
-           "transition": {k: v for k, v in asdict(stored.settings).items() if k != "weight"},
+           "transition": {k: v for k, v in asdict(stored).items() if k != "weight"},
            "data": str(bundle.resolve_data_dir(args.data)),
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
            "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width,
@@ -167,7 +172,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     def objective(trial) -> float:
         mix = suggest_mix(trial)
         weight = weight_of({"share": trial.suggest_float("share", 0.0, share_of(args.max_weight))})
-        settings = _with_weight(stored.settings, weight)
+        settings = _with_weight(suggest_transition(trial), weight)
         start = time.perf_counter()
         if scorer is not None:
             m = scorer.evaluate(settings, mix)
@@ -179,16 +184,21 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
         return m[args.metric]
 
+    key = {**key, "family": {**key["family"], "transition": "staged"}}
     search = study(bundle.root / "tune" / ("mix-excl.db" if excl else "mix.db"), "mix", args.seed, key)
+    counts = counts_of(stored)
     if not search.trials:  # the transition prior alone, as tuned
         search.enqueue_trial({"mix": 0.0, "temperature": 1.0, "product": 0.0,
-                              "share": share_of(min(stored.settings.weight, args.max_weight))})
-    ran = run_trials(search, objective, args.trials, args.budget_minutes)
+                              "share": share_of(min(stored.weight, args.max_weight)), **counts})
+    # stage 1: the mixture and the weight on the transition settings as tuned; stage 2: the transition settings and
+    # the weight under the best mixture (``recsvc tune prior`` tuned them for fusion without SASRec)
+    ran = run_staged(search, objective, counts, MIX_KEYS, args.trials, args.budget_minutes)
     best = search.best_trial
     first = search.trials[0]
-    chosen = _with_weight(stored.settings, weight_of(best.params))
-    own, ran_own, own_seconds = _search_alone(args, bundle, excl, train_prior.with_settings(chosen), seq_train, users,
+    chosen = _with_weight(transition_of(best.params, stored), weight_of(best.params))
+    own, ran_own, own_seconds = _search_alone(args, bundle, excl, train_prior, seq_train, users, chosen,
                                               best.params, {**key, "model": None, "fused": best.params})
+    own_transition = transition_of(own.params, chosen)  # the prior's own counts settings, tuned for ranking
     # the chosen fused settings' full decode on validation: the check of the re-scored choice, and the fused lists
     # the headline figure compares with the prior's own best ranking
     fused_prior = MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(best.params))
@@ -199,25 +209,28 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
                                   coverage(scorer, decoded)) if scorer else None)
     if check is not None:
         print(rs.format_check(check))
-    alone_lists = prior_rankings(MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(own.params)), users,
-                                 10, excl)
+    alone_lists = prior_rankings(MixedPrior(train_prior.with_settings(own_transition), seq_train, mix_of(own.params)),
+                                 users, 10, excl)
     headline = rs.target_over_prior(decoded, alone_lists, users, "tune mix", prior_dir.name)
     print(format_target_over_prior(headline))
     alone_wins = own.value > best.value if args.rank_by == "auto" else args.rank_by == "prior"
     pick = own if alone_wins else best
     mix = replace(mix_of(pick.params), alone=alone_wins)
-    served = TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), chosen, fitted_on=fit_on)
+    # the prior that ranks alone keeps its own transition settings (the fused search's weight, unused alone, stays)
+    served_settings = own_transition if alone_wins else chosen
+    served = TransitionPrior.fit(prior_sequences(data, fit_on), ids.item_ids.tolist(), served_settings,
+                                 fitted_on=fit_on)
     MixedPrior(served, SequenceModel.load(served_dir), mix).save(prior_dir, served_dir)
     shutil.rmtree(prior_dir / TRAIN_SEQUENCE_DIR, ignore_errors=True)
     shutil.copytree(train_dir, prior_dir / TRAIN_SEQUENCE_DIR)
-    record = {"settings": {**best.params, "weight": chosen.weight}, "transition": asdict(stored.settings),
+    record = {"settings": {**best.params, "weight": chosen.weight}, "transition": asdict(stored),
               "fit_on": fit_on,
               "valid_users": len(users), "metric": args.metric, "beam_width": width,
               "valid": {"recall@10": best.user_attrs["recall@10"], "ndcg@10": best.user_attrs["ndcg@10"]},
               "valid_transition_only": {"recall@10": first.user_attrs.get("recall@10"),
                                         "ndcg@10": first.user_attrs.get("ndcg@10")},
-              "valid_prior_alone": {"settings": own.params, "recall@10": own.user_attrs["recall@10"],
-                                    "ndcg@10": own.user_attrs["ndcg@10"]},
+              "valid_prior_alone": {"settings": own.params, "transition": asdict(own_transition),
+                                    "recall@10": own.user_attrs["recall@10"], "ndcg@10": own.user_attrs["ndcg@10"]},
               "rank_by": "prior" if alone_wins else "fused", "rank_by_rule": args.rank_by,
               "sasrec_cache": str(cache), "trials": len(search.trials), "trials_this_run": ran,
               "prior_alone_trials_this_run": ran_own, "prior_alone_seconds_per_trial": own_seconds,
@@ -227,7 +240,8 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
               "target_over_prior": headline}
     meta = bundle.read()
     key = "prior_excl" if excl else "prior"
-    bundle.update(**{key: {**meta.get(key, {}), "weight": chosen.weight, "mix": mix.mix,
+    counts = {k: v for k, v in asdict(served_settings).items() if k != "weight"}  # window, decay, beta served
+    bundle.update(**{key: {**meta.get(key, {}), **counts, "weight": chosen.weight, "mix": mix.mix,
                            "temperature": mix.temperature, "product": mix.product,
                            "rank_by": record["rank_by"]}, f"target_over_{key}": headline},
                   tuning={**meta.get("tuning", {}), ("mix_excl" if excl else "mix"): record})
@@ -241,20 +255,25 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
 
 
 def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transition: TransitionPrior,
-                  sequence: SequenceModel, users: Sequence[EvalUser], fused: dict,
+                  sequence: SequenceModel, users: Sequence[EvalUser], fused_transition: PriorSettings, fused: dict,
                   objective_key: dict) -> tuple[FrozenTrial, int, float | None]:
-    """The prior's best mixture as a ranker on its own, on the same validation users (Optuna, its own study
-    BUNDLE/tune/mix-alone[-excl].db; the first trials: SASRec alone, then the fused choice's mixture).
-    Returns (best trial, trials run now, their mean seconds: None when none ran)."""
+    """The prior's best ranking on its own, on the same validation users (Optuna, its own study
+    BUNDLE/tune/mix-alone[-excl].db): its mixture and its transition counts' window, decay and back-off, searched
+    for ranking alone rather than taken from the fused search (``recsvc tune prior`` tuned those for fusion with
+    the target, which makes a weaker reference and a weaker fallback), ``trials`` trials for each. The first
+    trials: SASRec alone, then the fused choice's mixture and transition settings. Returns (best trial, trials
+    run now, their mean seconds: None when none ran)."""
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.priors.mixed import MixedPrior
     from training.baselines.prior_alone import prior_rankings
     from training.tuning.rescore_study import per_trial
-    from training.tuning.studies import run_trials, study
+    from training.tuning.studies import run_staged, study
 
     def objective(trial) -> float:
         start = time.perf_counter()
-        ranked = prior_rankings(MixedPrior(transition, sequence, suggest_mix(trial)), users, 10, excl)
+        counts = suggest_transition(trial)
+        ranked = prior_rankings(MixedPrior(transition.with_settings(counts), sequence, suggest_mix(trial)), users, 10,
+                                excl)
         m = evaluate_rankings(ranked, users, (10,))
         trial.set_user_attr("seconds", time.perf_counter() - start)
         trial.set_user_attr("recall@10", m["recall@10"])
@@ -263,11 +282,26 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
 
     search = study(bundle.root / "tune" / ("mix-alone-excl.db" if excl else "mix-alone.db"), "mix-alone", args.seed,
                    objective_key)
+    counts = counts_of(fused_transition)
     if not search.trials:
-        search.enqueue_trial({"mix": 1.0, "temperature": 1.0, "product": 0.0})  # SASRec alone
-        search.enqueue_trial({k: fused[k] for k in ("mix", "temperature", "product")})
-    ran = run_trials(search, objective, args.trials, args.budget_minutes)
+        search.enqueue_trial({"mix": 1.0, "temperature": 1.0, "product": 0.0, **counts})  # SASRec alone
+        search.enqueue_trial({**{k: fused[k] for k in MIX_KEYS}, **counts})
+    ran = run_staged(search, objective, counts, MIX_KEYS, args.trials, args.budget_minutes)
     return search.best_trial, ran, per_trial(search, ran)
+
+
+def fused_transition(bundle: Bundle, excl: bool, prior_dir: Path) -> PriorSettings:
+    """The transition settings the fused search starts from: ``recsvc tune prior``'s choice. That is the stored
+    prior's, unless a previous run of this command stored a mix (with transition settings it searched itself: a
+    re-run of ``tune prior`` drops the mix); then the ones that run started from (its record's "transition")."""
+    from recsvc.priors.mixed import MixedPrior, load_prior
+    from recsvc.priors.transition import PriorSettings
+
+    prior = load_prior(prior_dir)
+    record = bundle.read().get("tuning", {}).get("mix_excl" if excl else "mix", {})
+    if isinstance(prior, MixedPrior) and "transition" in record:
+        return PriorSettings(**record["transition"]).check()
+    return prior.settings
 
 
 def suggest_mix(trial) -> MixSettings:
@@ -277,6 +311,33 @@ def suggest_mix(trial) -> MixSettings:
     return MixSettings(mix=trial.suggest_float("mix", 0.0, 1.0),
                        temperature=trial.suggest_float("temperature", 0.25, 4.0, log=True),
                        product=trial.suggest_float("product", *PRODUCT_RANGE))
+
+
+def counts_of(settings: PriorSettings) -> dict:
+    """The transition counts' settings as trial parameters (``suggest_transition``'s names)."""
+    return {"window": settings.window, "decay": settings.decay, "beta": settings.beta}
+
+
+def suggest_transition(trial) -> PriorSettings:
+    """A trial's transition counts settings (``recsvc tune prior``'s ranges; no fusion weight: the prior ranks
+    alone)."""
+    from recsvc.priors.transition import PriorSettings
+
+    return PriorSettings(window=trial.suggest_int("window", 1, 5), decay=trial.suggest_float("decay", 0.05, 1.0),
+                         beta=trial.suggest_float("beta", 0.01, 30.0, log=True))
+
+
+def transition_of(params: dict, base: PriorSettings) -> PriorSettings:
+    """The transition settings of a trial's parameters, with ``base``'s weight (the fused search sets its own; a
+    prior that ranks alone does not use one); a study from before these were searched keeps ``base``'s.
+
+    >>> from recsvc.priors.transition import PriorSettings
+    >>> transition_of({"window": 3, "decay": 0.5, "beta": 2.0, "mix": 1.0}, PriorSettings(weight=1.5))
+    PriorSettings(window=3, decay=0.5, beta=2.0, weight=1.5)
+    """
+    if "window" not in params:
+        return base
+    return replace(base, window=int(params["window"]), decay=float(params["decay"]), beta=float(params["beta"]))
 
 
 def mix_of(params: dict) -> MixSettings:
