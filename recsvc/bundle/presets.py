@@ -3,7 +3,7 @@
 | preset        | role    | hidden | layers | heads | ffn  | params (vocab 1,824) | where                       |
 | ------------- | ------- | ------ | ------ | ----- | ---- | -------------------- | --------------------------- |
 | tiny          | target  | 32     | 2      | 2     | 64   | 0.14M                | tests                       |
-| mini          | target  | 128    | 4      | 4     | 512  | 1.5M                 | CPU, more epochs per budget |
+| mini          | target  | 128    | 4      | 4     | 512  | 1.5M                 | CPU, ~3x small's epochs     |
 | small         | target  | 256    | 4      | 4     | 1024 | 5.1M                 | 2-core CPU, Beauty < 60 min |
 | medium        | target  | 384    | 6      | 6     | 1024 | 12.0M                | CPU, the larger-target point |
 | base          | target  | 1024   | 12     | 16    | 2816 | 158M                 | GPU                         |
