@@ -94,7 +94,7 @@ def test_a_live_catalogs_new_items_extend_the_mixed_prior() -> None:
 
 
 def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monkeypatch, capsys) -> None:
-    only_commands(monkeypatch, "tune", "eval")
+    only_commands(monkeypatch, "tune", "eval", "prior")
     root = tiny_bundle(tmp_path, n_users=60)
     base = ["--bundle", str(root), "--users", "20", "--dtype", "fp32", "--budget-minutes", "5"]
     assert cli.main(["tune", "mix", *base, "--trials", "2"]) == 2  # no transition prior yet: a clear error
@@ -140,6 +140,13 @@ def test_tune_mix_writes_a_mixed_prior_that_serving_and_eval_load(tmp_path, monk
     # resumed only on the same objective: again -> nothing to run; a wider weight range -> a new study
     assert cli.main(["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2"]) == 0
     assert Bundle.open(root).read()["tuning"]["mix"]["trials_this_run"] == 0
+    # a prior refitted by hand since (other counts settings) is where the next search starts: a new study
+    assert cli.main(["prior", "fit", "--bundle", str(root), "--window", "3", "--decay", "0.9", "--beta", "0.5",
+                     "--weight", "1.0"]) == 0
+    assert cli.main(["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2"]) == 0
+    moved = Bundle.open(root).read()["tuning"]["mix"]
+    assert moved["trials_this_run"] == 6 and moved["transition"]["window"] == 3
+    assert moved["transition"]["decay"] == pytest.approx(0.9)
     assert cli.main(["tune", "mix", *base, "--trials", "3", "--sasrec-max-minutes", "0.2", "--max-weight", "5"]) == 0
     again = Bundle.open(root).read()["tuning"]["mix"]
     assert again["trials_this_run"] == 6 and again["trials"] == 6

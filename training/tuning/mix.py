@@ -292,16 +292,22 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
 
 def fused_transition(bundle: Bundle, excl: bool, prior_dir: Path) -> PriorSettings:
     """The transition settings the fused search starts from: ``recsvc tune prior``'s choice. That is the stored
-    prior's, unless a previous run of this command stored a mix (with transition settings it searched itself: a
-    re-run of ``tune prior`` drops the mix); then the ones that run started from (its record's "transition")."""
+    prior's, unless the stored prior is the one a previous run of this command wrote (a mix, with transition
+    settings it searched itself; a re-run of ``tune prior`` drops the mix); then the ones that run started from
+    (its record's "transition")."""
     from recsvc.priors.mixed import MixedPrior, load_prior
     from recsvc.priors.transition import PriorSettings
 
     prior = load_prior(prior_dir)
     record = bundle.read().get("tuning", {}).get("mix_excl" if excl else "mix", {})
-    if isinstance(prior, MixedPrior) and "transition" in record:
-        return PriorSettings(**record["transition"]).check()
-    return prior.settings
+    if not isinstance(prior, MixedPrior) or "transition" not in record:
+        return prior.settings
+    base = PriorSettings(**record["transition"]).check()
+    wrote = (record.get("valid_prior_alone", {}).get("transition") if record.get("rank_by") == "prior"
+             else record.get("settings"))
+    if counts_of(transition_of(wrote or {}, base)) != counts_of(prior.settings):
+        return prior.settings  # the stored prior was refitted since (`recsvc prior fit`): start from it
+    return base
 
 
 def suggest_mix(trial) -> MixSettings:
