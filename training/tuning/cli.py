@@ -45,7 +45,7 @@ import argparse
 import json
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from training.choices import TUNING_METRICS
 from training.tuning.args import add_bundle_args, add_run_args, add_search_args
 from training.tuning.rescore_study import add_rescore_args
 from training.tuning.studies import check_budget as _check_budget
-from training.tuning.studies import files_fingerprint, validation_model, weights_fingerprint
+from training.tuning.studies import files_fingerprint, suggest_transition, validation_model, weights_fingerprint
 from training.tuning.studies import run_trials as _run
 from training.tuning.studies import study as _study
 
@@ -159,10 +159,8 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     print(f"without the prior: recall@10 {base['recall@10']:.4f} ndcg@10 {base['ndcg@10']:.4f}")
 
     def objective(trial) -> float:
-        st = PriorSettings(weight=trial.suggest_float("weight", 0.0, args.max_weight),
-                           window=trial.suggest_int("window", 1, 5),
-                           decay=trial.suggest_float("decay", 0.05, 1.0),
-                           beta=trial.suggest_float("beta", 0.01, 30.0, log=True))
+        weight = trial.suggest_float("weight", 0.0, args.max_weight)  # drawn first, as the studies always did
+        st = replace(suggest_transition(trial), weight=weight)
         start = time.perf_counter()
         if scorer is not None:
             m = scorer.evaluate(st)

@@ -117,7 +117,14 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     from training.tuning import rescore_study as rs
     from training.tuning.prior_cli import prior_sequences, resolve_fit_on
     from training.tuning.rescore import coverage
-    from training.tuning.studies import check_budget, run_staged, study, validation_model, weights_fingerprint
+    from training.tuning.studies import (
+        check_budget,
+        run_staged,
+        study,
+        suggest_transition,
+        validation_model,
+        weights_fingerprint,
+    )
 
     check_budget(args.trials, args.budget_minutes)
     widths = None if args.full_decode else rs.widths_of(args)  # refused before anything loads
@@ -158,7 +165,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     key = {"model": weights_fingerprint(model_dir), "sasrec": weights_fingerprint(train_dir),
            # the transition prior's own settings; its weight is searched here (and the stored one is a previous
            # run's choice once this command has written the mix)
-           "transition": {k: v for k, v in asdict(stored).items() if k != "weight"},
+           "transition": counts_of(stored),
            "data": str(bundle.resolve_data_dir(args.data)),
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
            "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width,
@@ -240,8 +247,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
               "target_over_prior": headline}
     meta = bundle.read()
     key = "prior_excl" if excl else "prior"
-    counts = {k: v for k, v in asdict(served_settings).items() if k != "weight"}  # window, decay, beta served
-    bundle.update(**{key: {**meta.get(key, {}), **counts, "weight": chosen.weight, "mix": mix.mix,
+    bundle.update(**{key: {**meta.get(key, {}), **counts_of(served_settings), "weight": chosen.weight, "mix": mix.mix,
                            "temperature": mix.temperature, "product": mix.product,
                            "rank_by": record["rank_by"]}, f"target_over_{key}": headline},
                   tuning={**meta.get("tuning", {}), ("mix_excl" if excl else "mix"): record})
@@ -267,7 +273,7 @@ def _search_alone(args: argparse.Namespace, bundle: Bundle, excl: bool, transiti
     from recsvc.priors.mixed import MixedPrior
     from training.baselines.prior_alone import prior_rankings
     from training.tuning.rescore_study import per_trial
-    from training.tuning.studies import run_staged, study
+    from training.tuning.studies import run_staged, study, suggest_transition
 
     def objective(trial) -> float:
         start = time.perf_counter()
@@ -322,15 +328,6 @@ def suggest_mix(trial) -> MixSettings:
 def counts_of(settings: PriorSettings) -> dict:
     """The transition counts' settings as trial parameters (``suggest_transition``'s names)."""
     return {"window": settings.window, "decay": settings.decay, "beta": settings.beta}
-
-
-def suggest_transition(trial) -> PriorSettings:
-    """A trial's transition counts settings (``recsvc tune prior``'s ranges; no fusion weight: the prior ranks
-    alone)."""
-    from recsvc.priors.transition import PriorSettings
-
-    return PriorSettings(window=trial.suggest_int("window", 1, 5), decay=trial.suggest_float("decay", 0.05, 1.0),
-                         beta=trial.suggest_float("beta", 0.01, 30.0, log=True))
 
 
 def transition_of(params: dict, base: PriorSettings) -> PriorSettings:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recsvc.errors import UserError
 from recsvc_base.progress import progress_bar, progress_mode
+
+if TYPE_CHECKING:
+    from recsvc.priors.transition import PriorSettings
 
 
 def check_budget(trials: int, minutes: float) -> None:
@@ -99,6 +102,15 @@ def run_staged(search, objective, first: dict, then: tuple[str, ...], trials: in
     ran += run_trials(search, objective, 2 * trials, minutes)
     search.sampler = tpe
     return ran
+
+
+def suggest_transition(trial) -> PriorSettings:
+    """A trial's transition counts settings: window, decay and back-off, the ranges ``recsvc tune prior`` and
+    ``recsvc tune mix`` search (weight 0: each search sets its own)."""
+    from recsvc.priors.transition import PriorSettings
+
+    return PriorSettings(window=trial.suggest_int("window", 1, 5), decay=trial.suggest_float("decay", 0.05, 1.0),
+                         beta=trial.suggest_float("beta", 0.01, 30.0, log=True))
 
 
 def validation_model(bundle, what: str) -> tuple[str, Path]:
