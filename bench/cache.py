@@ -4,17 +4,17 @@ The same users, one request at a time, the served recommender (plain decoding, t
 width B), five paths per user, interleaved (paired A/B: machine noise hits all of them alike):
 - ``lean``: the request as served before the engine's speed work: the previous engine forward (``--forward
   lean``) and the fused prior's numpy implementation (``recsvc.priors.reference``), no user-state cache;
-- ``fast``: the fast forward (recsvc.engine.fast), no user-state cache (a new user);
-- ``compiled``: the fast forward with its layers compiled (recsvc.engine.compiled, ``--forward compiled``), no
-  user-state cache (left out with ``--no-compiled``);
+- ``fast``: the fast forward (recsvc.engine.kernels.fast), no user-state cache (a new user);
+- ``compiled``: the fast forward with its layers compiled (recsvc.engine.kernels.compiled_stack, ``--forward
+  compiled``), no user-state cache (left out with ``--no-compiled``);
 - ``cached``: the ``--state-forward`` (compiled by default), the user's prompt state cached by an earlier request
   with the same prompt but other beams (beam width B + 5): the prompt forward skipped, the decode steps run;
 - ``repeat``: the same forward, the user's earlier request identical (same prompt, k, B, exclusions, prior):
   the prompt and every decode step replayed from the cache, no forward.
 Per path: p50 / mean ms per request, target forwards and tokens (rows x new tokens, summed over the forwards)
-per request (the fast and compiled paths run the bounded last step, ``recsvc.engine.last_step``: fewer tokens,
+per request (the fast and compiled paths run the bounded last step, ``recsvc.engine.search.last_step``: fewer tokens,
 sometimes one forward more), and the fixed cost per forward from the
-forward ledger (``recsvc.engine.ledger.ForwardLedger``: the intercept of ms vs new tokens over a sweep of
+forward ledger (``recsvc.engine.meters.ledger.ForwardLedger``: the intercept of ms vs new tokens over a sweep of
 plain searches of K = 1..40 beams, so 1..40 tokens per decode forward), for the target and, when the bundle
 has them, the LLaMA drafter and the draft head (its step: a few matmuls, no transformer forward).
 Outputs: ``fast`` and ``compiled`` vs ``lean`` (same items in the same order; float rounding may reorder
@@ -38,14 +38,14 @@ import torch
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import set_threads
 from recsvc.data.split import EVAL_SPLITS
-from recsvc.engine.plan import forward_names
+from recsvc.engine.kernels.plan import forward_names
 from recsvc.hardware import machine
 from recsvc.report.records import markdown_table, write_json
 from recsvc_base.progress import progress_bar
 
 if TYPE_CHECKING:
     from recsvc.bundle.directory import Bundle
-    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.kernels.engine_model import EngineModel
     from recsvc.recommender.bundle_recommender import BundleRecommender
 
 PATHS = ("lean", "fast", "compiled", "cached", "repeat")
@@ -94,8 +94,8 @@ def _users(bundle: Bundle, n: int, split: str, data_dir: str | None, seed: int):
 
 def _fixed_cost(model, search, prompts, k_values=SWEEP_K) -> tuple[float, float]:
     """(fixed ms per forward, ms per token) of ``model`` from plain searches of every K in ``k_values``."""
-    from recsvc.engine.ledger import ForwardLedger
-    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.meters.ledger import ForwardLedger
 
     ledger = ForwardLedger()
     for k in k_values:  # warm each width once, then record
@@ -132,7 +132,7 @@ def _head_step_ms(rec, rows: int = 20, reps: int = 200) -> float | None:
 def _llama_drafter(rec: BundleRecommender, bundle: Bundle, args: argparse.Namespace) -> EngineModel | None:
     """The ``EngineModel`` of the LLaMA drafter ``--llama-drafter`` names (None: 'none', or 'auto' and the bundle has
     none); built in the target's attention mode, as the serving registry builds it."""
-    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.kernels.engine_model import EngineModel
 
     name = args.llama_drafter
     if name == "none":
@@ -152,9 +152,9 @@ def _llama_drafter(rec: BundleRecommender, bundle: Bundle, args: argparse.Namesp
 def run(args: argparse.Namespace) -> dict:
     from bench import floor
     from recsvc.bundle.directory import Bundle
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.ledger import ForwardLedger
-    from recsvc.engine.state_cache import UserStateCache
+    from recsvc.engine.caches.state_cache import UserStateCache
+    from recsvc.engine.meters.ledger import ForwardLedger
+    from recsvc.engine.search.beam_search import BeamSearch
     from recsvc.hardware import resolve_dtype
     from recsvc.priors.mixed import MixedPrior
     from recsvc.priors.reference import ReferenceMixedPrior

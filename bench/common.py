@@ -11,7 +11,7 @@ import torch
 
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.data.split import EVAL_SPLITS
-from recsvc.engine.plan import ATTENTIONS
+from recsvc.engine.kernels.plan import ATTENTIONS
 from recsvc.hardware import DEVICES
 
 PRIOR_USES = ("auto", "off")  # --prior: the bundle's prior as served, or none

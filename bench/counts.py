@@ -1,6 +1,6 @@
 """Per-request device counts for the benches' JSON: eager device operations (what a GPU launches from Python,
-``recsvc.engine.launches``), graph replays (work a GPU replays as captured graphs; on a CPU the units the
-sync-free forwards mark as such) and device-to-host reads (``recsvc.engine.host_reads``).
+``recsvc.engine.meters.launches``), graph replays (work a GPU replays as captured graphs; on a CPU the units the
+sync-free forwards mark as such) and device-to-host reads (``recsvc.engine.meters.host_reads``).
 
 Counting costs a Python call per torch call, so it runs on requests of its own, never inside a timed one:
 ``count_requests`` runs each request twice, once under each counter.
@@ -17,8 +17,8 @@ import torch
 def count_requests(requests: Sequence[Callable[[], object]], device: torch.device | str) -> dict:
     """Means over ``requests`` (each a call that makes one request): {"eager_ops", "replays", "host_reads",
     "requests"}; the reads are those of tensors on ``device``. Empty when there is no request."""
-    from recsvc.engine.host_reads import HostReads
-    from recsvc.engine.launches import Launches
+    from recsvc.engine.meters.host_reads import HostReads
+    from recsvc.engine.meters.launches import Launches
 
     ops, replays, reads = [], [], []
     for request in requests:

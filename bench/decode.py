@@ -1,5 +1,5 @@
 """`recsvc bench decode`: the engine's plain beam search (through its one decoding entry,
-``recsvc.engine.decode``) vs transformers ``generate`` with the trie callback.
+``recsvc.engine.entry.dispatch``) vs transformers ``generate`` with the trie callback.
 
 Same model, same users, one request at a time for both (latency per request); per K: ms/request of each,
 their ratio, and the identical-output rate (same items in the same order). Both paths are warmed first on
@@ -34,11 +34,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 @torch.inference_mode()
 def run(args: argparse.Namespace) -> dict:
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.decode import Decoded, decode
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.prompts import PromptBatch
-    from recsvc.engine.reference import generate_topk
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.entry.dispatch import Decoded, decode
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.search.beam_search import BeamSearch
+    from recsvc.engine.search.reference import generate_topk
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")

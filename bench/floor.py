@@ -1,6 +1,6 @@
 """The linear-layer floor of a request (``recsvc bench cache``): what the target's matmuls alone cost.
 
-The target's own linear layers (the fast forward's packed fp32 kernels, ``recsvc.engine.fast``, on the model's
+The target's own linear layers (the fast forward's packed fp32 kernels, ``recsvc.engine.kernels.fast``, on the model's
 real weights) run back to back in a tight loop, with nothing else (no norms, attention, masks, trie, Python
 around them), at the row counts of one request:
 - one forward at 1 row: every weight matrix read once, so its time is the weight-streaming floor of any
@@ -22,11 +22,11 @@ import time
 
 import torch
 
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.fast import FastLlama
-from recsvc.engine.fast import _Linear as Linear
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.kernels.fast import FastLlama
+from recsvc.engine.kernels.pieces import FastLinear
 
-Plan = list[tuple[Linear, int]]  # (linear, rows) in call order
+Plan = list[tuple[FastLinear, int]]  # (linear, rows) in call order
 MEASURED = ("the target's packed linear layers on its real weights alone, back to back, median of timed passes: "
             "1 row per forward; an uncached request = a prefill of the median prompt (last layer: k/v at every "
             "token, the rest and the LM head at 1 row) + (levels - 1) decode forwards at B rows; a prompt-cached "

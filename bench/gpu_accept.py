@@ -16,11 +16,11 @@ its time limit keeps what it measured; every stage is skipped once the wall-time
   strict   -> strict speculation with the (aligned) LLaMA drafter vs plain: WS, AS, target calls, same-list share
   reads    -> device-to-host reads per strict round (the search's) and per request (the search's and the two
               counter lists ``decode`` reads at the end of a request, reported apart) and per plain request
-              (``recsvc.engine.host_reads``), the sync-free path vs the eager fast forward's
+              (``recsvc.engine.meters.host_reads``), the sync-free path vs the eager fast forward's
   batched  -> 16 requests decoded together vs one at a time: requests per second
   relaxed  -> relaxed speculation with that drafter vs the target's own sampling beam search
   phases   -> plain and strict: ms per request by phase with the device synchronised around each phase
-              (``SyncedLedger``), and the eager device operations per request (``recsvc.engine.launches``:
+              (``SyncedLedger``), and the eager device operations per request (``recsvc.engine.meters.launches``:
               kernel launches outside the captured graphs)
   quality  -> the target's test Recall@10 / NDCG@10 (plain beam search over up to 4,000 test users, batched)
   served   -> (--bundle only) the recommender as `recsvc serve` builds it, one request at a time, plain and strict:
@@ -54,7 +54,7 @@ from bench.gpu_inputs import DRAFTER_KINDS
 from bench.gpu_measure import measure
 from bench.gpu_stages import compiled_forward, lossless_fp32, served
 from recsvc.cli.main import run_command
-from recsvc.engine.plan import forward_names
+from recsvc.engine.kernels.plan import forward_names
 from recsvc.errors import UserError
 from recsvc.hardware import DEVICES
 from training.recipe.recipes import SERVED, stage

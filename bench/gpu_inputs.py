@@ -15,12 +15,12 @@ import torch
 
 if TYPE_CHECKING:  # the engine is imported when a stage runs, not when the bench's commands are listed
     from bench.common import BenchContext
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.decode import Decoded
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.ledger import Ledger
-    from recsvc.engine.ports import Drafter
-    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.entry.dispatch import Decoded
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.meters.ledger import Ledger
+    from recsvc.engine.search.beam_search import BeamSearch
+    from recsvc.engine.speculation.ports import Drafter
     from recsvc.recommender.parts import Prior
 
 T = TypeVar("T")
@@ -57,8 +57,8 @@ class Inputs:
         self.ctx, self.fused, self.device = ctx, fused, device
 
     def request(self, histories: list[list[int]]) -> Request:
-        from recsvc.engine.prior import prior_log_mass
-        from recsvc.engine.prompts import PromptBatch
+        from recsvc.engine.caches.prompts import PromptBatch
+        from recsvc.engine.scoring.prior import prior_log_mass
 
         pb = PromptBatch.from_lists([self.ctx.builder.prompt_ids(h) for h in histories])
         prior = None if self.fused is None else prior_log_mass(self.ctx.trie, self.fused.probs(histories),
@@ -69,8 +69,8 @@ class Inputs:
 def plain_search(engine, req: Request, width: int, top: int, ledger: Ledger | None = None,
                  fuse: bool = True) -> Decoded:
     """Plain beam search of ``req`` through the one decoding entry (``fuse`` False: without its prior)."""
-    from recsvc.engine.decode import decode
-    from recsvc.engine.ledger import NO_LEDGER
+    from recsvc.engine.entry.dispatch import decode
+    from recsvc.engine.meters.ledger import NO_LEDGER
 
     return decode(engine, None, req.pb, req.histories, "plain", width, (0, 0), prior=req.prior if fuse else None,
                   top=top, ledger=ledger or NO_LEDGER)
@@ -79,8 +79,8 @@ def plain_search(engine, req: Request, width: int, top: int, ledger: Ledger | No
 def strict_search(engine, drafter, req: Request, width: int, speculation: tuple[int, int],
            ledger: Ledger | None = None, exit_check: int | None = None) -> Decoded:
     """Strict speculation of ``req`` with ``drafter`` at (N, gamma) ``speculation`` (``exit_check``: ``decode``'s)."""
-    from recsvc.engine.decode import decode
-    from recsvc.engine.ledger import NO_LEDGER
+    from recsvc.engine.entry.dispatch import decode
+    from recsvc.engine.meters.ledger import NO_LEDGER
 
     return decode(engine, drafter, req.pb, req.histories, "strict", width, speculation, prior=req.prior,
                   ledger=ledger or NO_LEDGER, exit_check=exit_check)
@@ -120,8 +120,8 @@ def load(bundle: Path, cfg: dict, device: str, forward: str, dtype: str) -> Load
     request per measured user."""
     from bench.common import load_context
     from bench.speculative import load_fused_prior, make_drafter
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.search.beam_search import BeamSearch
 
     ctx = load_context(bundle, cfg["users"], "test", dtype, cfg.get("data"), device=device)
     target = EngineModel.build(ctx.model, "fp32", forward=forward)

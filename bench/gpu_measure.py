@@ -20,7 +20,7 @@ class _Rounds:
     """A ledger counting strict rounds (one "verify" phase each)."""
 
     def __init__(self) -> None:
-        from recsvc.engine.ledger import NO_LEDGER
+        from recsvc.engine.meters.ledger import NO_LEDGER
 
         self.rounds, self.inner = 0, NO_LEDGER
 
@@ -54,20 +54,22 @@ class PhaseOps:
 
 def _request_end_reads(reads) -> int:
     """The reads made once at the end of a request, after the search's rounds: its per-row counters turned into
-    lists (``recsvc/engine/decode.py``; the sync-free strict request's one read, ``recsvc/engine/unrolled.py``)."""
+    lists (``recsvc/engine/entry/dispatch.py``; the sync-free strict request's one read,
+    ``recsvc/engine/speculation/strict/unrolled.py``)."""
     return sum(c for site, c in reads.by_site.items()
-               if site.startswith(("recsvc/engine/decode.py:", "recsvc/engine/unrolled.py:")))
+               if site.startswith(("recsvc/engine/entry/dispatch.py:",
+                                   "recsvc/engine/speculation/strict/unrolled.py:")))
 
 
 def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
     """Every timed stage on one loaded bundle; ``emit(stage, result)`` records a finished stage."""
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.cuda_graphs import warm_up
-    from recsvc.engine.decode import decode
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.host_reads import HostReads
-    from recsvc.engine.reference import generate_topk
-    from recsvc.engine.sampling import make_generators
+    from recsvc.engine.entry.dispatch import decode
+    from recsvc.engine.kernels.cuda_graphs import warm_up
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.meters.host_reads import HostReads
+    from recsvc.engine.search.beam_search import BeamSearch
+    from recsvc.engine.search.reference import generate_topk
+    from recsvc.engine.search.sampling import make_generators
 
     k, width, n, gamma = cfg["k"], cfg["width"], cfg["n"], cfg["gamma"]
     loaded = load(bundle, cfg, device, forward, "auto")
@@ -185,8 +187,8 @@ def measure(bundle: Path, cfg: dict, device: str, forward: str, deadline: float,
     # where a request's time goes: phases with the device synchronised around each, and the eager device
     # operations (kernel launches outside the captured graphs) per request
     def stage_phases() -> None:
-        from recsvc.engine.launches import Launches
-        from recsvc.engine.ledger import SyncedLedger
+        from recsvc.engine.meters.launches import Launches
+        from recsvc.engine.meters.ledger import SyncedLedger
 
         if over():
             return

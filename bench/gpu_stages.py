@@ -15,7 +15,7 @@ from bench.gpu_inputs import device_name, engines, load, plain_search, strict_se
 def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, emit) -> None:
     """Strict speculation against plain decoding with the target and drafter in fp32 on the same device: the
     lossless claim without bf16 near-ties (in bf16 the kernels' sums depend on the batch shape)."""
-    from recsvc.engine.cuda_graphs import warm_up
+    from recsvc.engine.kernels.cuda_graphs import warm_up
 
     if time.perf_counter() > deadline:
         return
@@ -41,12 +41,12 @@ def lossless_fp32(bundle: Path, cfg: dict, device: str, forward: str, deadline: 
 
 def compiled_forward(bundle: Path, cfg: dict, device: str, deadline: float, emit) -> None:
     """The "compiled-graphs" forward (each decoder layer one ``torch.compile`` graph, replayed in the buckets'
-    CUDA graphs: ``recsvc.engine.compiled_layer``) against "graphs" over the same bf16 target, one request at a
+    CUDA graphs: ``recsvc.engine.kernels.compiled_layer``) against "graphs" over the same bf16 target, one request at a
     time, alternating: plain ms per request, the same lists, compile + capture seconds; then strict with the
     target and the drafter compiled."""
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.cuda_graphs import warm_up
-    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.kernels.cuda_graphs import warm_up
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.search.beam_search import BeamSearch
 
     if time.perf_counter() > deadline:
         return
@@ -102,9 +102,9 @@ def served(bundle: Path, cfg: dict, device: str, forward: str, deadline: float, 
     from recsvc.bundle.directory import Bundle
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
-    from recsvc.engine.host_reads import HostReads
-    from recsvc.engine.launches import Launches
-    from recsvc.engine.ledger import SyncedLedger
+    from recsvc.engine.meters.host_reads import HostReads
+    from recsvc.engine.meters.launches import Launches
+    from recsvc.engine.meters.ledger import SyncedLedger
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
 

@@ -7,7 +7,7 @@ exactly-K (lists of K items, among users for whom the catalog holds K compliant 
 against the users' test items (and each strategy's NDCG@K minus the scenario's best, paired per user, with its
 standard error: "within noise" is then a number), ms per request and target forward calls per request.
 Strategies are timed interleaved, user by user, so load on the machine hits them alike; a second table splits
-each strategy's milliseconds by phase (``recsvc.engine.ledger``). ``--lookahead-when always`` forces CDSL's and
+each strategy's milliseconds by phase (``recsvc.engine.meters.ledger``). ``--lookahead-when always`` forces CDSL's and
 CDLH's look-aheads at every depth (default: only where the caps keep extra beams; the same lists).
 
     recsvc bench rules --bundle artifacts/beauty/bundle --users 200 --k 10 --threads 1
@@ -25,7 +25,7 @@ import torch
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import set_threads
 from recsvc.data.split import EVAL_SPLITS
-from recsvc.engine.ledger import NO_LEDGER, Ledger, PhaseLedger
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger, PhaseLedger
 from recsvc.errors import UserError
 from recsvc.hardware import machine
 from recsvc.report.records import markdown_table, write_json
@@ -192,7 +192,7 @@ def run(args: argparse.Namespace) -> dict:
                    **{ph: r["phases_ms"].get(ph, 0.0) for ph in phase_names}} for r in rows]
     phase_table = markdown_table(phase_rows, [("scenario", "rules"), ("strategy", "strategy"),
                                               ("ms", "ms / request"), *[(ph, ph) for ph in phase_names]])
-    print("ms per request per phase (recsvc.engine.ledger; 'other' = the rest of the request):")
+    print("ms per request per phase (recsvc.engine.meters.ledger; 'other' = the rest of the request):")
     print(phase_table)
     payload = {"bench": "rules", "k": k, "users": len(users), "split": args.split, "beam_width": width,
                "settings": {"lookahead": args.lookahead, "lookahead_when": args.lookahead_when, "verify": args.verify,

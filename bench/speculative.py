@@ -24,10 +24,10 @@ import torch
 from bench.common import PRIOR_USES, BenchContext, add_bundle_bench_args, load_context, synchronize
 from bench.counts import count_requests
 from recsvc.cli.args import parse_int_list, set_threads
-from recsvc.engine.ledger import NO_LEDGER, PhaseLedger
-from recsvc.engine.plan import forward_names
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.relaxed_keep import DEFAULT_KEEP, KEEPS
+from recsvc.engine.kernels.plan import forward_names
+from recsvc.engine.meters.ledger import NO_LEDGER, PhaseLedger
+from recsvc.engine.scoring.prior import prior_log_mass
+from recsvc.engine.speculation.relaxed.keep import DEFAULT_KEEP, KEEPS
 from recsvc.hardware import machine, resolve_dtype
 from recsvc.recommender.api import SPECULATIVE
 from recsvc.recommender.drafter_names import DRAFTER_KINDS, HEAD_OPENERS
@@ -63,7 +63,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration-users", type=int, default=8)
     p.add_argument("--forward", choices=["auto", *forward_names()], default="auto",
                    help="the engine forward of the target and a LLaMA drafter (bucketed: the CUDA graphs' shapes, "
-                        "uncaptured; auto: recsvc.engine.plan)")
+                        "uncaptured; auto: recsvc.engine.kernels.plan)")
     p.add_argument("--exit-check", type=int, default=0,
                    help="strict over a sync-free forward: one more host read after this many rounds ends a finished "
                         "request early (0: none; the request reads once, at the end of its L rounds)")
@@ -111,12 +111,12 @@ def parse_grid(text: str) -> list[tuple[str, int]] | None:
 def run(args: argparse.Namespace) -> dict:
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.data.sampling import sample_users
-    from recsvc.engine.autotune import DEFAULT_GRID, autotune, resolve_grid
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.decode import decode
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.prompts import PromptBatch
-    from recsvc.engine.sampling import make_generators
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.entry.dispatch import decode
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.search.beam_search import BeamSearch
+    from recsvc.engine.search.sampling import make_generators
+    from recsvc.engine.speculation.autotune import DEFAULT_GRID, autotune, resolve_grid
 
     set_threads(args.threads)
     ks = parse_int_list(args.k, "--k")
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> dict:
                 [partial(plain_once, u.history, k) for u in counted], device)
             row["per_request_spec"] = count_requests(
                 [partial(spec_once, u.history, k, n, gamma, drafter) for u in counted], device)
-            if not relaxed:  # ms per request per phase (recsvc.engine.ledger); "other" = the rest of the request
+            if not relaxed:  # ms per request per phase (recsvc.engine.meters.ledger); "other" = the rest of the request
                 n_u = len(ctx.users)
                 for name, led, total in (("plain", led_p, p), ("spec", led_s, s)):
                     phases = {ph: v / n_u for ph, v in led.ms.items()}

@@ -7,10 +7,10 @@ import torch
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.reference import generate_topk
-from recsvc.engine.speculative import speculative_search
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.search.reference import generate_topk
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -59,7 +59,7 @@ def peaked_probs(n: int, rows: int, seed: int) -> torch.Tensor:
 
 def generate_reference(model: LlamaForCausalLM, trie: CatalogTrie, prompt: list[int], k: int,
                        excluded: list[int] | None = None) -> tuple[list[tuple[int, ...]], list[float]]:
-    """transformers' own constrained beam search for one prompt (see recsvc.engine.reference)."""
+    """transformers' own constrained beam search for one prompt (see recsvc.engine.search.reference)."""
     return generate_topk(model, trie, TEXT_VOCAB, prompt, k, excluded)
 
 
@@ -106,7 +106,7 @@ def check_strict(model, drafter, trie, prompts, k, n, gamma, excluded=None, prio
 def catalog_with_sequences(seed: int, device: str = "cpu"):
     """A random 150-item catalog (4 levels, codebook 16) on ``device``, a tiny target over it, and 40 training
     sequences of 6 items: (trie, model, item ids, sequences) for the training-free drafters' tests."""
-    from recsvc.engine.engine_model import EngineModel
+    from recsvc.engine.kernels.engine_model import EngineModel
 
     ids = random_catalog(150, 4, 16, seed=seed)
     model = EngineModel.build(tiny_llama(4, 16, seed=seed, device=device))
@@ -119,10 +119,10 @@ def counted_request(engine: BeamSearch, drafter, prompts: PromptBatch, mode: str
                     seeded: bool = False):
     """(one decoded request, its eager device ops, graph replays, host reads), after one warm-up request; each
     of the three runs is the same request (``seeded``: each prompt's sampling generator seeded by its row)."""
-    from recsvc.engine.decode import decode
-    from recsvc.engine.host_reads import HostReads
-    from recsvc.engine.launches import Launches
-    from recsvc.engine.sampling import make_generators
+    from recsvc.engine.entry.dispatch import decode
+    from recsvc.engine.meters.host_reads import HostReads
+    from recsvc.engine.meters.launches import Launches
+    from recsvc.engine.search.sampling import make_generators
 
     def run():
         gens = make_generators(list(range(len(prompts.lengths)))) if seeded else None

@@ -3,7 +3,7 @@ once, the fastest median wins (run functions report their own seconds, as the or
 
 from __future__ import annotations
 
-from recsvc.engine.autotune import autotune, resolve_grid
+from recsvc.engine.speculation.autotune import autotune, resolve_grid
 
 
 def test_autotune_picks_the_fastest_and_skips_repeats_of_hopeless_settings() -> None:

@@ -316,8 +316,8 @@ def test_the_heads_query_is_the_decodings_prefill_not_another_forward(dense_bund
 
     from recsvc.content.dense_head import last_hidden, write_settings
     from recsvc.drafters.oracle import OracleDrafter
-    from recsvc.engine.decode import decode
-    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.entry.dispatch import decode
     from recsvc.recommender.api import RecQuery
     from recsvc.recommender.bundle_recommender import BundleRecommender
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [*(f for folder in ("engine", "drafters", "rules", "rule_decoding")
-             for f in sorted((ROOT / "recsvc" / folder).glob("*.py"))), ROOT / "tokenizer_rqvae" / "trie.py"]
+             for f in sorted((ROOT / "recsvc" / folder).rglob("*.py"))), ROOT / "tokenizer_rqvae" / "trie.py"]
 FACTORIES = {"zeros", "ones", "empty", "full", "arange", "tensor", "as_tensor", "rand", "randn", "randint",
              "randperm", "linspace", "logspace", "eye", "from_numpy"}
 
@@ -24,9 +24,10 @@ HOST_ON_PURPOSE = {
     # the trie is built with numpy on the host once; CatalogTrie.to(device) moves its tensors once per device
     "tokenizer_rqvae/trie.py:CatalogTrie.__init__:from_numpy": "built on the host, moved once by CatalogTrie.to",
     # one CPU generator per request (seeded results do not depend on the device); its noise is moved in one copy
-    "recsvc/engine/sampling.py:make_generators:randint": "a host seed for an unseeded request's CPU generator",
-    "recsvc/engine/sampling.py:uniform:rand": "drawn from the request's CPU generator, moved once (uniform)",
-    "recsvc/engine/noise.py:NoiseStream.__init__:rand": "drawn ahead from the requests' CPU generators, moved once",
+    "recsvc/engine/search/sampling.py:make_generators:randint": "a host seed for an unseeded request's CPU generator",
+    "recsvc/engine/search/sampling.py:uniform:rand": "drawn from the request's CPU generator, moved once (uniform)",
+    "recsvc/engine/search/noise.py:NoiseStream.__init__:rand":
+        "drawn ahead from the requests' CPU generators, moved once",
     # module parameters are created by nn.Module.__init__ and moved with the module (.to(device))
     "recsvc/drafters/head_model.py:DraftHead.__init__:randn": "an nn.Parameter's initial value (module.to moves it)",
     "recsvc/drafters/head_model.py:DraftHead.__init__:zeros": "an nn.Parameter's initial value (module.to moves it)",

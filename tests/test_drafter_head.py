@@ -8,11 +8,11 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 
 from recsvc.drafters.head import HeadDrafter
 from recsvc.drafters.head_model import DraftHead, HeadConfig, load_head, save_head
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.ports import TargetState
-from recsvc.engine.speculative import speculative_search
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.ports import TargetState
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 from training.drafters.head import containment, head_loss
 from training.drafters.head_traces import paths, trace_batch
@@ -119,8 +119,8 @@ def test_traces_and_distillation_lower_the_loss(tmp_path) -> None:
 
 
 def test_head_samples_for_relaxed_verification() -> None:
-    from recsvc.engine.relaxed import relaxed_speculative_search
-    from recsvc.engine.sampling import make_generators
+    from recsvc.engine.search.sampling import make_generators
+    from recsvc.engine.speculation.relaxed.relaxed import relaxed_speculative_search
 
     ids, trie, _, target, head = _setup(13)
     prompts = random_prompts(3, seed=13)
@@ -144,7 +144,7 @@ def test_head_drafts_without_host_reads_over_the_bucketed_forward() -> None:
     """Over a sync-free target (the bucketed / CUDA-graph forwards) the head reads nothing from the device: both
     sides of each choice are computed, so a strict round reads once (the rows' depths), and the lists stay the
     plain search's, as over the fast forward (where the head reads to skip work)."""
-    from recsvc.engine.host_reads import HostReads
+    from recsvc.engine.meters.host_reads import HostReads
 
     ids, trie, llama, _, head = _setup(7)
     bucketed = EngineModel.build(llama, "fp32", forward="bucketed")
@@ -166,7 +166,7 @@ def test_head_drafts_without_host_reads_over_the_bucketed_forward() -> None:
         # the request's rounds unrolled on the device, each round's drafting, verification and replay one unit
         # (one CUDA graph each on a GPU, a replay here), with or without the search's step graphs (decode's path):
         # the same lists, the eager ops of the setup only, and at most 3 replays a round
-        from recsvc.engine.launches import Launches
+        from recsvc.engine.meters.launches import Launches
 
         for graphs in (None, engine.step_graphs()):
             with Launches() as ops:

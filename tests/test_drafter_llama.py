@@ -8,12 +8,12 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter, LlamaDraftSession
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import expand_beams
-from recsvc.engine.fast import FastCache
-from recsvc.engine.lean import LeanCache
-from recsvc.engine.speculative import speculative_search
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.kernels.fast import FastCache
+from recsvc.engine.kernels.lean import LeanCache
+from recsvc.engine.scoring.expand import expand_beams
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

@@ -14,7 +14,7 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
 from recsvc.drafters.head_model import DraftHead, HeadConfig, save_head
-from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.kernels.engine_model import EngineModel
 from recsvc.errors import UserError
 from recsvc.priors.transition import PriorSettings, TransitionPrior
 from recsvc.recommender.api import RecQuery

@@ -17,9 +17,9 @@ from recsvc.bundle.loading import save_causal_lm
 from recsvc.bundle.presets import new_model
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import load_split_dir
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.search.beam_search import BeamSearch
 from recsvc.errors import UserError
 from tokenizer_rqvae.trie import CatalogTrie
 from training.drafters.losses import code_logprobs_tree

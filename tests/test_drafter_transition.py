@@ -6,8 +6,8 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, catalog_with_sequences, random_prompts
 
 from recsvc.drafters.transition import TransitionDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.speculative import speculative_search
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
@@ -69,10 +69,10 @@ def test_sync_free_drafts_the_same_sets_without_reading_the_device() -> None:
     drafted set per depth as the per-row path, no host read, and strict over the bucketed forward stays exact."""
     from engine_helpers import tiny_llama
 
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.host_reads import HostReads
-    from recsvc.engine.ports import TargetState
-    from recsvc.engine.tree_cache import TreeCache
+    from recsvc.engine.caches.tree_cache import TreeCache
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.meters.host_reads import HostReads
+    from recsvc.engine.speculation.ports import TargetState
 
     trie, model, items, seqs = catalog_with_sequences(seed=9)
     drafter = TransitionDrafter(TransitionPrior.fit(seqs, items), trie)

@@ -6,8 +6,8 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, catalog_with_sequences, random_prompts
 
 from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.speculative import speculative_search
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 

@@ -6,9 +6,9 @@ import engine_helpers as eh
 import pytest
 import torch
 
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.topk import select_topk
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.topk import select_topk
+from recsvc.engine.search.beam_search import BeamSearch
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

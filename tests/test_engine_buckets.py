@@ -1,4 +1,4 @@
-"""The bucketed, padded forward over a static KV cache (recsvc.engine.buckets; CUDA graphs replay it on a GPU):
+"""The bucketed, padded forward over a static KV cache (recsvc.engine.kernels.buckets; CUDA graphs replay it on a GPU):
 the same lists as today's fast forward, plain and strict speculative, and its rounds' host reads bounded."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from engine_helpers import TEXT_VOCAB, batch, counted_request, random_catalog, r
 
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.drafters.oracle import OracleDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.buckets import Buckets, StaticCache, pad_inputs
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.host_reads import HostReads, uncounted
-from recsvc.engine.ledger import PhaseLedger
-from recsvc.engine.speculative import speculative_search
-from recsvc.engine.state_cache import UserStateCache
+from recsvc.engine.caches.state_cache import UserStateCache
+from recsvc.engine.kernels.buckets import Buckets, StaticCache, pad_inputs
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.meters.host_reads import HostReads, uncounted
+from recsvc.engine.meters.ledger import PhaseLedger
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

@@ -1,5 +1,5 @@
-"""The compiled forward (recsvc.engine.compiled): inductor's graph of the fast forward's layers gives the fast
-forward's results up to float rounding, for plain beam search (batched and single prompts, so both the prompt
+"""The compiled forward (recsvc.engine.kernels.compiled_stack): inductor's graph of the fast forward's layers gives
+the fast forward's results up to float rounding, for plain beam search (batched and single prompts, so both the prompt
 prefill with its last-layer pruning and the decode graph run), strict speculation and the user-state cache."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, common_item_gap, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.compiled import CompiledGraph, ExportedGraphs
-from recsvc.engine.compiled_scoring import ExportedScoring
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import candidate_scores
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.speculative import speculative_search
-from recsvc.engine.state_cache import UserStateCache
+from recsvc.engine.caches.state_cache import UserStateCache
+from recsvc.engine.kernels.compiled_scoring import ExportedScoring
+from recsvc.engine.kernels.compiled_stack import CompiledGraph, ExportedGraphs
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.expand import candidate_scores
+from recsvc.engine.scoring.prior import prior_log_mass
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

@@ -1,6 +1,6 @@
-"""The "compiled-graphs" forward (recsvc.engine.compiled_layer): the bucketed forward with each decoder layer one
-torch.compile graph (inductor's C++ backend here, triton on CUDA) gives the bucketed forward's lists, plain and
-strict, and compiles a few graphs, not one per bucket."""
+"""The "compiled-graphs" forward (recsvc.engine.kernels.compiled_layer): the bucketed forward with each decoder
+layer one torch.compile graph (inductor's C++ backend here, triton on CUDA) gives the bucketed forward's lists, plain
+and strict, and compiles a few graphs, not one per bucket."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.speculative import speculative_search
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None and shutil.which("clang++") is None,

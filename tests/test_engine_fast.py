@@ -1,4 +1,4 @@
-"""The fast forward (recsvc.engine.fast): transformers' generate up to float rounding, the previous (lean)
+"""The fast forward (recsvc.engine.kernels.fast): transformers' generate up to float rounding, the previous (lean)
 forward's results, and strict speculation == plain beam search on it."""
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ from engine_helpers import (
 )
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.fast import FastCache
-from recsvc.engine.prefill import Prefill
-from recsvc.engine.speculative import speculative_search
-from recsvc.engine.state_cache import UserStateCache
+from recsvc.engine.caches.prefill import Prefill
+from recsvc.engine.caches.state_cache import UserStateCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.kernels.fast import FastCache
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from recsvc.hardware import native_bf16
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16
-TOL = 1e-4  # documented in recsvc/engine/fast.py: matmuls and masked attention sum in another order
+TOL = 1e-4  # documented in recsvc/engine/kernels/fast.py: matmuls and masked attention sum in another order
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ def test_fast_forward_rebuilt_once_after_an_in_place_update() -> None:
     assert torch.allclose(second.layers[0][7](x), x @ down.detach().T, atol=1e-5)  # the new weights
 
 
-BF16_TOL = 0.25  # documented in recsvc/engine/fast.py: bf16 activations round at ~3 significant digits
+BF16_TOL = 0.25  # documented in recsvc/engine/kernels/fast.py: bf16 activations round at ~3 significant digits
 
 
 def test_bf16_fast_forward_is_as_close_to_fp32_as_the_lean_bf16_path(setup) -> None:
@@ -193,8 +193,8 @@ def test_a_decode_steps_direct_mask_is_the_tree_mask_of_its_groups(setup, fp32: 
     """``BeamCache._mask`` (what the fast forward's decode steps attend) equals ``tree_mask`` of the step's key
     groups (``_groups``: split per request in fp32, grouped by prompt length otherwise), over prompts of unequal
     lengths and three steps of beams with random parents."""
-    from recsvc.engine.beam_cache import BeamCache
-    from recsvc.engine.engine_model import tree_mask
+    from recsvc.engine.caches.beam_cache import BeamCache
+    from recsvc.engine.kernels.engine_model import tree_mask
 
     trie, model = setup
     cache = BeamCache(EngineModel.build(model, "fp32"), trie, TEXT_VOCAB,

@@ -1,4 +1,4 @@
-"""The bounded last step (recsvc.engine.last_step): the first ``top`` beams of the full last step, fewer beams
+"""The bounded last step (recsvc.engine.search.last_step): the first ``top`` beams of the full last step, fewer beams
 fed; ties and short candidate lists fall back to the full step; plain search with ``top`` on the fast forward
 returns the full search's first ``top`` beams, bit for bit."""
 
@@ -8,17 +8,17 @@ import pytest
 import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import candidate_scores, expand_beams, select_candidates, select_from_best
-from recsvc.engine.last_step import FIRST_EXTRA, MIN_PART, bounded_last_step
-from recsvc.engine.ledger import ForwardLedger
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.topk import GenerateSelector, IndexSelector, distinct_best
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.meters.ledger import ForwardLedger
+from recsvc.engine.scoring.expand import candidate_scores, expand_beams, select_candidates, select_from_best
+from recsvc.engine.scoring.prior import prior_log_mass
+from recsvc.engine.scoring.topk import GenerateSelector, IndexSelector, distinct_best
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.search.last_step import FIRST_EXTRA, MIN_PART, bounded_last_step
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C, K = 4, 8, 12
-TOL = 1e-4  # the fast forward's documented tolerance (recsvc/engine/fast.py)
+TOL = 1e-4  # the fast forward's documented tolerance (recsvc/engine/kernels/fast.py)
 
 
 @pytest.fixture(scope="module")

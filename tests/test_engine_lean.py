@@ -8,12 +8,13 @@ import torch
 import torch.nn.functional as F
 from engine_helpers import TEXT_VOCAB, batch, engine_codes, generate_reference, random_catalog, tiny_llama
 
-from recsvc.engine import lean as lean_mod
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.lean import LeanCache, LeanLlama, _Linear
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels import lean as lean_mod
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.kernels.lean import LeanCache, LeanLlama
+from recsvc.engine.kernels.pieces import LeanLinear
+from recsvc.engine.search.beam_search import BeamSearch
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 32
@@ -122,7 +123,7 @@ def test_weights_changed_in_place_rebuild_the_fused_copies(bf16_setup, monkeypat
 def test_fused_and_packed_projections_return_the_same_bits(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
     wq, wk = (torch.randn(n, 96, generator=gen).to(dtype) for n in (96, 48))
-    fused = _Linear(torch.cat([wq, wk]))
+    fused = LeanLinear(torch.cat([wq, wk]))
     for m in (1, 3, 10, 64):
         x = torch.randn(2, m, 96, generator=gen).to(dtype)
         out = fused(x)

@@ -8,12 +8,12 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 from transformers import DynamicCache
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.attention import TREE_ATTENTION
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.lean import LeanCache, LeanLlama
-from recsvc.engine.speculative import speculative_search
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.attention import TREE_ATTENTION
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.kernels.lean import LeanCache, LeanLlama
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

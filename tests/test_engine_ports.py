@@ -8,12 +8,12 @@ from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, ti
 
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.drafters.retrieval import RetrievalDatastore, RetrievalDrafter
-from recsvc.engine.beam_cache import BeamCache
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.ports import DraftSession, TargetState
-from recsvc.engine.speculative import speculative_search
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.beam_cache import BeamCache
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.ports import DraftSession, TargetState
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from recsvc.errors import UserError
 from tokenizer_rqvae.trie import CatalogTrie
 

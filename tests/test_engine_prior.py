@@ -1,5 +1,5 @@
-"""An item prior fused into beam search (recsvc.engine.prior): the trie factorisation is exact, plain beam search
-returns fused scores (and the prior's order when the prior dominates), no prior / weight 0 changes nothing, and
+"""An item prior fused into beam search (recsvc.engine.scoring.prior): the trie factorisation is exact, plain beam
+search returns fused scores (and the prior's order when the prior dominates), no prior / weight 0 changes nothing, and
 relaxed sampling renormalises the fused distributions. Strict speculative decoding with the prior equals plain beam
 search with the prior: tests/test_engine_speculative.py."""
 
@@ -21,12 +21,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.prior import prior_log_mass, step_bias
-from recsvc.engine.relaxed import relaxed_speculative_search
-from recsvc.engine.sampling import make_generators, sampling_beam_search, tempered_logp
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.prior import prior_log_mass, step_bias
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.search.sampling import make_generators, sampling_beam_search, tempered_logp
+from recsvc.engine.speculation.relaxed.relaxed import relaxed_speculative_search
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 

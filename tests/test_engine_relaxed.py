@@ -10,10 +10,10 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.relaxed import relaxed_speculative_search
-from recsvc.engine.relaxed_keep import KEEPS
-from recsvc.engine.sampling import make_generators, sampling_beam_search
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.search.sampling import make_generators, sampling_beam_search
+from recsvc.engine.speculation.relaxed.keep import KEEPS
+from recsvc.engine.speculation.relaxed.relaxed import relaxed_speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C, K = 4, 8, 3

@@ -1,5 +1,5 @@
 """Strict speculative beam search returns exactly the plain constrained beam search's output, with or without an
-item prior (recsvc.engine.prior) fused into the target, the drafter and the plain search alike."""
+item prior (recsvc.engine.scoring.prior) fused into the target, the drafter and the plain search alike."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 
 from recsvc.drafters.llama import LlamaDrafter
 from recsvc.drafters.oracle import OracleDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.speculative import accepted_depth, speculative_search
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.prior import prior_log_mass
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.strict.speculative import accepted_depth, speculative_search
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 

@@ -1,4 +1,4 @@
-"""The forward plan (recsvc.engine.plan): resolved once from the flags, presets per hardware, and every flag
+"""The forward plan (recsvc.engine.kernels.plan): resolved once from the flags, presets per hardware, and every flag
 combination that used to fall back silently is an error with a message (UserError; the CLI exits 2)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from cli_commands import only_commands
 from engine_helpers import tiny_llama
 
 from recsvc.cli.main import main
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.plan import FORWARD_NAMES, FORWARDS, PRESETS, ForwardPlan, check_flags, resolve
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.kernels.plan import FORWARD_NAMES, FORWARDS, PRESETS, ForwardPlan, check_flags, resolve
 from recsvc.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,8 +107,9 @@ def _compares_forward_names(path: Path) -> list[int]:
 
 
 def test_the_service_and_the_searches_read_the_plan_not_names() -> None:
-    for rel in ("recsvc/service/settings.py", "recsvc/engine/beam_search.py", "recsvc/engine/tree_cache.py",
-                "recsvc/engine/speculative.py", "recsvc/drafters/head.py", "recsvc/engine/engine_model.py"):
+    for rel in ("recsvc/service/settings.py", "recsvc/engine/search/beam_search.py",
+                "recsvc/engine/caches/tree_cache.py", "recsvc/engine/speculation/strict/speculative.py",
+                "recsvc/drafters/head.py", "recsvc/engine/kernels/engine_model.py"):
         path = ROOT / rel
         assert not _compares_forward_names(path), rel
         text = path.read_text()
@@ -122,18 +123,20 @@ def _calls(tree: ast.AST, name: str) -> int:
 
 
 def test_the_decoder_layer_is_defined_once() -> None:
-    """The layer's MLP (SiLU(gate) * up), its rotary and its norm are written in recsvc/engine/layer.py alone;
+    """The layer's MLP (SiLU(gate) * up), its rotary and its norm are written in recsvc/engine/kernels/layer.py alone;
     every forward but transformers' own calls ``decoder_layer`` from there."""
     engine = ROOT / "recsvc" / "engine"
     silu, defs = {}, {}
-    for path in sorted(engine.glob("*.py")):
+    for path in sorted(engine.rglob("*.py")):
         tree = ast.parse(path.read_text())
-        silu[path.name] = _calls(tree, "silu")
-        defs[path.name] = sorted(n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                                 and n.name in {"decoder_layer", "rotary", "_rotary", "_rotate_half", "_rms_norm",
-                                                "exact_rms_norm"})
-    assert {name for name, n in silu.items() if n} == {"layer.py"} and silu["layer.py"] == 1
-    assert {name: d for name, d in defs.items() if d} == {"layer.py": ["decoder_layer", "exact_rms_norm", "rotary"]}
-    users = {path.name for path in engine.glob("*.py") if "decoder_layer(" in path.read_text()
-             or "slot_layer(" in path.read_text()} - {"layer.py"}
-    assert users == {"lean.py", "fast.py", "compiled.py", "compiled_layer.py"}
+        name = path.relative_to(engine).as_posix()
+        silu[name] = _calls(tree, "silu")
+        defs[name] = sorted(n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                            and n.name in {"decoder_layer", "rotary", "_rotary", "_rotate_half", "_rms_norm",
+                                           "exact_rms_norm"})
+    layer = "kernels/layer.py"
+    assert {name for name, n in silu.items() if n} == {layer} and silu[layer] == 1
+    assert {name: d for name, d in defs.items() if d} == {layer: ["decoder_layer", "exact_rms_norm", "rotary"]}
+    users = {path.relative_to(engine).as_posix() for path in engine.rglob("*.py") if "decoder_layer(" in
+             path.read_text() or "slot_layer(" in path.read_text()} - {layer}
+    assert users == {"kernels/lean.py", "kernels/fast.py", "kernels/compiled_stack.py", "kernels/compiled_layer.py"}

@@ -82,8 +82,8 @@ def test_served_head_strict_over_the_bucketed_forward_is_a_handful_of_replays(bu
     not) over the bucketed forward (CUDA graphs' stand-in): a strict request gives plain's lists, with at most
     twice plain's eager device ops, at most 4 graph replays more, and a whole request (prior, exclusions, lists
     read out) reads the device at most twice: plain once (its lists), strict twice (its counters, its lists)."""
-    from recsvc.engine.host_reads import HostReads
-    from recsvc.engine.launches import Launches
+    from recsvc.engine.meters.host_reads import HostReads
+    from recsvc.engine.meters.launches import Launches
 
     rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed", exclude_history=exclude_history)
     assert isinstance(rec.drafter, HeadDrafter) and rec.drafter.opener is not None
@@ -112,11 +112,11 @@ def test_served_head_relaxed_is_unrolled_with_the_eager_loops_lists(bundle) -> N
     """Relaxed on the served recommender over the bucketed forward: a whole request within strict's bounds (at
     most twice plain's eager ops, 4 replays more, 2 device reads: its counters and its lists), and the head's
     unrolled sampling gives the eager loop's lists for the same seeds (each request's noise drawn ahead)."""
-    from recsvc.engine.host_reads import HostReads
-    from recsvc.engine.launches import Launches
-    from recsvc.engine.prompts import PromptBatch
-    from recsvc.engine.relaxed import relaxed_speculative_search
-    from recsvc.engine.sampling import make_generators
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.meters.host_reads import HostReads
+    from recsvc.engine.meters.launches import Launches
+    from recsvc.engine.search.sampling import make_generators
+    from recsvc.engine.speculation.relaxed.relaxed import relaxed_speculative_search
 
     rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward="bucketed")
     data = load_split_dir(Bundle.open(bundle).resolve_data_dir())
@@ -154,7 +154,7 @@ def test_the_head_alone_runs_one_target_forward_and_bench_reports_its_quality(bu
     target forward, the catalog's items only, the history excluded when asked; `recsvc bench speculative --mode
     head` reports Recall@K / NDCG@K of both and the share of identical lists (and refuses another drafter)."""
     from recsvc.drafters.head_alone import head_alone_search
-    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.caches.prompts import PromptBatch
 
     for forward in ("fast", "bucketed"):
         rec = BundleRecommender.from_bundle(bundle, dtype="fp32", forward=forward)

@@ -1,13 +1,13 @@
-"""Counting the eager device operations of a search (recsvc.engine.launches): what a GPU launches from Python."""
+"""Counting the eager device operations of a search (recsvc.engine.meters.launches): what a GPU launches from Python."""
 
 from __future__ import annotations
 
 import torch
 from engine_helpers import TEXT_VOCAB, batch, random_catalog, random_prompts, tiny_llama
 
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.launches import Launches, replayable
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.meters.launches import Launches, replayable
+from recsvc.engine.search.beam_search import BeamSearch
 from tokenizer_rqvae.trie import CatalogTrie
 
 

@@ -8,7 +8,11 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   declare themselves as entry points in pyproject.toml (``recsvc/commands.py`` loads them and skips them when
   ``training`` is not installed); no string in ``recsvc/`` names a ``training`` module.
 - ``recsvc/engine/`` (decoding) imports nothing above it: not the recommender, the service, the benches, the
-  CLI, the drafters (they implement ``engine/ports.py``), the rules nor the bundle (it is handed loaded models).
+  CLI, the drafters (they implement ``engine/speculation/ports.py``), the rules nor the bundle (it is handed loaded
+  models). Inside it, its rooms stand in order (``ENGINE_ROOMS``, the map in ``recsvc/engine/__init__.py``): each
+  imports only the rooms below it, no module stands loose beside them, strict and relaxed speculation import
+  neither each other nor are imported by speculation's shared modules, and no engine module imports another
+  module's private (underscore) name.
 - ``recsvc/recommender/`` (the composition root: a bundle as a ``Recommender``) may import the engine, the
   drafters, the rules, the bundle and the data layer, and imports no service, bench or CLI module; the layers
   below it (engine, drafters, rules, the bundle, the data layer) never import it.
@@ -55,6 +59,8 @@ ABOVE_ENGINE = (
     "training",
 )
 ABOVE_RECOMMENDER = ("recsvc.service", "bench", "recsvc.cli", "training")
+# the engine's rooms, top floor first: each imports only the rooms after it
+ENGINE_ROOMS = ("entry", "speculation", "search", "caches", "kernels", "scoring", "meters")
 BELOW_RECOMMENDER = ("recsvc/engine", "recsvc/drafters", "recsvc/rules", "recsvc/rule_decoding")  # + bundle, data
 DRAFTER_REGISTRY = "recsvc/recommender/drafter_registry.py"  # the one place above the drafters that builds them
 DATA_LAYER = ("recsvc/data", "recsvc/priors", "recsvc/content", "recsvc/catalog", "recsvc/hardware.py",
@@ -161,6 +167,26 @@ def test_recsvc_names_no_training_module() -> None:
 
 def test_engine_imports_nothing_above_it() -> None:
     assert violations(("recsvc/engine",), ABOVE_ENGINE) == []
+
+
+def test_engine_rooms_stand_in_order() -> None:
+    engine = ROOT / "recsvc" / "engine"
+    assert sorted(p.name for p in engine.iterdir() if (p / "__init__.py").is_file()) == sorted(ENGINE_ROOMS)
+    assert [p.name for p in engine.glob("*.py")] == ["__init__.py"]  # every module in a room
+    for i, room in enumerate(ENGINE_ROOMS):
+        assert violations((f"recsvc/engine/{room}",), tuple(f"recsvc.engine.{r}" for r in ENGINE_ROOMS[:i])) == []
+    speculation = "recsvc/engine/speculation"
+    strict, relaxed = "recsvc.engine.speculation.strict", "recsvc.engine.speculation.relaxed"
+    assert violations((f"{speculation}/strict",), (relaxed,)) == []
+    assert violations((f"{speculation}/relaxed",), (strict,)) == []
+    shared = tuple(str(p.relative_to(ROOT)) for p in (ROOT / speculation).glob("*.py"))
+    assert violations(shared, (strict, relaxed)) == []
+
+
+def test_no_engine_module_imports_a_private_name() -> None:
+    found = [(str(path.relative_to(ROOT)), line, module) for path in sources("recsvc/engine")
+             for line, module in imports(path) if under(module, PROJECT) and module.rsplit(".", 1)[-1].startswith("_")]
+    assert found == []
 
 
 def test_recommender_imports_no_service_bench_or_cli() -> None:

@@ -9,8 +9,8 @@ import torch
 from test_service_prior import WEIGHT, bundle, histories, only_our_commands  # noqa: F401 (fixtures)
 from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
-from recsvc.engine import state_cache
-from recsvc.engine.state_cache import UserStateCache
+from recsvc.engine.caches import state_cache
+from recsvc.engine.caches.state_cache import UserStateCache
 from recsvc.priors.transition import PriorSettings
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender, state_cache_for

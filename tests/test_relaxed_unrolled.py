@@ -1,6 +1,6 @@
-"""Relaxed speculation over the bucketed forward, unrolled like strict (recsvc.engine.relaxed_unrolled): the eager
-loop's lists for the same seeds (the NoiseStream hands each request the numbers the loop draws), and a request in
-a handful of replayable units with one host read (the LLaMA pairing's shape)."""
+"""Relaxed speculation over the bucketed forward, unrolled like strict (recsvc.engine.speculation.relaxed.unrolled):
+the eager loop's lists for the same seeds (the NoiseStream hands each request the numbers the loop draws), and a request
+in a handful of replayable units with one host read (the LLaMA pairing's shape)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import torch
 from engine_helpers import TEXT_VOCAB, batch, counted_request, random_catalog, random_prompts, tiny_llama
 
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.noise import NoiseStream
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.relaxed import relaxed_speculative_search
-from recsvc.engine.relaxed_keep import KEEPS
-from recsvc.engine.relaxed_unrolled import noise_budget
-from recsvc.engine.sampling import make_generators
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.prior import prior_log_mass
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.search.noise import NoiseStream
+from recsvc.engine.search.sampling import make_generators
+from recsvc.engine.speculation.relaxed.keep import KEEPS
+from recsvc.engine.speculation.relaxed.relaxed import relaxed_speculative_search
+from recsvc.engine.speculation.relaxed.unrolled import noise_budget
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

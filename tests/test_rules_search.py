@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from recsvc.drafters.head_model import DraftHead, HeadConfig
-from recsvc.engine.beam_search import node_logprobs
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.search.beam_search import node_logprobs
 from recsvc.rule_decoding.lookahead import DraftLookahead, TargetLookahead
 from recsvc.rule_decoding.search import item_ids, list_search
 from recsvc.rules.attributes import ItemAttributes

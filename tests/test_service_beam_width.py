@@ -11,7 +11,7 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 import recsvc.cli.main as cli
 from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender
 

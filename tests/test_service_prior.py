@@ -15,8 +15,8 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 import recsvc.cli.main as cli
 from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.scoring.prior import prior_log_mass
 from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.bundle_recommender import BundleRecommender

@@ -11,11 +11,11 @@ from test_drafter_fixtures import tiny_bundle as make_tiny_bundle
 
 from recsvc.client.client import RecClient
 from recsvc.drafters.llama import LlamaDrafter
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.sampling import make_generators, sampling_beam_search
-from recsvc.engine.speculative import speculative_search
-from recsvc.engine.state_cache import UserStateCache
+from recsvc.engine.caches.state_cache import UserStateCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.search.sampling import make_generators, sampling_beam_search
+from recsvc.engine.speculation.strict.speculative import speculative_search
 from tokenizer_rqvae.trie import CatalogTrie
 
 L, C = 4, 16

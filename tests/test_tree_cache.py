@@ -10,9 +10,9 @@ import pytest
 import torch
 from engine_helpers import tiny_llama
 
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 

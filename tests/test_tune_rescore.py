@@ -18,8 +18,8 @@ from recsvc.bundle.directory import Bundle
 from recsvc.bundle.loading import load_causal_lm
 from recsvc.data.metrics import evaluate_rankings
 from recsvc.data.split import load_split_dir
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.scoring.prior import prior_log_mass
 from recsvc.priors.mixed import MixedPrior, MixSettings, SequenceModel
 from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
@@ -65,7 +65,7 @@ def world(tmp_path_factory):
 def test_forced_log_probs_equal_the_beam_scores(world) -> None:
     """A candidate's log-prob computed by the forced pass is the score the engine's unfused search gives the same
     leaf, and the candidates' own wide beam finds the same leaves with the same partial sums."""
-    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.search.beam_search import BeamSearch
 
     model, builder, trie, users = world["model"], world["builder"], world["trie"], world["users"][:6]
     prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in users])

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.bundle.prompt import HEADER_STYLES
-from recsvc.engine.plan import ATTENTIONS
+from recsvc.engine.kernels.plan import ATTENTIONS
 from recsvc.errors import UserError
 from recsvc.service.arg_types import positive_int
 from recsvc_base.progress import print_record

@@ -25,12 +25,12 @@ import torch
 
 from recsvc.drafters.head_model import DraftHead
 from recsvc.drafters.rows import sampled_depth, take_rows
-from recsvc.engine.cuda_graphs import FunctionGraphs
-from recsvc.engine.expand import expand_beams
-from recsvc.engine.noise import NoiseStream
-from recsvc.engine.ports import Drafter, DraftSession, DraftStep, TargetState
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.sampling import temper
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.kernels.cuda_graphs import FunctionGraphs
+from recsvc.engine.scoring.expand import expand_beams
+from recsvc.engine.search.noise import NoiseStream
+from recsvc.engine.search.sampling import temper
+from recsvc.engine.speculation.ports import Drafter, DraftSession, DraftStep, TargetState
 from tokenizer_rqvae.trie import CatalogTrie
 
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from recsvc.drafters.head import HeadDrafter, HeadDraftSession
-from recsvc.engine.beam_search import to_device
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.ports import TargetState
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.search.beam_search import to_device
+from recsvc.engine.speculation.ports import TargetState
 from tokenizer_rqvae.trie import CatalogTrie
 
 

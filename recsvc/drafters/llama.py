@@ -19,14 +19,14 @@ from collections.abc import Sequence
 import torch
 
 from recsvc.drafters.rows import sampled_depth, take_rows
-from recsvc.engine.beam_search import node_logprobs, to_device
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import expand_beams
-from recsvc.engine.noise import NoiseStream
-from recsvc.engine.ports import DraftStep, TargetState
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.sampling import tempered_logp
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.expand import expand_beams
+from recsvc.engine.search.beam_search import node_logprobs, to_device
+from recsvc.engine.search.noise import NoiseStream
+from recsvc.engine.search.sampling import tempered_logp
+from recsvc.engine.speculation.ports import DraftStep, TargetState
 from tokenizer_rqvae.trie import CatalogTrie
 
 

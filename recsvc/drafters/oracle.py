@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import torch
 
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.ports import StrictOnly, TargetState
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.speculation.ports import StrictOnly, TargetState
 from tokenizer_rqvae.trie import CatalogTrie
 
 

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from recsvc.engine.ports import StrictOnly, TargetState
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.speculation.ports import StrictOnly, TargetState
 from tokenizer_rqvae.trie import CatalogTrie
 
 

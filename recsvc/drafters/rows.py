@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
-from recsvc.engine.noise import NoiseStream, gated
-from recsvc.engine.ports import DraftStep
-from recsvc.engine.sampling import sample_children
+from recsvc.engine.search.noise import NoiseStream, gated
+from recsvc.engine.search.sampling import sample_children
+from recsvc.engine.speculation.ports import DraftStep
 
 
 def take_rows(t: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:

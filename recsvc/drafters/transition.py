@@ -1,7 +1,7 @@
 """The transition drafter (training-free): draft beams from the item-transition prior's trie masses.
 
 No network runs to draft. For a request, the transition prior (``recsvc.priors.transition``) gives
-P(item | history); its trie factorisation (``recsvc.engine.prior.prior_log_mass``) gives log m(node), the
+P(item | history); its trie factorisation (``recsvc.engine.scoring.prior.prior_log_mass``) gives log m(node), the
 prior mass under every prefix. A draft at depth j + s extends one of the target's current beams r (depth j)
 and is ranked by
 
@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from recsvc.drafters.rows import take_rows
-from recsvc.engine.expand import expand_beams
-from recsvc.engine.ports import StrictOnly, TargetState
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.scoring.expand import expand_beams
+from recsvc.engine.scoring.prior import prior_log_mass
+from recsvc.engine.speculation.ports import StrictOnly, TargetState
 from recsvc.priors.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
 

@@ -3,7 +3,7 @@
 The transition prior (``recsvc.priors.transition``) knows exact item pairs; a SASRec ("Self-Attentive Sequential
 Recommendation") reads the whole recent history and generalises across items. ``MixedPrior`` mixes the two item
 distributions and is fused into beam search through the trie exactly like the transition prior alone
-(``recsvc.engine.prior``: a finished item's fused score is its target log-prob + w * log P(item | history)):
+(``recsvc.engine.scoring.prior``: a finished item's fused score is its target log-prob + w * log P(item | history)):
 
     M(j | h) = (1 - mix) * P_transition(j | h) + mix * softmax_j(s(j | h) / temperature)
     P(j | h) ∝ M(j | h) * softmax_j(s(j | h)) ** product

@@ -10,7 +10,7 @@ popularity back-off, and turns a history into a probability for every catalog it
 
 ``window = 1`` is the classic last-item transition model. An empty history (or one of unknown items) gives
 ``pop``. The same object serves as an evaluation baseline (training/baselines) and as the prior the engine
-fuses into beam search (``recsvc.engine.prior``); it lives in recsvc/ because the service uses it.
+fuses into beam search (``recsvc.engine.scoring.prior``); it lives in recsvc/ because the service uses it.
 
 Worked example (catalog rows 0, 1, 2; sequences [0, 1], [0, 1], [0, 2], beta = 0 and window 1)::
 
@@ -45,7 +45,7 @@ class PriorSettings:
     window: int = 1  # last items of the history that vote
     decay: float = 0.5  # weight of the t-th last item: decay ** t
     beta: float = 1.0  # popularity back-off pseudo-count per source item
-    weight: float = 0.0  # fusion weight of log P in beam search (0 = not fused); see recsvc.engine.prior
+    weight: float = 0.0  # fusion weight of log P in beam search (0 = not fused); see recsvc.engine.scoring.prior
 
     def check(self) -> PriorSettings:
         if self.window < 1:

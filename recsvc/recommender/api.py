@@ -3,7 +3,7 @@
 A ``Recommender`` (``bundle_recommender.BundleRecommender``: a bundle decoded by the engine) answers batches of
 ``RecQuery``.
 Everything here is plain data; timers and counters live in ``RecStats``, outside the algorithms' results.
-``Mode``, ``MODES``, ``DecodedMode`` and ``Decoding`` are the engine's (``recsvc.engine.decoding``), named here too.
+``Mode``, ``MODES``, ``DecodedMode`` and ``Decoding`` are the engine's (``recsvc.engine.entry.modes``), named here too.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from recsvc.engine.decoding import MODES, DecodedMode, Decoding, Mode
+from recsvc.engine.entry.modes import MODES, DecodedMode, Decoding, Mode
 from recsvc.rules.spec import Rules
 
 SPECULATIVE: tuple[Mode, ...] = ("strict", "relaxed")  # the modes a drafter speculates in
 
 if TYPE_CHECKING:
-    from recsvc.engine.state_cache import UserStateCache
+    from recsvc.engine.caches.state_cache import UserStateCache
     from recsvc.rules.catalog import RuleCatalog
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ with the beams, or the rules' list-level search), each list's fallback said; the
 counters are the caller's (``RecStats`` holds only counts).
 
 A bundle with a transition prior (BUNDLE/prior, ``recsvc prior fit``) whose weight is > 0 has it fused into
-every mode's decoding (``recsvc.engine.prior``): each query's prior comes from its own history, and returned
+every mode's decoding (``recsvc.engine.scoring.prior``): each query's prior comes from its own history, and returned
 scores are then fused scores. ``exclude_history`` adds every query's history items to its exclusions.
 
 Item attributes (BUNDLE/attributes.json, ``recsvc bundle attributes``; re-read when the file changes) let
@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.decode import Mode
-from recsvc.engine.ledger import NO_LEDGER, Ledger
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.state_cache import UserStateCache
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.caches.state_cache import UserStateCache
+from recsvc.engine.entry.dispatch import Mode
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
+from recsvc.engine.search.beam_search import BeamSearch
 from recsvc.recommender.answer import explained_all, without_decoding
 from recsvc.recommender.api import Answer, EngineFacts, RecQuery, RecResult
 from recsvc.recommender.parts import BundleParts, PartsChoice, Prior, load_parts
@@ -185,7 +185,7 @@ class BundleRecommender:
                 self.engine.search(batch, self.beam_width, dead, self.prior_for([query.history]),
                                    states=self.states, count=False)
                 return
-            from recsvc.engine.prefill import Prefill
+            from recsvc.engine.caches.prefill import Prefill
 
             pre = Prefill(self.target, self.target.new_cache(), batch, self.states, count=False)
             if not pre.full[0]:
@@ -244,7 +244,7 @@ class BundleRecommender:
 
     def recommend(self, queries: Sequence[RecQuery], ledger: Ledger = NO_LEDGER) -> list[RecResult]:
         """The batch decoded, then every list stage. ``ledger``: phase timers of plain and rule-aware decoding
-        (``recsvc.engine.ledger``; benches only)."""
+        (``recsvc.engine.meters.ledger``; benches only)."""
         results = self._decode(queries, ledger)
         for stage in self.list_stages:
             results = stage(queries, results)

@@ -12,7 +12,7 @@ A name is a kind, optionally with an argument after a colon, or a LLaMA drafter'
   (BUNDLE/drafter) or a model directory (``Bundle.drafter_path``).
 
 Every drafter is built over ``DraftSource.trie`` and returned as the engine's ``Drafter`` port: what the
-recommender needs of it afterwards is a capability of the port (``engine/ports.py``), not its class.
+recommender needs of it afterwards is a capability of the port (``engine/speculation/ports.py``), not its class.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from recsvc.bundle.directory import Bundle
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.ports import Drafter
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.speculation.ports import Drafter
 from recsvc.errors import UserError
 from recsvc.priors.mixed import MixedPrior
 from recsvc.priors.transition import TransitionPrior
@@ -103,7 +103,7 @@ def _retrieval(src: DraftSource, _: str | None) -> Drafter:
 
 def _oracle(src: DraftSource, _: str | None) -> Drafter:
     from recsvc.drafters.oracle import OracleDrafter
-    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.search.beam_search import BeamSearch
 
     if src.oracle_width is None:
         raise UserError("the oracle drafter drafts the target's own top-K: only benchmarks run it "

@@ -33,8 +33,8 @@ import numpy as np
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.catalog.file import LiveCatalog
 from recsvc.content.fresh import FreshItems
-from recsvc.engine.ledger import NO_LEDGER, Ledger
-from recsvc.engine.state_cache import UserStateCache
+from recsvc.engine.caches.state_cache import UserStateCache
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
 from recsvc.recommender.answer import Answering
 from recsvc.recommender.api import EngineFacts, RecQuery, RecResult
 from recsvc.recommender.bundle_recommender import BundleRecommender

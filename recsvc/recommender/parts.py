@@ -20,8 +20,8 @@ from recsvc.bundle.prompt import PromptBuilder
 from recsvc.bundle.serving_files import read_popularity
 from recsvc.content.dense_head import DenseRetriever, has_dense_head
 from recsvc.content.fresh import FreshItems
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.ports import Drafter
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.speculation.ports import Drafter
 from recsvc.errors import UserError
 from recsvc.priors.mixed import MixedPrior, load_prior
 from recsvc.priors.transition import TransitionPrior
@@ -38,7 +38,7 @@ class PartsChoice:
     """Which of a bundle's parts to load, and how.
 
     ``attention``: "fp32" (fast on CPUs) or "exact" (bit-identical to transformers' generate); ``forward``: the
-    engine forward of the target and a LLaMA drafter (a ``--forward`` value, ``recsvc.engine.plan.FORWARDS``,
+    engine forward of the target and a LLaMA drafter (a ``--forward`` value, ``recsvc.engine.kernels.plan.FORWARDS``,
     resolved into each model's ``ForwardPlan``; UserError for a contradiction). ``drafter``: a name of
     ``recsvc.recommender.drafter_registry`` (None: ``default_drafter``); ``use_drafter`` False: none.
     ``use_prior``: fuse BUNDLE/prior (BUNDLE/prior-excl with ``exclude_history``) when present. ``attributes``:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.host_reads import ReadSampler
-from recsvc.engine.relaxed_keep import DEFAULT_KEEP, Keep
-from recsvc.engine.state_cache import UserStateCache
+from recsvc.engine.caches.state_cache import UserStateCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.meters.host_reads import ReadSampler
+from recsvc.engine.speculation.relaxed.keep import DEFAULT_KEEP, Keep
 from recsvc.errors import UserError
 from recsvc.rule_decoding.decode import RuleSettings
 
@@ -50,9 +50,10 @@ class RecommenderSettings:
     ``exclude_history``: never recommend a query's history items (unless the query says otherwise).
     ``states``: the user-state cache (``state_cache_for``; None: off); ``prefill_ahead``: compute a user's next
     request after a write, when the server is idle. ``read_sampler``: counts the host reads of every N-th decode
-    (None: off). ``relaxed_keep``: relaxed mode's rule for >= K accepted drafts (``recsvc.engine.relaxed_keep``);
-    default the paper's uniform pick, whose outputs tests/data/decoding_golden.json records (draw-order follows
-    the target's sampling more closely: docs/SPECULATIVE.md)."""
+    (None: off). ``relaxed_keep``: relaxed mode's rule for >= K accepted drafts
+    (``recsvc.engine.speculation.relaxed.keep``); default the paper's uniform pick, whose outputs
+    tests/data/decoding_golden.json records (draw-order follows the target's sampling more closely:
+    docs/SPECULATIVE.md)."""
 
     spec: SpecSettings = field(default_factory=SpecSettings)
     max_k: int = 50
@@ -70,7 +71,7 @@ class RecommenderSettings:
 
 
 def state_cache_for(target: EngineModel, budget_bytes: int, version: str = "") -> UserStateCache | None:
-    """A user-state cache (``recsvc.engine.state_cache``) of ``budget_bytes`` for this target, None when off (0)
+    """A user-state cache (``recsvc.engine.caches.state_cache``) of ``budget_bytes`` for this target, None when off (0)
     or when its forward keeps no states (only the fast forward does: fp32 target, "fp32" attention)."""
     return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.plan.fast else None
 

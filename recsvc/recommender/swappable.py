@@ -24,7 +24,7 @@ from recsvc.recommender.recent_histories import RecentHistories
 from recsvc.rules.spec import Rules
 
 if TYPE_CHECKING:
-    from recsvc.engine.state_cache import UserStateCache
+    from recsvc.engine.caches.state_cache import UserStateCache
     from recsvc.rules.catalog import RuleCatalog
 
 

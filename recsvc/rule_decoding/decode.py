@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from recsvc.drafters.head_model import DraftHead
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.ledger import NO_LEDGER, Ledger
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
 from recsvc.errors import UserError
 from recsvc.rule_decoding.lookahead import DraftLookahead, Lookahead, TargetLookahead
 from recsvc.rule_decoding.search import list_search, rank_list

@@ -25,10 +25,10 @@ from typing import Protocol
 import torch
 
 from recsvc.drafters.head_model import DraftHead
-from recsvc.engine.beam_search import node_logprobs
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import candidate_scores
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.expand import candidate_scores
+from recsvc.engine.search.beam_search import node_logprobs
 from recsvc.rules.catalog import BatchRules, RuleCatalog
 from recsvc.rules.greedy import fills, greedy_pick
 from recsvc.rules.spec import VERIFY_MODES

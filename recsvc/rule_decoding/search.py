@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from recsvc.engine.beam_search import node_logprobs, to_device
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import candidate_scores
-from recsvc.engine.ledger import NO_LEDGER, Ledger
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.tree_cache import TreeCache
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.caches.tree_cache import TreeCache
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
+from recsvc.engine.scoring.expand import candidate_scores
+from recsvc.engine.search.beam_search import node_logprobs, to_device
 from recsvc.rule_decoding.lookahead import Lookahead, reorder
 from recsvc.rules.catalog import BatchRules, RuleCatalog
 from recsvc.rules.greedy import capacity_prefix, greedy_pick
@@ -98,7 +98,7 @@ def list_search(
     k: int,  # items per list
     width: int,  # beams kept at least (>= k)
     rules: BatchRules,
-    prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior (recsvc.engine.prior)
+    prior: torch.Tensor | None = None,  # [B, num_nodes] fused prior (recsvc.engine.scoring.prior)
     lookahead: Lookahead | None = None,
     ledger: Ledger = NO_LEDGER,
     lookahead_always: bool = False,  # True: look ahead at every depth, even where it cannot change the list

@@ -106,7 +106,7 @@ def calibrate_speculation(rec: BundleRecommender, spec: str, bundle: str | None 
             step("calibration_reused", file=os.path.join(bundle, "calibration.json"),
                  choice={str(w): "plain" if v[0] == 0 else f"N={v[0]} gamma={v[1]}" for w, v in stored.items()})
             return replace(rec.spec, per_width=stored)
-    from recsvc.engine.autotune import autotune
+    from recsvc.engine.speculation.autotune import autotune
     from recsvc.recommender.api import RecQuery
 
     histories, source = calibration_histories(rec, bundle)

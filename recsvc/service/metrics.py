@@ -99,7 +99,7 @@ class ServiceMetrics:
 
 
 class _StateCacheCollector:
-    """The user-state cache's counters (recsvc.engine.state_cache), read at scrape time from the recommender
+    """The user-state cache's counters (recsvc.engine.caches.state_cache), read at scrape time from the recommender
     being served (a reload serves a new, empty cache: the counters start again)."""
 
     def __init__(self, metrics: ServiceMetrics) -> None:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from recsvc.bundle.directory import DEFAULT_BEAM_WIDTH  # the service's default width (re-exported)
-from recsvc.engine.plan import ATTENTIONS, FORWARD_NAMES, check_flags, forward_help
+from recsvc.engine.kernels.plan import ATTENTIONS, FORWARD_NAMES, check_flags, forward_help
 from recsvc.errors import UserError
 from recsvc.recommender.api import MODES, Mode, Recommender
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
@@ -120,7 +120,7 @@ class ServeSettings:
     startup_budget_s: float
     recalibrate: bool
     fresh: bool = True  # BUNDLE/fresh's tail slots (when the bundle has them)
-    forward: str = "auto"  # the engine forward, a --forward value (recsvc.engine.plan.FORWARDS)
+    forward: str = "auto"  # the engine forward, a --forward value (recsvc.engine.kernels.plan.FORWARDS)
     state_cache_mb: int = 256  # the user-state cache budget (0: off)
     prefill_ahead: bool = False  # a user's prefill after a write, when the engine is idle
     count_host_reads: int = 0  # every N-th engine call's device-to-host reads counted (0: off)
@@ -128,8 +128,8 @@ class ServeSettings:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServeSettings:
         """From the flags of :func:`add_engine_args` and ``args.bundle``; UserError for a bad beam width or
-        contradictory forward flags (``recsvc.engine.plan.check_flags``; the rest of the plan is resolved for the
-        loaded model's device)."""
+        contradictory forward flags (``recsvc.engine.kernels.plan.check_flags``; the rest of the plan is resolved for
+        the loaded model's device)."""
         from recsvc.bundle.directory import Bundle
 
         check_flags(args.forward, args.attention)

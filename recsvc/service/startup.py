@@ -111,7 +111,7 @@ def watch_bundle(args: argparse.Namespace, serving: str, served, server, catalog
 
 def serve_one(args: argparse.Namespace) -> int:
     """Serves ``args`` in this process until a signal, drains, and exits the process (``os._exit(0)``)."""
-    from recsvc.engine.plan import check_flags
+    from recsvc.engine.kernels.plan import check_flags
 
     from .logs import configure_json_logging
     from .security import api_key_from

@@ -31,8 +31,8 @@ from recsvc.recommender.api import SPECULATIVE
 
 if TYPE_CHECKING:  # the engine is imported when a measurement runs
     from recsvc.data.split import SplitData
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.ports import Drafter
+    from recsvc.engine.search.beam_search import BeamSearch
+    from recsvc.engine.speculation.ports import Drafter
     from recsvc.recommender.parts import TargetParts
 
 MODES = SPECULATIVE  # the modes a drafter is measured in
@@ -93,7 +93,7 @@ def load_setup(bundle: str | Path | Bundle, dtype: str = "auto", data_dir: str |
                attention: str = "fp32") -> Setup:
     """The bundle's target in the service's configuration (bf16, the engine's "fp32" attention mode), on the CPU."""
     from recsvc.data.split import load_split_dir
-    from recsvc.engine.beam_search import BeamSearch
+    from recsvc.engine.search.beam_search import BeamSearch
     from recsvc.recommender.parts import PartsChoice, load_target
 
     parts = load_target(load_bundle(bundle), PartsChoice.target_only(dtype, attention=attention))
@@ -143,9 +143,9 @@ def measure_acceptance(setup: Setup, drafters: Mapping[str, Any], users: Sequenc
     drafter "target" (the target's own decoding: its recall@R / ndcg@R). N = max(K, round(n_mult * K)), or
     max(K, ``draft_beams``) when given (a fixed N for every K, as in the AtSpeed paper: N = 40)."""
     from recsvc.data.metrics import evaluate_rankings, standard_error
-    from recsvc.engine.decode import decode
-    from recsvc.engine.prompts import PromptBatch
-    from recsvc.engine.sampling import make_generators
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.entry.dispatch import decode
+    from recsvc.engine.search.sampling import make_generators
     from recsvc_base.progress import progress_bar
 
     bad = [m for m in modes if m not in MODES]

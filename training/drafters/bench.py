@@ -21,7 +21,7 @@ import argparse
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.cli.args import parse_int_list, set_threads
 from recsvc.data.split import EVAL_SPLITS
-from recsvc.engine.plan import ATTENTIONS
+from recsvc.engine.kernels.plan import ATTENTIONS
 from recsvc.errors import UserError
 from recsvc.hardware import machine, resolve_dtype
 from recsvc.report.records import markdown_table, write_json

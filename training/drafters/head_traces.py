@@ -41,7 +41,7 @@ def trace_batch(target, trie, code_offset: int, prompts, gt_leaves: torch.Tensor
 @torch.inference_mode()
 def _trace(target, trie, code_offset: int, prompts, gt_leaves: torch.Tensor, k: int, select,
            prior: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    from recsvc.engine.beam_search import node_logprobs
+    from recsvc.engine.search.beam_search import node_logprobs
     from training.drafters.teacher import _search
 
     leaves, cache = _search(target, trie, code_offset, prompts, k, select, prior)
@@ -70,10 +70,10 @@ def build_traces(bundle, data, k: int = 10, max_prefixes: int | None = 20000, ba
     """Build (or load) BUNDLE/head-traces for the bundle's current target; returns the tensors."""
     from safetensors.torch import load_file, save_file
 
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.prior import prior_log_mass
-    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.scoring.prior import prior_log_mass
+    from recsvc.engine.search.beam_search import BeamSearch
     from recsvc.priors.mixed import load_prior
     from recsvc_base.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie

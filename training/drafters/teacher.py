@@ -134,9 +134,9 @@ class TeacherStore:
 def _search(model, trie, code_offset: int, prompts, k: int, select, prior: torch.Tensor | None = None):
     """The engine's plain beam search with ``model`` (an EngineModel), keeping its TreeCache: (leaves [B, K],
     cache). ``prior`` [B, num_nodes]: the fused item prior, as served."""
-    from recsvc.engine.beam_search import node_logprobs
-    from recsvc.engine.expand import expand_beams
-    from recsvc.engine.tree_cache import TreeCache
+    from recsvc.engine.caches.tree_cache import TreeCache
+    from recsvc.engine.scoring.expand import expand_beams
+    from recsvc.engine.search.beam_search import node_logprobs
 
     dev = trie.device  # the search runs where the trie is (the model's device)
     prompts = prompts.to(dev)
@@ -156,7 +156,7 @@ def _search(model, trie, code_offset: int, prompts, k: int, select, prior: torch
 @torch.inference_mode()
 def _path_logprobs(target, cache, leaves: torch.Tensor, gt_leaves: torch.Tensor):
     """Target (EngineModel) log-probs at every position of the given leaves' paths: ([B, K, L, C], [B, L, C])."""
-    from recsvc.engine.beam_search import node_logprobs
+    from recsvc.engine.search.beam_search import node_logprobs
 
     trie = cache.trie
     every = torch.cat([leaves, gt_leaves[:, None]], 1)  # [B, K + 1]
@@ -187,9 +187,9 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
 
     from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.search.beam_search import BeamSearch
     from recsvc_base.progress import progress_bar
     from tokenizer_rqvae.trie import CatalogTrie
 
@@ -261,7 +261,7 @@ def build_teacher(bundle_dir: str | Path, k: int = 20, max_prefixes: int | None 
                 if src == 0:
                     leaves, cache = _search(target, trie, off, pb, k, select)
                 else:  # lambda-mix: the drafter's own beams, scored by the target (a fresh target cache)
-                    from recsvc.engine.tree_cache import TreeCache
+                    from recsvc.engine.caches.tree_cache import TreeCache
 
                     leaves, _ = _search(drafter, trie, off, pb, k, None)
                     cache = TreeCache(target, trie, off, pb)

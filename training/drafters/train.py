@@ -15,12 +15,13 @@ Methods (docs/DRAFTER_ALIGNMENT.md; losses in ``training/drafters/losses.py``), 
   ground-truth prefixes; the teacher data supplies the target's distributions there).
 
 Validation: the next-item loss on validation users, and (``select_by="as"``, the CLI default) AS@K: the mean
-number of accepted draft depths per request under strict verification (``recsvc.engine.decode``, strict, with this
-drafter, N = K, gamma 3; key ``as@K``) and under relaxed sampling verification (``relaxed_speculative_search``,
-temperature 1, one seeded generator per user so epochs see the same draws; key ``as_relaxed@K``) on a fixed
-sample of validation users. The best epoch by the AS of ``verify`` is kept: "auto" = relaxed for atspeed-r
-(the method aligns the drafter for relaxed verification), strict for every other method. Output: BUNDLE/drafter (the
-served drafter, stage "drafter") or BUNDLE/drafters/<out_name> (what ``recsvc bench drafters`` compares).
+number of accepted draft depths per request under strict verification (``recsvc.engine.entry.dispatch``, strict,
+with this drafter, N = K, gamma 3; key ``as@K``) and under relaxed sampling verification
+(``relaxed_speculative_search``, temperature 1, one seeded generator per user so epochs see the same draws; key
+``as_relaxed@K``) on a fixed sample of validation users. The best epoch by the AS of ``verify`` is kept: "auto" =
+relaxed for atspeed-r (the method aligns the drafter for relaxed verification), strict for every other method. Output:
+BUNDLE/drafter (the served drafter, stage "drafter") or BUNDLE/drafters/<out_name> (what ``recsvc bench drafters``
+compares).
 """
 
 from __future__ import annotations
@@ -69,11 +70,11 @@ def acceptance_evaluator(bundle, builder, trie, data, k: int = 10, max_users: in
     from recsvc.bundle.loading import torch_dtype
     from recsvc.data.sampling import sample_users
     from recsvc.drafters.llama import LlamaDrafter
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.decode import decode
-    from recsvc.engine.engine_model import EngineModel
-    from recsvc.engine.prompts import PromptBatch
-    from recsvc.engine.sampling import make_generators
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.entry.dispatch import decode
+    from recsvc.engine.kernels.engine_model import EngineModel
+    from recsvc.engine.search.beam_search import BeamSearch
+    from recsvc.engine.search.sampling import make_generators
 
     users = sample_users(data.eval_users("valid"), max_users, seed)
     users.sort(key=lambda u: min(len(u.history), builder.max_history))  # similar prompt lengths per batch

@@ -4,7 +4,7 @@ One beam search with K = max(ks) per user gives the ranking every cutoff is read
 num_beams = 20 for @5/@10/@20). Items are not filtered against the history unless asked (the paper's
 protocol keeps them). The popularity baseline ranks by interaction counts in the periods before the split.
 A bundle's transition prior (BUNDLE/prior, weight > 0) is fused into the beam search as the service fuses it
-(``recsvc.engine.prior``), each user's prior computed from that user's history.
+(``recsvc.engine.scoring.prior``), each user's prior computed from that user's history.
 """
 
 from __future__ import annotations

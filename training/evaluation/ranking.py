@@ -12,11 +12,11 @@ import torch
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.content.dense_head import DenseRetriever
 from recsvc.data.split import EvalUser, SplitData
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.decode import decode
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.prior import prior_log_mass
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.entry.dispatch import decode
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.prior import prior_log_mass
+from recsvc.engine.search.beam_search import BeamSearch
 from recsvc.errors import UserError
 from recsvc.priors.mixed import MixedPrior
 from recsvc.priors.transition import TransitionPrior

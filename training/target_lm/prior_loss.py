@@ -1,6 +1,6 @@
 """Prior-aware training: the target learns what the transition prior does not already say (``--prior-loss W``).
 
-Served, the target is fused with an item prior (``recsvc.engine.prior``): a code c under prefix n scores
+Served, the target is fused with an item prior (``recsvc.engine.scoring.prior``): a code c under prefix n scores
 ``log p_target(c | ...) + w * log Q(c | n)`` with ``Q(c | n) = m(n + c) / m(n)``, the prior's share of that child.
 Among the children of one prefix the fused search therefore ranks by ``z_c + w * log Q(c | n)`` (z: the target's
 logits). A target trained alone learns the counts too (the next item usually follows the last one the way other

@@ -65,10 +65,10 @@ def _floats(text: str, name: str) -> list[float]:
 def beams_and_similarities(model, builder, trie, users, width: int, retriever, exclude_history: bool, prior: Any,
                            batch_size: int = 64) -> dict[int, tuple[list[int], list[float], torch.Tensor]]:
     """user id -> (the beams' items best first, their scores, the head's cosine to every catalog item [n] fp16)."""
-    from recsvc.engine.beam_search import BeamSearch
-    from recsvc.engine.decode import decode
-    from recsvc.engine.prior import prior_log_mass
-    from recsvc.engine.prompts import PromptBatch
+    from recsvc.engine.caches.prompts import PromptBatch
+    from recsvc.engine.entry.dispatch import decode
+    from recsvc.engine.scoring.prior import prior_log_mass
+    from recsvc.engine.search.beam_search import BeamSearch
     from recsvc_base.progress import progress_bar
 
     engine = BeamSearch(model, trie, builder.code_offset)

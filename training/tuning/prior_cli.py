@@ -1,5 +1,5 @@
 """``recsvc prior fit``: fit a bundle's item-transition prior (BUNDLE/prior), fused into decoding when its weight
-is > 0 (``recsvc.engine.prior``; the service and ``recsvc eval`` pick it up).
+is > 0 (``recsvc.engine.scoring.prior``; the service and ``recsvc eval`` pick it up).
 
     recsvc prior fit --bundle B [--data D] [--fit-on auto|train|train+valid] [--window 1] [--decay 0.5]
                      [--beta 1.0] [--weight 1.0]

@@ -1,7 +1,7 @@
 """A prior-fusion trial as a re-scoring: the fused score of every cached candidate, ranked, for all users at once.
 
 The engine's fused search scores an item y of leaf l with  log p_target(y) + w * log m(l),  m(l) the prior mass of
-the leaf's items (``recsvc.engine.prior``; the root's mass is the same for every item of a user, so it never
+the leaf's items (``recsvc.engine.scoring.prior``; the root's mass is the same for every item of a user, so it never
 changes a ranking). ``training.tuning.rescore_cache`` holds log p_target of each user's candidates; here a trial
 computes the prior's mass at those candidates from per-component tables built once per run (``PriorTables``), adds it
 with the trial's weight, takes each user's top k and scores them (NDCG@k, Recall@k as
@@ -260,8 +260,8 @@ def sequence_top(sequence: SequenceModel, prior: TransitionPrior, users: Sequenc
 
 class DenseMasses:
     """The prior's log-mass at each candidate's prefixes and leaf, computed as the engine computes it
-    (``recsvc.engine.prior.prior_log_mass`` over the whole catalog's probabilities) for a mix, whose prefix masses
-    sum SASRec's probabilities of every item under a prefix: SASRec's scores of every user are computed once,
+    (``recsvc.engine.scoring.prior.prior_log_mass`` over the whole catalog's probabilities) for a mix, whose prefix
+    masses sum SASRec's probabilities of every item under a prefix: SASRec's scores of every user are computed once,
     a trial recomputes the mixture ([U, n]) and its trie masses, in chunks of users (~2 s on Beauty)."""
 
     def __init__(self, prior: TransitionPrior, sequence: SequenceModel, trie: CatalogTrie,

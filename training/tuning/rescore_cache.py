@@ -43,11 +43,11 @@ import torch
 
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import EvalUser
-from recsvc.engine.beam_cache import BeamCache
-from recsvc.engine.beam_search import hidden_logprobs
-from recsvc.engine.engine_model import EngineModel
-from recsvc.engine.expand import expand_beams
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.beam_cache import BeamCache
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.kernels.engine_model import EngineModel
+from recsvc.engine.scoring.expand import expand_beams
+from recsvc.engine.search.beam_search import hidden_logprobs
 from recsvc.priors.transition import TransitionPrior
 from recsvc_base.progress import progress_bar
 from tokenizer_rqvae.trie import CatalogTrie

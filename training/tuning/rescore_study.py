@@ -27,7 +27,7 @@ import numpy as np
 
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import EvalUser
-from recsvc.engine.engine_model import EngineModel
+from recsvc.engine.kernels.engine_model import EngineModel
 from recsvc.priors.mixed import SequenceModel
 from recsvc.priors.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from recsvc.content.dense_head import DenseRetriever
-from recsvc.engine.decode import Decoded, Mode
-from recsvc.engine.final_read import read_decoded
-from recsvc.engine.host_reads import uncounted
+from recsvc.engine.entry.dispatch import Decoded, Mode
+from recsvc.engine.entry.final_read import read_decoded
+from recsvc.engine.meters.host_reads import uncounted
 from recsvc.recommender.api import RecQuery, RecResult, RecStats
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie

@@ -1,4 +1,4 @@
-"""Queries of one mode and beam width decoded by the engine's one entry (``recsvc.engine.decode``): exclusions
+"""Queries of one mode and beam width decoded by the engine's one entry (``recsvc.engine.entry.dispatch``): exclusions
 and the rules' filters as dead trie nodes, the fused prior, the relaxed mode's temperatures and seeds; the
 first k of the width's beams of each query (or, with the dense head, every beam merged with its items)."""
 
@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.decode import Mode, decode
-from recsvc.engine.final_read import read_decoded
-from recsvc.engine.ledger import NO_LEDGER, Ledger
-from recsvc.engine.prompts import PromptBatch
-from recsvc.engine.sampling import make_generators
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.entry.dispatch import Mode, decode
+from recsvc.engine.entry.final_read import read_decoded
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
+from recsvc.engine.search.beam_search import BeamSearch
+from recsvc.engine.search.sampling import make_generators
 from recsvc.recommender.api import RecQuery, RecResult, RecStats
 from recsvc.recommender.stages.dense_merge import DenseMerge
 from recsvc.recommender.stages.scope import Scope

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.host_reads import sampled_reads
-from recsvc.engine.ledger import NO_LEDGER, Ledger
+from recsvc.engine.meters.host_reads import sampled_reads
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
+from recsvc.engine.search.beam_search import BeamSearch
 from recsvc.recommender.api import RecQuery, RecResult
 from recsvc.recommender.stages.engine_decode import EngineDecode
 from recsvc.recommender.stages.explanation import fallback_said

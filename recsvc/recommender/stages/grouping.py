@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from recsvc.engine.decode import Mode
+from recsvc.engine.entry.dispatch import Mode
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.stages.scope import Scope
 from recsvc.rules.spec import Rules

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from recsvc.engine.ledger import NO_LEDGER, Ledger
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
 from recsvc.recommender.api import RecQuery, RecResult
 from recsvc.recommender.prior_ranked import prior_ranked, ranks_alone
 from recsvc.recommender.stages.scope import Scope

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from recsvc.engine.beam_search import BeamSearch
-from recsvc.engine.decode import Decoding, Mode, decode
-from recsvc.engine.host_reads import uncounted
-from recsvc.engine.ledger import NO_LEDGER, Ledger
-from recsvc.engine.prompts import PromptBatch
+from recsvc.engine.caches.prompts import PromptBatch
+from recsvc.engine.entry.dispatch import Decoding, Mode, decode
+from recsvc.engine.meters.host_reads import uncounted
+from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
+from recsvc.engine.search.beam_search import BeamSearch
 from recsvc.recommender.api import RecQuery, RecResult, RecStats
 from recsvc.recommender.stages.scope import Scope
 from recsvc.rule_decoding.decode import decode_rules

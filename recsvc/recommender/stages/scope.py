@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from recsvc.engine.decode import Mode
-from recsvc.engine.prior import prior_log_mass
+from recsvc.engine.entry.dispatch import Mode
+from recsvc.engine.scoring.prior import prior_log_mass
 from recsvc.errors import UserError
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.parts import BundleParts
