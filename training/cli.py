@@ -31,6 +31,7 @@ from training.choices import (
     SUPPORTS,
     VERIFY,
 )
+from training.item_target import command as items_command
 from training.target_lm.selection import SELECT_RULES
 from training.target_lm.settings import evaluator_factory, loop_config, lora_settings, target_settings
 
@@ -227,6 +228,11 @@ def register(subparsers) -> None:
     s.add_argument("--max-minutes", type=float, default=None, help="training budget (default: SASRec's, 30 min)")
     s.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     s.set_defaults(func=cmd_sasrec)
+
+    it = sub.add_parser("items", help="the item-level target: a timeline over items and a small code decoder, "
+                                      "its epoch chosen on valid")
+    items_command.add_args(it)
+    it.set_defaults(func=items_command.run)
     train.set_defaults(func=lambda _args: train.print_help() or 2)
 
 
