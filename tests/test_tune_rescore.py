@@ -23,17 +23,19 @@ from recsvc.engine.scoring.prior import prior_log_mass
 from recsvc.priors.mixed import MixedPrior, MixSettings, SequenceModel
 from recsvc.priors.transition import PriorSettings, TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
+from training.evaluation import token_passes
+from training.evaluation.rankers import TokenRanker
 from training.evaluation.ranking import rank_users, serving_model
+from training.evaluation.token_passes import leaf_logprobs, wide_beam
 from training.tuning import rescore_cache
 from training.tuning.rescore import DenseMasses, PriorTables, Rescorer, SearchTables, coverage
-from training.tuning.rescore_cache import (
-    BeamStore,
-    CandidateCache,
-    Widths,
-    build_candidates,
-    leaf_logprobs,
-    wide_beam,
-)
+from training.tuning.rescore_cache import BeamStore, CandidateCache, Widths
+from training.tuning.rescore_cache import build_candidates as build_over
+
+
+def build_candidates(model, builder, trie, *args, **kwargs):
+    """The candidates of the token target (``TokenRanker``), as the tunings build them."""
+    return build_over(TokenRanker(model, builder, trie), trie, *args, **kwargs)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -183,14 +185,14 @@ def test_a_second_study_reads_the_first_ones_wide_beams(world, tmp_path, monkeyp
     monkeypatch.setattr(rescore_cache, "PART_USERS", 16)
     model, builder, trie, users, prior = (world[k] for k in ("model", "builder", "trie", "users", "prior"))
     searched: list[int] = []
-    real = rescore_cache.wide_beam
+    real = token_passes.wide_beam
 
     def counted(*a, **kw):
         out = real(*a, **kw)
         searched.append(len(out[0][0]))
         return out
 
-    monkeypatch.setattr(rescore_cache, "wide_beam", counted)
+    monkeypatch.setattr(token_passes, "wide_beam", counted)
     for exclude in (False, True):
         store = BeamStore(tmp_path, {"exclude_history": exclude}, 6, users)
         for widths in (Widths(beam=6, prior=0), Widths(beam=6, prior=4, sequence=3)):  # prior's, then mix's

@@ -6,7 +6,8 @@
                             ...}, "target_preset": "small", "drafter": null | {"preset": ..., ...}}
     BUNDLE/ids/            semantic_ids.json (+ the RQ-VAE files)
     BUNDLE/tokenizer/      HF fast tokenizer with the 1024 code tokens
-    BUNDLE/target/         LlamaForCausalLM (safetensors)
+    BUNDLE/target/         LlamaForCausalLM (safetensors); an item-level target instead when bundle.json
+                           "architecture" is "items" (timeline.json + timeline.safetensors, recsvc.timeline)
     BUNDLE/target-train/   deploy protocol only: the target before its refit on train + valid
     BUNDLE/prior/          item-transition prior fused into beam search (optional; recsvc.priors.transition)
     BUNDLE/drafter/        drafter LlamaForCausalLM (optional)
@@ -27,6 +28,7 @@ from tokenizer_rqvae.ids import SemanticIds
 VERSION = 1
 META_FILE = "bundle.json"
 DEFAULT_BEAM_WIDTH = 20  # LC-Rec's evaluation width: the served top-k are the offline evaluation's top-k
+ARCHITECTURES = ("tokens", "items")  # the target: a LLaMA over code tokens, or a timeline over items (recsvc.timeline)
 
 
 class Bundle:
@@ -213,6 +215,17 @@ class Bundle:
 
     def stage_info(self, stage: str) -> dict[str, Any]:
         return dict(self.read()["stages"].get(stage, {}))
+
+    @property
+    def architecture(self) -> str:
+        """The target's architecture, bundle.json "architecture": "tokens" (a LLaMA over four code tokens per
+        history item; bundles made before the field existed) or "items" (the item-level target)."""
+        if not self.meta_path.is_file():
+            return "tokens"
+        arch = self.read().get("architecture", "tokens")
+        if arch not in ARCHITECTURES:
+            raise UserError(f"{self.meta_path}: unknown architecture {arch!r} (expected one of {ARCHITECTURES})")
+        return str(arch)
 
     # ------------------------------------------------------------------ artifacts
     def assigned_later(self) -> dict[str, Any] | None:

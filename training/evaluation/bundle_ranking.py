@@ -102,10 +102,12 @@ def rank_bundle(
     from recsvc.priors.mixed import MixedPrior, SequenceModel, load_prior
     from recsvc.priors.transition import TransitionPrior
     from recsvc.recommender.prior_ranked import ranks_alone
+    from recsvc.timeline.model import TimelineModel
     from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.base import fit_period
     from training.baselines.prior_alone import prior_rankings
     from training.evaluation.fresh import cold_items, fresh_candidates, fresh_candidates_by_user
+    from training.evaluation.rankers import TimelineRanker, is_timeline
     from training.evaluation.ranking import (
         dist_rank_world,
         gather_rankings,
@@ -125,7 +127,8 @@ def rank_bundle(
                         "--protocol deploy to evaluate the deploy protocol")
     train_only = protocol == "paper" and trained == "deploy"
     model_dir = bundle.train_only_target_dir if train_only else bundle.target_dir
-    model = load_causal_lm(model_dir, dtype=dtype)
+    timeline = is_timeline(model_dir)  # the item-level target (bundle.json "architecture": "items")
+    model = None if timeline else load_causal_lm(model_dir, dtype=dtype)
     # the dense head beside the beams, when trained and tuned (``recsvc tune dense``)
     dense = DenseRetriever.load(model_dir, ids) if parts.dense and has_dense_head(model_dir) else None
     if dense is not None and split != "test":  # the catalog of that time (the rule of ``fresh_candidates``)
@@ -151,6 +154,9 @@ def rank_bundle(
     if ranks_alone(prior):  # the bundle serves its prior's ranking (recsvc tune mix chose it on validation)
         assert prior is not None
         rankings = prior_rankings(prior, users, max(ks), exclude_history) if rank == 0 else {}
+    elif timeline:
+        ranker = TimelineRanker(TimelineModel.load(model_dir), CatalogTrie(ids))
+        rankings = ranker.lists(users, max(ks), width, exclude_history, prior) if rank == 0 else {}
     else:
         rankings = rank_users(serving_model(model), bundle.prompt_builder(ids=ids), CatalogTrie(ids), users,
                               max(ks), batch_size, exclude_history, progress=rank == 0, prior=prior,

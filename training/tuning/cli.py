@@ -109,16 +109,14 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     import torch
 
     from recsvc.bundle.directory import Bundle
-    from recsvc.bundle.loading import load_causal_lm
     from recsvc.bundle.serving_files import missing_serving_files, write_serving_files
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
     from recsvc.priors.transition import PriorSettings, TransitionPrior
-    from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.prior_alone import prior_rankings
     from training.evaluation.headline import format_target_over_prior
-    from training.evaluation.ranking import rank_users, serving_model
+    from training.evaluation.rankers import ranker_of
     from training.tuning import rescore_study as rs
     from training.tuning.prior_cli import prior_sequences, resolve_fit_on
     from training.tuning.rescore import coverage
@@ -134,9 +132,9 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     if missing_serving_files(bundle.root):  # a bundle built before `recsvc build` wrote them
         print(f"tune prior: serving files written {write_serving_files(bundle.root, data)}")
     protocol, model_dir = validation_model(bundle, "the prior")
-    model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))  # one lean forward for every trial
     ids = bundle.load_ids()
-    builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
+    ranker = ranker_of(bundle, model_dir, ids, args.dtype)  # the token or item-level target, loaded once
+    trie = ranker.trie
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
     excl = args.exclude_history
     train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), fitted_on="train")
@@ -146,16 +144,15 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     width = bundle.served_beam_width()  # the top-10 read from the served search, as a server reads it
     key = {"model": weights_fingerprint(model_dir), "data": str(bundle.resolve_data_dir(args.data)),
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
-           "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width}
+           "dtype": str(ranker.dtype), "max_weight": args.max_weight, "beam_width": width}
     scorer, cache_info = None, None
     if widths is not None:  # each trial re-scores cached candidates: its own study (another objective)
         scorer, cache_info = rs.rescorer(bundle.root / "tune", "prior-excl" if excl else "prior", key, widths,
-                                         model, builder, trie, users, train_prior, excl, width)
+                                         ranker, trie, users, train_prior, excl, width)
         key = {**key, "objective": f"rescored: {cache_info['ranking']}", "candidates": asdict(widths)}
     # the unfused model (the first trial's settings), scored as the trials are
     base = (scorer.evaluate(PriorSettings(weight=0.0)) if scorer is not None else
-            evaluate_rankings(rank_users(model, builder, trie, users, 10, 64, exclude_history=excl, progress=False,
-                                         beam_width=width), users, (10,)))
+            evaluate_rankings(ranker.lists(users, 10, width, excl), users, (10,)))
     print(f"without the prior: recall@10 {base['recall@10']:.4f} ndcg@10 {base['ndcg@10']:.4f}")
 
     def objective(trial) -> float:
@@ -165,7 +162,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
         if scorer is not None:
             m = scorer.evaluate(st)
         else:
-            lists = rs.decode_lists(model, builder, trie, users, excl, width, train_prior.with_settings(st))
+            lists = rs.decode_lists(ranker, users, excl, width, train_prior.with_settings(st))
             m = evaluate_rankings(lists, users, (10,))
         trial.set_user_attr("seconds", time.perf_counter() - start)
         trial.set_user_attr("recall@10", m["recall@10"])
@@ -183,7 +180,7 @@ def cmd_tune_prior(args: argparse.Namespace) -> int:
     # headline figure compares with the prior's own ranking
     chosen_prior = train_prior.with_settings(chosen)
     start = time.perf_counter()
-    decoded = rs.decode_lists(model, builder, trie, users, excl, width, chosen_prior)
+    decoded = rs.decode_lists(ranker, users, excl, width, chosen_prior)
     seconds = time.perf_counter() - start  # what one trial costs with --full-decode
     check = (rs.full_decode_check(decoded, scorer.lists(chosen), users, seconds, coverage(scorer, decoded))
              if scorer is not None else None)

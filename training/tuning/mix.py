@@ -101,19 +101,17 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     import torch
 
     from recsvc.bundle.directory import Bundle
-    from recsvc.bundle.loading import load_causal_lm
     from recsvc.data.metrics import evaluate_rankings
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
     from recsvc.priors.mixed import MixedPrior, SequenceModel
     from recsvc.priors.transition import MAX_WEIGHT as WEIGHT_LIMIT
     from recsvc.priors.transition import TransitionPrior
-    from tokenizer_rqvae.trie import CatalogTrie
     from training.baselines.prior_alone import prior_rankings
     from training.baselines.sasrec import cache_dir_for, fit_sasrec
     from training.baselines.sasrec_train import SASRecSettings
     from training.evaluation.headline import format_target_over_prior
-    from training.evaluation.ranking import serving_model
+    from training.evaluation.rankers import ranker_of
     from training.tuning import rescore_study as rs
     from training.tuning.prior_cli import prior_sequences, resolve_fit_on
     from training.tuning.rescore import coverage
@@ -153,9 +151,9 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     seq_train = SequenceModel.load(train_dir)
     train_prior = TransitionPrior.fit(data.train.values(), ids.item_ids.tolist(), stored,
                                       fitted_on="train")
-    model = serving_model(load_causal_lm(model_dir, dtype=args.dtype))
+    ranker = ranker_of(bundle, model_dir, ids, args.dtype)  # the token or item-level target, loaded once
     width = bundle.served_beam_width()  # the top-10 read from the served search, as a server reads it
-    builder, trie = bundle.prompt_builder(ids=ids), CatalogTrie(ids)
+    trie = ranker.trie
     users = sample_users(data.eval_users("valid"), args.users, args.seed)
     print(f"tune mix: {len(users)} validation users, model {model_dir.name}, transition {stored}, "
           f"metric {args.metric}{', history excluded' if excl else ''}")
@@ -168,12 +166,12 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
            "transition": counts_of(stored),
            "data": str(bundle.resolve_data_dir(args.data)),
            "users": len(users), "seed": args.seed, "metric": args.metric, "exclude_history": excl,
-           "dtype": str(model.dtype), "max_weight": args.max_weight, "beam_width": width,
+           "dtype": str(ranker.dtype), "max_weight": args.max_weight, "beam_width": width,
            "family": {"mixture": True, "product": list(PRODUCT_RANGE)}}
     scorer, cache_info = None, None
     if widths is not None:  # each trial re-scores cached candidates: its own study (another objective)
-        scorer, cache_info = rs.rescorer(bundle.root / "tune", "mix-excl" if excl else "mix", key, widths, model,
-                                         builder, trie, users, train_prior, excl, width, seq_train)
+        scorer, cache_info = rs.rescorer(bundle.root / "tune", "mix-excl" if excl else "mix", key, widths, ranker,
+                                         trie, users, train_prior, excl, width, seq_train)
         key = {**key, "objective": f"rescored: {cache_info['ranking']}", "candidates": asdict(widths)}
 
     def objective(trial) -> float:
@@ -185,7 +183,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
             m = scorer.evaluate(settings, mix)
         else:
             prior = MixedPrior(train_prior.with_settings(settings), seq_train, mix)
-            m = evaluate_rankings(rs.decode_lists(model, builder, trie, users, excl, width, prior), users, (10,))
+            m = evaluate_rankings(rs.decode_lists(ranker, users, excl, width, prior), users, (10,))
         trial.set_user_attr("seconds", time.perf_counter() - start)
         trial.set_user_attr("recall@10", m["recall@10"])
         trial.set_user_attr("ndcg@10", m["ndcg@10"])
@@ -210,7 +208,7 @@ def cmd_tune_mix(args: argparse.Namespace) -> int:
     # the headline figure compares with the prior's own best ranking
     fused_prior = MixedPrior(train_prior.with_settings(chosen), seq_train, mix_of(best.params))
     start = time.perf_counter()
-    decoded = rs.decode_lists(model, builder, trie, users, excl, width, fused_prior)
+    decoded = rs.decode_lists(ranker, users, excl, width, fused_prior)
     seconds = time.perf_counter() - start  # what one trial costs with --full-decode
     check = (rs.full_decode_check(decoded, scorer.lists(chosen, mix_of(best.params)), users, seconds,
                                   coverage(scorer, decoded)) if scorer else None)

@@ -9,9 +9,10 @@ same in every trial. This module computes it once per study for each user's *can
 - whatever the prior could add (``prior_rows``): the ``Widths.prior`` most frequent successors of each of the
   user's last ``HISTORY_POSITIONS`` items under the train-period transition counts, the ``Widths.prior`` most
   popular items (the back-off that dominates at large beta), and, for the SASRec mix, SASRec's top
-  ``Widths.sequence`` items. Their log-probs come from one forced pass (``leaf_logprobs``): the prompt, then
-  the distinct prefixes of those items fed level by level through the engine's beam cache (the same tree
-  attention and full-vocabulary log-softmax as the search, so a beam's score and a forced item's log-prob agree).
+  ``Widths.sequence`` items. Their log-probs come from one forced pass (the ranker's ``leaf_logprobs``; the token
+  target's, ``training.evaluation.token_passes``: the prompt, then the distinct prefixes of those items fed level
+  by level through the engine's beam cache; the item-level target's: the code decoder over each item's path),
+  the same log-softmax as the search, so a beam's score and a forced item's log-prob agree.
 
 Candidates are trie leaves (a collided leaf stands for several items, as in the search); with history excluded,
 leaves all of whose items are history are left out (``CatalogTrie.dead_nodes``), and each leaf is read as its
@@ -41,16 +42,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import EvalUser
-from recsvc.engine.caches.beam_cache import BeamCache
-from recsvc.engine.caches.prompts import PromptBatch
-from recsvc.engine.kernels.engine_model import EngineModel
-from recsvc.engine.scoring.expand import expand_beams
-from recsvc.engine.search.beam_search import hidden_logprobs
 from recsvc.priors.transition import TransitionPrior
 from recsvc_base.progress import progress_bar
 from tokenizer_rqvae.trie import CatalogTrie
+from training.evaluation.rankers import TargetRanker
 
 CACHE_VERSION = 2
 PART_USERS = 256  # users per stored part (the unit of resumption)
@@ -108,76 +104,6 @@ class Candidates:
         return cls(t["user_ids"].numpy(), t["leaves"], t["items"], t["target"], t["partial"])
 
 
-def leaf_logprobs(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch,
-                  leaves: torch.Tensor) -> torch.Tensor:
-    """[B, n] trie leaves (-1: none) -> [B, n, L] float32 sums of the target's log-probs of each leaf's codes
-    1..d after its row's prompt, for d = 1..L (the last: the leaf's log-prob; -inf at -1). One prefill, then the
-    distinct prefixes of each depth 1..L-1 fed as one step each (``BeamCache.feed``: a prefix attends its prompt
-    and its own path, as a beam does)."""
-    b, n = leaves.shape
-    levels = trie.levels
-    ok = leaves >= 0
-    anc = trie.ancestors[leaves.clamp(min=0)]  # [B, n, L] the depth 1..L nodes of each leaf's path
-    codes = trie.node_code[anc]  # [B, n, L] each level's code
-    cache = BeamCache(model, trie, code_offset, prompts)
-    root = torch.zeros(b, 1, dtype=torch.long)
-    logp = hidden_logprobs(model, trie, code_offset, cache.prefill()[:, None], root)  # [B, 1, C]
-    total = logp[:, 0].gather(1, codes[..., 0].clamp(min=0))  # [B, n] the first code's log-prob
-    partial = [total]
-    parents_of = torch.zeros(b, n, dtype=torch.long)  # each leaf's depth-(d-1) prefix: its column in that step
-    for depth in range(1, levels):
-        at = torch.where(ok, anc[..., depth - 1], -1)  # [B, n] the depth-d prefix of each leaf
-        width = max(1, max(int(torch.unique(row[row >= 0]).numel()) for row in at))
-        nodes = torch.full((b, width), -1, dtype=torch.long)
-        parents = torch.zeros(b, width, dtype=torch.long)
-        column = torch.zeros(b, n, dtype=torch.long)
-        for r in range(b):
-            uniq, inverse = torch.unique(at[r][ok[r]], return_inverse=True)  # sorted distinct prefixes
-            nodes[r, : len(uniq)] = uniq
-            column[r, ok[r]] = inverse
-            first = torch.zeros(len(uniq), dtype=torch.long)  # one leaf under each prefix: its parent's column
-            first.scatter_(0, inverse, parents_of[r][ok[r]])
-            parents[r, : len(uniq)] = first
-        hidden = cache.feed(nodes, parents)  # [B, K, H]
-        step = hidden_logprobs(model, trie, code_offset, hidden, nodes)  # [B, K, C]
-        total = total + step.gather(1, column[..., None].expand(-1, -1, step.shape[2])).gather(
-            2, codes[..., depth : depth + 1].clamp(min=0))[..., 0]
-        partial.append(total)
-        parents_of = column
-    out = torch.stack(partial, dim=2)  # [B, n, L]
-    return torch.where(ok[..., None], out, torch.full_like(out, float("-inf")))
-
-
-def wide_beam(model: EngineModel, trie: CatalogTrie, code_offset: int, prompts: PromptBatch, width: int,
-              dead: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The target's unfused constrained beam search at ``width`` -> for each depth d = 1..L, (the beams' nodes
-    [B, width] (-1: fewer), the partial sums [B, width, L] of their code log-probs up to each depth <= d, read
-    back along the beams' parents; -inf beyond d). The last depth's nodes are the leaves."""
-    cache = BeamCache(model, trie, code_offset, prompts)
-    b = len(prompts.lengths)
-    nodes = torch.zeros(b, 1, dtype=torch.long)
-    scores = torch.zeros(b, 1)
-    parents = torch.zeros(b, 1, dtype=torch.long)
-    steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (scores, parents) of each depth's beams
-    for step in range(trie.levels):
-        hidden = cache.prefill()[:, None] if step == 0 else cache.feed(nodes, parents)
-        logp = hidden_logprobs(model, trie, code_offset, hidden, nodes)
-        nodes, scores, parents = expand_beams(trie, nodes, scores, logp, width, dead)
-        steps.append((nodes, scores, parents))
-    out = []
-    for depth in range(trie.levels):
-        nodes, scores, at = steps[depth]
-        partial = [scores]
-        for back in range(depth - 1, -1, -1):  # back along the parents: each beam's ancestors' scores
-            _, s, p = steps[back]
-            partial.append(s.gather(1, at))
-            at = p.gather(1, at)
-        sums = torch.full((*nodes.shape, trie.levels), float("-inf"))
-        sums[..., : depth + 1] = torch.stack(partial[::-1], dim=2)
-        out.append((nodes, torch.where((nodes >= 0)[..., None], sums, float("-inf"))))
-    return out
-
-
 def prior_rows(prior: TransitionPrior, history: Sequence[int], widths: Widths,
                sequence_top: np.ndarray | None = None) -> np.ndarray:
     """Catalog rows the prior could bring into a user's fused top-k (see the module doc), unsorted, unique."""
@@ -199,26 +125,27 @@ def _popular(prior: TransitionPrior) -> np.ndarray:
 
 
 @torch.inference_mode()
-def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser],
+def build_candidates(ranker: TargetRanker, trie: CatalogTrie, users: Sequence[EvalUser],
                      prior: TransitionPrior, widths: Widths, exclude_history: bool,
                      sequence_top: Sequence[np.ndarray] | None = None, progress: bool = False,
                      beams: dict[int, UserBeam] | None = None) -> Candidates:
-    """The candidates of ``users`` (in their order). ``sequence_top``: per user, SASRec's top catalog rows.
-    ``beams``: user id -> that user's wide beam when another study computed it (``BeamStore``; a batch whose users
-    all have one runs no search); the beams computed here are added to it."""
+    """The candidates of ``users`` (in their order) under ``ranker``'s target (a token or an item-level one,
+    ``training.evaluation.rankers``). ``sequence_top``: per user, SASRec's top catalog rows. ``beams``: user id ->
+    that user's wide beam when another study computed it (``BeamStore``; a batch whose users all have one runs no
+    search); the beams computed here are added to it."""
     leaf_of_row = trie.item_path[:, trie.levels]  # [n] each catalog row's leaf
     index = {u.user_id: i for i, u in enumerate(users)}
-    order = sorted(users, key=lambda u: min(len(u.history), builder.max_history))  # similar prompts together
+    order = sorted(users, key=lambda u: min(len(u.history), ranker.max_history))  # similar prompts together
     out: list[tuple[int, torch.Tensor, list[int], torch.Tensor]] = []
     batches = [order[i: i + BATCH] for i in range(0, len(order), BATCH)]
     for chunk in progress_bar(batches, desc="candidates", unit="batch", enabled=progress, leave=False):
-        prompts = PromptBatch.from_lists([builder.prompt_ids(u.history) for u in chunk])
+        histories = [u.history for u in chunk]
         excluded = [u.history for u in chunk] if exclude_history else None
         dead = trie.dead_nodes(excluded) if excluded else None
         if beams is not None and all(u.user_id in beams for u in chunk):
             visited = _stack_beams([beams[u.user_id] for u in chunk])
         else:
-            visited = wide_beam(model, trie, builder.code_offset, prompts, widths.beam, dead)
+            visited = ranker.wide_beam(histories, widths.beam, dead)
             if beams is not None:
                 beams.update({u.user_id: [(n[r], s[r]) for n, s in visited] for r, u in enumerate(chunk)})
         beam_leaves, beam_partial = visited[-1]
@@ -234,7 +161,7 @@ def build_candidates(model: EngineModel, builder: PromptBuilder, trie: CatalogTr
         forced = torch.full((len(chunk), width), -1, dtype=torch.long)
         for r, e in enumerate(extra):
             forced[r, : len(e)] = e
-        scores = leaf_logprobs(model, trie, builder.code_offset, prompts, forced)
+        scores = ranker.leaf_logprobs(histories, forced)
         for r, u in enumerate(chunk):
             keep = beam_leaves[r] >= 0
             leaves = torch.cat([beam_leaves[r][keep], forced[r, : len(extra[r])]])
@@ -266,7 +193,7 @@ UserBeam = list[tuple[torch.Tensor, torch.Tensor]]  # per depth d = 1..L: (nodes
 
 
 def _stack_beams(rows: Sequence[UserBeam]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Users' wide beams as ``wide_beam`` returns a batch's: per depth, (nodes [B, W], sums [B, W, L])."""
+    """Users' wide beams as a ranker's ``wide_beam`` returns a batch's: per depth, (nodes [B, W], sums [B, W, L])."""
     out = []
     for depth in range(len(rows[0])):
         width = max(int(r[depth][0].shape[0]) for r in rows)
@@ -280,7 +207,8 @@ def _stack_beams(rows: Sequence[UserBeam]) -> list[tuple[torch.Tensor, torch.Ten
 
 
 class BeamStore:
-    """The target's wide beams (``wide_beam``) of a study's users, stored part by part (``PART_USERS``) under
+    """The target's wide beams (its ranker's ``wide_beam``) of a study's users, stored part by part (``PART_USERS``)
+    under
     ROOT/beams-<digest of the key and width> and read by every study with the same key: ``tune prior`` and ``tune
     mix`` under one history rule search the same target over the same users at the same width, so the second study
     runs only its own added candidates' forced pass. ``key``: what a beam depends on (``BEAM_KEY`` fields)."""

@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from recsvc.bundle.prompt import PromptBuilder
 from recsvc.data.split import EvalUser
-from recsvc.engine.kernels.engine_model import EngineModel
 from recsvc.priors.mixed import SequenceModel
 from recsvc.priors.transition import TransitionPrior
 from tokenizer_rqvae.trie import CatalogTrie
+from training.evaluation.rankers import TargetRanker
 from training.tuning.rescore import DenseMasses, PriorTables, Rescorer, SearchTables, sequence_top, standard_error
 from training.tuning.rescore_cache import BEAM_KEY, BeamStore, CandidateCache, Widths, build_candidates, cache_dir
 
@@ -56,8 +55,8 @@ def widths_of(args: argparse.Namespace) -> Widths:
                   sequence=getattr(args, "sequence_candidates", 0)).check()
 
 
-def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, model: EngineModel,
-             builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser], prior: TransitionPrior,
+def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, ranker: TargetRanker,
+             trie: CatalogTrie, users: Sequence[EvalUser], prior: TransitionPrior,
              exclude_history: bool, width: int, sequence: SequenceModel | None = None
              ) -> tuple[Rescorer, dict[str, Any]]:
     """The study's candidates (built or resumed under TUNE_DIR/candidates) and the prior's tables at them; a trial
@@ -70,7 +69,7 @@ def rescorer(tune_dir: Path, name: str, key: dict[str, Any], widths: Widths, mod
     def build(chunk: Sequence[EvalUser]):
         mine = [top[index[u.user_id]] for u in chunk] if top is not None else None
         found = beams.load(chunk)
-        part = build_candidates(model, builder, trie, chunk, prior, widths, exclude_history, mine, progress=True,
+        part = build_candidates(ranker, trie, chunk, prior, widths, exclude_history, mine, progress=True,
                                 beams=found)
         beams.save(chunk, found)
         return part
@@ -141,13 +140,10 @@ def format_check(check: Mapping[str, Any]) -> str:
                if check.get("full_decode_seconds") is not None else ""))
 
 
-def decode_lists(model: EngineModel, builder: PromptBuilder, trie: CatalogTrie, users: Sequence[EvalUser],
-                 exclude_history: bool, width: int, prior: Any) -> dict[int, list[int]]:
+def decode_lists(ranker: TargetRanker, users: Sequence[EvalUser], exclude_history: bool, width: int,
+                 prior: Any) -> dict[int, list[int]]:
     """The fused search's top 10 of every user, as a trial of ``--full-decode`` ranks them."""
-    from training.evaluation.ranking import rank_users
-
-    return rank_users(model, builder, trie, users, K, 64, exclude_history=exclude_history, progress=False,
-                      prior=prior, beam_width=width)
+    return ranker.lists(users, K, width, exclude_history, prior)
 
 
 def target_over_prior(fused: Mapping[int, Sequence[int]], alone: Mapping[int, Sequence[int]],

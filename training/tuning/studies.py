@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recsvc.errors import UserError
+from recsvc.timeline.config import CONFIG_FILE as TIMELINE_CONFIG
 from recsvc_base.progress import progress_bar, progress_mode
 
 if TYPE_CHECKING:
@@ -117,7 +118,8 @@ def validation_model(bundle, what: str) -> tuple[str, Path]:
     """(protocol, the model directory a validation search must rank with): BUNDLE/target-train for a deploy
     bundle (its served target saw the valid period), BUNDLE/target otherwise; ``what`` names the search for the
     error when a deploy bundle has no train-only target."""
-    has_train_only = (bundle.train_only_target_dir / "config.json").is_file()
+    train_only = bundle.train_only_target_dir
+    has_train_only = (train_only / "config.json").is_file() or (train_only / TIMELINE_CONFIG).is_file()
     protocol = bundle.read().get("protocol") or ("deploy" if has_train_only else "paper")
     if protocol == "deploy" and not has_train_only:
         raise UserError(f"{bundle.root} has no train-only target (BUNDLE/target-train): its target saw the valid "

@@ -56,12 +56,17 @@ class ValidationLists:
         from recsvc.recommender.prior_ranked import ranks_alone
         from tokenizer_rqvae.trie import CatalogTrie
         from training.baselines.prior_alone import prior_rankings
+        from training.evaluation.rankers import is_timeline, ranker_of
         from training.evaluation.ranking import rank_users, serving_model
 
         if prior is None:
             prior = self.priors(exclude_history)
         if ranks_alone(prior):
             return prior_rankings(prior, users, k, exclude_history)
+        if is_timeline(self.model_dir):  # the item-level target: no dense head
+            if self._model is None:
+                self._model = ranker_of(self.bundle, self.model_dir, self.ids, self.dtype)
+            return self._model.lists(users, k, self.bundle.served_beam_width(), exclude_history, prior)
         if self._model is None:  # the model, its prompts and the catalog trie, once
             from recsvc.bundle.loading import load_causal_lm
             from recsvc.content.dense_head import DenseRetriever, has_dense_head
