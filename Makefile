@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install redis test lint demo proto clean
+.PHONY: beauty-items install redis test lint demo proto clean
 
 install: $(STAMP)
 
@@ -85,6 +85,13 @@ beauty-target: install
 	$(RECIPE) --from target --set target.preset=$(PRESET) target.refit=$(REFIT) target.threads=$(TARGET_THREADS) \
 	  target.max_minutes=$(TARGET_MINUTES) target.seed=$(SEED) target.dense_head=$(DENSE_HEAD) \
 	  sasrec_max_minutes=$(SASREC_MINUTES) budget_minutes=$(TUNE_MINUTES)
+
+# the item-level target's recipe (training/recipe/recipes.py SERVED_ITEMS; docs/QUALITY.md "The item-level target"):
+# the same ids (`make beauty-ids`), then a timeline over items and a small code decoder with the same tunings, in
+# a bundle of its own beside the token target's
+ITEMS_BUNDLE ?= artifacts/beauty-items/bundle
+beauty-items: install
+	$(VENV)/bin/recsvc build --recipe served-items --data $(BEAUTY) --out $(ITEMS_BUNDLE) --ids $(IDS)/semantic_ids.json
 
 # docs/QUALITY.md "The recipe as code computes what the Makefile did": the recipe's stages run by the code of the
 # last commit whose recipe lived in the Makefile and by this tree's, side by side on one thread each, same lines and

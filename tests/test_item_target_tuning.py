@@ -87,8 +87,12 @@ def test_items_bundle_through_tune_and_eval(tmp_path, capsys):
     assert cli.main(["tune", "prior", "--bundle", str(out), "--trials", "3", "--users", "all"]) == 0
     assert cli.main(["tune", "mix", "--bundle", str(out), "--trials", "2", "--sasrec-max-minutes", "0.2",
                      "--cache-dir", str(tmp_path / "baselines")]) == 0
+    assert cli.main(["tune", "history", "--bundle", str(out), "--users", "30"]) == 0
+    assert cli.main(["tune", "fresh", "--bundle", str(out), "--gate", "rate", "--embed-cache",
+                     str(tmp_path / "emb")]) == 0
     meta = b.read()
     assert "target_over_prior" in meta and meta["tuning"]["mix"]["check"]["users"] > 0
+    assert {"history", "fresh"} <= set(meta["tuning"])
     capsys.readouterr()
     report = tmp_path / "eval.json"
     assert cli.main(["eval", "--bundle", str(out), "--split", "test", "--k", "10", "--baselines", "popularity",

@@ -151,7 +151,7 @@ def test_ids_are_the_semantic_ids_file_where_a_file_is_read(parser):
             continue
         value = argv[argv.index("--ids") + 1]
         path = subcommand_path(parser, argv[1:])
-        wants_file = path in (["build"], ["tune", "target"], ["tune", "capacity"])
+        wants_file = path in (["build"], ["tune", "target"], ["tune", "capacity"], ["train", "items"])
         if wants_file != value.endswith("semantic_ids.json"):
             failures.append(f"`{shlex.join(argv)}`: --ids {value} (a {'file' if wants_file else 'directory'} "
                             "is read)")

@@ -11,7 +11,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from recsvc.errors import UserError
-from training.recipe.stages import Ids, Stage, Target, TrainHead, TuneDense, TuneFresh, TuneHistory, TuneMix, TunePrior
+from training.recipe.stages import (
+    Ids,
+    ItemTarget,
+    Stage,
+    Target,
+    TrainHead,
+    TuneDense,
+    TuneFresh,
+    TuneHistory,
+    TuneMix,
+    TunePrior,
+)
 
 # the served recipe (docs/QUALITY.md): ids, the target, then every tuning over it and the draft head. The prior's
 # fusion and the SASRec mix are scored on every validation user, once as served and once with history excluded.
@@ -41,7 +52,20 @@ WEAK: tuple[Stage, ...] = (
     dataclasses.replace(SERVED[6], threads=2),
 )
 
-RECIPES: dict[str, tuple[Stage, ...]] = {"served": SERVED, "weak": WEAK}
+# the item-level target (docs/QUALITY.md "The item-level target"): the same ids and tunings over a timeline over
+# items and a small code decoder (no dense head and no draft head: it has neither)
+SERVED_ITEMS: tuple[Stage, ...] = (
+    Ids(),
+    ItemTarget(),
+    TunePrior(),
+    TunePrior(name="prior-excl", exclude_history=True),
+    TuneMix(),
+    TuneMix(name="mix-excl", exclude_history=True),
+    TuneHistory(),
+    TuneFresh(),
+)
+
+RECIPES: dict[str, tuple[Stage, ...]] = {"served": SERVED, "served-items": SERVED_ITEMS, "weak": WEAK}
 
 
 def recipe(name: str) -> tuple[Stage, ...]:

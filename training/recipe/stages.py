@@ -126,6 +126,35 @@ class Target:
 
 
 @dataclass(frozen=True)
+class ItemTarget:
+    """``recsvc train items --bundle``: the item-level target (a timeline over items and a small code decoder) over
+    the ids, deploy protocol (the epoch chosen on the train period's validation, then a fresh model trained that
+    long on train + valid). Fields left None take the command's defaults (training/item_target/command.py)."""
+
+    name: str = "target"
+    protocol: str = "deploy"
+    epochs: int = 20
+    threads: int | None = 1
+    seed: int | None = 0
+    dropout: float | None = None
+    crop: float | None = None
+    hidden: int | None = None
+    layers: int | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    patience: int | None = None
+    max_minutes: float | None = None
+
+    def commands(self, paths: RecipePaths) -> list[Command]:
+        argv = ["items", "--bundle", str(paths.bundle), "--protocol", self.protocol, "--epochs", str(self.epochs),
+                *_opt("--threads", self.threads), *_opt("--seed", self.seed), *_opt("--dropout", self.dropout),
+                *_opt("--crop", self.crop), *_opt("--hidden", self.hidden), *_opt("--layers", self.layers),
+                *_opt("--lr", self.lr), *_opt("--batch-size", self.batch_size), *_opt("--patience", self.patience),
+                *_opt("--max-minutes", self.max_minutes)]
+        return [Command("train", tuple(argv))]
+
+
+@dataclass(frozen=True)
 class TunePrior:
     """``recsvc tune prior``: the transition prior's fusion, chosen on validation (with history items excluded:
     BUNDLE/prior-excl)."""
@@ -235,4 +264,4 @@ class TrainHead:
         return [Command("train", tuple(argv))]
 
 
-Stage = Ids | Target | TunePrior | TuneMix | TuneHistory | TuneDense | TuneFresh | TrainHead
+Stage = Ids | Target | ItemTarget | TunePrior | TuneMix | TuneHistory | TuneDense | TuneFresh | TrainHead
