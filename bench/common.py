@@ -12,6 +12,7 @@ import torch
 from recsvc.bundle.loading import PRECISIONS
 from recsvc.data.split import EVAL_SPLITS
 from recsvc.engine.kernels.plan import ATTENTIONS
+from recsvc.errors import UserError
 from recsvc.hardware import DEVICES
 
 PRIOR_USES = ("auto", "off")  # --prior: the bundle's prior as served, or none
@@ -49,6 +50,9 @@ def load_context(bundle_dir: str | Path, users: int, split: str = "test", dtype:
     from recsvc.recommender.parts import PartsChoice, load_target
 
     parts = load_target(bundle_dir, PartsChoice.target_only(dtype, device))
+    if parts.target is None or parts.prompts is None:
+        raise UserError(f"{bundle_dir} holds an item-level target (bundle.json architecture \"items\"): this "
+                        "bench measures a token target's decoding (serve it, or bench it with `recsvc bench serve`)")
     data = load_split_dir(parts.bundle.resolve_data_dir(data_dir))
     return BenchContext(parts.bundle, parts.target.model, parts.prompts, parts.trie,
                         sample_users(data.eval_users(split), users, seed), data)

@@ -38,7 +38,7 @@ def test_lookup_full_partial_miss_and_lru_budget() -> None:
     cache.store(list(range(2, 12)), _kv(10), torch.zeros(4), None)  # over budget: the LRU entry goes
     assert cache.lookup(list(range(1, 11))) == (None, 0)
     assert cache.stats() == {"hits": 2, "partial_hits": 1, "misses": 2, "evictions": 1, "bytes": 2 * one,
-                             "entries": 2}
+                             "entries": 2, "row_hits": 0, "row_misses": 0, "row_bytes": 0, "rows": 0}
     other = UserStateCache(budget_bytes=2 * one, version="v2")
     assert other.lookup(list(range(10))) == (None, 0)
 

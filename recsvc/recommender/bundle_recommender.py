@@ -5,9 +5,10 @@ out.
 ``recommend`` is the batch decoded and then the list stages: decoding is the prior's ranking alone
 (``stages.prior_only``, a bundle whose prior ranks alone) or, by the target, one engine call per group of
 (mode, beam width, list-level rules) (``stages.grouped_decode``: the engine's one entry, the dense head merged
-with the beams, or the rules' list-level search), each list's fallback said; then the fresh items' tail slots
-(``stages.fresh_tails``). ``answers`` adds each short list's reason (``recsvc.recommender.answer``). Timers and
-counters are the caller's (``RecStats`` holds only counts).
+with the beams, or the rules' list-level search), each list's fallback said; an items bundle's item-level
+target (``recsvc.timeline``) decodes by ``stages.timeline_decode`` instead (no engine, no drafter: every mode
+plain); then the fresh items' tail slots (``stages.fresh_tails``). ``answers`` adds each short list's reason
+(``recsvc.recommender.answer``). Timers and counters are the caller's (``RecStats`` holds only counts).
 
 A bundle with a transition prior (BUNDLE/prior, ``recsvc prior fit``) whose weight is > 0 has it fused into
 every mode's decoding (``recsvc.engine.scoring.prior``): each query's prior comes from its own history, and returned
@@ -45,6 +46,7 @@ from recsvc.recommender.stages.grouping import split_cached
 from recsvc.recommender.stages.list_stage import ListStage
 from recsvc.recommender.stages.prior_only import PriorOnly
 from recsvc.recommender.stages.scope import Scope
+from recsvc.recommender.stages.timeline_decode import TimelineDecode
 from recsvc.rule_decoding.decode import RuleSettings
 from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.greedy import greedy_pick
@@ -72,23 +74,28 @@ class BundleRecommender:
         ones through here, over the same (or the live catalog's) parts."""
         self.parts = parts
         self.settings = settings = settings or RecommenderSettings()
-        # what the recommender's readers (the service, the benches, a live catalog) read of the two
+        # what the recommender's readers (the service, the benches, a live catalog) read of the two; an items
+        # bundle has a timeline and no token target (target, prompts and engine None)
         self.target, self.prompts, self.ids, self.trie = parts.target, parts.prompts, parts.ids, parts.trie
+        self.timeline = parts.timeline
         self.drafter, self.prior, self.fresh = parts.drafter, parts.prior, parts.fresh
         self.attributes = parts.attributes
         self.dense = parts.dense if parts.dense is not None and parts.dense.active else None
-        self.popular, self.max_history = list(parts.popular), parts.prompts.max_history
+        self.popular, self.max_history = list(parts.popular), _max_history(parts)
         self.spec, self.max_k, self.beam_width = settings.spec, settings.max_k, settings.beam_width
         self.exclude_history, self.rule_settings = settings.exclude_history, settings.rules
         self.states, self.ahead, self.read_sampler = settings.states, settings.prefill_ahead, settings.read_sampler
         scope = Scope(parts, settings)
         self._scope = scope
         # once: every search reads the trie on the model's device
-        self.engine = BeamSearch(parts.target, parts.trie, parts.prompts.code_offset)
+        self.engine = (BeamSearch(parts.target, parts.trie, parts.prompts.code_offset)
+                       if parts.target is not None and parts.prompts is not None else None)
         self._popular_rows = np.array([parts.ids.index_of(i) for i in parts.popular], dtype=np.int64)  # [n]
         # decoding, then the list stages
         self.prior_ranks = PriorOnly.applies(scope)
-        self._decode = PriorOnly(scope) if self.prior_ranks else GroupedDecode(scope, self.engine)
+        self._timeline = TimelineDecode(scope, parts.timeline) if parts.timeline is not None else None
+        self._decode = (PriorOnly(scope) if self.prior_ranks else self._timeline if self._timeline is not None
+                        else GroupedDecode(scope, self._engine()))
         self.list_stages: tuple[ListStage, ...] = (FreshTails(scope),)
 
     @classmethod
@@ -152,10 +159,17 @@ class BundleRecommender:
         what speculation is calibrated at. Example: B = 20, ks = (1, 5, 10, 20) -> [20]; B = 0 -> [1, 5, 10, 20]."""
         return sorted({self.width_for(k, "strict") for k in ks})
 
+    def _engine(self) -> BeamSearch:
+        """The token target's beam search (an items bundle has none)."""
+        if self.engine is None:
+            raise RuntimeError("an items bundle has no token target: the item-level target decodes it")
+        return self.engine
+
     @property
     def facts(self) -> EngineFacts:
         """What this engine resolved (precision, beam width, drafter, prior weight, fresh slots, speculation)."""
-        name = str(self.target.dtype).removeprefix("torch.")
+        dtype = self.target.dtype if self.target is not None else _timeline_dtype(self.parts)
+        name = str(dtype).removeprefix("torch.")
         spec = self.spec
         return EngineFacts(precision={"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name),
                            beam_width=self.beam_width, drafter_loaded=self.drafter is not None,
@@ -174,23 +188,30 @@ class BundleRecommender:
         """Compute and cache the state of ``history``'s next plain request: its prompt and, with a served beam
         width B, every decode step of B beams under this server's exclusions and prior, so that request (any k
         up to B) runs no forward; without one (the width is each request's k) the prompt only. Nothing when it
-        is cached already or there is no state cache. Lookups here do not count as hits or misses."""
+        is cached already or there is no state cache. Lookups here do not count as hits or misses. An items
+        bundle: the item-level target's search of B beams (``TimelineDecode.prefill``; without B its timeline
+        state alone)."""
         if self.states is None or not history:
             return
-        batch = PromptBatch.from_lists([self.prompts.prompt_ids(history)], self.target.device)
+        if self._timeline is not None:
+            self._timeline.prefill(history, self.beam_width)
+            return
+        target, prompts, engine = self.target, self.prompts, self._engine()
+        assert target is not None and prompts is not None
+        batch = PromptBatch.from_lists([prompts.prompt_ids(history)], target.device)
         with torch.inference_mode():
             if self.beam_width > 0:
                 query = RecQuery(history=list(history), k=self.beam_width, mode="plain")
                 dead = self._scope.dead(self._scope.excluded([query]))
-                self.engine.search(batch, self.beam_width, dead, self.prior_for([query.history]),
-                                   states=self.states, count=False)
+                engine.search(batch, self.beam_width, dead, self.prior_for([query.history]),
+                              states=self.states, count=False)
                 return
             from recsvc.engine.caches.prefill import Prefill
 
-            pre = Prefill(self.target, self.target.new_cache(), batch, self.states, count=False)
+            pre = Prefill(target, target.new_cache(), batch, self.states, count=False)
             if not pre.full[0]:
                 last = pre.run()
-                pre.remember(last, pre.first_logprobs(last, self.prompts.code_offset, self.trie.codebook_size))
+                pre.remember(last, pre.first_logprobs(last, prompts.code_offset, self.trie.codebook_size))
 
     def warm_up(self) -> float:
         """Run the kinds of forward a server meets (one request and a batch of two; a wide search and K = 1;
@@ -253,3 +274,17 @@ class BundleRecommender:
     def _split_cached(self, mode: str, listed: bool, idx: list[int], queries: Sequence[RecQuery]) -> list[list[int]]:
         """How ``stages.grouping.split_cached`` splits a group of this recommender's queries."""
         return split_cached(self._scope, mode, listed, idx, queries)
+
+
+def _max_history(parts: BundleParts) -> int:
+    """History items a request's decoding reads (the last ones): the prompt's window, or the timeline's."""
+    if parts.timeline is not None:
+        return parts.timeline.config.max_items
+    assert parts.prompts is not None
+    return parts.prompts.max_history
+
+
+def _timeline_dtype(parts: BundleParts) -> torch.dtype:
+    """The item-level target's parameter dtype (its precision)."""
+    assert parts.timeline is not None
+    return next(parts.timeline.parameters()).dtype

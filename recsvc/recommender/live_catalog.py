@@ -5,7 +5,9 @@ added ones; it shares the loaded models (target, drafter network, draft head), t
 beam width, rules), and rebuilds what depends on the catalog:
 
 - the ids, the prompt builder (a history may hold new items) and the trie, on the target's device, with the
-  beam search over it; the drafter follows (``Drafter.over``: the transition drafter's prior too);
+  beam search over it; the drafter follows (``Drafter.over``: the transition drafter's prior too); an items
+  bundle has no prompts: its item-level target reads the new trie's codes (new items have no per-item table
+  row: they read the table's "unseen item" row);
 - the fused transition prior, extended with zero counts for the new items (they get only its popularity
   back-off mass: the model has never seen them as targets);
 - the popularity fallback order (new items last: nobody has interacted with them);
@@ -63,9 +65,10 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
         return base
     parts = base.parts
     ids = catalog.merged_ids(parts.ids)
-    p = parts.prompts
-    prompts = PromptBuilder(p.tokenizer, ids, p.max_history, header=p.header)
-    trie = CatalogTrie(ids).to(parts.target.device)
+    p = parts.prompts  # None: an items bundle (the timeline reads the new trie's codes; its item table keeps
+    #                    the bundle's rows, ``BundleParts.timeline_ids``)
+    prompts = PromptBuilder(p.tokenizer, ids, p.max_history, header=p.header) if p is not None else None
+    trie = CatalogTrie(ids).to(parts.target.device if parts.target is not None else parts.trie.device)
     source = attributes or parts.attributes
     states = base.states  # a cache of its own (conservative: the old entries, keyed by code paths, would hold)
     over = replace(

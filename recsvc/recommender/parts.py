@@ -6,6 +6,10 @@ all read a bundle through :func:`load_target` (the target and its catalog) or :f
 target as an ``EngineModel``); ``BundleParts`` adds what serving composes around it (the fused prior, the
 popularity order, fresh items, the dense head, the attribute source for rules and the drafter). What is loaded
 is said by a ``PartsChoice``; a part left out, or absent from the bundle, is None.
+
+A bundle's target is of its ``architecture`` (``Bundle.architecture``): "tokens", a LLaMA over code tokens
+(``target`` and ``prompts``), or "items", the item-level target (``timeline``: ``recsvc.timeline``, one input per
+history item; ``target`` and ``prompts`` are None, and it has no drafter and no dense head).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from recsvc.bundle.directory import Bundle
+from recsvc.bundle.loading import torch_dtype
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.bundle.serving_files import read_popularity
 from recsvc.content.dense_head import DenseRetriever, has_dense_head
@@ -27,6 +32,8 @@ from recsvc.priors.mixed import MixedPrior, load_prior
 from recsvc.priors.transition import TransitionPrior
 from recsvc.recommender.drafter_registry import DraftSource, build_drafter, default_drafter
 from recsvc.rules.source import AttributeSource
+from recsvc.timeline.model import TimelineModel
+from recsvc.timeline.serving import load_timeline
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -68,13 +75,15 @@ class PartsChoice:
 
 @dataclass(frozen=True)
 class TargetParts:
-    """The target and its catalog: what every reader of a bundle needs."""
+    """The target and its catalog: what every reader of a bundle needs. Exactly one of ``target`` (a "tokens"
+    bundle) and ``timeline`` (an "items" bundle) is set."""
 
     bundle: Bundle
     ids: SemanticIds
-    prompts: PromptBuilder
+    prompts: PromptBuilder | None  # None: an items bundle (no tokenizer, no prompts)
     trie: CatalogTrie  # the ids' trie, on the target's device: one for the searches, the drafter and the rules
-    target: EngineModel  # holds the attention mode and the forward
+    target: EngineModel | None  # holds the attention mode and the forward; None: an items bundle
+    timeline: TimelineModel | None = None  # the item-level target (an items bundle)
 
 
 @dataclass(frozen=True)
@@ -84,9 +93,9 @@ class BundleParts:
 
     bundle: Bundle
     ids: SemanticIds
-    prompts: PromptBuilder
+    prompts: PromptBuilder | None  # None: an items bundle
     trie: CatalogTrie
-    target: EngineModel
+    target: EngineModel | None  # None: an items bundle (``timeline`` is its target)
     popular: tuple[int, ...]  # the popularity fallback's order: every item of ``ids`` once
     beam_width: int  # bundle.json's served beam width (0: each request's k)
     prior: Prior | None = None  # the fused prior (ranks alone or fused when its weight is > 0)
@@ -94,6 +103,10 @@ class BundleParts:
     fresh: FreshItems | None = None  # fresh items' tail slots
     dense: DenseRetriever | None = None  # the target's dense head, ranked with the beams when active
     attributes: AttributeSource | None = None  # item attributes for rules (None: requests with rules refused)
+    timeline: TimelineModel | None = None  # the item-level target (an items bundle; ``target`` is then None)
+    # the ids the timeline's per-item table rows follow: the bundle's own (a live catalog's parts keep them while
+    # ``ids`` gains the added items; ``recsvc.timeline.serving.states_over``)
+    timeline_ids: SemanticIds | None = None
 
     def __post_init__(self) -> None:
         prior, ids = self.prior, self.ids
@@ -112,9 +125,13 @@ def popular_order(ids: SemanticIds, counts: dict[int, int] | None) -> list[int]:
 
 
 def load_target(path: str | Path | Bundle, choice: PartsChoice) -> TargetParts:
-    """The bundle's ids, prompt format, trie and target (``choice``: dtype, device, attention, forward)."""
+    """The bundle's ids, prompt format, trie and target (``choice``: dtype, device, attention, forward); for an
+    items bundle the ids, the trie and the timeline (``choice``: dtype and device; it runs its own forward)."""
     bundle = path if isinstance(path, Bundle) else Bundle.open(path)
     ids = bundle.load_ids()
+    if bundle.architecture == "items":
+        timeline = load_timeline(bundle.target_dir, torch_dtype(choice.dtype, choice.device), choice.device)
+        return TargetParts(bundle, ids, None, CatalogTrie(ids).to(choice.device), None, timeline)
     prompts = bundle.prompt_builder(bundle.load_tokenizer(), ids)
     target = EngineModel.build(bundle.load_target(dtype=choice.dtype, device=choice.device), choice.attention,
                                choice.forward)
@@ -125,6 +142,7 @@ def load_parts(path: str | Path | Bundle, choice: PartsChoice) -> BundleParts:
     """Every part ``choice`` asks for that the bundle holds (see ``PartsChoice``)."""
     core = load_target(path, choice)
     bundle, ids = core.bundle, core.ids
+    items = core.timeline is not None
     stored: Prior | None = (load_prior(bundle.prior_dir_for(choice.exclude_history))  # read once
                             if bundle.has_prior(choice.exclude_history) else None)
     attr_path = Path(choice.attributes) if choice.attributes is not None else bundle.root / "attributes.json"
@@ -137,8 +155,8 @@ def load_parts(path: str | Path | Bundle, choice: PartsChoice) -> BundleParts:
         prior=stored if choice.use_prior else None,
         drafter=_drafter(core, choice, stored),
         fresh=FreshItems.load(bundle.fresh_dir) if choice.use_fresh and bundle.has_fresh() else None,
-        dense=_dense(bundle, ids) if choice.use_dense else None,
-        attributes=source)
+        dense=_dense(bundle, ids) if choice.use_dense and not items else None,  # the timeline has no dense head
+        attributes=source, timeline=core.timeline, timeline_ids=ids if items else None)
 
 
 def _dense(bundle: Bundle, ids: SemanticIds) -> DenseRetriever | None:
@@ -150,7 +168,14 @@ def _dense(bundle: Bundle, ids: SemanticIds) -> DenseRetriever | None:
 
 
 def _drafter(core: TargetParts, choice: PartsChoice, prior: Prior | None) -> Drafter | None:
-    """The drafter by name over the target's trie (a LLaMA drafter runs the target's forward)."""
+    """The drafter by name over the target's trie (a LLaMA drafter runs the target's forward); an items bundle
+    has none (UserError when one is named)."""
+    if core.target is None or core.prompts is None:
+        if choice.use_drafter and choice.drafter is not None:
+            raise UserError(f"--drafter {choice.drafter}: {core.bundle.root} holds an item-level target "
+                            "(bundle.json architecture \"items\"), which has no drafter: strict and relaxed "
+                            "requests are decoded plainly (serve it without --drafter)")
+        return None
     name = (choice.drafter or default_drafter(core.bundle)) if choice.use_drafter else None
     if name is None:
         return None

@@ -70,10 +70,14 @@ class RecommenderSettings:
             raise UserError(f"beam width must be >= 0 (0 = k), got {self.beam_width}")
 
 
-def state_cache_for(target: EngineModel, budget_bytes: int, version: str = "") -> UserStateCache | None:
+def state_cache_for(target: EngineModel | None, budget_bytes: int, version: str = "") -> UserStateCache | None:
     """A user-state cache (``recsvc.engine.caches.state_cache``) of ``budget_bytes`` for this target, None when off (0)
-    or when its forward keeps no states (only the fast forward does: fp32 target, "fp32" attention)."""
-    return UserStateCache(budget_bytes, version) if budget_bytes > 0 and target.plan.fast else None
+    or when its forward keeps no states (of a token target's forwards only the fast one does: fp32 target, "fp32"
+    attention). ``target`` None: an items bundle (no token target), whose item-level target keeps its timeline
+    states and search outputs as the cache's keyed rows whatever its precision."""
+    if budget_bytes <= 0:
+        return None
+    return UserStateCache(budget_bytes, version) if target is None or target.plan.fast else None
 
 
 def read_sampler_for(every: int) -> ReadSampler | None:

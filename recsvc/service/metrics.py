@@ -111,9 +111,14 @@ class _StateCacheCollector:
         for name, help_text in (("hits", "Prompts found whole in the user-state cache"),
                                 ("partial_hits", "Prompts extending a cached prompt (only new tokens run)"),
                                 ("misses", "Prompts run in full"),
-                                ("evictions", "Entries evicted by the byte budget")):
+                                ("evictions", "Entries evicted by the byte budget"),
+                                ("row_hits", "Keyed rows found (the item-level target's timeline states and "
+                                             "search outputs)"),
+                                ("row_misses", "Keyed rows not found")):
             yield CounterMetricFamily(f"recsvc_state_cache_{name}", help_text, value=stats.get(name, 0))
         yield GaugeMetricFamily("recsvc_state_cache_bytes", "Bytes held by the user-state cache",
                                 value=stats.get("bytes", 0))
         yield GaugeMetricFamily("recsvc_state_cache_entries", "Users' prompts in the user-state cache",
                                 value=stats.get("entries", 0))
+        yield GaugeMetricFamily("recsvc_state_cache_row_bytes", "Bytes held by the user-state cache's keyed rows",
+                                value=stats.get("row_bytes", 0))

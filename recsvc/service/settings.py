@@ -214,6 +214,19 @@ def warn_missing_serving_files(bundle: str, step: Step) -> list[str]:
     return missing
 
 
+def timeline_steps(settings: ServeSettings, step: Step) -> None:
+    """What start-up does not do for an items bundle, said: no forward to compile and no speculation to calibrate
+    (its item-level target runs its own forward and has no drafter: every mode is decoded plainly, whatever
+    ``--spec`` asks); ``--forward`` / ``--attention`` values other than the defaults are named as not applied."""
+    from recsvc.recommender.stages.timeline_decode import NO_DRAFTER
+
+    ignored = ([f"--forward {settings.forward}"] if settings.forward != "auto" else []) + (
+        [f"--attention {settings.attention}"] if settings.attention != "fp32" else [])
+    fields: dict[str, Any] = {"flags_not_applied": ignored} if ignored else {}
+    step("speculation_off", reason=f"{NO_DRAFTER}: speculation off (--spec {settings.spec})",
+         serving="plain decoding for every K", forward_compiled=False, speculation_calibrated=False, **fields)
+
+
 def build_recommender(settings: ServeSettings, *, step: Step | None = None,
                       should_stop: Callable[[], bool] | None = None) -> BundleRecommender:
     """The served ``BundleRecommender``, built once from ``settings``: loaded with its forward, its speculation
@@ -252,6 +265,8 @@ def build_recommender(settings: ServeSettings, *, step: Step | None = None,
         from recsvc.recommender.prior_ranked import PRIOR_RANKED
 
         step("target_unused", reason=PRIOR_RANKED, forward_compiled=False, speculation_calibrated=False)
+    elif loaded.timeline is not None:  # the item-level target: its own eager forward, no drafter to speculate with
+        timeline_steps(settings, step)
     else:
         # compile / capture before calibration times anything
         if loaded.target.plan.prepares:

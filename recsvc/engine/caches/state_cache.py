@@ -11,11 +11,15 @@ tokens. The next request:
   width, exclusions and prior) loads them instead of running the forward, so a repeated request runs none;
 - otherwise (a miss; also once the history is longer than the prompt window, where every new interaction
   shifts the window and so every position: the strategy is recompute) runs the whole prompt.
-The recommender also keeps a returning user's fused prior row here (``prior`` / ``keep_prior``: one history
-alone, keyed by the prior, trie, weight and the whole history), so it is not computed again (~1 ms a request
-on Beauty). Bounded by a byte budget: over it, prior rows go first, then the least recently used entries. One
-per served bundle and process (a reload builds a new recommender and so an empty cache). Only the fast forward
-(``recsvc.engine.kernels.fast``) uses it; ``recsvc.engine.caches.prefill`` loads and stores the entries.
+Keyed rows (``row`` / ``keep_row``: a tensor or a tuple of tensors under the caller's key, LRU) hold what a
+recommender keeps per user besides a prompt's state: the item-level target's timeline states and search outputs
+(``recsvc.recommender.stages.timeline_decode``) and a returning user's fused prior row (``prior`` /
+``keep_prior``: one history alone, keyed by the prior, trie, weight and the whole history, so it is not computed
+again: ~1 ms a request on Beauty; at most MAX_PRIORS rows and a quarter of the budget). Bounded by a byte budget:
+over it, prior rows go first, then keyed rows, then the least recently used prompt states. One per served bundle
+and process (a reload builds a new recommender and so an empty cache). Of the token target's forwards only the
+fast one (``recsvc.engine.kernels.fast``) keeps prompt states; ``recsvc.engine.caches.prefill`` loads and stores
+them.
 
 Memory per entry: layers x 2 x kv_heads x head_dim x tokens x bytes per value (+ the hidden state and C
 log-probs): docs/SCALING.md.
@@ -25,8 +29,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -47,6 +52,50 @@ class UserState:
 MAX_STEPS = 12  # decode steps kept per prompt (3 per request of a 4-level id: the last 4 distinct requests)
 MAX_PRIORS = 1024  # fused prior rows kept (``UserStateCache.prior``), also at most a quarter of the budget
 
+Row = torch.Tensor | tuple[torch.Tensor, ...]  # a keyed row: a tensor or a tuple of tensors
+
+
+def row_bytes(value: Row) -> int:
+    """The bytes a row holds (every tensor of a tuple)."""
+    return value.nbytes if isinstance(value, torch.Tensor) else sum(t.nbytes for t in value)
+
+
+class KeyedRows:
+    """An LRU of rows under hashable keys with their bytes counted (not thread-safe: the cache's lock guards it).
+    The cache holds two: its keyed rows and its prior rows."""
+
+    def __init__(self) -> None:
+        self._rows: OrderedDict[Hashable, tuple[Row, int]] = OrderedDict()  # key -> (row, bytes), oldest first
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, key: Hashable) -> Row | None:
+        """The row under ``key`` (now the most recent), or None."""
+        kept = self._rows.get(key)
+        if kept is None:
+            return None
+        self._rows.move_to_end(key)
+        return kept[0]
+
+    def put(self, key: Hashable, value: Row) -> None:
+        """Keep ``value`` under ``key`` (replacing what was there) as the most recent row."""
+        old = self._rows.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
+        nbytes = row_bytes(value)
+        self._rows[key] = (value, nbytes)
+        self.bytes += nbytes
+
+    def drop_oldest(self) -> None:
+        _, (_, nbytes) = self._rows.popitem(last=False)
+        self.bytes -= nbytes
+
+    def clear(self) -> None:
+        self._rows.clear()
+        self.bytes = 0
+
 
 class UserStateCache:
     def __init__(self, budget_bytes: int, version: str = "") -> None:
@@ -58,30 +107,56 @@ class UserStateCache:
         self._lengths: Counter[int] = Counter()  # prompt length -> cached entries of that length
         self._lock = threading.Lock()
         self.hits = self.partial_hits = self.misses = self.evictions = 0
-        self.bytes = 0
+        self.bytes = 0  # the prompt states' (keyed rows and prior rows are counted apart, in the same budget)
+        # keyed rows (``row`` / ``keep_row``): the caller's key -> a tensor or a tuple of tensors; LRU, in the
+        # budget (over it they go before the prompt states, after the prior rows)
+        self._rows = KeyedRows()
+        self.row_hits = self.row_misses = 0
         # a returning user's fused prior row (it depends on the whole history, not the prompt window): key ->
         # [num_nodes]; LRU of at most MAX_PRIORS rows and budget / 4 bytes, counted in the budget (they only use
-        # room the states leave: over the budget they go first; ``bytes`` and ``stats`` count the states only)
-        self._priors: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-        self._prior_bytes = 0
+        # room the rest leaves: over the budget they go first; ``bytes`` and ``stats`` count the states only)
+        self._priors = KeyedRows()
 
+    @property
+    def _prior_bytes(self) -> int:
+        return self._priors.bytes
+
+    # ---- keyed rows ------------------------------------------------------------------------------------------
+    def row(self, key: Hashable, count: bool = True) -> Any | None:
+        """The row kept under ``key`` (the caller's: everything the row depends on), or None. Counts the outcome
+        (``row_hits`` / ``row_misses``) unless ``count`` is False (work ahead of a request)."""
+        with self._lock:
+            value = self._rows.get((self.version, key))
+            if count:
+                if value is None:
+                    self.row_misses += 1
+                else:
+                    self.row_hits += 1
+            return value
+
+    def keep_row(self, key: Hashable, value: Row) -> None:
+        """Keep ``value`` (a tensor or a tuple of tensors the caller does not change afterwards) under ``key``; a
+        row larger than the whole budget is not kept."""
+        if row_bytes(value) > self.budget:
+            return
+        with self._lock:
+            self._rows.put((self.version, key), value)
+            self._evict()
+
+    # ---- prior rows ------------------------------------------------------------------------------------------
     def prior(self, key: tuple) -> torch.Tensor | None:
         """The prior row kept under ``key`` (the caller's: the prior, its weight and the history), or None."""
         with self._lock:
             row = self._priors.get((self.version, key))
-            if row is not None:
-                self._priors.move_to_end((self.version, key))
+            assert row is None or isinstance(row, torch.Tensor)
             return row
 
     def keep_prior(self, key: tuple, row: torch.Tensor) -> None:
         """Keep ``row`` [num_nodes] (the caller does not change it afterwards) under ``key``."""
         with self._lock:
-            old = self._priors.pop((self.version, key), None)
-            self._prior_bytes += row.nbytes - (old.nbytes if old is not None else 0)
-            self._priors[(self.version, key)] = row
-            while self._priors and (len(self._priors) > MAX_PRIORS or self._prior_bytes > self.budget // 4):
-                _, victim = self._priors.popitem(last=False)
-                self._prior_bytes -= victim.nbytes
+            self._priors.put((self.version, key), row)
+            while len(self._priors) and (len(self._priors) > MAX_PRIORS or self._priors.bytes > self.budget // 4):
+                self._priors.drop_oldest()
             self._evict()
 
     def __len__(self) -> int:
@@ -141,10 +216,12 @@ class UserStateCache:
 
     def _evict(self) -> None:
         """Over the budget, prior rows go first (recomputing one costs ~1 ms; a user's prompt state and decode
-        steps save a forward each), then the least recently used states."""
-        while self.bytes + self._prior_bytes > self.budget and self._priors:
-            _, row = self._priors.popitem(last=False)
-            self._prior_bytes -= row.nbytes
+        steps save a forward each), then the least recently used keyed rows, then the least recently used
+        states."""
+        while self.bytes + self._rows.bytes + self._priors.bytes > self.budget and len(self._priors):
+            self._priors.drop_oldest()
+        while self.bytes + self._rows.bytes > self.budget and len(self._rows):
+            self._rows.drop_oldest()
         while self.bytes > self.budget and self._entries:
             _, victim = self._entries.popitem(last=False)
             self._forget(victim)
@@ -161,9 +238,12 @@ class UserStateCache:
             self._entries.clear()
             self._lengths.clear()
             self.bytes = 0
+            self._rows.clear()
             self._priors.clear()
-            self._prior_bytes = 0
 
     def stats(self) -> dict[str, int]:
+        """The prompt states' counters (``hits`` .. ``entries``) and the keyed rows' (``row_*``)."""
         return {"hits": self.hits, "partial_hits": self.partial_hits, "misses": self.misses,
-                "evictions": self.evictions, "bytes": self.bytes, "entries": len(self._entries)}
+                "evictions": self.evictions, "bytes": self.bytes, "entries": len(self._entries),
+                "row_hits": self.row_hits, "row_misses": self.row_misses, "row_bytes": self._rows.bytes,
+                "rows": len(self._rows)}
