@@ -88,6 +88,13 @@ def test_catalog_add_retire_show_write_a_valid_cumulative_file(built, capsys) ->
     second = read_catalog(path, base, 384)
     assert second.version == 2 and second.item_ids.tolist() == [61, 62, 63]
     assert second.codes[:2].tolist() == first.codes.tolist() and second.merged_ids(base).collisions() == 0
+    assert first.keys == ("N1", "N2") and second.keys == ("N1", "N2", "N3")  # each item's asin is its key
+    taken = built["root"] / "taken.json"  # an asin that an added item's key already is: refused, file untouched
+    taken.write_text(json.dumps({"64": {"asin": "N3", "title": "Rose soap"}}))
+    rc, _, err = _run(["catalog", "add", "--bundle", str(bundle), "--items", str(taken), "--cache-dir",
+                       str(built["cache"]), "--quiet"], capsys)
+    assert rc == 2 and "its asin 'N3' is already item 63's key" in err
+    assert read_catalog(path, base, 384).version == 2
     rc, out, _ = _run(["catalog", "retire", "--bundle", str(bundle), "--items", "62, 5"], capsys)
     assert rc == 0 and json.loads(out)["version"] == 3
     rc, out, _ = _run(["catalog", "show", "--bundle", str(bundle)], capsys)

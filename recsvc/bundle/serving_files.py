@@ -8,12 +8,14 @@ was built (its recorded data directory may be absent, unreadable or another data
     BUNDLE/calibration_histories.json {"source": "validation users", "seed": 1, "histories": [[item, ...], ...]}:
                                       ``CALIBRATION_USERS`` seeded validation users' last ``CALIBRATION_LEN``
                                       items, the traffic ``--spec auto`` times speculation on
+    BUNDLE/item_keys.json             {"<item_id>": "<key>", ...}: each item's own id (the split's ``asin``), what
+                                      requests and responses may name items by (``recsvc.bundle.keys``)
 
-``recsvc build`` writes both when it finishes (``write_serving_files``), ``recsvc bundle serving-files`` adds
+``recsvc build`` writes them when it finishes (``write_serving_files``), ``recsvc bundle serving-files`` adds
 them to a bundle made before they existed. Serving reads them (``read_popularity``,
 ``read_calibration_histories``) and nothing else of the data; a bundle without them still serves (popular
 items in item-id order, calibration on popular items) and ``missing_serving_files`` names what is missing for
-the one warning at load.
+the one warning at load (the item keys are optional: a bundle without them serves numbers only).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from recsvc.bundle.keys import keys_of_items, write_item_keys
 from recsvc.errors import UserError
 
 if TYPE_CHECKING:
@@ -62,16 +65,19 @@ def _write_json(path: Path, doc: Any) -> None:
 
 
 def write_serving_files(bundle_root: str | Path, data: SplitData) -> dict[str, Any]:
-    """Writes BUNDLE/popularity.json and BUNDLE/calibration_histories.json from ``data`` (atomically); returns
-    a small report."""
+    """Writes BUNDLE/popularity.json, BUNDLE/calibration_histories.json and BUNDLE/item_keys.json from ``data``
+    (atomically); returns a small report (a key two items share is left out, and counted)."""
     root = Path(bundle_root)
     counts = count_popularity(data)
     histories = calibration_sample(data)
     _write_json(root / POPULARITY_FILE, {str(i): c for i, c in sorted(counts.items())})
     _write_json(root / CALIBRATION_FILE, {"source": "validation users", "seed": CALIBRATION_SEED,
                                           "max_len": CALIBRATION_LEN, "histories": histories})
+    keys, shared = keys_of_items(data.items)
+    write_item_keys(root, keys)
     return {"popularity_items": len(counts), "interactions": sum(counts.values()),
-            "calibration_histories": len(histories)}
+            "calibration_histories": len(histories), "item_keys": len(keys),
+            **({"item_keys_shared": len(shared)} if shared else {})}
 
 
 def missing_serving_files(bundle_root: str | Path) -> list[str]:

@@ -5,14 +5,16 @@ it whenever it changes (``recsvc.service.catalog_watch``) and serves the bundle'
 minus the retired items. Format (cumulative: each command rewrites the whole file, atomically)::
 
     {"version": 3,
-     "add": [{"item_id": 61, "codes": [12, 200, 7, 31], "vector": [0.013, -0.052, ...]}, ...],
+     "add": [{"item_id": 61, "codes": [12, 200, 7, 31], "vector": [0.013, -0.052, ...], "key": "B00XYZ"}, ...],
      "retire": [12, 34]}
 
 ``codes``: the item's semantic id (one code per level, each in [0, codebook size)), unique against the
 bundle's ids and every other addition (``tokenizer_rqvae.assign.assign_codes`` gives such codes). ``vector``:
 the item's text embedding (the bundle's fresh-item component ranks new items with it, so its length must be
-that component's). ``retire``: items of the bundle or of ``add`` that are never recommended again (they stay
-valid in histories). ``version``: a counter the commands increase, reported in the server's log.
+that component's). ``key`` (optional): the item's own id in the team's systems, which requests may name it by
+(unique among the additions; the server also refuses one that a bundle item has, ``recsvc.bundle.keys``).
+``retire``: items of the bundle or of ``add`` that are never recommended again (they stay valid in histories).
+``version``: a counter the commands increase, reported in the server's log.
 
 Worked example: bundle items {1: (0, 0, 0, 1), 2: (0, 0, 0, 2)}; ``{"version": 1, "add": [{"item_id": 3,
 "codes": [0, 0, 0, 2], ...}]}`` is rejected (item 2's id), ``"codes": [0, 0, 1, 0]`` is accepted.
@@ -38,18 +40,27 @@ DEFAULT_MAX_MB = 64  # about 7,500 added items with 384-d vectors (about 8.4 KB 
 MAX_MB_ENV = "RECSVC_CATALOG_MAX_MB"
 _NUMBERS = {int, float}  # what JSON numbers parse to
 FIELDS = ("version", "add", "retire")
+ADD_FIELDS = ("item_id", "codes", "vector")  # every addition's; "key" optional
 
 
 @dataclass(frozen=True)
 class LiveCatalog:
     """A validated live catalog: additions (``item_ids`` [m] ascending, ``codes`` [m, L], ``vectors`` [m, d]
-    float32) and ``retired`` [r] item ids (ascending)."""
+    float32, ``keys`` [m] their item keys, "" for none; () when none has one) and ``retired`` [r] item ids
+    (ascending)."""
 
     version: int
     item_ids: np.ndarray
     codes: np.ndarray
     vectors: np.ndarray
     retired: np.ndarray
+    keys: tuple[str, ...] = ()
+
+    def key_pairs(self) -> list[tuple[int, str]]:
+        """(item, key) of the additions that have a key."""
+        if not self.keys:
+            return []
+        return [(int(i), k) for i, k in zip(self.item_ids.tolist(), self.keys, strict=True) if k]
 
     @classmethod
     def empty(cls, levels: int = 4, dim: int = 0) -> LiveCatalog:
@@ -69,12 +80,14 @@ class LiveCatalog:
         if not len(self.item_ids) and not len(other.item_ids):
             return True
         return (np.array_equal(self.item_ids, other.item_ids) and np.array_equal(self.codes, other.codes)
-                and np.array_equal(self.vectors, other.vectors))
+                and np.array_equal(self.vectors, other.vectors) and self.key_pairs() == other.key_pairs())
 
     def to_json(self) -> dict[str, Any]:
+        keys = self.keys or ("",) * len(self.item_ids)
         return {"version": self.version,
-                "add": [{"item_id": int(i), "codes": [int(c) for c in row], "vector": [float(v) for v in vec]}
-                        for i, row, vec in zip(self.item_ids, self.codes, self.vectors, strict=True)],
+                "add": [{"item_id": int(i), "codes": [int(c) for c in row], "vector": [float(v) for v in vec],
+                         **({"key": key} if key else {})}
+                        for i, row, vec, key in zip(self.item_ids, self.codes, self.vectors, keys, strict=True)],
                 "retire": [int(i) for i in self.retired]}
 
     def save(self, path: str | Path) -> None:
@@ -108,13 +121,16 @@ def parse_catalog(doc: Any, base: SemanticIds, vector_dim: int | None = None) ->
     taken = {tuple(int(c) for c in row): int(i) for i, row in zip(base.item_ids, base.codes, strict=True)}
     items: list[int] = []
     added: set[int] = set()
+    keys: list[str] = []
+    keyed: dict[str, int] = {}
     codes: list[tuple[int, ...]] = []
     vectors: list[np.ndarray] = []
     dim = vector_dim
     for n, entry in enumerate(adds):
         where = f"add[{n}]"
-        if not isinstance(entry, dict) or set(entry) != {"item_id", "codes", "vector"}:
-            raise UserError(f"{where} must be an object with exactly item_id, codes and vector, got {entry!r:.80}")
+        if not isinstance(entry, dict) or not set(ADD_FIELDS) <= set(entry) <= {*ADD_FIELDS, "key"}:
+            raise UserError(f"{where} must be an object with exactly item_id, codes and vector (and optionally "
+                            f"key), got {entry!r:.80}")
         item = _int(entry["item_id"], f"{where}.item_id", 1)
         if item in base:
             raise UserError(f"{where}.item_id: item {item} is already in the bundle's catalog")
@@ -140,8 +156,16 @@ def parse_catalog(doc: Any, base: SemanticIds, vector_dim: int | None = None) ->
             raise UserError(f"{where}.vector must be a non-empty list of finite numbers")
         if dim is not None and len(vec) != dim:
             raise UserError(f"{where}.vector has {len(vec)} dimensions, the served item embeddings have {dim}")
+        name = entry.get("key", "")
+        if not isinstance(name, str) or ("key" in entry and not name):
+            raise UserError(f"{where}.key must be a non-empty string, got {name!r:.80}")
+        if name in keyed:
+            raise UserError(f"{where}.key: {name!r} is already item {keyed[name]}'s key (keys must be unique)")
+        if name:
+            keyed[name] = item
         dim = len(vec)
         taken[key] = item
+        keys.append(name)
         added.add(item)
         items.append(item)
         codes.append(key)
@@ -163,6 +187,7 @@ def parse_catalog(doc: Any, base: SemanticIds, vector_dim: int | None = None) ->
         codes=np.asarray(codes, dtype=np.int64).reshape(len(items), levels)[order],
         vectors=(np.stack(vectors).astype(np.float32) if vectors else np.zeros((0, dim or 0), np.float32))[order],
         retired=np.sort(np.asarray(retired, dtype=np.int64)),
+        keys=tuple(keys[i] for i in order.tolist()) if keyed else (),
     )
 
 

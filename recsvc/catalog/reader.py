@@ -5,8 +5,9 @@ thread a 200 MB catalog (30,000 added items) stopped every request for seconds. 
 checks the file's size first (``catalog.file.check_size``: a file over the limit is rejected without being
 read), then runs ``python -m recsvc.catalog.reader`` at a lower CPU priority: the child reads, parses and
 validates the file against the bundle's ids exactly as ``catalog.file.read_catalog`` does, and sends back only
-the validated arrays (item ids [m], codes [m, L], vectors [m, d] float32, retired [r]) in ``.npz`` form. The
-parent's share is a stat, a pipe read and an ``np.load``: it holds the GIL for milliseconds.
+the validated arrays (item ids [m], codes [m, L], vectors [m, d] float32, retired [r], the additions' keys [m]
+as unicode, or [0] when none has one) in ``.npz`` form. The parent's share is a stat, a pipe read and an
+``np.load``: it holds the GIL for milliseconds.
 
 Wire format. Parent -> child (stdin): a 4-byte big-endian header length, a JSON header (``path``,
 ``vector_dim``, ``max_bytes``, ``codebook_size``), then an ``.npz`` of the bundle's ``item_ids`` [n] and
@@ -60,7 +61,8 @@ def read_catalog_isolated(path: str | Path, base: SemanticIds, vector_dim: int |
         tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
         raise UserError(f"{path}: the catalog reader process failed (exit {proc.returncode}: {tail[0][:200]})")
     with np.load(io.BytesIO(out[1:])) as z:
-        return LiveCatalog(int(z["version"]), z["item_ids"], z["codes"], z["vectors"], z["retired"])
+        return LiveCatalog(int(z["version"]), z["item_ids"], z["codes"], z["vectors"], z["retired"],
+                           tuple(str(k) for k in z["keys"].tolist()))
 
 
 def _child() -> int:
@@ -80,7 +82,7 @@ def _child() -> int:
         return 0
     out = io.BytesIO()
     np.savez(out, version=np.int64(catalog.version), item_ids=catalog.item_ids, codes=catalog.codes,
-             vectors=catalog.vectors, retired=catalog.retired)
+             vectors=catalog.vectors, retired=catalog.retired, keys=np.asarray(catalog.keys, dtype=np.str_))
     sys.stdout.buffer.write(b"K" + out.getvalue())
     return 0
 

@@ -8,7 +8,8 @@
 ``add`` embeds the new items' text (items.json format) with the embedding model the ids were built with,
 gives each a semantic id from the bundle's RQ-VAE (BUNDLE/ids, or ``--ids-dir``), unique against the bundle's
 ids and every earlier addition, and writes the live-catalog file (BUNDLE/catalog_live.json, or ``--catalog``;
-``recsvc.catalog.file``) atomically with its version increased. A running ``recsvc serve`` picks it up
+``recsvc.catalog.file``) atomically with its version increased; an item's ``asin`` becomes its key (the id
+requests may name it by: ``recsvc.bundle.keys``). A running ``recsvc serve`` picks it up
 within a second. ``retire`` adds items that are never recommended again. ``ids`` writes the ids served now
 (retired items included: they stay in histories) for the next bundle's ``recsvc build --ids``, so a retrained
 target learns the new items under the ids they were served with.
@@ -148,6 +149,25 @@ def _check_ids_dir(ids_dir: Path, base) -> Any:
     return model
 
 
+def _new_keys(items: dict[int, dict[str, Any]], taken: dict[str, int]) -> dict[int, str]:
+    """item -> key (its ``asin``) of the new items that have one; UserError when a key is another item's
+    (``taken``: the served keys) or two new items share one."""
+    out: dict[int, str] = {}
+    owners = dict(taken)
+    for item, meta in items.items():
+        asin = meta.get("asin")
+        if asin is None or asin == "":
+            continue
+        if not isinstance(asin, str | int) or isinstance(asin, bool):
+            raise UserError(f"item {item}: asin must be a string, got {asin!r}")
+        key = str(asin)
+        if key in owners:
+            raise UserError(f"item {item}: its asin {key!r} is already item {owners[key]}'s key")
+        owners[key] = item
+        out[item] = key
+    return out
+
+
 def add_items(bundle_dir: str | Path, items_path: str | Path, retire: Sequence[int] = (), *,
               catalog_path: str | Path | None = None, ids_dir: str | Path | None = None,
               model_path: str | Path | None = None, cache_dir: str | Path | None = None, device: str = "cpu",
@@ -157,6 +177,7 @@ def add_items(bundle_dir: str | Path, items_path: str | Path, retire: Sequence[i
     import numpy as np
 
     from recsvc.bundle.directory import Bundle
+    from recsvc.bundle.keys import read_item_keys
     from recsvc.catalog.file import CATALOG_FILE
     from tokenizer_rqvae.assign import assign_codes, recorded_model
     from tokenizer_rqvae.build import check_device
@@ -176,6 +197,10 @@ def add_items(bundle_dir: str | Path, items_path: str | Path, retire: Sequence[i
         known = sorted(i for i in items if i in base or i in added)
         if known:
             raise UserError(f"{len(known)} item(s) of {items_path} are already in the catalog: {known[:10]}")
+        served = read_item_keys(bundle.root)
+        taken = {**(dict(served.by_key) if served is not None else {}),
+                 **{k: i for i, k in current.key_pairs()}}
+        keys = _new_keys(items, taken)
         new_ids, texts = items_texts(items)
         emb = embedder or Embedder(model_path or recorded_model(ids_dir), cache_dir, device=device, progress=progress)
         x = emb.embed(texts)  # [m, in]
@@ -190,12 +215,14 @@ def add_items(bundle_dir: str | Path, items_path: str | Path, retire: Sequence[i
             codes, moved = assign_codes(model, taken, new_ids, x, device)
         doc = current.to_json()
         doc["version"] = current.version + 1
-        doc["add"] += [{"item_id": int(i), "codes": [int(c) for c in row], "vector": [round(float(v), 7) for v in vec]}
+        doc["add"] += [{"item_id": int(i), "codes": [int(c) for c in row], "vector": [round(float(v), 7) for v in vec],
+                        **({"key": keys[int(i)]} if int(i) in keys else {})}
                        for i, row, vec in zip(new_ids, codes, x, strict=True)]
         _add_retired(doc, retire, base)
         catalog = _write(path, doc, base, dim)
     return {"file": str(path), "version": catalog.version, "added": len(new_ids), "moved": moved,
-            "retired": len(retire), "added_total": len(catalog.item_ids), "retired_total": len(catalog.retired)}
+            "keys": len(keys), "retired": len(retire), "added_total": len(catalog.item_ids),
+            "retired_total": len(catalog.retired)}
 
 
 def _add_retired(doc: dict[str, Any], retire: Sequence[int], base) -> None:

@@ -1,7 +1,9 @@
 """``recsvc client recommend|record|history|health``: talks to a running service and prints JSON.
 
 gRPC errors print ``error: CODE: details`` on stderr (never a traceback) and exit with 2 for
-INVALID_ARGUMENT, 1 for any other status.
+INVALID_ARGUMENT, 1 for any other status. Items are named by number (``--history``, ``--exclude``, ``--items``)
+or by key, the team's own ids (``--history-keys``, ``--exclude-keys``, ``--item-keys``); the output shows each
+item's key when the server's catalog has one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ def _ids(text: str) -> list[int]:
         return [int(part) for part in text.replace(" ", "").split(",") if part]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _keys(text: str) -> list[str]:
+    """``"B00ABC, B00DEF"`` -> ["B00ABC", "B00DEF"] (a key holding a comma cannot be given here)."""
+    keys = [part.strip() for part in text.split(",") if part.strip()]
+    if not keys:
+        raise argparse.ArgumentTypeError(f"expected comma-separated item keys, got {text!r}")
+    return keys
 
 
 def _split(text: str, flag: str) -> tuple[str, str]:
@@ -77,9 +87,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rec = sub.add_parser("recommend", parents=[common], help="top-k items for a user")
     rec.add_argument("--user", required=True)
     rec.add_argument("--history", type=_ids, default=[], help="inline history 1,2,3 (default: stored)")
+    rec.add_argument("--history-keys", type=_keys, default=[], metavar="KEY,KEY",
+                     help="the inline history as item keys, e.g. B00ABC,B00DEF (instead of --history)")
     rec.add_argument("--k", type=int)
     rec.add_argument("--mode", choices=("default", "strict", "relaxed", "plain"), default="default")
     rec.add_argument("--exclude", type=_ids, default=[], help="item ids never returned")
+    rec.add_argument("--exclude-keys", type=_keys, default=[], metavar="KEY,KEY",
+                     help="item keys never returned (instead of --exclude)")
     add_history_flags(rec, "do not recommend history items", "history items may be recommended "
                       "(default: as the server is configured)")
     rec.add_argument("--temperature", type=float)
@@ -96,7 +110,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     record = sub.add_parser("record", parents=[common], help="append interactions to a user's history")
     record.add_argument("--user", required=True)
-    record.add_argument("--items", "--history", dest="items", type=_ids, required=True, help="item ids 1,2,3")
+    given = record.add_mutually_exclusive_group(required=True)
+    given.add_argument("--items", "--history", dest="items", type=_ids, default=[], help="item ids 1,2,3")
+    given.add_argument("--item-keys", type=_keys, default=[], metavar="KEY,KEY", help="item keys B00ABC,B00DEF")
 
     hist = sub.add_parser("history", parents=[common], help="a user's stored history")
     hist.add_argument("--user", required=True)
@@ -128,6 +144,8 @@ def run_client(args: argparse.Namespace) -> int:
                     k=args.k,
                     mode=args.mode,
                     exclude_items=args.exclude,
+                    history_keys=args.history_keys,
+                    exclude_keys=args.exclude_keys,
                     exclude_history=args.exclude_history,
                     temperature=args.temperature,
                     seed=args.seed,
@@ -136,9 +154,12 @@ def run_client(args: argparse.Namespace) -> int:
                 )
             )
         elif args.client_command == "record":
-            out = {"user_id": args.user, "history_length": client.record(args.user, args.items)}
+            out = {"user_id": args.user,
+                   "history_length": client.record(args.user, args.items, item_keys=args.item_keys)}
         elif args.client_command == "history":
-            out = {"user_id": args.user, "item_ids": client.history(args.user)}
+            reply = client.get_history(args.user)
+            out = {"user_id": args.user, "item_ids": list(reply.item_ids),
+                   **({"item_keys": list(reply.item_keys)} if reply.item_keys else {})}
         elif args.client_command == "health":  # sticky: one status per server
             out = {"status": client.health()}
         else:  # argparse guarantees one of the above

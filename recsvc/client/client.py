@@ -6,6 +6,9 @@ list of ``host:port`` (IP literals, see :func:`channel_target`) or any gRPC targ
 and up to 4 attempts of a Recommend / GetHistory / health check that fails with UNAVAILABLE (a server stopped,
 draining or unreachable) or CANCELLED by a server shutting down (RecordInteractions is not retried: it is not
 idempotent).
+
+Items are named by number (the split's item ids) or by key (the team's own ids, when the server's bundle has
+them): ``recommend(history_keys=..., exclude_keys=...)``, ``record(item_keys=...)``; responses carry both.
 """
 
 from __future__ import annotations
@@ -133,14 +136,20 @@ class RecClient:
         seed: int | None = None,
         rules: pb.Rules | None = None,
         timeout_s: float | None = None,
+        history_keys: Sequence[str] = (),
+        exclude_keys: Sequence[str] = (),
     ) -> pb.RecommendResponse:
         """``rules``: e.g. ``rules_message(max_per={"brand": 2}, allow={"category": ["skin"]})``.
-        ``exclude_history``: True / False leaves the history's items out / in; None: as the server is configured."""
+        ``exclude_history``: True / False leaves the history's items out / in; None: as the server is configured.
+        ``history_keys`` / ``exclude_keys``: the history / exclusions as item keys (instead of numbers); each
+        returned item carries its ``key`` when the catalog has one."""
         request = pb.RecommendRequest(
             user_id=user_id,
             history=list(history),
             mode=MODE_NAMES[mode] if isinstance(mode, str) else mode,
             exclude_items=list(exclude_items),
+            history_keys=list(history_keys),
+            exclude_keys=list(exclude_keys),
         )
         if exclude_history is not None:
             request.exclude_history = exclude_history
@@ -154,18 +163,24 @@ class RecClient:
             request.rules.CopyFrom(rules)
         return self.stub.Recommend(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
 
-    def record(self, user_id: str, item_ids: Sequence[int], *, timeout_s: float | None = None) -> int:
-        """Appends interactions; returns the stored history length (acknowledged = stored)."""
-        request = pb.RecordInteractionsRequest(user_id=user_id, item_ids=list(item_ids))
+    def record(self, user_id: str, item_ids: Sequence[int] = (), *, item_keys: Sequence[str] = (),
+               timeout_s: float | None = None) -> int:
+        """Appends interactions (as numbers, or as ``item_keys``); returns the stored history length
+        (acknowledged = stored)."""
+        request = pb.RecordInteractionsRequest(user_id=user_id, item_ids=list(item_ids), item_keys=list(item_keys))
         reply = self.stub.RecordInteractions(
             request, timeout=timeout_s or self.timeout_s, metadata=self._metadata
         )
         return int(reply.history_length)
 
     def history(self, user_id: str, *, timeout_s: float | None = None) -> list[int]:
+        return list(self.get_history(user_id, timeout_s=timeout_s).item_ids)
+
+    def get_history(self, user_id: str, *, timeout_s: float | None = None) -> pb.GetHistoryResponse:
+        """The stored history's reply: ``item_ids`` and, when the catalog has keys, ``item_keys`` (one per item,
+        "" for an item without one)."""
         request = pb.GetHistoryRequest(user_id=user_id)
-        reply = self.stub.GetHistory(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
-        return list(reply.item_ids)
+        return self.stub.GetHistory(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
 
     def health(self, service: str = "", *, timeout_s: float | None = None) -> str:
         """``SERVING`` / ``NOT_SERVING`` / ... of ``service`` ("" = the whole server)."""
@@ -211,7 +226,8 @@ def response_to_dict(response: pb.RecommendResponse) -> dict[str, Any]:
     stats = response.stats
     return {
         "items": [
-            {"item_id": item.item_id, "score": round(item.score, 6), "semantic_id": list(item.semantic_id)}
+            {"item_id": item.item_id, **({"key": item.key} if item.key else {}), "score": round(item.score, 6),
+             "semantic_id": list(item.semantic_id)}
             for item in response.items
         ],
         "stats": {

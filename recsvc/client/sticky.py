@@ -58,7 +58,10 @@ class StickyClient:
     def history(self, user_id: str, **kwargs: Any) -> list[int]:
         return self._with_failover(user_id, lambda c: c.history(user_id, **kwargs))
 
-    def record(self, user_id: str, item_ids: Sequence[int], **kwargs: Any) -> int:
+    def get_history(self, user_id: str, **kwargs: Any):
+        return self._with_failover(user_id, lambda c: c.get_history(user_id, **kwargs))
+
+    def record(self, user_id: str, item_ids: Sequence[int] = (), **kwargs: Any) -> int:
         return self.client_for(user_id).record(user_id, item_ids, **kwargs)
 
     def health(self, service: str = "", **kwargs: Any) -> dict[str, str]:

@@ -113,6 +113,15 @@ class Recommender(Protocol):
 
     def semantic_id(self, item_id: int) -> list[str]: ...
 
+    # the catalog's item keys (the team's own ids; ``recsvc.bundle.keys``): whether it has any, an item's key
+    # (None: it has none) and a key's item (None: no item has it)
+    @property
+    def has_item_keys(self) -> bool: ...
+
+    def key_of(self, item_id: int) -> str | None: ...
+
+    def item_of_key(self, key: str) -> int | None: ...
+
     def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]: ...
 
     def recommend(self, queries: Sequence[RecQuery]) -> list[RecResult]: ...
@@ -128,15 +137,23 @@ class Recommender(Protocol):
 
 class WithoutModel:
     """The engine's part of the ``Recommender`` contract for a recommender without a model (a popularity table,
-    a test's stand-in): history kept unless asked, no rules, no state cache, nothing computed ahead."""
+    a test's stand-in): history kept unless asked, no rules, no state cache, nothing computed ahead, no item
+    keys."""
 
     exclude_history = False
     rule_catalog: RuleCatalog | None = None
     states: UserStateCache | None = None
     prefill_ahead_enabled = False
     facts = EngineFacts()
+    has_item_keys = False
 
     def prefill_ahead(self, history: Sequence[int]) -> None:
+        return None
+
+    def key_of(self, item_id: int) -> str | None:
+        return None
+
+    def item_of_key(self, key: str) -> int | None:
         return None
 
 

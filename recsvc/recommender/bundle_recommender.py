@@ -79,7 +79,7 @@ class BundleRecommender:
         self.target, self.prompts, self.ids, self.trie = parts.target, parts.prompts, parts.ids, parts.trie
         self.timeline = parts.timeline
         self.drafter, self.prior, self.fresh = parts.drafter, parts.prior, parts.fresh
-        self.attributes = parts.attributes
+        self.attributes, self.keys = parts.attributes, parts.keys
         self.dense = parts.dense if parts.dense is not None and parts.dense.active else None
         self.popular, self.max_history = list(parts.popular), _max_history(parts)
         self.spec, self.max_k, self.beam_width = settings.spec, settings.max_k, settings.beam_width
@@ -234,6 +234,17 @@ class BundleRecommender:
 
     def semantic_id(self, item_id: int) -> list[str]:
         return self.ids.tokens_of(item_id)
+
+    @property
+    def has_item_keys(self) -> bool:
+        """Whether the catalog has item keys (BUNDLE/item_keys.json, or keys of live additions)."""
+        return self.keys is not None
+
+    def key_of(self, item_id: int) -> str | None:
+        return self.keys.key_of(item_id) if self.keys is not None else None
+
+    def item_of_key(self, key: str) -> int | None:
+        return self.keys.item_of(key) if self.keys is not None else None
 
     def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
         """The k most popular items not excluded; with ``rules``, only items the filters allow, capped (boosts do

@@ -15,6 +15,8 @@ beam width, rules), and rebuilds what depends on the catalog:
   for the users whose recent items they resemble;
 - the item attributes for rules (the same file over the new trie; new items have no attributes until it lists
   them);
+- the item keys: the bundle's (BUNDLE/item_keys.json) plus the additions' ``key`` (one taken by another item is
+  a ``UserError``: the file is rejected), served as soon as the state is swapped in;
 - the user-state cache: a new one of the same budget, the old one emptied on the swap (conservative: its prompt
   states and decode steps are keyed by tokens and code paths, so they would still hold; a catalog changes rarely).
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from recsvc.bundle.keys import ItemKeys
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.catalog.file import LiveCatalog
 from recsvc.content.fresh import FreshItems
@@ -70,6 +73,8 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
     prompts = PromptBuilder(p.tokenizer, ids, p.max_history, header=p.header) if p is not None else None
     trie = CatalogTrie(ids).to(parts.target.device if parts.target is not None else parts.trie.device)
     source = attributes or parts.attributes
+    pairs = catalog.key_pairs()
+    keys = (parts.keys or ItemKeys.empty()).with_items(pairs) if pairs else parts.keys
     states = base.states  # a cache of its own (conservative: the old entries, keyed by code paths, would hold)
     over = replace(
         parts, ids=ids, prompts=prompts, trie=trie,
@@ -80,7 +85,7 @@ def with_catalog(base: BundleRecommender, catalog: LiveCatalog,
         fresh=fresh_with(parts.fresh, catalog.item_ids, catalog.vectors) if parts.fresh is not None else None,
         # the dense head ranks the new items too (they are fresh to the target)
         dense=parts.dense.over(ids, catalog.item_ids, catalog.vectors) if base.dense is not None else None,
-        attributes=source.over(trie) if source is not None else None)
+        attributes=source.over(trie) if source is not None else None, keys=keys)
     return BundleRecommender(over, replace(
         base.settings, states=(state_cache_for(parts.target, states.budget,
                                                f"{states.version}+catalog-{catalog.version}")
@@ -170,6 +175,17 @@ class LiveRecommender(Answering):
 
     def semantic_id(self, item_id: int) -> list[str]:
         return self._state.recommender.semantic_id(item_id)
+
+    @property
+    def has_item_keys(self) -> bool:
+        return self._state.recommender.has_item_keys
+
+    def key_of(self, item_id: int) -> str | None:
+        """Retired items keep their keys (they may be in histories)."""
+        return self._state.recommender.key_of(item_id)
+
+    def item_of_key(self, key: str) -> int | None:
+        return self._state.recommender.item_of_key(key)
 
     @property
     def rule_catalog(self) -> RuleCatalog | None:

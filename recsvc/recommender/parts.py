@@ -4,8 +4,8 @@ all read a bundle through :func:`load_target` (the target and its catalog) or :f
 
 ``TargetParts`` is what every reader needs (the ids, the prompt format, the trie on the target's device and the
 target as an ``EngineModel``); ``BundleParts`` adds what serving composes around it (the fused prior, the
-popularity order, fresh items, the dense head, the attribute source for rules and the drafter). What is loaded
-is said by a ``PartsChoice``; a part left out, or absent from the bundle, is None.
+popularity order, fresh items, the dense head, the attribute source for rules, the drafter and the item keys).
+What is loaded is said by a ``PartsChoice``; a part left out, or absent from the bundle, is None.
 
 A bundle's target is of its ``architecture`` (``Bundle.architecture``): "tokens", a LLaMA over code tokens
 (``target`` and ``prompts``), or "items", the item-level target (``timeline``: ``recsvc.timeline``, one input per
@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from recsvc.bundle.directory import Bundle
+from recsvc.bundle.keys import ItemKeys, read_item_keys
 from recsvc.bundle.loading import torch_dtype
 from recsvc.bundle.prompt import PromptBuilder
 from recsvc.bundle.serving_files import read_popularity
@@ -107,6 +108,7 @@ class BundleParts:
     # the ids the timeline's per-item table rows follow: the bundle's own (a live catalog's parts keep them while
     # ``ids`` gains the added items; ``recsvc.timeline.serving.states_over``)
     timeline_ids: SemanticIds | None = None
+    keys: ItemKeys | None = None  # item number <-> the team's key (BUNDLE/item_keys.json; None: the bundle has none)
 
     def __post_init__(self) -> None:
         prior, ids = self.prior, self.ids
@@ -156,7 +158,8 @@ def load_parts(path: str | Path | Bundle, choice: PartsChoice) -> BundleParts:
         drafter=_drafter(core, choice, stored),
         fresh=FreshItems.load(bundle.fresh_dir) if choice.use_fresh and bundle.has_fresh() else None,
         dense=_dense(bundle, ids) if choice.use_dense and not items else None,  # the timeline has no dense head
-        attributes=source, timeline=core.timeline, timeline_ids=ids if items else None)
+        attributes=source, timeline=core.timeline, timeline_ids=ids if items else None,
+        keys=read_item_keys(bundle.root))
 
 
 def _dense(bundle: Bundle, ids: SemanticIds) -> DenseRetriever | None:

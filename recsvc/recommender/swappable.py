@@ -112,6 +112,16 @@ class SwappableRecommender:
     def semantic_id(self, item_id: int) -> list[str]:
         return self._current.semantic_id(item_id)
 
+    @property
+    def has_item_keys(self) -> bool:
+        return self._current.has_item_keys
+
+    def key_of(self, item_id: int) -> str | None:
+        return self._current.key_of(item_id)
+
+    def item_of_key(self, key: str) -> int | None:
+        return self._current.item_of_key(key)
+
     def popular_items(self, k: int, exclude: Sequence[int] = (), rules: Rules | None = None) -> list[int]:
         return self._current.popular_items(k, exclude, rules)
 

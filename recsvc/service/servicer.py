@@ -10,9 +10,10 @@ traceback and answered INTERNAL "internal error" without details; handlers never
 A request becomes one ``RecQuery`` (``RecommendArgs.query_for``), handed to the batcher by one call that returns
 its ``Answer`` (``recsvc.recommender.answer``): the result, why it holds fewer than k items (``fallback_reason``:
 no history, exclusions left fewer items, or the engine returned fewer) and, when no model decoded it, why. The
-response is filled from that record alone. ``stats`` reports what the engine did (``RecResult.decoding``): the
-mode used beside the one requested, with the reason when they differ, the beam width, and N and gamma when it
-speculated.
+response is filled from that record alone, each item with its key when the catalog has one (item keys on the
+wire are translated to numbers by ``validation``; stored histories hold numbers). ``stats`` reports what the
+engine did (``RecResult.decoding``): the mode used beside the one requested, with the reason when they differ,
+the beam width, and N and gamma when it speculated.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ class RecommenderServicer:
             fields["reason"] = answer.reason
         for item_id, score in zip(result.item_ids, result.scores, strict=True):
             response.items.add(
-                item_id=item_id, score=score, semantic_id=self.recommender.semantic_id(item_id)
+                item_id=item_id, score=score, semantic_id=self.recommender.semantic_id(item_id),
+                key=self.recommender.key_of(item_id) or "",
             )
         # what decoded the request (none: popular items answered, answer.not_decoded says why)
         stats, decoding = response.stats, result.decoding
@@ -215,7 +217,9 @@ class RecommenderServicer:
         user_id = check_user_id(request.user_id, self.limits)
         items = self._store_call("get", lambda: self.store.get(user_id))
         fields["items"] = len(items)
-        return pb.GetHistoryResponse(item_ids=items)
+        rec = self.recommender
+        keys = [rec.key_of(item) or "" for item in items] if rec.has_item_keys else []
+        return pb.GetHistoryResponse(item_ids=items, item_keys=keys)
 
     def _stored_history(self, user_id: str) -> list[int]:
         """The newest ``max_history`` stored items still in the catalog (a new bundle may drop items)."""

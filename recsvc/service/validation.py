@@ -1,6 +1,10 @@
 """Request validation: turns wire messages into checked values or raises :class:`InvalidRequest`.
 
 Every message names the field, the limit and the offending value, so INVALID_ARGUMENT answers are actionable.
+
+Item keys (the team's own ids, ``recsvc.bundle.keys``) are translated to item numbers here, at the boundary:
+a list is sent either as numbers or as keys (``history`` / ``history_keys``, ``exclude_items`` /
+``exclude_keys``, ``item_ids`` / ``item_keys``), never both in one request; unknown keys are named.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ DEFAULT_TEMPERATURE = 1.0
 # overflow float32 (1e-20 gave scores of -4.7e18, 1e-38 no items at all); above 10 sampling is close to uniform
 # over the trie and the model no longer matters. Documented in protos/recsvc/v1/recommender.proto.
 TEMPERATURE_RANGE = (0.05, 10.0)
-_SHOWN_UNKNOWN = 5  # unknown item ids named in a message
+_SHOWN_UNKNOWN = 5  # unknown item ids (or keys) named in a message
+_SHOWN_KEY_CHARS = 80  # a long unknown key is cut in the message
+NO_KEYS = "this bundle has no item keys"
 
 MODE_FROM_WIRE: dict[int, Mode] = {
     pb.STRICT_SPECULATIVE: "strict",
@@ -92,6 +98,35 @@ def check_items(field: str, items: Sequence[int], recommender: Recommender, limi
     return tuple(int(item) for item in items)
 
 
+def _named(values: Sequence[str]) -> str:
+    """The first few of ``values`` as a message lists them."""
+    shown = ", ".join(repr(v[:_SHOWN_KEY_CHARS]) for v in values[:_SHOWN_UNKNOWN])
+    return shown + (f" and {len(values) - _SHOWN_UNKNOWN} more" if len(values) > _SHOWN_UNKNOWN else "")
+
+
+def resolve_keys(field: str, keys: Sequence[str], recommender: Recommender, limit: int,
+                 numbers_field: str) -> tuple[int, ...]:
+    """Item keys -> the items' numbers (at most ``limit`` keys); InvalidRequest when the catalog has no keys or
+    some key is unknown (the first few named)."""
+    if len(keys) > limit:
+        raise InvalidRequest(f"{field} has {len(keys)} items; the limit is {limit}")
+    if not recommender.has_item_keys:
+        raise InvalidRequest(f"{NO_KEYS}: send {numbers_field} instead of {field} (a bundle holds its keys in "
+                             "item_keys.json: `recsvc bundle serving-files` adds it to an older bundle)")
+    items = [recommender.item_of_key(key) for key in keys]
+    unknown = [key for key, item in zip(keys, items, strict=True) if item is None]
+    if unknown:
+        raise InvalidRequest(f"unknown item keys in {field}: {_named(unknown)}")
+    return tuple(int(item) for item in items if item is not None)
+
+
+def one_way(numbers_field: str, numbers: Sequence[int], keys_field: str, keys: Sequence[str]) -> None:
+    """A list is sent as numbers or as keys, not both."""
+    if len(numbers) and len(keys):
+        raise InvalidRequest(f"{numbers_field} and {keys_field} are both set: send the items one way, as numbers "
+                             f"({numbers_field}) or as keys ({keys_field})")
+
+
 def resolve_mode(wire_mode: int, default: Mode) -> Mode:
     if wire_mode == pb.UNSPECIFIED:
         return default
@@ -134,17 +169,24 @@ def validate_recommend(
     mode = resolve_mode(request.mode, default_mode)
     k = check_k(request, min(limits.max_k, recommender.max_k))
     temperature = check_temperature(request)
-    history = check_items("history", request.history, recommender, limits.max_history)
+    one_way("history", request.history, "history_keys", request.history_keys)
+    one_way("exclude_items", request.exclude_items, "exclude_keys", request.exclude_keys)
+    if request.history_keys:
+        history = resolve_keys("history_keys", request.history_keys, recommender, limits.max_history, "history")
+    else:
+        history = check_items("history", request.history, recommender, limits.max_history)
     if len(request.exclude_items) > limits.max_exclude:
         raise InvalidRequest(
             f"exclude_items has {len(request.exclude_items)} items; the limit is {limits.max_exclude}"
         )
+    exclude = (resolve_keys("exclude_keys", request.exclude_keys, recommender, limits.max_exclude, "exclude_items")
+               if request.exclude_keys else request.exclude_items)  # unknown ids are harmless here
     return RecommendArgs(
         user_id=user_id,
         inline_history=history,
         k=k,
         mode=mode,
-        exclude=frozenset(int(item) for item in request.exclude_items),  # unknown ids are harmless here
+        exclude=frozenset(int(item) for item in exclude),
         exclude_history=request.exclude_history if request.HasField("exclude_history") else None,
         temperature=temperature,
         seed=int(request.seed) if request.HasField("seed") else None,
@@ -156,6 +198,10 @@ def validate_record(
     request: pb.RecordInteractionsRequest, recommender: Recommender, limits: Limits
 ) -> tuple[str, tuple[int, ...]]:
     user_id = check_user_id(request.user_id, limits)
+    one_way("item_ids", request.item_ids, "item_keys", request.item_keys)
+    if request.item_keys:
+        return user_id, resolve_keys("item_keys", request.item_keys, recommender, limits.max_record_items,
+                                     "item_ids")
     if not request.item_ids:
         raise InvalidRequest("item_ids is empty")
     return user_id, check_items("item_ids", request.item_ids, recommender, limits.max_record_items)

@@ -24,39 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brecsvc/v1/recommender.proto\x12\trecsvc.v1\"\xa1\x02\n\x10RecommendRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x03(\x03\x12\x0e\n\x01k\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12%\n\x04mode\x18\x04 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\x12\x15\n\rexclude_items\x18\x05 \x03(\x03\x12\x1c\n\x0f\x65xclude_history\x18\x06 \x01(\x08H\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x1f\n\x05rules\x18\t \x01(\x0b\x32\x10.recsvc.v1.RulesB\x04\n\x02_kB\x12\n\x10_exclude_historyB\x0e\n\x0c_temperatureB\x07\n\x05_seed\"\x9a\x01\n\x05Rules\x12\"\n\x07max_per\x18\x01 \x03(\x0b\x32\x11.recsvc.v1.MaxPer\x12%\n\x05\x61llow\x18\x02 \x03(\x0b\x32\x16.recsvc.v1.ValueFilter\x12$\n\x04\x64\x65ny\x18\x03 \x03(\x0b\x32\x16.recsvc.v1.ValueFilter\x12 \n\x06\x62oosts\x18\x04 \x03(\x0b\x32\x10.recsvc.v1.Boost\"&\n\x06MaxPer\x12\x11\n\tattribute\x18\x01 \x01(\t\x12\t\n\x01m\x18\x02 \x01(\x03\"0\n\x0bValueFilter\x12\x11\n\tattribute\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\t\"9\n\x05\x42oost\x12\x11\n\tattribute\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x02\"F\n\x0fRecommendedItem\x12\x0f\n\x07item_id\x18\x01 \x01(\x03\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x13\n\x0bsemantic_id\x18\x03 \x03(\t\"\xaf\x02\n\x05Stats\x12\x1c\n\x14target_forward_calls\x18\x01 \x01(\x05\x12\x16\n\x0e\x61\x63\x63\x65pted_steps\x18\x02 \x01(\x05\x12\x11\n\tserver_ms\x18\x03 \x01(\x02\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x1b\n\x13\x64raft_forward_calls\x18\x05 \x01(\x05\x12%\n\x04mode\x18\x06 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\x12/\n\x0erequested_mode\x18\x07 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\x12\x12\n\nbeam_width\x18\x08 \x01(\x05\x12\x13\n\x0b\x64raft_beams\x18\t \x01(\x05\x12\r\n\x05gamma\x18\n \x01(\x05\x12\x1c\n\x14mode_fallback_reason\x18\x0b \x01(\t\"x\n\x11RecommendResponse\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.recsvc.v1.RecommendedItem\x12\x1f\n\x05stats\x18\x02 \x01(\x0b\x32\x10.recsvc.v1.Stats\x12\x17\n\x0f\x66\x61llback_reason\x18\x03 \x01(\t\">\n\x19RecordInteractionsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\x03\"4\n\x1aRecordInteractionsResponse\x12\x16\n\x0ehistory_length\x18\x01 \x01(\x05\"$\n\x11GetHistoryRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"&\n\x12GetHistoryResponse\x12\x10\n\x08item_ids\x18\x01 \x03(\x03*y\n\x0c\x44\x65\x63odingMode\x12\x0f\n\x0bUNSPECIFIED\x10\x00\x12\x16\n\x12STRICT_SPECULATIVE\x10\x01\x12\x17\n\x13RELAXED_SPECULATIVE\x10\x02\x12\t\n\x05PLAIN\x10\x03\x12\x0e\n\nPOPULARITY\x10\x04\x12\x0c\n\x08SAMPLING\x10\x05\x32\x83\x02\n\x0bRecommender\x12\x46\n\tRecommend\x12\x1b.recsvc.v1.RecommendRequest\x1a\x1c.recsvc.v1.RecommendResponse\x12\x61\n\x12RecordInteractions\x12$.recsvc.v1.RecordInteractionsRequest\x1a%.recsvc.v1.RecordInteractionsResponse\x12I\n\nGetHistory\x12\x1c.recsvc.v1.GetHistoryRequest\x1a\x1d.recsvc.v1.GetHistoryResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1brecsvc/v1/recommender.proto\x12\trecsvc.v1\"\xcd\x02\n\x10RecommendRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x03(\x03\x12\x0e\n\x01k\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12%\n\x04mode\x18\x04 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\x12\x15\n\rexclude_items\x18\x05 \x03(\x03\x12\x1c\n\x0f\x65xclude_history\x18\x06 \x01(\x08H\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x07 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x08 \x01(\x03H\x03\x88\x01\x01\x12\x1f\n\x05rules\x18\t \x01(\x0b\x32\x10.recsvc.v1.Rules\x12\x14\n\x0chistory_keys\x18\n \x03(\t\x12\x14\n\x0c\x65xclude_keys\x18\x0b \x03(\tB\x04\n\x02_kB\x12\n\x10_exclude_historyB\x0e\n\x0c_temperatureB\x07\n\x05_seed\"\x9a\x01\n\x05Rules\x12\"\n\x07max_per\x18\x01 \x03(\x0b\x32\x11.recsvc.v1.MaxPer\x12%\n\x05\x61llow\x18\x02 \x03(\x0b\x32\x16.recsvc.v1.ValueFilter\x12$\n\x04\x64\x65ny\x18\x03 \x03(\x0b\x32\x16.recsvc.v1.ValueFilter\x12 \n\x06\x62oosts\x18\x04 \x03(\x0b\x32\x10.recsvc.v1.Boost\"&\n\x06MaxPer\x12\x11\n\tattribute\x18\x01 \x01(\t\x12\t\n\x01m\x18\x02 \x01(\x03\"0\n\x0bValueFilter\x12\x11\n\tattribute\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\t\"9\n\x05\x42oost\x12\x11\n\tattribute\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06weight\x18\x03 \x01(\x02\"S\n\x0fRecommendedItem\x12\x0f\n\x07item_id\x18\x01 \x01(\x03\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x13\n\x0bsemantic_id\x18\x03 \x03(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\"\xaf\x02\n\x05Stats\x12\x1c\n\x14target_forward_calls\x18\x01 \x01(\x05\x12\x16\n\x0e\x61\x63\x63\x65pted_steps\x18\x02 \x01(\x05\x12\x11\n\tserver_ms\x18\x03 \x01(\x02\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x1b\n\x13\x64raft_forward_calls\x18\x05 \x01(\x05\x12%\n\x04mode\x18\x06 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\x12/\n\x0erequested_mode\x18\x07 \x01(\x0e\x32\x17.recsvc.v1.DecodingMode\x12\x12\n\nbeam_width\x18\x08 \x01(\x05\x12\x13\n\x0b\x64raft_beams\x18\t \x01(\x05\x12\r\n\x05gamma\x18\n \x01(\x05\x12\x1c\n\x14mode_fallback_reason\x18\x0b \x01(\t\"x\n\x11RecommendResponse\x12)\n\x05items\x18\x01 \x03(\x0b\x32\x1a.recsvc.v1.RecommendedItem\x12\x1f\n\x05stats\x18\x02 \x01(\x0b\x32\x10.recsvc.v1.Stats\x12\x17\n\x0f\x66\x61llback_reason\x18\x03 \x01(\t\"Q\n\x19RecordInteractionsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\x03\x12\x11\n\titem_keys\x18\x03 \x03(\t\"4\n\x1aRecordInteractionsResponse\x12\x16\n\x0ehistory_length\x18\x01 \x01(\x05\"$\n\x11GetHistoryRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"9\n\x12GetHistoryResponse\x12\x10\n\x08item_ids\x18\x01 \x03(\x03\x12\x11\n\titem_keys\x18\x02 \x03(\t*y\n\x0c\x44\x65\x63odingMode\x12\x0f\n\x0bUNSPECIFIED\x10\x00\x12\x16\n\x12STRICT_SPECULATIVE\x10\x01\x12\x17\n\x13RELAXED_SPECULATIVE\x10\x02\x12\t\n\x05PLAIN\x10\x03\x12\x0e\n\nPOPULARITY\x10\x04\x12\x0c\n\x08SAMPLING\x10\x05\x32\x83\x02\n\x0bRecommender\x12\x46\n\tRecommend\x12\x1b.recsvc.v1.RecommendRequest\x1a\x1c.recsvc.v1.RecommendResponse\x12\x61\n\x12RecordInteractions\x12$.recsvc.v1.RecordInteractionsRequest\x1a%.recsvc.v1.RecordInteractionsResponse\x12I\n\nGetHistory\x12\x1c.recsvc.v1.GetHistoryRequest\x1a\x1d.recsvc.v1.GetHistoryResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'recsvc.v1.recommender_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECODINGMODE']._serialized_start=1336
-  _globals['_DECODINGMODE']._serialized_end=1457
+  _globals['_DECODINGMODE']._serialized_start=1431
+  _globals['_DECODINGMODE']._serialized_end=1552
   _globals['_RECOMMENDREQUEST']._serialized_start=43
-  _globals['_RECOMMENDREQUEST']._serialized_end=332
-  _globals['_RULES']._serialized_start=335
-  _globals['_RULES']._serialized_end=489
-  _globals['_MAXPER']._serialized_start=491
-  _globals['_MAXPER']._serialized_end=529
-  _globals['_VALUEFILTER']._serialized_start=531
-  _globals['_VALUEFILTER']._serialized_end=579
-  _globals['_BOOST']._serialized_start=581
-  _globals['_BOOST']._serialized_end=638
-  _globals['_RECOMMENDEDITEM']._serialized_start=640
-  _globals['_RECOMMENDEDITEM']._serialized_end=710
-  _globals['_STATS']._serialized_start=713
-  _globals['_STATS']._serialized_end=1016
-  _globals['_RECOMMENDRESPONSE']._serialized_start=1018
-  _globals['_RECOMMENDRESPONSE']._serialized_end=1138
-  _globals['_RECORDINTERACTIONSREQUEST']._serialized_start=1140
-  _globals['_RECORDINTERACTIONSREQUEST']._serialized_end=1202
-  _globals['_RECORDINTERACTIONSRESPONSE']._serialized_start=1204
-  _globals['_RECORDINTERACTIONSRESPONSE']._serialized_end=1256
-  _globals['_GETHISTORYREQUEST']._serialized_start=1258
-  _globals['_GETHISTORYREQUEST']._serialized_end=1294
-  _globals['_GETHISTORYRESPONSE']._serialized_start=1296
-  _globals['_GETHISTORYRESPONSE']._serialized_end=1334
-  _globals['_RECOMMENDER']._serialized_start=1460
-  _globals['_RECOMMENDER']._serialized_end=1719
+  _globals['_RECOMMENDREQUEST']._serialized_end=376
+  _globals['_RULES']._serialized_start=379
+  _globals['_RULES']._serialized_end=533
+  _globals['_MAXPER']._serialized_start=535
+  _globals['_MAXPER']._serialized_end=573
+  _globals['_VALUEFILTER']._serialized_start=575
+  _globals['_VALUEFILTER']._serialized_end=623
+  _globals['_BOOST']._serialized_start=625
+  _globals['_BOOST']._serialized_end=682
+  _globals['_RECOMMENDEDITEM']._serialized_start=684
+  _globals['_RECOMMENDEDITEM']._serialized_end=767
+  _globals['_STATS']._serialized_start=770
+  _globals['_STATS']._serialized_end=1073
+  _globals['_RECOMMENDRESPONSE']._serialized_start=1075
+  _globals['_RECOMMENDRESPONSE']._serialized_end=1195
+  _globals['_RECORDINTERACTIONSREQUEST']._serialized_start=1197
+  _globals['_RECORDINTERACTIONSREQUEST']._serialized_end=1278
+  _globals['_RECORDINTERACTIONSRESPONSE']._serialized_start=1280
+  _globals['_RECORDINTERACTIONSRESPONSE']._serialized_end=1332
+  _globals['_GETHISTORYREQUEST']._serialized_start=1334
+  _globals['_GETHISTORYREQUEST']._serialized_end=1370
+  _globals['_GETHISTORYRESPONSE']._serialized_start=1372
+  _globals['_GETHISTORYRESPONSE']._serialized_end=1429
+  _globals['_RECOMMENDER']._serialized_start=1555
+  _globals['_RECOMMENDER']._serialized_end=1814
 # @@protoc_insertion_point(module_scope)

@@ -23,7 +23,7 @@ POPULARITY: DecodingMode
 SAMPLING: DecodingMode
 
 class RecommendRequest(_message.Message):
-    __slots__ = ("user_id", "history", "k", "mode", "exclude_items", "exclude_history", "temperature", "seed", "rules")
+    __slots__ = ("user_id", "history", "k", "mode", "exclude_items", "exclude_history", "temperature", "seed", "rules", "history_keys", "exclude_keys")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class RecommendRequest(_message.Message):
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     RULES_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_KEYS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_KEYS_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     history: _containers.RepeatedScalarFieldContainer[int]
     k: int
@@ -42,7 +44,9 @@ class RecommendRequest(_message.Message):
     temperature: float
     seed: int
     rules: Rules
-    def __init__(self, user_id: _Optional[str] = ..., history: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., exclude_items: _Optional[_Iterable[int]] = ..., exclude_history: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., rules: _Optional[_Union[Rules, _Mapping]] = ...) -> None: ...
+    history_keys: _containers.RepeatedScalarFieldContainer[str]
+    exclude_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, user_id: _Optional[str] = ..., history: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ..., mode: _Optional[_Union[DecodingMode, str]] = ..., exclude_items: _Optional[_Iterable[int]] = ..., exclude_history: _Optional[bool] = ..., temperature: _Optional[float] = ..., seed: _Optional[int] = ..., rules: _Optional[_Union[Rules, _Mapping]] = ..., history_keys: _Optional[_Iterable[str]] = ..., exclude_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Rules(_message.Message):
     __slots__ = ("max_per", "allow", "deny", "boosts")
@@ -83,14 +87,16 @@ class Boost(_message.Message):
     def __init__(self, attribute: _Optional[str] = ..., value: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class RecommendedItem(_message.Message):
-    __slots__ = ("item_id", "score", "semantic_id")
+    __slots__ = ("item_id", "score", "semantic_id", "key")
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     SEMANTIC_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     item_id: int
     score: float
     semantic_id: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, item_id: _Optional[int] = ..., score: _Optional[float] = ..., semantic_id: _Optional[_Iterable[str]] = ...) -> None: ...
+    key: str
+    def __init__(self, item_id: _Optional[int] = ..., score: _Optional[float] = ..., semantic_id: _Optional[_Iterable[str]] = ..., key: _Optional[str] = ...) -> None: ...
 
 class Stats(_message.Message):
     __slots__ = ("target_forward_calls", "accepted_steps", "server_ms", "batch_size", "draft_forward_calls", "mode", "requested_mode", "beam_width", "draft_beams", "gamma", "mode_fallback_reason")
@@ -129,12 +135,14 @@ class RecommendResponse(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[RecommendedItem, _Mapping]]] = ..., stats: _Optional[_Union[Stats, _Mapping]] = ..., fallback_reason: _Optional[str] = ...) -> None: ...
 
 class RecordInteractionsRequest(_message.Message):
-    __slots__ = ("user_id", "item_ids")
+    __slots__ = ("user_id", "item_ids", "item_keys")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    ITEM_KEYS_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     item_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, user_id: _Optional[str] = ..., item_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    item_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, user_id: _Optional[str] = ..., item_ids: _Optional[_Iterable[int]] = ..., item_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RecordInteractionsResponse(_message.Message):
     __slots__ = ("history_length",)
@@ -149,7 +157,9 @@ class GetHistoryRequest(_message.Message):
     def __init__(self, user_id: _Optional[str] = ...) -> None: ...
 
 class GetHistoryResponse(_message.Message):
-    __slots__ = ("item_ids",)
+    __slots__ = ("item_ids", "item_keys")
     ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    ITEM_KEYS_FIELD_NUMBER: _ClassVar[int]
     item_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, item_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    item_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, item_ids: _Optional[_Iterable[int]] = ..., item_keys: _Optional[_Iterable[str]] = ...) -> None: ...

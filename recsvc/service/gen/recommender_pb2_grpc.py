@@ -34,6 +34,12 @@ class RecommenderStub:
     "recsvc.v1.Recommender"                same as "".
     "recsvc.v1.Recommender/history-store"  NOT_SERVING while the history store (Redis) is unreachable:
     stored-history calls then fail UNAVAILABLE "history store unavailable".
+    Item keys: every message that carries items also takes the team's own item ids (the `asin` of the split's
+    items.json, kept in the bundle's item_keys.json; an item added to the live catalog with a `key`) beside the
+    numbers: a caller may send keys or numbers. One list given both ways in one request (history and
+    history_keys, exclude_items and exclude_keys, item_ids and item_keys) is INVALID_ARGUMENT, as are unknown keys
+    (the message names the first few) and keys sent to a server whose bundle has none ("this bundle has no item
+    keys"). Histories are stored as numbers; responses carry both.
     Status codes: INVALID_ARGUMENT (a request to fix; the message names the field), UNAVAILABLE (starting,
     draining, history store down), DEADLINE_EXCEEDED / CANCELLED (the caller's deadline / cancellation),
     RESOURCE_EXHAUSTED (queue full), UNAUTHENTICATED (API key), INTERNAL (a server bug).
@@ -71,6 +77,12 @@ class RecommenderServicer:
     "recsvc.v1.Recommender"                same as "".
     "recsvc.v1.Recommender/history-store"  NOT_SERVING while the history store (Redis) is unreachable:
     stored-history calls then fail UNAVAILABLE "history store unavailable".
+    Item keys: every message that carries items also takes the team's own item ids (the `asin` of the split's
+    items.json, kept in the bundle's item_keys.json; an item added to the live catalog with a `key`) beside the
+    numbers: a caller may send keys or numbers. One list given both ways in one request (history and
+    history_keys, exclude_items and exclude_keys, item_ids and item_keys) is INVALID_ARGUMENT, as are unknown keys
+    (the message names the first few) and keys sent to a server whose bundle has none ("this bundle has no item
+    keys"). Histories are stored as numbers; responses carry both.
     Status codes: INVALID_ARGUMENT (a request to fix; the message names the field), UNAVAILABLE (starting,
     draining, history store down), DEADLINE_EXCEEDED / CANCELLED (the caller's deadline / cancellation),
     RESOURCE_EXHAUSTED (queue full), UNAUTHENTICATED (API key), INTERNAL (a server bug).
@@ -132,6 +144,12 @@ class Recommender:
     "recsvc.v1.Recommender"                same as "".
     "recsvc.v1.Recommender/history-store"  NOT_SERVING while the history store (Redis) is unreachable:
     stored-history calls then fail UNAVAILABLE "history store unavailable".
+    Item keys: every message that carries items also takes the team's own item ids (the `asin` of the split's
+    items.json, kept in the bundle's item_keys.json; an item added to the live catalog with a `key`) beside the
+    numbers: a caller may send keys or numbers. One list given both ways in one request (history and
+    history_keys, exclude_items and exclude_keys, item_ids and item_keys) is INVALID_ARGUMENT, as are unknown keys
+    (the message names the first few) and keys sent to a server whose bundle has none ("this bundle has no item
+    keys"). Histories are stored as numbers; responses carry both.
     Status codes: INVALID_ARGUMENT (a request to fix; the message names the field), UNAVAILABLE (starting,
     draining, history store down), DEADLINE_EXCEEDED / CANCELLED (the caller's deadline / cancellation),
     RESOURCE_EXHAUSTED (queue full), UNAUTHENTICATED (API key), INTERNAL (a server bug).
