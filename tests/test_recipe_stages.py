@@ -147,3 +147,15 @@ def test_the_build_refuses_its_own_flags_beside_a_recipe_and_recipe_flags_withou
     out = capsys.readouterr().out
     assert "[served 1/4] history: to run" in out and f"recsvc train head --bundle {tmp_path / 'b'}" in out
     assert not (tmp_path / "b").exists()
+
+
+def test_the_item_level_recipe_runs_the_item_target_then_the_same_tunings() -> None:
+    from training.recipe.recipes import SERVED_ITEMS, TUNINGS
+
+    paths = RecipePaths(Path("data/beauty"), Path("artifacts/beauty-items/bundle"), IDS)
+    got = lines(SERVED_ITEMS, paths)
+    assert list(got) == ["ids", "target", *(s.name for s in TUNINGS), "fresh"]
+    assert got["ids"] == TODAY_SERVED["ids"]
+    assert got["target"] == ["recsvc train items --bundle artifacts/beauty-items/bundle --protocol deploy --epochs 20 "
+                             "--threads 1 --seed 0"]
+    assert [s.name for s in override(SERVED_ITEMS, ["target.crop=0.5"]) if getattr(s, "crop", None)] == ["target"]

@@ -24,20 +24,17 @@ from training.recipe.stages import (
     TunePrior,
 )
 
-# the served recipe (docs/QUALITY.md): ids, the target, then every tuning over it and the draft head. The prior's
-# fusion and the SASRec mix are scored on every validation user, once as served and once with history excluded.
-SERVED: tuple[Stage, ...] = (
-    Ids(),
-    Target(),
+# the tunings every target's recipe runs over it, in order: the prior's fusion and the SASRec mix are scored on every
+# validation user, once as served and once with history excluded
+TUNINGS: tuple[Stage, ...] = (
     TunePrior(),
     TunePrior(name="prior-excl", exclude_history=True),
     TuneMix(),
     TuneMix(name="mix-excl", exclude_history=True),
     TuneHistory(),
-    TuneDense(),
-    TuneFresh(),
-    TrainHead(),
 )
+# the served recipe (docs/QUALITY.md): ids, the target, then every tuning over it and the draft head
+SERVED: tuple[Stage, ...] = (Ids(), Target(), *TUNINGS, TuneDense(), TuneFresh(), TrainHead())
 
 # docs/QUALITY.md "A target too weak for its catalog": the served recipe's target trained for one epoch on the
 # served ids, then the tunings that decide whether its fusion falls below its own prior (1,000 validation users)
@@ -54,16 +51,7 @@ WEAK: tuple[Stage, ...] = (
 
 # the item-level target (docs/QUALITY.md "The item-level target"): the same ids and tunings over a timeline over
 # items and a small code decoder (no dense head and no draft head: it has neither)
-SERVED_ITEMS: tuple[Stage, ...] = (
-    Ids(),
-    ItemTarget(),
-    TunePrior(),
-    TunePrior(name="prior-excl", exclude_history=True),
-    TuneMix(),
-    TuneMix(name="mix-excl", exclude_history=True),
-    TuneHistory(),
-    TuneFresh(),
-)
+SERVED_ITEMS: tuple[Stage, ...] = (Ids(), ItemTarget(), *TUNINGS, TuneFresh())
 
 RECIPES: dict[str, tuple[Stage, ...]] = {"served": SERVED, "served-items": SERVED_ITEMS, "weak": WEAK}
 
