@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from recsvc.cli.args import set_threads
-from recsvc.hardware import machine
+from recsvc.hardware import cpu_flags, machine
 from recsvc.report.records import markdown_table, write_json
 
 HELP = "the item-level target's served request vs the token target's (same users), and vs exhaustive scoring"
@@ -35,6 +35,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--against", default=None, help="a token target's bundle, its served path measured beside")
     p.add_argument("--users", type=int, default=200)
     p.add_argument("--k", type=int, default=10)
+    p.add_argument("--beam-width", type=int, default=20,
+                   help="beams searched by both targets (each request reads the first k; 0: the bundles' own)")
     p.add_argument("--split", choices=("valid", "test"), default="test")
     p.add_argument("--prior", action="store_true", help="fuse each bundle's prior, as served")
     p.add_argument("--exclude-history", action="store_true", help="leave each user's history items out")
@@ -42,6 +44,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", dest="json_path")
+
+
+def _width(rec, width: int):
+    """``rec`` searching ``width`` beams (0: as its bundle serves)."""
+    return rec.variant(beam_width=width) if width else rec
 
 
 def _load(path: str, args: argparse.Namespace):
@@ -63,10 +70,12 @@ def run(args: argparse.Namespace) -> dict:
     if args.users < 1 or args.k < 1 or args.repeats < 1:
         raise UserError("--users, --k and --repeats must be >= 1")
     set_threads(args.threads)
-    items = _load(args.bundle, args)
+    if args.beam_width < 0:
+        raise UserError("--beam-width must be >= 0")
+    items = _width(_load(args.bundle, args), args.beam_width)
     if items.parts.timeline is None:
         raise UserError(f"{args.bundle} holds no item-level target (bundle.json architecture \"items\")")
-    tokens = _load(args.against, args) if args.against else None
+    tokens = _width(_load(args.against, args), args.beam_width) if args.against else None
     data = load_split_dir(items.parts.bundle.resolve_data_dir())
     users = sample_users(data.eval_users(args.split), args.users, args.seed)
     queries = [RecQuery(history=list(u.history), k=args.k, mode="plain") for u in users]
@@ -95,7 +104,9 @@ def run(args: argparse.Namespace) -> dict:
         rows.append({"path": name, "p50_ms": round(statistics.median(times[name]), 3),
                      "mean_ms": round(statistics.fmean(times[name]), 3),
                      "target_calls": round(statistics.fmean(calls[name]), 2)})
-    out: dict[str, Any] = {"bench": "items", "machine": machine(), "threads": args.threads, "k": args.k,
+    out: dict[str, Any] = {"bench": "items", "machine": machine(), "cpu_flags": [f for f in cpu_flags() if "bf16" in f
+                                                                                 or "amx" in f],
+                           "threads": args.threads, "k": args.k,
                            "beam_width": items.beam_width, "users": len(users), "prior": args.prior,
                            "exclude_history": args.exclude_history, "paths": rows,
                            "repeat_equals_new": lists["items-repeat"] == lists["items"]}

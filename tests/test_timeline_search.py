@@ -134,3 +134,17 @@ def test_save_load_round_trip(tmp_path):
     assert torch.equal(beam_search(model, trie, states, 7).leaves, beam_search(again, trie, states, 7).leaves)
     with pytest.raises(UserError, match="no item-level target"):
         TimelineModel.load(tmp_path / "missing")
+
+
+def test_the_serving_forward_equals_transformers_forward():
+    """``causal_forward`` (eval mode) gives transformers' LlamaModel outputs: timeline states and code logits."""
+    trie = tiny_catalog(seed=8)
+    model = tiny_model(trie, 8)
+    codes, _, _ = history_tensors(trie, histories(trie, seed=8), 8)
+    prefix = torch.from_numpy(trie.ids.codes[:6, :2])
+    state = torch.randn(6, 16, generator=torch.Generator().manual_seed(0))
+    lean = (model.states(codes), model.code_logits(state, prefix), model.code_logits(state, prefix[:, :0]))
+    model.lean = False
+    reference = (model.states(codes), model.code_logits(state, prefix), model.code_logits(state, prefix[:, :0]))
+    for a, b in zip(lean, reference, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)

@@ -27,6 +27,7 @@ from transformers import LlamaConfig, LlamaModel
 
 from recsvc.errors import UserError
 from recsvc.timeline.config import CONFIG_FILE, WEIGHTS_FILE, TimelineConfig
+from recsvc.timeline.forward import causal_forward
 
 
 def _llama(hidden: int, layers: int, heads: int, ffn: int, positions: int) -> LlamaModel:
@@ -54,6 +55,7 @@ class TimelineModel(nn.Module):
         self.decoder = _llama(c.hidden, c.decoder_layers, c.heads, c.ffn, c.levels)
         self.heads = nn.Parameter(torch.empty(c.levels, c.codebook_size, c.hidden))  # one output head per level
         self.drop = nn.Dropout(c.dropout)
+        self.lean = True  # evaluation runs ``causal_forward`` (False: transformers' forward, the reference)
         nn.init.normal_(self.heads, std=c.hidden ** -0.5)
         for emb in (self.code_in, self.code_prev, self.item_in):
             if emb is not None:
@@ -81,7 +83,14 @@ class TimelineModel(nn.Module):
                text: torch.Tensor | None = None) -> torch.Tensor:
         """codes [B, T, L] right-padded -> [B, T, H] timeline states h_t (h_t has read items 0..t)."""
         x = self.drop(self.item_inputs(codes, rows, text))
-        return self.timeline(inputs_embeds=x, use_cache=False).last_hidden_state
+        return self._stack(self.timeline, x)
+
+    def _stack(self, stack: LlamaModel, x: torch.Tensor) -> torch.Tensor:
+        """[N, T, H] -> [N, T, H]: transformers' forward while training (autograd, its kernels), the op-by-op
+        forward otherwise (``recsvc.timeline.forward``: the same computation without the per-call overhead)."""
+        if self.training or not self.lean:
+            return stack(inputs_embeds=x, use_cache=False).last_hidden_state
+        return causal_forward(stack, x)
 
     # ---- the code decoder ----------------------------------------------------------------------------------
     def decoder_inputs(self, state: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
@@ -96,13 +105,15 @@ class TimelineModel(nn.Module):
     def code_logits(self, state: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         """state [N, H], prefix [N, l] (l < L) -> [N, l + 1, C] logits of the codes of levels 1..l+1 (position j
         predicts level j + 1, having read the prefix's first j codes)."""
-        out = self.decoder(inputs_embeds=self.decoder_inputs(state, prefix), use_cache=False).last_hidden_state
+        out = self._stack(self.decoder, self.decoder_inputs(state, prefix))
         heads = self.heads[: out.shape[1]]  # [l + 1, C, H]
         return torch.einsum("nph,pch->npc", out, heads)
 
     def next_code_logprobs(self, state: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
-        """state [N, H], prefix [N, l] -> [N, C] float32 log-probs of level l + 1's code (over the whole codebook)."""
-        return torch.log_softmax(self.code_logits(state, prefix)[:, -1].float(), -1)
+        """state [N, H], prefix [N, l] -> [N, C] float32 log-probs of level l + 1's code (over the whole codebook):
+        the last position's head only."""
+        out = self._stack(self.decoder, self.decoder_inputs(state, prefix))[:, -1]  # [N, H]
+        return torch.log_softmax((out @ self.heads[prefix.shape[1]].T).float(), -1)
 
     def path_logprobs(self, state: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """state [N, H], codes [N, L] full paths -> [N] float32 sum of the L code log-probs (the exhaustive score)."""
