@@ -65,7 +65,6 @@ def run(args: argparse.Namespace) -> dict:
     from recsvc.engine.caches.state_cache import UserStateCache
     from recsvc.errors import UserError
     from recsvc.recommender.api import RecQuery
-    from recsvc.timeline.search import exhaustive_scores, user_states
 
     if args.users < 1 or args.k < 1 or args.repeats < 1:
         raise UserError("--users, --k and --repeats must be >= 1")
@@ -113,7 +112,7 @@ def run(args: argparse.Namespace) -> dict:
     if tokens is not None:
         p50 = {r["path"]: r["p50_ms"] for r in rows}
         out["items_over_tokens_p50"] = round(p50["items"] / p50["tokens"], 3)
-    out["exhaustive"] = _exhaustive(items, users, args, exhaustive_scores, user_states)
+    out["exhaustive"] = _exhaustive(items, users, args)
     print(markdown_table(rows, [("path", "path"), ("p50_ms", "p50 ms"), ("mean_ms", "mean ms"),
                                 ("target_calls", "target calls / request")]))
     print({k: v for k, v in out.items() if k not in ("paths", "machine")})
@@ -122,9 +121,10 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-def _exhaustive(items, users, args: argparse.Namespace, exhaustive_scores, user_states) -> dict[str, Any]:
+def _exhaustive(items, users, args: argparse.Namespace) -> dict[str, Any]:
     """The served lists without the prior against the top k of every catalog item's path score."""
     from recsvc.recommender.api import RecQuery
+    from recsvc.timeline.search import exhaustive_scores, user_states
 
     plain = items.variant(states=None, prior=None)
     trie, model = items.parts.trie, items.parts.timeline

@@ -39,7 +39,7 @@ from recsvc.service.settings import ServeSettings, build_recommender
 from recsvc.timeline.config import TimelineConfig
 from recsvc.timeline.model import TimelineModel
 from recsvc.timeline.search import beam_search, user_states
-from recsvc.timeline.serving import load_timeline, states_over
+from recsvc.timeline.serving import load_timeline
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
@@ -296,10 +296,10 @@ def test_the_per_item_table_keeps_the_bundles_rows_over_a_live_catalog() -> None
                                       codebook_size=6)
     live = CatalogTrie(merged)
     hist = [ids.item_ids[[3, 1, 4, 1, 5]].tolist(), ids.item_ids[[9, 2, 6]].tolist()]
-    assert torch.equal(states_over(model, live, hist, ids), user_states(model, trie, hist))
+    assert torch.equal(user_states(model, live, hist, ids), user_states(model, trie, hist))
     assert not torch.allclose(user_states(model, live, hist), user_states(model, trie, hist))  # rows shifted
     with_new = [hist[0] + [new_id]]
-    rows_zero = states_over(model, live, with_new, ids)
+    rows_zero = user_states(model, live, with_new, ids)
     assert rows_zero.shape == (1, 16) and bool(torch.isfinite(rows_zero).all())
 
 

@@ -106,7 +106,7 @@ class BundleParts:
     attributes: AttributeSource | None = None  # item attributes for rules (None: requests with rules refused)
     timeline: TimelineModel | None = None  # the item-level target (an items bundle; ``target`` is then None)
     # the ids the timeline's per-item table rows follow: the bundle's own (a live catalog's parts keep them while
-    # ``ids`` gains the added items; ``recsvc.timeline.serving.states_over``)
+    # ``ids`` gains the added items; ``recsvc.timeline.search.user_states``' ``table``)
     timeline_ids: SemanticIds | None = None
     keys: ItemKeys | None = None  # item number <-> the team's key (BUNDLE/item_keys.json; None: the bundle has none)
 

@@ -115,10 +115,15 @@ class TimelineModel(nn.Module):
         out = self._stack(self.decoder, self.decoder_inputs(state, prefix))[:, -1]  # [N, H]
         return torch.log_softmax((out @ self.heads[prefix.shape[1]].T).float(), -1)
 
+    def path_code_logprobs(self, state: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """state [N, H], codes [N, L] full paths -> [N, L] float32 log-prob of each level's code given the ones
+        before it."""
+        logp = torch.log_softmax(self.code_logits(state, codes[:, :-1]).float(), -1)  # [N, L, C]
+        return logp.gather(2, codes[..., None]).squeeze(-1)
+
     def path_logprobs(self, state: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """state [N, H], codes [N, L] full paths -> [N] float32 sum of the L code log-probs (the exhaustive score)."""
-        logp = torch.log_softmax(self.code_logits(state, codes[:, :-1]).float(), -1)  # [N, L, C]
-        return logp.gather(2, codes[..., None]).squeeze(-1).sum(-1)
+        return self.path_code_logprobs(state, codes).sum(-1)
 
     # ---- files ---------------------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:

@@ -23,6 +23,7 @@ import torch
 
 from recsvc.engine.scoring.expand import expand_beams
 from recsvc.timeline.model import TimelineModel
+from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
 
 
@@ -30,37 +31,47 @@ from tokenizer_rqvae.trie import CatalogTrie
 class TimelineOutput:
     leaves: torch.Tensor  # [B, W] trie leaves, best first (-1: fewer than W valid items)
     scores: torch.Tensor  # [B, W] float32 summed log-probs (-inf where leaves == -1)
-    states: torch.Tensor  # [B, H] the timeline's state at each request's last history item
     decoder_calls: int  # decoder forward calls for the batch (L: one per level)
     # with ``trace``: each step's (nodes [B, w], scores [B, w], parents [B, w]: the column of the beam it extends)
     steps: tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], ...] = ()
 
 
-def history_tensors(trie: CatalogTrie, histories: Sequence[Sequence[int]], max_items: int,
-                    num_item_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Item histories (oldest first; items without a semantic id are skipped, the last ``max_items`` kept) ->
-    codes [B, T, L] (-1: right padding), per-item table rows [B, T] (catalog row + 1, 0 for padding and for rows
-    at or past ``num_item_rows``: items the model has no row of), lengths [B] (>= 1: an empty history reads one
-    padding position, the timeline's state of "no history")."""
+def kept_items(trie: CatalogTrie, history: Sequence[int], max_items: int) -> tuple[int, ...]:
+    """The items of ``history`` the timeline reads: the last ``max_items`` with a semantic id, oldest first. A
+    timeline state depends on nothing else of the history (the user-state cache keys it by them)."""
     ids = trie.ids
-    kept = [[ids.index_of(i) for i in h if i in ids][-max_items:] for h in histories]
+    return tuple(int(i) for i in history if i in ids)[-max_items:] if max_items > 0 else ()
+
+
+def history_tensors(trie: CatalogTrie, histories: Sequence[Sequence[int]], max_items: int,
+                    num_item_rows: int = 0, table: SemanticIds | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Item histories (oldest first; ``kept_items`` of each) -> codes [B, T, L] (-1: right padding), per-item
+    table rows [B, T], lengths [B] (>= 1: an empty history reads one padding position, the timeline's state of
+    "no history"). A table row is the item's row in ``table`` + 1 (the ids the model was trained over; None: the
+    trie's own), 0 for padding, for items ``table`` lacks (a live catalog's additions) and for rows at or past
+    ``num_item_rows`` (the model has no row of them)."""
+    ids, table = trie.ids, table if table is not None else trie.ids
+    kept = [kept_items(trie, h, max_items) for h in histories]
     t = max(1, max((len(k) for k in kept), default=1))
     codes = torch.full((len(kept), t, ids.levels), -1, dtype=torch.long)
     rows = torch.zeros((len(kept), t), dtype=torch.long)
-    table = torch.from_numpy(ids.codes)
-    for b, k in enumerate(kept):
-        if k:
-            r = torch.tensor(k, dtype=torch.long)
-            codes[b, : len(k)] = table[r]
-            rows[b, : len(k)] = torch.where(r + 1 < num_item_rows, r + 1, 0)
+    codebook = torch.from_numpy(ids.codes)
+    for b, items in enumerate(kept):
+        if items:
+            codes[b, : len(items)] = codebook[torch.tensor([ids.index_of(i) for i in items])]
+            own = torch.tensor([table.index_of(i) + 1 if i in table else 0 for i in items])
+            rows[b, : len(items)] = torch.where(own < num_item_rows, own, 0)
     lengths = torch.tensor([max(1, len(k)) for k in kept], dtype=torch.long)
     return codes, rows, lengths
 
 
 @torch.inference_mode()
-def user_states(model: TimelineModel, trie: CatalogTrie, histories: Sequence[Sequence[int]]) -> torch.Tensor:
-    """[B, H] the timeline's state after each history's last item: one timeline forward for the batch."""
-    codes, rows, lengths = history_tensors(trie, histories, model.config.max_items, model.config.num_items)
+def user_states(model: TimelineModel, trie: CatalogTrie, histories: Sequence[Sequence[int]],
+                table: SemanticIds | None = None) -> torch.Tensor:
+    """[B, H] the timeline's state after each history's last item: one timeline forward for the batch.
+    ``table``: the ids the model's per-item table was trained over (``history_tensors``; None: the trie's)."""
+    codes, rows, lengths = history_tensors(trie, histories, model.config.max_items, model.config.num_items, table)
     h = model.states(codes, rows)  # [B, T, H]
     return h[torch.arange(len(lengths)), lengths - 1]
 
@@ -87,7 +98,7 @@ def beam_search(model: TimelineModel, trie: CatalogTrie, states: torch.Tensor, w
         prefix = torch.cat([prefix[rows, beam], code[..., None]], 2)
         if trace:
             steps.append((nodes, scores, beam))
-    return TimelineOutput(nodes, scores, states, levels, tuple(steps))
+    return TimelineOutput(nodes, scores, levels, tuple(steps))
 
 
 @torch.inference_mode()

@@ -87,12 +87,13 @@ class TokenRanker:
 
 
 class TimelineRanker:
-    """The item-level target: one timeline forward per batch of users, the decoder's searches."""
+    """The item-level target: one timeline forward per batch of users, the decoder's searches (``model`` in eval
+    mode, as ``TimelineModel.load`` gives it)."""
 
     batch_size = 256
 
     def __init__(self, model: TimelineModel, trie: CatalogTrie) -> None:
-        self.model, self.trie = model.eval(), trie
+        self.model, self.trie = model, trie
 
     @property
     def max_history(self) -> int:
@@ -105,6 +106,8 @@ class TimelineRanker:
     @torch.inference_mode()
     def lists(self, users: Sequence[EvalUser], k: int, width: int, exclude_history: bool,
               prior: Any = None) -> dict[int, list[int]]:
+        """user id -> the top k of a search of max(k, width) beams (the first k read, as served); ``prior`` fused
+        when its weight is > 0."""
         fuse = prior is not None and prior.settings.weight > 0
         out: dict[int, list[int]] = {}
         for s in range(0, len(users), self.batch_size):
@@ -132,9 +135,7 @@ class TimelineRanker:
         ok = leaves >= 0
         codes = self.trie.node_code[self.trie.ancestors[leaves.clamp(min=0)]].clamp(min=0)  # [B, n, L]
         states = user_states(self.model, self.trie, histories).repeat_interleave(n, 0)  # [B * n, H]
-        flat = codes.reshape(b * n, -1)
-        logp = torch.log_softmax(self.model.code_logits(states, flat[:, :-1]).float(), -1)  # [B * n, L, C]
-        sums = logp.gather(2, flat[..., None])[..., 0].cumsum(1).view(b, n, -1)
+        sums = self.model.path_code_logprobs(states, codes.reshape(b * n, -1)).cumsum(1).view(b, n, -1)
         return torch.where(ok[..., None], sums, torch.full_like(sums, float("-inf")))
 
 

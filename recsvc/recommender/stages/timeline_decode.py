@@ -34,8 +34,7 @@ from recsvc.recommender.stages.scope import Scope
 from recsvc.rules.catalog import BatchRules
 from recsvc.rules.greedy import greedy_pick
 from recsvc.timeline.model import TimelineModel
-from recsvc.timeline.search import TimelineOutput, beam_search
-from recsvc.timeline.serving import kept_items, states_over
+from recsvc.timeline.search import TimelineOutput, beam_search, kept_items, user_states
 
 RULES_WIDTH = 4  # caps and boosts: beams searched per item of the list (at least)
 NO_DRAFTER = "the item-level target has no drafter"  # why it never speculates (also the serving log's reason)
@@ -165,7 +164,7 @@ class TimelineDecode:
         rows: list[torch.Tensor | None] = [cache.row(key, count) if cache is not None else None for key in keys]
         missing = [i for i, row in enumerate(rows) if row is None]
         if missing:
-            fresh = states_over(self.model, trie, [histories[i] for i in missing], parts.timeline_ids)  # [m, H]
+            fresh = user_states(self.model, trie, [histories[i] for i in missing], parts.timeline_ids)  # [m, H]
             for j, i in enumerate(missing):
                 rows[i] = fresh[j].clone()  # [H]: not the batch's storage
                 if cache is not None:
