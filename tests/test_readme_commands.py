@@ -90,7 +90,23 @@ def test_readme_is_a_newcomers_page():
     assert "What goes in" in first_screen and "What comes out" in first_screen
     commands = readme_commands()
     assert ["make", "test"] in commands and ["make", "demo"] in commands
-    assert "## A new model without downtime" in text and "--bundle /models/current" in text
+    assert "## Every day: refresh, gate, swap" in text and "--bundle /models/current" in text
+
+
+def test_the_daily_loop_fits_in_15_lines_and_each_command_is_run_by_a_test():
+    """The daily loop's section (heading to the next heading) is at most 15 lines; its `recsvc` commands are the
+    ones tests/test_refresh.py runs end to end (serve a symlink, refresh run --publish it) and
+    tests/test_bundle_swap.py (a flip by hand)."""
+    text = README.read_text()
+    section = text[text.index("## Every day: refresh, gate, swap"):]
+    section = section[: section.index("\n## ", 3)]
+    assert len(section.strip().splitlines()) <= 15
+    commands = [c for lang, body in code_blocks(section) for c in block_commands(body)]
+    assert [c[:3] for c in commands] == [["recsvc", "serve", "--bundle"], ["recsvc", "refresh", "run"]]
+    refresh = commands[1]
+    assert refresh[refresh.index("--bundle") + 1] == refresh[refresh.index("--publish") + 1] == commands[0][3]
+    tests = (ROOT / "tests" / "test_refresh.py").read_text()
+    assert '"serve", "--bundle", str(current)' in tests and '"--publish", str(current)' in tests
 
 
 def test_every_recsvc_command_in_a_code_block_parses(parser):

@@ -45,6 +45,8 @@ class ItemTrainConfig:
     bf16: bool = False  # bf16 autocast (CPU with native bf16, or CUDA)
     fit_periods: str = "train"  # "train" (selection) or "train+valid" (the deploy refit: a fixed epoch count)
     eval_width: int = 20
+    validate: bool = True  # score validation each epoch and keep the best (False: no validation, the last epoch)
+    init: str | None = None  # a TimelineModel directory whose weights the model starts from (a refresh), or None
 
 
 def batch_loss(model: TimelineModel, batch: Batch) -> torch.Tensor:
@@ -71,8 +73,10 @@ def train_item_target(data: SplitData, ids: SemanticIds, model_config: TimelineC
     trie = CatalogTrie(ids)
     codes = torch.from_numpy(ids.codes)
     parts = windows(data.sequences(config.fit_periods), ids, model_config.max_items)
-    users = data.eval_users("valid") if config.fit_periods == "train" else []
+    users = data.eval_users("valid") if config.fit_periods == "train" and config.validate else []
     model = TimelineModel(model_config)
+    if config.init is not None:  # yesterday's weights: the same codes' vocabulary, so every tensor carries over
+        model.load_state_dict(TimelineModel.load(Path(config.init)).state_dict())
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = math.ceil(len(parts) / config.batch_size)
     total = steps_per_epoch * config.epochs
