@@ -108,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from training.refresh.replay import replay
+    from training.refresh.day_replay import replay
 
     if args.days < 1:
         raise UserError("--days must be >= 1")
