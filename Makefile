@@ -8,10 +8,13 @@ STAMP := $(VENV)/.installed-stamp
 
 install: $(STAMP)
 
+# The editable install maps the wheel's packages (the product: pyproject.toml); recsvc-checkout.pth puts this
+# checkout on the venv's path too, so that bench/ and harness/ (`recsvc bench`, the drills, the tests) import there.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "recsvc-checkout.pth").write_text(sys.argv[1] + "\n")' "$(CURDIR)"
 	$(PY) -m pip check
 	touch $(STAMP)
 

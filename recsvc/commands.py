@@ -2,9 +2,9 @@
 
 Two groups: ``recsvc.commands`` (the subcommands, ``name = "module:register"``; ``register(subparsers)`` adds the
 command) and ``recsvc.benches`` (``recsvc bench NAME``, ``name = "module"``; the module's ``HELP``,
-``add_args(parser)`` and ``run(args)``). ``recsvc`` never imports ``training/`` itself: training's commands and
-its drafter bench declare themselves in these groups, and one whose package is not installed (a service image
-without ``training/``) is skipped.
+``add_args(parser)`` and ``run(args)``). ``recsvc`` never imports ``training/`` itself: training's commands
+declare themselves in these groups, and one whose package is not installed (a service image without
+``training/``; ``bench/``, which the wheel does not ship, outside a source tree) is skipped.
 
 Where the entry points are read: run from a source tree (a checkout on ``PYTHONPATH``, an editable install), the
 ``pyproject.toml`` beside the ``recsvc`` package, so the table always matches the code being run; installed from

@@ -4,7 +4,7 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
 - the benchmarks (``bench/``) and the local process launchers of the tests and drills (``harness/``) stand
   outside the product: neither ``recsvc/``, ``tokenizer_rqvae/`` nor ``training/`` imports them (the service
   image ships without them), and the tests take their Redis launchers from ``harness/``, not from the benchmarks.
-- ``recsvc/`` never imports ``training/``: a service image ships without it. Training's commands and bench
+- ``recsvc/`` never imports ``training/``: a service image ships without it. Training's commands
   declare themselves as entry points in pyproject.toml (``recsvc/commands.py`` loads them and skips them when
   ``training`` is not installed); no string in ``recsvc/`` names a ``training`` module.
 - ``recsvc/engine/`` (decoding) imports nothing above it: not the recommender, the service, the benches, the

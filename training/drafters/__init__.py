@@ -1,1 +1,1 @@
-"""The drafters stage: teacher data, the drafter LM and the recurrent draft head, their losses and bench."""
+"""The drafters stage: teacher data, the drafter LM and the recurrent draft head, their losses."""

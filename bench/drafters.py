@@ -1,6 +1,5 @@
-"""`recsvc bench drafters`: drafter alignment methods compared like the AtSpeed paper's Table 1 (a training
-benchmark: it loads the aligned drafters through ``training.drafters.api``; ``recsvc bench`` lists it when training/ is
-installed).
+"""`recsvc bench drafters`: drafter alignment methods compared like the AtSpeed paper's Table 1 (it loads the
+aligned drafters and measures them through ``training.drafters.api``).
 
     recsvc bench drafters --bundle B --methods sft,wordkd,tvdkd,seqkd,atspeed-s,atspeed-r --k 1,5,10,20 \\
         --users 200 --json bench_drafters.json
