@@ -14,7 +14,7 @@ import pytest
 
 from recsvc.cli.main import main
 from recsvc.data.split import load_split_dir, split_file
-from training.data.split import split_leave_last_out
+from training.data.time_split import split_leave_last_out
 from training.data.times import parse_time
 
 # (user, item, time): times in every accepted form (ISO with Z / offset / date only, epoch s, epoch ms).

@@ -16,7 +16,7 @@ from recsvc.cli.main import main
 from recsvc.data.split import ItemMeta, load_split_dir
 from recsvc.errors import UserError
 from training.data.amazon_raw import PrepareConfig, parse_record, prepare_amazon
-from training.data.split import kcore, parse_ratios, split_by_global_time
+from training.data.time_split import kcore, parse_ratios, split_by_global_time
 
 # (user, asin, rating, time). After the rating filter, the dedupe and the 2-core, 10 events remain:
 #   t0 u2 B | t1 u1 A | t2 u1 B | t3 u2 A | t5 u3 A | t6 u3 C | t7 u1 C | t8 u4 B || t9 u4 C || t10 u2 C

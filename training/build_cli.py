@@ -79,13 +79,13 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
 
 
 def plan_target(args: argparse.Namespace, bundle, data, cfg) -> str:
-    """The ``--plan`` report for the target stage's settings (see training/target_lm/plan.py); writes
+    """The ``--plan`` report for the target stage's settings (see training/target_lm/epoch_plan.py); writes
     BUNDLE/plan.json."""
     import torch
 
     from recsvc.bundle.presets import get_preset, new_model
     from recsvc.bundle.prompt import MAX_HISTORY, PromptBuilder
-    from training.target_lm.plan import epoch_plan, probe_tokens_per_s, render_plan
+    from training.target_lm.epoch_plan import epoch_plan, probe_tokens_per_s, render_plan
     from training.target_lm.sequences import alignment_examples, train_examples
     from training.target_lm.train import ensure_tokenizer
 

@@ -7,7 +7,7 @@ Pipeline (``prepare_amazon``), in order:
 2. dedupe user-item pairs among the kept reviews, keeping the earliest time;
 3. iterative k-core: users and items with >= k interactions, repeated until stable;
 4. sort every interaction by global time (ties by user id, then item asin) and cut by count 8:1:1 into
-   train / valid / test (:func:`training.data.split.split_by_global_time`);
+   train / valid / test (:func:`training.data.time_split.split_by_global_time`);
 5. drop users with < 2 train interactions. The item set is then *the items of the remaining users'
    interactions in any period* (an item seen only in valid/test of a kept user stays: a cold item, as in a
    real deployment); items only used by dropped users disappear;
@@ -38,7 +38,7 @@ from typing import IO, Any
 from recsvc.data.split import SPLITS, ItemMeta, write_split_dir
 from recsvc.errors import UserError
 from training.data.pair_times import PairTimes
-from training.data.split import kcore, split_by_global_time
+from training.data.time_split import kcore, split_by_global_time
 
 DESCRIPTION_KEEP_CHARS = 2000  # items.json keeps this much of a description (ItemMeta.text uses ~300)
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def _ratios(text: str) -> tuple[int, int, int]:
-    from training.data.split import parse_ratios
+    from training.data.time_split import parse_ratios
 
     try:
         return parse_ratios(text)

@@ -33,8 +33,8 @@ from training.data.amazon_raw import shuffled_ids
 from training.data.columns import Columns
 from training.data.import_items import ITEM_COLUMNS, read_items
 from training.data.import_log import LOG_COLUMNS, scan_log
-from training.data.split import TimeSplit, kcore, split_by_global_time, split_leave_last_out
 from training.data.tabular import open_table
+from training.data.time_split import TimeSplit, kcore, split_by_global_time, split_leave_last_out
 
 LEAVE_LAST_OUT = "leave-last-out"
 

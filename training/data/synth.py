@@ -16,7 +16,7 @@ goes (without repeating an item the user already has)
 So "successor of the last item" predicts about half of the next items, far above popularity. Every
 interaction gets a synthetic timestamp (each user is active over a random window of a global clock); the
 events are then cut 8:1:1 by global time and users with < 2 train items are dropped, exactly like the real
-data (:func:`training.data.split.split_by_global_time`). Users are renumbered 1..U; item ids are the catalog
+data (:func:`training.data.time_split.split_by_global_time`). Users are renumbered 1..U; item ids are the catalog
 ids 1..n_items (``items.json`` holds every item, including ones nobody bought). Deterministic for a seed.
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from recsvc.data.split import ItemMeta, write_split_dir
 from recsvc.errors import UserError
-from training.data.split import split_by_global_time
+from training.data.time_split import split_by_global_time
 
 # top-level group -> (leaf categories, variants, sizes)
 CATALOG: dict[str, tuple[list[str], list[str], list[str]]] = {

@@ -1,5 +1,5 @@
 """Pipeline steps shared by ``prepare-amazon``, ``import`` and ``synth``: iterative k-core, the global-time split
-and the per-user leave-last-out split."""
+and the per-user leave-last-out split (the split's files are written and read by ``recsvc/data/split.py``)."""
 
 from __future__ import annotations
 
