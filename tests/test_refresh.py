@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from catalog_fixtures import add_entry, free_codes
@@ -33,6 +34,7 @@ from harness.serve_log import ServeLog
 from recsvc.bundle.directory import Bundle
 from recsvc.bundle.keys import read_item_keys
 from recsvc.client.client import RecClient
+from recsvc.content.fresh import FreshItems, FreshSettings, ItemVectors
 from recsvc.data.split import load_split_dir
 from recsvc.priors.mixed import MixedPrior, MixSettings, SequenceModel
 from recsvc.priors.transition import PriorSettings, TransitionPrior
@@ -68,6 +70,9 @@ def trained_items_bundle(root: Path) -> Path:
                          torch.ones(len(items)), arch).save(root / "sasrec")
     MixedPrior(transition, SequenceModel.load(seq), MixSettings(0.3, 1.0)).save(bundle.prior_dir, seq)
     shutil.copytree(seq, bundle.prior_dir / "sequence-train")
+    vectors = ItemVectors.from_arrays(items, np.random.default_rng(0).normal(size=(len(items), 8)))
+    FreshItems(vectors, [], FreshSettings(slots=1, window=1, min_similarity=0.9), "train+valid").save(
+        bundle.fresh_dir)
     return path
 
 
@@ -208,6 +213,10 @@ def test_items_added_to_the_live_catalog_join_todays_catalog(yesterday, tmp_path
     assert read_item_keys(today.root).item_of("LAUNCH-1") == new
     split = load_split_dir(today.resolve_data_dir())
     assert new in split.train[u] + split.valid[u]
+    fresh = FreshItems.load(today.fresh_dir)  # its vector joins the fresh component's; it is not fresh any more
+    assert new in fresh.vectors.item_ids and new not in fresh.fresh_ids
+    seen = {i for seq in split.sequences("train+valid").values() for i in seq}
+    assert set(fresh.fresh_ids.tolist()) == set(today.load_ids().item_ids.tolist()) - seen
 
 
 def test_mistakes_are_exit_2_with_a_message(yesterday, tmp_path, capsys) -> None:

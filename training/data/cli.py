@@ -36,7 +36,8 @@ def _split_arg(text: str) -> tuple[int, int, int] | str:
     return LEAVE_LAST_OUT if text == LEAVE_LAST_OUT else _ratios(text)
 
 
-def _mapping(columns: Columns) -> Any:
+def columns_arg(columns: Columns) -> Any:
+    """An argparse type: ``ROLE=NAME,...`` -> the roles renamed (a bad role: argparse's message)."""
     def parse(text: str) -> dict[str, str]:
         try:
             return columns.parse(text)
@@ -140,10 +141,10 @@ def register(subparsers: Any) -> None:
                    help="interaction log, .csv / .tsv (gzipped or not) or Parquet: one row per interaction")
     i.add_argument("--items", required=True, help="item table, CSV or Parquet: one row per item")
     i.add_argument("--out", required=True, help="output data directory")
-    i.add_argument("--columns", type=_mapping(LOG_COLUMNS), default={},
+    i.add_argument("--columns", type=columns_arg(LOG_COLUMNS), default={},
                    help="the log's column names, ROLE=NAME,... with roles user, item, time, rating "
                         "(defaults user_id, item_id, timestamp, rating; rating is optional)")
-    i.add_argument("--item-columns", type=_mapping(ITEM_COLUMNS), default={},
+    i.add_argument("--item-columns", type=columns_arg(ITEM_COLUMNS), default={},
                    help="the item table's column names, ROLE=NAME,... with roles id, title, description, brand, "
                         "categories (defaults item_id, title, description, brand, categories; the last three "
                         "optional)")

@@ -15,7 +15,7 @@ from recsvc.errors import UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from training.data.cli import _mapping
+    from training.data.cli import columns_arg
     from training.data.import_log import LOG_COLUMNS
 
     p = subparsers.add_parser("refresh", help="today's bundle from yesterday's + the day's interactions, gated")
@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--catalog", type=Path, default=None,
                    help="the live catalog the server reads (default: BUNDLE/catalog_live.json): its added items "
                         "join today's catalog")
-    r.add_argument("--columns", type=_mapping(LOG_COLUMNS), default={},
+    r.add_argument("--columns", type=columns_arg(LOG_COLUMNS), default={},
                    help="the log's column names, ROLE=NAME,... (roles user, item, time, rating)")
     r.add_argument("--min-rating", type=float, default=None, help="keep rows with rating >= this")
     r.add_argument("--missing-items", choices=("drop", "error"), default="drop",

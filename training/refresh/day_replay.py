@@ -6,7 +6,8 @@ The split keeps no timestamps, only each user's order, and the validation period
 (the 10% before test). Each user's validation items are given times drawn uniformly over the period and sorted
 (seeded), so each user's order is kept and the days share the period's interactions evenly; day d is the
 d-th of ``days`` equal slices. Day 0 is the from-scratch bundle as trained on the train period
-(BUNDLE/target-train, its prior's train-period SASRec, the transition counted on train). Each day's log is a CSV
+(BUNDLE/target-train, its prior's train-period SASRec, the transition counted on train, the fresh set counted on
+train). Each day's log is a CSV
 as a team's export would be (user, the item's key, time).
 
 With ``corrupt_day``, that day's item keys are shuffled among its rows first (an export that mis-keyed items):
@@ -100,6 +101,7 @@ def make_day0(scratch: Path, out: Path) -> None:
     from recsvc.data.split import load_split_dir, write_split_dir
     from recsvc.priors.mixed import MIX_FILE, SEQUENCE_DIR
     from recsvc.priors.transition import TransitionPrior
+    from training.refresh.models import refresh_fresh
     from training.refresh.run import NOT_COPIED
 
     src = _scratch_bundle(scratch)
@@ -123,6 +125,8 @@ def make_day0(scratch: Path, out: Path) -> None:
             shutil.copy2(prior / SEQUENCE_DIR / MIX_FILE, out / name / SEQUENCE_DIR / MIX_FILE)
     b = Bundle(out)
     b.update(data=str(day0_data.resolve()), protocol="deploy", replay_day0_of=str(src.root))
+    if src.has_fresh():
+        refresh_fresh(src.fresh_dir, load_split_dir(day0_data), ids, b.fresh_dir)
     write_serving_files(out, load_split_dir(day0_data))
 
 

@@ -6,8 +6,10 @@
 - The transition prior is counted again over today's history with yesterday's chosen settings (counts are the
   data; nothing is learnt).
 - The prior's SASRec (when the bundle mixes one) continues from yesterday's served weights for a planned number
-  of epochs on today's train period; its item table is yesterday's (items added since have no SASRec score, as
-  in the live catalog).
+  of epochs on today's train period at its own learning rate; its item table is yesterday's (items added since
+  have no SASRec score, as in the live catalog).
+- The fresh-item component keeps yesterday's settings and query; the live catalog's additions' vectors join it
+  and the fresh set is recounted on today's history.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ class ContinuePlan:
 
     target_epochs: int = 2
     target_lr: float = 5e-4  # a quarter of the from-scratch schedule's peak (training.item_target.command)
-    sasrec_epochs: int = 1
-    sasrec_lr_scale: float = 0.25
+    sasrec_epochs: int = 4  # chosen on the first replayed Beauty day's kept-aside items (docs/REFRESH.md)
+    sasrec_lr_scale: float = 1.0
     batch_size: int = 128
     seed: int = 0
     bf16: bool = False
@@ -86,3 +88,25 @@ def _continue_sasrec(seq_dir: Path, data: SplitData, out: Path, plan: ContinuePl
     for name in ("sequence", "sequence-train"):
         sasrec.save(out / name)
     return {"epochs": log.epochs, "seconds": log.seconds}
+
+
+def refresh_fresh(yesterday_fresh: Path, data: SplitData, ids: SemanticIds, out: Path,
+                  added: tuple[list[int], Any] | None = None) -> dict[str, Any]:
+    """BUNDLE/fresh for today: yesterday's item vectors plus the live catalog's additions' (``added``: their
+    item ids and vectors [m, d]), the fresh set recounted (the catalog's items nobody interacted with in today's
+    train + valid), yesterday's settings and learned query."""
+    import numpy as np
+
+    from recsvc.content.fresh import FreshItems, ItemVectors, fresh_items_of
+
+    old = FreshItems.load(yesterday_fresh, period="train+valid")
+    vectors = old.vectors
+    if added is not None and len(added[0]) and added[1].shape[1] == vectors.vectors.shape[1]:
+        keep = ~np.isin(np.asarray(added[0]), vectors.item_ids)
+        vectors = ItemVectors.from_arrays([*vectors.item_ids.tolist(), *np.asarray(added[0])[keep].tolist()],
+                                          np.concatenate([vectors.vectors, added[1][keep]]))
+    seen = [i for seq in data.sequences("train+valid").values() for i in seq]
+    catalog = [i for i in ids.item_ids.tolist() if len(vectors.rows([i])) and vectors.rows([i])[0] >= 0]
+    fresh = fresh_items_of(catalog, seen)
+    FreshItems(vectors, fresh, old.settings, "train+valid", old.query).save(out)
+    return {"fresh_items": len(fresh), "vectors": len(vectors.item_ids), "before": len(old)}

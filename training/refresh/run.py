@@ -30,8 +30,8 @@ from training.refresh.gate import GateRule, decide
 from training.refresh.models import ContinuePlan
 
 # what today's bundle does not copy from yesterday's (top level): remade, or not today's
-NOT_COPIED = frozenset({"target", "target-train", "prior", "prior-excl", "tune", "checkpoints", "baselines", "data",
-                        "catalog_live.json", "bundle.json.tmp"})
+NOT_COPIED = frozenset({"target", "target-train", "prior", "prior-excl", "fresh", "tune", "checkpoints", "baselines",
+                        "data", "catalog_live.json", "bundle.json.tmp"})
 KEPT_ASIDE = 3  # the exit code of a refresh the gate kept aside
 
 
@@ -58,7 +58,7 @@ def refresh(req: RefreshRequest) -> dict[str, Any]:
     from recsvc.data.split import ItemMeta, load_split_dir
     from training.refresh.day_log import read_day_log
     from training.refresh.merge import merge_day, read_user_keys
-    from training.refresh.models import continue_prior, continue_target
+    from training.refresh.models import continue_prior, continue_target, refresh_fresh
     from training.refresh.scoring import gate_figures, reference_ndcg
 
     t0 = time.monotonic()
@@ -73,6 +73,7 @@ def refresh(req: RefreshRequest) -> dict[str, Any]:
     items = dict(y_data.items)
     key_pairs = dict(keys_of_items(items)[0])
     retired: list[int] = []
+    added: tuple[list[int], Any] | None = None
     live = req.catalog if req.catalog is not None else y.root / CATALOG_FILE
     if live.is_file():  # the items added to yesterday's live catalog become today's catalog items
         catalog = read_catalog(live, ids)
@@ -82,6 +83,7 @@ def refresh(req: RefreshRequest) -> dict[str, Any]:
             if key:
                 key_pairs[int(i)] = key
         retired = catalog.retired.tolist()
+        added = (catalog.item_ids.tolist(), catalog.vectors)
     item_of = {key: item for item, key in key_pairs.items()}
     day = read_day_log(req.log, set(item_of), req.cols, req.min_rating, req.missing_items)
     if not day.events:
@@ -106,6 +108,7 @@ def refresh(req: RefreshRequest) -> dict[str, Any]:
     s = time.monotonic()
     priors = {name: continue_prior(y.root / name, data, ids, out / name, req.plan)
               for name in ("prior", "prior-excl") if (y.root / name / "prior.json").is_file()}
+    fresh = refresh_fresh(y.fresh_dir, data, ids, today.fresh_dir, added) if y.has_fresh() else None
     write_serving_files(out, data)
     if retired:
         (out / CATALOG_FILE).write_text(json.dumps({"version": 1, "add": [], "retire": retired}) + "\n")
@@ -121,7 +124,8 @@ def refresh(req: RefreshRequest) -> dict[str, Any]:
         publish(req.publish, out)
     record = {"from": str(y.root), "log": str(req.log.resolve()), "day": day.counts(), "data": merged.report(),
               "new_items": len(ids) - len(y.load_ids()), "plan": asdict(req.plan), "target": target,
-              "priors": priors, "gate": {**figures.to_json(), "rule": asdict(req.rule)}, "passed": decision.publish,
+              "priors": priors, "fresh": fresh, "gate": {**figures.to_json(), "rule": asdict(req.rule)},
+              "passed": decision.publish,
               "published": str(req.publish) if published else None, "reason": decision.reason,
               "seconds": {k: round(v, 1) for k, v in steps.items()} | {"total": round(time.monotonic() - t0, 1)},
               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
