@@ -192,6 +192,8 @@ def test_shuffled_item_ids_are_kept_aside_with_the_reason(yesterday, tmp_path, c
     assert (tmp_path / "current").resolve() == yesterday.resolve()
     record = Bundle.open(tmp_path / "v1").read()["refresh"]
     assert not record["passed"] and record["published"] is None and "shuffled" in record["reason"]
+    assert record["target"] is None and record["gate"]["today"] is None  # refused before anything was trained
+    assert not (tmp_path / "v1" / "target").exists()
 
 
 def test_items_added_to_the_live_catalog_join_todays_catalog(yesterday, tmp_path, capsys) -> None:

@@ -4,9 +4,10 @@ when the gate lets it through.
 1. the day's log is read by the catalog's item keys (``day_log``); the items yesterday's live catalog added
    (``recsvc catalog add``: coded by the bundle's RQ-VAE, keyed) join today's ids, and retired items stay retired;
 2. today's split: yesterday's history + the day, each day-user's last item kept aside (``merge``);
-3. today's models continue from yesterday's (``models``): the item-level target, the prior's SASRec, the
+3. the gate scores yesterday's bundle on the kept-aside items before anything is trained (a day it cannot read is
+   refused at the cost of one ranking), then today's beside it, paired (``scoring``, ``gate``);
+4. today's models continue from yesterday's (``models``): the item-level target, the prior's SASRec, the
    transition counts; the tunings' choices (fusion weights, mix, history rule) are yesterday's;
-4. the gate scores both bundles on the kept-aside items (``scoring``, ``gate``);
 5. published (``publish``: a symlink such as the one ``recsvc serve --bundle`` follows, flipped atomically) or
    kept aside with the reason; bundle.json's ``"refresh"`` records what was done, and one JSON line says it.
 
@@ -26,7 +27,7 @@ from typing import Any
 from recsvc.errors import UserError
 from training.data.columns import Columns
 from training.data.import_log import LOG_COLUMNS
-from training.refresh.gate import GateRule, decide
+from training.refresh.gate import GateFigures, GateRule, check_day, decide
 from training.refresh.models import ContinuePlan
 
 # what today's bundle does not copy from yesterday's (top level): remade, or not today's
@@ -59,7 +60,7 @@ def refresh(req: RefreshRequest) -> dict[str, Any]:
     from training.refresh.day_log import read_day_log
     from training.refresh.merge import merge_day, read_user_keys
     from training.refresh.models import continue_prior, continue_target, refresh_fresh
-    from training.refresh.scoring import gate_figures, reference_ndcg
+    from training.refresh.scoring import day_scores, gate_figures, reference_ndcg
 
     t0 = time.monotonic()
     y = Bundle.open(req.yesterday.resolve())
@@ -101,23 +102,37 @@ def refresh(req: RefreshRequest) -> dict[str, Any]:
     steps["data"] = time.monotonic() - s
 
     s = time.monotonic()
-    target = continue_target(y.target_dir, data, ids, today.train_only_target_dir, req.plan)
-    shutil.rmtree(today.target_dir, ignore_errors=True)
-    shutil.copytree(today.train_only_target_dir, today.target_dir)
-    steps["target"] = time.monotonic() - s
-    s = time.monotonic()
-    priors = {name: continue_prior(y.root / name, data, ids, out / name, req.plan)
-              for name in ("prior", "prior-excl") if (y.root / name / "prior.json").is_file()}
-    fresh = refresh_fresh(y.fresh_dir, data, ids, today.fresh_dir, added) if y.has_fresh() else None
-    write_serving_files(out, data)
-    if retired:
-        (out / CATALOG_FILE).write_text(json.dumps({"version": 1, "add": [], "retire": retired}) + "\n")
-    steps["prior"] = time.monotonic() - s
-
-    s = time.monotonic()
-    figures = gate_figures(out, y.root, merged.data_dir, reference_ndcg(y_meta))
-    decision = decide(figures, req.rule)
+    excl = y.serves_excluding_history()  # today's bundle.json is yesterday's: the same history rule
+    users, theirs = day_scores(y.root, merged.data_dir, excl)  # the day checked before anything is trained
+    reference = reference_ndcg(y_meta)
+    refused = check_day(len(users), float(theirs.mean()) if len(users) else 0.0, reference, req.rule)
     steps["gate"] = time.monotonic() - s
+    target: dict[str, Any] | None = None
+    priors: dict[str, Any] = {}
+    fresh: dict[str, Any] | None = None
+    if refused is None:
+        s = time.monotonic()
+        target = continue_target(y.target_dir, data, ids, today.train_only_target_dir, req.plan)
+        shutil.rmtree(today.target_dir, ignore_errors=True)
+        shutil.copytree(today.train_only_target_dir, today.target_dir)
+        steps["target"] = time.monotonic() - s
+        s = time.monotonic()
+        priors = {name: continue_prior(y.root / name, data, ids, out / name, req.plan)
+                  for name in ("prior", "prior-excl") if (y.root / name / "prior.json").is_file()}
+        fresh = refresh_fresh(y.fresh_dir, data, ids, today.fresh_dir, added) if y.has_fresh() else None
+        write_serving_files(out, data)
+        if retired:
+            (out / CATALOG_FILE).write_text(json.dumps({"version": 1, "add": [], "retire": retired}) + "\n")
+        steps["prior"] = time.monotonic() - s
+        s = time.monotonic()
+        _, mine = day_scores(out, merged.data_dir, excl)
+        figures = gate_figures(users, mine, theirs, reference)
+        decision = decide(figures, req.rule)
+        steps["gate"] += time.monotonic() - s
+    else:
+        figures = GateFigures(len(users), None, float(theirs.mean()) if len(users) else 0.0, None, None, None,
+                              reference)
+        decision = refused
     published = bool(decision.publish and req.publish is not None)
     if published:
         assert req.publish is not None
@@ -176,7 +191,7 @@ def log_line(record: dict[str, Any], out: Path) -> str:
     """The one line a refresh prints (JSON)."""
     return json.dumps({"event": "refresh", "bundle": str(out), "passed": record["passed"],
                        "published": record["published"], "added": record["data"]["added"],
-                       "new_items": record["new_items"], "target_epochs": record["target"]["epochs"],
+                       "new_items": record["new_items"], "target_epochs": (record["target"] or {}).get("epochs", 0),
                        "ndcg@10": record["gate"]["today"], "yesterday": record["gate"]["yesterday"],
                        "ratio": record["gate"]["ratio"], "seconds": record["seconds"]["total"],
                        "reason": record["reason"]})

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from training.refresh.gate import GateFigures
 
 
@@ -27,21 +29,22 @@ def reference_ndcg(meta: dict[str, Any]) -> float | None:
     return float(valid["ndcg@10"]) if "ndcg@10" in valid else None
 
 
-def gate_figures(today: Path, yesterday: Path, data_dir: Path, reference: float | None) -> GateFigures:
-    """Both bundles on ``data_dir``'s validation users (today's kept-aside items), with today's history rule."""
-    from recsvc.bundle.directory import Bundle
+def day_scores(bundle: Path, data_dir: Path, exclude_history: bool) -> tuple[list[int], np.ndarray]:
+    """(users, NDCG@10 [n]) of ``bundle`` ranking ``data_dir``'s validation users (today's kept-aside items)."""
     from training.evaluation.bundle_ranking import rank_bundle
-    from training.evaluation.lead import paired_lead
     from training.evaluation.paired import slice_scores
 
-    excl = Bundle.open(today).serves_excluding_history()
-    a = rank_bundle(today, "valid", [10], data_dir=data_dir, exclude_history=excl, protocol="paper")
-    b = rank_bundle(yesterday, "valid", [10], data_dir=data_dir, exclude_history=excl, protocol="paper")
-    assert a is not None and b is not None  # one process: rank 0
-    users = {"all": [u for u in a.users if u.targets]}
-    mine = slice_scores(a.lists, users, [10])["all"]["ndcg@10"]  # [n]
-    theirs = slice_scores(b.lists, users, [10])["all"]["ndcg@10"]  # [n]
-    lead = paired_lead(mine, theirs)
-    return GateFigures(len(users["all"]), float(mine.mean()) if len(mine) else 0.0,
-                       float(theirs.mean()) if len(theirs) else 0.0, lead["ratio"], lead["ratio_lo"],
+    ranked = rank_bundle(bundle, "valid", [10], data_dir=data_dir, exclude_history=exclude_history, protocol="paper")
+    assert ranked is not None  # one process: rank 0
+    users = [u for u in ranked.users if u.targets]
+    return [u.user_id for u in users], slice_scores(ranked.lists, {"all": users}, [10])["all"]["ndcg@10"]
+
+
+def gate_figures(users: list[int], today: np.ndarray, yesterday: np.ndarray, reference: float | None) -> GateFigures:
+    """The paired figures of both bundles' ``day_scores`` (the same users, in order)."""
+    from training.evaluation.lead import paired_lead
+
+    lead = paired_lead(today, yesterday)
+    return GateFigures(len(users), float(today.mean()) if len(today) else 0.0,
+                       float(yesterday.mean()) if len(yesterday) else 0.0, lead["ratio"], lead["ratio_lo"],
                        lead["ratio_hi"], reference)
