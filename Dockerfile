@@ -59,7 +59,7 @@ RUN --mount=type=secret,id=build-ca \
     if [ -f /run/secrets/build-ca ]; then export PIP_CERT=/run/secrets/build-ca; fi \
     && pip install . --no-deps \
     && pip check \
-    && python -c "import torch, recsvc.service.server; print('torch', torch.__version__)" \
+    && python -c "import torch, recsvc.service.rpc.server; print('torch', torch.__version__)" \
     && rm -rf /src
 
 COPY --chmod=0755 deploy/docker/entrypoint.sh /usr/local/bin/recsvc-entrypoint

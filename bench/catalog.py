@@ -163,8 +163,8 @@ def run(args: argparse.Namespace) -> None:
     from recsvc.data.sampling import sample_users
     from recsvc.data.split import load_split_dir
     from recsvc.recommender.bundle_recommender import BundleRecommender
-    from recsvc.service.catalog_watch import watch_catalog
-    from recsvc.service.server import RecServer, ServerConfig
+    from recsvc.service.rpc.server import RecServer, ServerConfig
+    from recsvc.service.swap.catalog_watch import watch_catalog
 
     if args.items < 1 or args.dim < 1 or args.callers < 1 or args.seconds <= 0:
         raise UserError("--items, --dim, --callers and --seconds must be positive")
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> None:
 
         watched = work / "catalog_live.json"
         live, watch = watch_catalog(rec, watched, check_every_s=0.5, max_bytes=limit)
-        gc.freeze()  # as `recsvc serve` does before it serves (recsvc.service.startup)
+        gc.freeze()  # as `recsvc serve` does before it serves (recsvc.service.startup.process)
         server = RecServer(live, None, ServerConfig(default_mode="plain", max_wait_ms=2.0)).start()
         monitor = _PauseMonitor()
         phases: list[dict[str, Any]] = []

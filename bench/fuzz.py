@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> dict:
     server = None
     if args.bundle:
         from recsvc.recommender.bundle_recommender import BundleRecommender
-        from recsvc.service.server import ServerConfig, serve
+        from recsvc.service.rpc.server import ServerConfig, serve
 
         rec = BundleRecommender.from_bundle(args.bundle, dtype=args.dtype)  # fp32 attention: the serving default
         server = serve(rec, None, ServerConfig(port=0))

@@ -14,7 +14,7 @@ Timings are meaningful only on an otherwise idle host: ``host_cpu_busy`` and ``l
 whether it was.
 
 The engine flags (``--beam-width``, ``--spec``, ``--dtype``, ``--default-mode``, ...) are ``recsvc serve``'s own
-(``recsvc.service.settings``): they resolve to the ``ServeSettings`` whose ``argv()`` the server is started
+(``recsvc.service.startup.settings``): they resolve to the ``ServeSettings`` whose ``argv()`` the server is started
 with, and the report records them (``serving``) beside the precision each run's server resolved.
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from recsvc.data.split import EVAL_SPLITS
 from recsvc.errors import UserError
-from recsvc.service.settings import ServeSettings, add_engine_args
+from recsvc.service.startup.settings import ServeSettings, add_engine_args
 
 from .processes_load import drive, open_channels, percentile, window
 from .processes_server import ServeProcess, WorkerSample
@@ -138,7 +138,7 @@ def _terminated(signum: int, _frame: object) -> None:
 def run(args: argparse.Namespace) -> dict:
     if args.users < 1:
         raise UserError("--users must be >= 1")
-    from recsvc.service.logs import configure_json_logging
+    from recsvc.service.observability.logs import configure_json_logging
 
     configure_json_logging("ERROR")
     requests = build_requests(args.bundle, args.users, args.k, args.spec, args.split, args.seed)

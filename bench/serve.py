@@ -10,7 +10,7 @@ numbers are pessimistic; use ``--target`` against ``recsvc serve`` for deploymen
 
 ``--bundle`` is served as ``recsvc serve --bundle`` serves it: the same engine flags (``--beam-width``,
 ``--spec``, ``--dtype``, ... with serve's defaults) resolve to the same ``ServeSettings`` and the same
-constructor builds the recommender (``recsvc.service.settings``), --spec auto calibration included. The
+constructor builds the recommender (``recsvc.service.startup.settings``), --spec auto calibration included. The
 report records those settings and what the engine resolved (``serving``: beam width, default mode, speculation
 policy and per-K choice, precision), and each row counts the modes the server reported using (``modes_used``).
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.errors import UserError
-from recsvc.service.settings import ServeSettings, add_engine_args, build_recommender, engine_fields
+from recsvc.service.startup.settings import ServeSettings, add_engine_args, build_recommender, engine_fields
 
 BATCH_ON, BATCH_OFF = 16, 1
 SPEC_ON, SPEC_OFF = "strict", "plain"
@@ -81,11 +81,11 @@ def _switch(value: str) -> bool | None:
 
 def run(args: argparse.Namespace) -> None:
     """The command; exits with status 1 when the outage drill finds a lost acknowledged write."""
-    from recsvc.service.logs import configure_json_logging
+    from recsvc.service.observability.logs import configure_json_logging
 
     configure_json_logging("ERROR")
     if args.popularity:
-        from recsvc.service.popularity import PopularityRecommender
+        from recsvc.service.startup.popularity import PopularityRecommender
 
         source: Any = PopularityRecommender.from_json(args.popularity)
         settings = None
@@ -281,7 +281,7 @@ def run_serve_bench(
     ``outage``).
     """
     from harness.redis_server import RedisProcess
-    from recsvc.service.server import RecServer, ServerConfig
+    from recsvc.service.rpc.server import RecServer, ServerConfig
     from recsvc.service.stores import open_store
 
     if isinstance(target_or_bundle, (str, Path)) and Path(target_or_bundle).is_dir():
@@ -359,7 +359,7 @@ def run_serve_bench(
 
 
 def _limits(recommender: Any, k: int):
-    from recsvc.service.validation import Limits
+    from recsvc.service.rpc.validation import Limits
 
     if not 1 <= k <= recommender.max_k:
         raise UserError(f"k must be between 1 and {recommender.max_k} (got {k})")

@@ -67,7 +67,7 @@ def persistent_redis_server(tmp_path) -> Iterator:
 @pytest.fixture
 def catalog():
     """A popularity recommender over items 1..2000 (item i has count 3000 - i), with semantic ids."""
-    from recsvc.service.popularity import PopularityRecommender
+    from recsvc.service.startup.popularity import PopularityRecommender
 
     counts = {item: 3000 - item for item in range(1, 2001)}
     semantic_ids = {item: [f"<a_{item % 256}>", f"<b_{item // 256}>", "<c_0>", "<d_0>"] for item in counts}
@@ -77,7 +77,7 @@ def catalog():
 @pytest.fixture
 def make_server() -> Iterator[Callable]:
     """``make_server(recommender, store=None, **config_fields)`` -> a started RecServer (stopped after)."""
-    from recsvc.service.server import RecServer, ServerConfig
+    from recsvc.service.rpc.server import RecServer, ServerConfig
 
     servers = []
 

@@ -28,7 +28,7 @@ from recsvc.bundle.serving_files import (
 )
 from recsvc.client.client import RecClient
 from recsvc.data.split import load_split_dir
-from recsvc.service.settings import ServeSettings, build_recommender
+from recsvc.service.startup.settings import ServeSettings, build_recommender
 
 _WATCHED: list[str] = []  # path prefixes whose opens the audit hook records (the hook cannot be removed)
 _OPENED: list[str] = []

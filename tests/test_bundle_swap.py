@@ -33,14 +33,14 @@ from recsvc.catalog.file import parse_catalog
 from recsvc.client.client import RecClient
 from recsvc.recommender.api import RecQuery
 from recsvc.recommender.live_catalog import LiveRecommender
-from recsvc.service.settings import ServeSettings, build_recommender
+from recsvc.service.startup.settings import ServeSettings, build_recommender
 
 REPO = Path(__file__).resolve().parents[1]
 K = 5
 USERS = [f"user{i}" for i in range(4)]
 CALLERS = 4  # caller threads, one request in flight each
 # p99 while a version loads, warms and swaps in, over p99 before: the goal, 2x. The loader yields to every call
-# being answered (recsvc.service.loader_throttle, call_activity) and the new version warms on the histories
+# being answered (recsvc.service.swap.loader_throttle, call_activity) and the new version warms on the histories
 # served lately; this test measured 1.09-1.16x (3 runs on a 2-core machine), `recsvc bench swap` on a Beauty
 # bundle 0.98-1.11x (before those two changes: this test 0.89-1.81x, the Beauty bundle 2.19-2.40x)
 SWAP_P99_BOUND = 2.0

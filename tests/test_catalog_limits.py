@@ -26,7 +26,7 @@ from recsvc.catalog.reader import read_catalog_isolated
 from recsvc.client.client import RecClient
 from recsvc.errors import UserError
 from recsvc.recommender.bundle_recommender import BundleRecommender
-from recsvc.service.catalog_watch import watch_catalog
+from recsvc.service.swap.catalog_watch import watch_catalog
 
 BASE = random_ids(list(range(1, 61)))
 

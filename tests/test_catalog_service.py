@@ -26,11 +26,11 @@ from harness.processes import stop
 from recsvc.client.client import RecClient
 from recsvc.errors import UserError
 from recsvc.recommender.bundle_recommender import BundleRecommender
-from recsvc.service.catalog_watch import watch_catalog
+from recsvc.service.swap.catalog_watch import watch_catalog
 
 REPO = Path(__file__).resolve().parents[1]
 K = 5
-WATCH_LOG = "recsvc.service.catalog_watch"
+WATCH_LOG = "recsvc.service.swap.catalog_watch"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from service_helpers import json_line
 from recsvc.cli.main import build_parser, main
 from recsvc.client.client import RecClient
 from recsvc.recommender.bundle_recommender import SpecSettings
-from recsvc.service import calibration
+from recsvc.service.startup import calibration
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,7 +107,7 @@ def test_good_serve_flag_values_parse():
 
 def test_server_config_rejects_out_of_range_ports():
     from recsvc.errors import UserError
-    from recsvc.service.server import ServerConfig
+    from recsvc.service.rpc.server import ServerConfig
 
     for bad in (dict(port=99999), dict(port=-1), dict(metrics_port=65536)):
         with pytest.raises(UserError, match="must be between 0 and 65535"):

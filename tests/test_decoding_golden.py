@@ -27,7 +27,7 @@ from recsvc.bundle.directory import Bundle
 from recsvc.data.split import load_split_dir
 from recsvc.recommender.api import RecQuery
 from recsvc.rules.spec import Boost, Cap, Rules, ValueFilter
-from recsvc.service.settings import ServeSettings, build_recommender
+from recsvc.service.startup.settings import ServeSettings, build_recommender
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 GOLDEN = Path(__file__).parent / "data" / "decoding_golden.json"

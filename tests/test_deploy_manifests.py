@@ -29,8 +29,8 @@ from packaging.version import Version
 
 from harness.redis_server import free_port
 from recsvc.service import cli as serve_cli
-from recsvc.service.server import STORE_HEALTH_NAME
-from recsvc.service.servicer import SERVICE_NAME
+from recsvc.service.rpc.server import STORE_HEALTH_NAME
+from recsvc.service.rpc.servicer import SERVICE_NAME
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "k8s"

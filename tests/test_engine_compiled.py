@@ -165,7 +165,7 @@ def test_a_server_built_with_the_compiled_forward_compiles_before_serving(tmp_pa
 
     from recsvc.cli.main import build_parser
     from recsvc.recommender.api import RecQuery
-    from recsvc.service.settings import ServeSettings, build_recommender
+    from recsvc.service.startup.settings import ServeSettings, build_recommender
 
     bundle = tiny_bundle(tmp_path / "b", n_users=20)
     events: list[str] = []

@@ -107,7 +107,7 @@ def _compares_forward_names(path: Path) -> list[int]:
 
 
 def test_the_service_and_the_searches_read_the_plan_not_names() -> None:
-    for rel in ("recsvc/service/settings.py", "recsvc/engine/search/beam_search.py",
+    for rel in ("recsvc/service/startup/settings.py", "recsvc/engine/search/beam_search.py",
                 "recsvc/engine/caches/tree_cache.py", "recsvc/engine/speculation/strict/speculative.py",
                 "recsvc/drafters/head.py", "recsvc/engine/kernels/engine_model.py"):
         path = ROOT / rel

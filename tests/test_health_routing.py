@@ -13,7 +13,7 @@ import grpc
 from recsvc.client.client import SERVICE_CONFIG
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
-from recsvc.service.server import RecServer, ServerConfig
+from recsvc.service.rpc.server import RecServer, ServerConfig
 
 HEALTH_CHECKED = {**SERVICE_CONFIG, "healthCheckConfig": {"serviceName": "recsvc.v1.Recommender"}}
 

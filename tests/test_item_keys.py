@@ -30,9 +30,9 @@ from recsvc.data.split import load_split_dir
 from recsvc.errors import UserError
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.recommender.live_catalog import LiveRecommender
-from recsvc.service.catalog_watch import watch_catalog
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.stores import open_store
+from recsvc.service.swap.catalog_watch import watch_catalog
 
 TESTS = Path(__file__).resolve().parent
 K = 5

@@ -33,6 +33,10 @@ functions and ``TYPE_CHECKING`` blocks; nothing is imported):
   their compilation over the trie's leaves, the greedy cap filler) sit with the data layer and import no engine,
   drafter or decoding-level rule; the decoding-level rules (``recsvc/rule_decoding``: list-level search, look-ahead, the
   strategies) sit above the engine and below the recommender.
+- ``recsvc/service/`` stands in rooms (``SERVICE_ROOMS``, the map in ``recsvc/service/__init__.py``): start-up,
+  rpc, swap, stores, observability, each importing only the rooms below it and none the ``recsvc serve`` command
+  (``cli.py``); beside them only the command, the flags' value types and the proto generator, which import no
+  room but the stores; no folder of the service holds more than 15 modules.
 - the service reads a recommender only through the ``Recommender`` protocol: no ``getattr`` / ``hasattr`` on a
   recommender in ``recsvc/service``.
 - no module of the project is imported by a string (``importlib.import_module``, ``__import__``): commands and
@@ -73,6 +77,10 @@ PROJECT = ("recsvc", "tokenizer_rqvae", "training", "bench", "harness")
 BUNDLE = ("recsvc/bundle",)
 ABOVE_BUNDLE = ABOVE_DATA[1:]
 ABOVE_SERVICE = ("bench", "recsvc.cli", "recsvc.client", "training")
+# the service's rooms, top floor first: each imports only the rooms after it; the modules beside them
+SERVICE_ROOMS = ("startup", "rpc", "swap", "stores", "observability")
+SERVICE_LOOSE = ("__init__.py", "arg_types.py", "cli.py", "proto_gen.py")
+MAX_MODULES = 15  # a folder's modules (issue 69)
 MODULE_NAME = re.compile(r"^training(\.\w+)*$")
 # the rules in their two rooms: the trie-level rules (below the engine, beside the data layer) and the
 # decoding-level rules (above the engine, below the recommender)
@@ -223,6 +231,20 @@ def test_bundle_stands_beside_the_engine() -> None:
 
 def test_service_imports_no_bench_or_cli() -> None:
     assert violations(("recsvc/service",), ABOVE_SERVICE) == []
+
+
+def test_service_rooms_stand_in_order() -> None:
+    service = ROOT / "recsvc" / "service"
+    rooms = tuple(f"recsvc.service.{r}" for r in SERVICE_ROOMS)
+    assert sorted(p.name for p in service.iterdir() if (p / "__init__.py").is_file()) == sorted((*SERVICE_ROOMS, "gen"))
+    assert sorted(p.name for p in service.glob("*.py")) == sorted(SERVICE_LOOSE)
+    for i, room in enumerate(SERVICE_ROOMS):
+        assert violations((f"recsvc/service/{room}",), (*rooms[:i], "recsvc.service.cli")) == []
+    loose = tuple(f"recsvc/service/{name}" for name in SERVICE_LOOSE if name not in ("__init__.py", "cli.py"))
+    assert violations(loose, tuple(r for r in rooms if r != "recsvc.service.stores") + ("recsvc.service.cli",)) == []
+    folders = [service, *(p for p in service.rglob("*") if p.is_dir() and p != service / "gen")]
+    assert [(str(f.relative_to(ROOT)), n) for f in folders
+            if (n := len(list(f.glob("*.py")))) > MAX_MODULES] == []
 
 
 def test_benchmarks_and_harness_stand_outside_the_product() -> None:

@@ -1,4 +1,4 @@
-"""The bundle loader's throttle (recsvc/service/loader_throttle.py) and what it asks: whether a call is decoding
+"""The bundle loader's throttle (recsvc/service/swap/loader_throttle.py) and what it asks: whether a call is decoding
 (SwappableRecommender.busy). Counts only: the latency it buys is measured by tests/test_bundle_swap.py and
 ``recsvc bench swap``."""
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from recsvc.recommender.api import RecQuery, RecResult
 from recsvc.recommender.swappable import SwappableRecommender
-from recsvc.service.loader_throttle import LoaderThrottle
+from recsvc.service.swap.loader_throttle import LoaderThrottle
 
 
 def work() -> int:

@@ -23,7 +23,7 @@ from test_train_fixtures import make_data, write_ids
 
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
-from recsvc.service.server import RecServer, ServerConfig
+from recsvc.service.rpc.server import RecServer, ServerConfig
 from recsvc_base.progress import LineProgress, print_record, progress_bar, progress_mode
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from redis.crc import key_slot
 from test_service_stores import _assert_whole_triples, _hammer
 
 from recsvc.client.client import RecClient
-from recsvc.service.server import STORE_HEALTH_NAME
+from recsvc.service.rpc.server import STORE_HEALTH_NAME
 from recsvc.service.stores import HistoryStoreUnavailable, open_store
 from recsvc.service.stores.redis_urls import ClusterURL, parse_cluster_url, redacted
 

@@ -190,7 +190,7 @@ def test_a_bundle_whose_prior_ranks_alone_serves_and_evaluates_the_priors_rankin
     from recsvc.recommender.bundle_recommender import BundleRecommender
     from recsvc.recommender.prior_ranked import PRIOR_RANKED
     from recsvc.rules.spec import Cap, Rules, ValueFilter
-    from recsvc.service.settings import ServeSettings, build_recommender
+    from recsvc.service.startup.settings import ServeSettings, build_recommender
     from training.baselines.prior_alone import prior_rankings
 
     only_commands(monkeypatch, "tune", "eval", "bundle", "serve")

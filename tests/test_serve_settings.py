@@ -13,8 +13,8 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 from bench.processes import serve_args
 from recsvc.cli.main import build_parser, main
-from recsvc.service import startup
-from recsvc.service.settings import DEFAULT_BEAM_WIDTH, ServeSettings
+from recsvc.service.startup import process
+from recsvc.service.startup.settings import DEFAULT_BEAM_WIDTH, ServeSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CHANGED = ["--beam-width", "7", "--spec", "3:2", "--default-mode", "plain", "--dtype", "fp32", "--no-prior",
@@ -61,7 +61,7 @@ def test_bench_serve_measures_the_served_configuration(bundle, tmp_path, capsys)
     assert main(["bench", "serve", "--bundle", str(bundle), "--concurrency", "2", "--duration", "0.4", "--k", "5",
                  "--batching", "on", "--users", "4", "--history-len", "3", *flags, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    served = startup.load_recommender(build_parser().parse_args(["serve", "--bundle", str(bundle), *flags]),
+    served = process.load_recommender(build_parser().parse_args(["serve", "--bundle", str(bundle), *flags]),
                                       step=lambda *a, **f: None)
     serving = report["serving"]
     assert {k: serving[k] for k in ServeSettings.__dataclass_fields__} == _resolved(["serve"], bundle,

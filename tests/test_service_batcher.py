@@ -11,7 +11,7 @@ import pytest
 
 from recsvc.recommender.answer import NO_HISTORY_REASON, Answering
 from recsvc.recommender.api import RecQuery, WithoutModel
-from recsvc.service.batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
+from recsvc.service.rpc.batcher import Batcher, BatcherClosed, DeadlineExpired, Overloaded
 
 
 class Gate(WithoutModel, Answering):

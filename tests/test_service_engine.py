@@ -95,7 +95,7 @@ def test_concurrent_clients_are_batched(make_server, recommender) -> None:
 
 def test_calibration_picks_a_setting_per_width_and_keeps_results_exact(recommender) -> None:
     from recsvc.recommender.api import RecQuery
-    from recsvc.service.calibration import calibrate_speculation
+    from recsvc.service.startup.calibration import calibrate_speculation
 
     histories = [[1, 2, 3], [4, 5]]
     before = [r.item_ids for r in recommender.recommend([RecQuery(h, k=5, mode="plain") for h in histories])]
@@ -122,7 +122,7 @@ def test_relaxed_without_a_drafter_samples_from_the_target(tiny_bundle) -> None:
 def test_auto_speculation_calibrates_on_the_bundles_validation_users(tiny_bundle, recommender, tmp_path) -> None:
     from recsvc.bundle.directory import Bundle
     from recsvc.data.split import load_split_dir
-    from recsvc.service.calibration import calibration_histories
+    from recsvc.service.startup.calibration import calibration_histories
 
     data = load_split_dir(Bundle.open(tiny_bundle).resolve_data_dir())
     valid = {tuple(u.history[-50:]) for u in data.eval_users("valid")}
@@ -239,7 +239,7 @@ def test_auto_calibration_is_stored_and_reused_on_the_same_hardware_models_and_s
     import json
     import shutil
 
-    from recsvc.service.calibration import calibrate_speculation
+    from recsvc.service.startup.calibration import calibrate_speculation
 
     root = tmp_path / "b"
     shutil.copytree(tiny_bundle, root)

@@ -15,8 +15,8 @@ from test_service_server import DelayedRecommender
 
 from recsvc.client.client import RecClient
 from recsvc.service.gen import recommender_pb2 as pb
-from recsvc.service.popularity import PopularityRecommender
-from recsvc.service.server import STORE_HEALTH_NAME, RecServer, ServerConfig
+from recsvc.service.rpc.server import STORE_HEALTH_NAME, RecServer, ServerConfig
+from recsvc.service.startup.popularity import PopularityRecommender
 from recsvc.service.stores import open_store
 
 
@@ -158,7 +158,7 @@ def test_health_is_not_serving_until_the_engine_is_attached(catalog, records):
             assert client.recommend("u", history=[1], k=2).items
     finally:
         server.stop(grace_s=0.5)
-    events = [r.getMessage() for r in records if r.name == "recsvc.service.server"]
+    events = [r.getMessage() for r in records if r.name == "recsvc.service.rpc.server"]
     assert events.index("listening") < events.index("serving")
     serving = next(r for r in records if r.getMessage() == "serving")
     assert serving.fields["bundle"] == "test-bundle" and serving.fields["port"] == server.port
@@ -193,9 +193,9 @@ def test_history_store_health_follows_redis_and_hides_its_address(catalog, make_
     finally:
         store.close()
     port = str(redis_server.port)
-    logged = [r for r in records if r.name == "recsvc.service.servicer" and "detail" in r.fields]
+    logged = [r for r in records if r.name == "recsvc.service.rpc.servicer" and "detail" in r.fields]
     assert logged and all(port in r.fields["detail"] for r in logged)  # the detail stays in the server log
-    events = [r.getMessage() for r in records if r.name == "recsvc.service.server"]
+    events = [r.getMessage() for r in records if r.name == "recsvc.service.rpc.server"]
     assert "history_store_unavailable" in events and events[-1] in ("history_store_available", "stopped")
 
 

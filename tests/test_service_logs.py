@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from recsvc.service.logs import configure_json_logging, log_event
+from recsvc.service.observability.logs import configure_json_logging, log_event
 
 
 def test_json_lines_with_static_and_event_fields() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from recsvc.errors import UserError
 from recsvc.recommender.api import RecQuery
-from recsvc.service.popularity import PopularityRecommender
+from recsvc.service.startup.popularity import PopularityRecommender
 
 
 def test_most_popular_first_ties_by_id_and_exclusions():

@@ -139,16 +139,16 @@ def test_serve_flags(bundle) -> None:
     import argparse
 
     from recsvc.service import cli as serve_cli
-    from recsvc.service import startup
+    from recsvc.service.startup import process
 
     parser = argparse.ArgumentParser()
     serve_cli.register(parser.add_subparsers())
     args = parser.parse_args(["serve", "--bundle", str(bundle), "--dtype", "fp32", "--spec", "2:1",
                               "--exclude-history", "--no-prior"])
-    rec = startup.load_recommender(args)
+    rec = process.load_recommender(args)
     assert rec.exclude_history and rec.prior is None
     args = parser.parse_args(["serve", "--bundle", str(bundle), "--dtype", "fp32", "--spec", "2:1"])
-    rec = startup.load_recommender(args)
+    rec = process.load_recommender(args)
     assert not rec.exclude_history and rec.prior_weight == WEIGHT
 
 

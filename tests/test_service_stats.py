@@ -14,10 +14,10 @@ from test_train_fixtures import one_thread  # noqa: F401 (a fixture)
 
 from recsvc.cli.main import build_parser
 from recsvc.client.client import RecClient
-from recsvc.service import calibration, startup
-from recsvc.service.calibration_cache import calibration_key, save_choice
 from recsvc.service.gen import recommender_pb2 as pb
-from recsvc.service.settings import ServeSettings
+from recsvc.service.startup import calibration, process
+from recsvc.service.startup.calibration_cache import calibration_key, save_choice
+from recsvc.service.startup.settings import ServeSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 # The choice a previous `--spec auto` start stored for this host, models and settings (BUNDLE/calibration.json):
@@ -39,7 +39,7 @@ def _serve_args(bundle, *flags: str):
 
 def _recommender(args):
     events: list[str] = []
-    rec = startup.load_recommender(args, step=lambda event, *a, **f: events.append(event))
+    rec = process.load_recommender(args, step=lambda event, *a, **f: events.append(event))
     return rec, events
 
 

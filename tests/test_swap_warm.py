@@ -13,9 +13,9 @@ import pytest
 from recsvc.errors import UserError
 from recsvc.recommender.parts import popular_order
 from recsvc.recommender.recent_histories import RecentHistories
-from recsvc.service.bundle_watch import WARM_HISTORIES, warm_histories
-from recsvc.service.call_activity import CallActivity
-from recsvc.service.loader_throttle import LoaderThrottle
+from recsvc.service.swap.bundle_watch import WARM_HISTORIES, warm_histories
+from recsvc.service.swap.call_activity import CallActivity
+from recsvc.service.swap.loader_throttle import LoaderThrottle
 from tokenizer_rqvae import trie as trie_module
 from tokenizer_rqvae.ids import SemanticIds
 from tokenizer_rqvae.trie import CatalogTrie
@@ -101,7 +101,7 @@ def test_semantic_ids_parse_each_token_once_and_reject_non_strings(tmp_path) -> 
 def test_a_calibration_under_the_loader_throttle_times_cpu_not_its_sleeps() -> None:
     """A version swapped in with ``--spec auto`` calibrates in the throttled loading thread: on one CPU thread
     the runs are timed in that thread's CPU time, which the throttle's sleeps do not add to."""
-    from recsvc.service.calibration import calibration_clock
+    from recsvc.service.startup.calibration import calibration_clock
 
     assert calibration_clock("cpu", 1) is time.thread_time
     assert calibration_clock("cpu", 2) is time.perf_counter and calibration_clock("cuda", 1) is time.perf_counter

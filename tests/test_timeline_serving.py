@@ -35,7 +35,7 @@ from recsvc.recommender.live_catalog import LiveRecommender
 from recsvc.recommender.stages.timeline_decode import WHY_PLAIN
 from recsvc.rules.attributes import ItemAttributes
 from recsvc.rules.spec import Cap, Rules, ValueFilter
-from recsvc.service.settings import ServeSettings, build_recommender
+from recsvc.service.startup.settings import ServeSettings, build_recommender
 from recsvc.timeline.config import TimelineConfig
 from recsvc.timeline.model import TimelineModel
 from recsvc.timeline.search import beam_search, user_states

@@ -312,7 +312,7 @@ def test_evaluation_and_service_follow_the_bundles_history_choice(tmp_path, monk
     """bundle.json "exclude_history" (what `recsvc tune history` writes) is what `recsvc eval` applies to every
     method and what `recsvc serve` serves, unless --keep-history / --exclude-history say otherwise."""
     from recsvc.errors import UserError
-    from recsvc.service.settings import ServeSettings
+    from recsvc.service.startup.settings import ServeSettings
 
     only_commands(monkeypatch, "eval")
     root = make_tiny_bundle(tmp_path, n_users=40)

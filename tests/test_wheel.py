@@ -58,7 +58,7 @@ def test_the_wheel_holds_the_product_and_no_bench_harness_or_tests(wheel) -> Non
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == PRODUCT
     assert [n for n in names if n.split("/")[0] in NOT_SHIPPED] == []
-    for package in ("recsvc/service/server.py", "recsvc/commands.py", "recsvc_base/__init__.py",
+    for package in ("recsvc/service/rpc/server.py", "recsvc/commands.py", "recsvc_base/__init__.py",
                     "tokenizer_rqvae/trie.py", "training/cli.py", "training/drafters/api.py"):
         assert package in names
     (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")]

@@ -1,5 +1,5 @@
 """The live catalog carried over to a new bundle version (``recsvc serve`` swapping bundles,
-``recsvc.service.bundle_watch``): the items added and retired at run time stay added and retired.
+``recsvc.service.swap.bundle_watch``): the items added and retired at run time stay added and retired.
 
 The additions the new bundle already holds (a bundle retrained on ids that include them: ``recsvc catalog ids``
 then ``recsvc build --ids``) are its own items now and are dropped from the carried catalog, as are retirements

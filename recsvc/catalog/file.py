@@ -1,7 +1,7 @@
 """The live catalog file: items added to and retired from a bundle's catalog without retraining.
 
 ``recsvc catalog add|retire`` writes it (BUNDLE/catalog_live.json by default); a running ``recsvc serve`` reads
-it whenever it changes (``recsvc.service.catalog_watch``) and serves the bundle's catalog plus the additions,
+it whenever it changes (``recsvc.service.swap.catalog_watch``) and serves the bundle's catalog plus the additions,
 minus the retired items. Format (cumulative: each command rewrites the whole file, atomically)::
 
     {"version": 3,

@@ -53,8 +53,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _serve_and_query(bundle: Path, startup_budget_s: float = 20.0) -> None:
     from recsvc.client.client import RecClient, response_to_dict
-    from recsvc.service.server import ServerConfig, serve
-    from recsvc.service.settings import ServeSettings, build_recommender
+    from recsvc.service.rpc.server import ServerConfig, serve
+    from recsvc.service.startup.settings import ServeSettings, build_recommender
 
     _say("starting the gRPC server as `recsvc serve` would (in-process history store, port chosen by the OS; "
          f"--spec auto calibration within {startup_budget_s:g} s)")

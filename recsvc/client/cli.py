@@ -125,7 +125,7 @@ def run_client(args: argparse.Namespace) -> int:
     import grpc
 
     from recsvc.client.client import RecClient, response_to_dict, rules_message
-    from recsvc.service.security import api_key_from
+    from recsvc.service.rpc.security import api_key_from
 
     from .sticky import StickyClient
 

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from recsvc.service.gen import recommender_pb2 as pb
 from recsvc.service.gen import recommender_pb2_grpc as pb_grpc
-from recsvc.service.security import API_KEY_HEADER, channel_credentials
+from recsvc.service.rpc.security import API_KEY_HEADER, channel_credentials
 
 # The channel's service config (gRPC option "grpc.service_config", with "grpc.enable_retries" 1): any gRPC
 # client of the service can use the same JSON (deploy/README.md, "Several servers").

@@ -1,5 +1,5 @@
 """The item histories served most recently: what a new bundle version warms on before it serves
-(``recsvc.service.bundle_watch``), so that the users active at the swap do not meet a cold version.
+(``recsvc.service.swap.bundle_watch``), so that the users active at the swap do not meet a cold version.
 
 A swap empties the user-state cache (a new target's keys and values differ), so each active user's first
 request on the new version would pay its whole prompt's prefill and its prior row at once: with a few busy users

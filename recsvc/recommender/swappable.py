@@ -1,5 +1,5 @@
 """The served recommender behind one reference that a new bundle version replaces while the server runs
-(``recsvc.service.bundle_watch``): TF Serving's model versions, for one model.
+(``recsvc.service.swap.bundle_watch``): TF Serving's model versions, for one model.
 
 Every member of the ``Recommender`` contract reads the current recommender once, so a batch that started on
 the previous bundle finishes on it (``answers`` decodes the whole batch on the recommender it read), and the
@@ -8,7 +8,7 @@ swap happened, history items that the serving bundle does not know are left out 
 the batch (before any swap, validation against the only bundle already did that).
 
 ``busy`` says whether a call is decoding now: a new version loads in slices while it is
-(``recsvc.service.loader_throttle``). ``recent`` keeps the histories served lately: a new version warms on them.
+(``recsvc.service.swap.loader_throttle``). ``recent`` keeps the histories served lately: a new version warms on them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """List-level business rules of one request (docs/RULES.md): caps, allow / deny filters, score boosts.
 
-Plain data, already validated against the catalog's attributes (``recsvc.service.validation`` checks the wire
+Plain data, already validated against the catalog's attributes (``recsvc.service.rpc.validation`` checks the wire
 message; ``recsvc.rules.catalog.RuleCatalog.check`` the names and values). Attribute values are compared after
 ``normalize_value`` (case-folded, inner whitespace squashed), on both sides.
 

@@ -58,7 +58,7 @@ def log_level(text: str) -> str:
 def redis_url(text: str) -> str:
     """argparse type: redis://[user:password@]host[:port][/db], rediss://... (TLS), unix:///path, or a Redis
     Cluster: redis+cluster://host:port[,host:port...] (rediss+cluster:// with TLS)."""
-    from .stores.redis_urls import is_cluster_url, parse_cluster_url
+    from recsvc.service.stores.redis_urls import is_cluster_url, parse_cluster_url
 
     if is_cluster_url(text):
         try:

@@ -8,8 +8,8 @@ models, calibration per K with its choice, serving); --spec auto calibration is 
 (the K values not tuned in time are served with plain decoding, logged); then health turns SERVING.
 """
 
-# This module is the command (its flags and dispatch); arg_types.py parses flag values, startup.py runs one serving
-# process, calibration.py tunes --spec auto, workers.py supervises --processes N.
+# This module is the command (its flags and dispatch); arg_types.py parses flag values, startup/process.py runs one
+# serving process, startup/calibration.py tunes --spec auto, startup/workers.py supervises --processes N.
 
 from __future__ import annotations
 
@@ -74,18 +74,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grace-s", type=float, default=10.0, help="drain period on SIGTERM")
     p.add_argument("--log-level", type=log_level, default="INFO",
                    help=f"log level, one of {', '.join(LOG_LEVELS)} (JSON lines on stderr)")
-    from .settings import add_engine_args
+    from recsvc.service.startup.settings import add_engine_args
 
-    add_engine_args(p)  # --dtype, --beam-width, --spec, --default-mode, ...: recsvc.service.settings
+    add_engine_args(p)  # --dtype, --beam-width, --spec, --default-mode, ...: recsvc.service.startup.settings
     p.set_defaults(func=run_serve)
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from .startup import serve_one, store_options
+    from recsvc.service.startup.process import serve_one, store_options
 
     store_options(args)  # bad --redis-* combinations fail before anything starts
     if getattr(args, "processes", 1) > 1:
-        from .workers import run_workers
+        from recsvc.service.startup.workers import run_workers
 
         return run_workers(args)
     return serve_one(args)

@@ -27,9 +27,8 @@ from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 
 from recsvc.recommender.api import Answer, Recommender, RecQuery
-
-from .logs import log_event
-from .metrics import ServiceMetrics
+from recsvc.service.observability.logs import log_event
+from recsvc.service.observability.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
 OnEnd = Callable[[Callable[[], object]], bool]  # grpc's context.add_callback: False when the RPC has ended

@@ -10,8 +10,7 @@ from recsvc.errors import InvalidRequest
 from recsvc.recommender.api import Mode, Recommender
 from recsvc.rules.catalog import RuleCatalog
 from recsvc.rules.spec import Boost, Cap, Rules, ValueFilter, normalize_value
-
-from .gen import recommender_pb2 as pb
+from recsvc.service.gen import recommender_pb2 as pb
 
 MAX_ENTRIES = 16  # caps / filters / boosts per request
 MAX_VALUES = 1000  # values per filter

@@ -15,8 +15,7 @@ from pathlib import Path
 import grpc
 
 from recsvc.errors import UserError
-
-from .metrics import ServiceMetrics
+from recsvc.service.observability.metrics import ServiceMetrics
 
 API_KEY_HEADER = "x-api-key"
 API_KEY_ENV = "RECSVC_API_KEY"

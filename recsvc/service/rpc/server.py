@@ -29,14 +29,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from recsvc.errors import UserError
 from recsvc.recommender.api import MODES, Mode, Recommender, RecQuery
+from recsvc.service.observability.logs import log_event
+from recsvc.service.observability.metrics import ServiceMetrics
+from recsvc.service.stores import HistoryStore, InMemoryHistoryStore
 
 from .batcher import Batcher
-from .logs import log_event
-from .metrics import ServiceMetrics
 from .reflection import enable_server_reflection
 from .security import ApiKeyInterceptor, server_credentials
 from .servicer import SERVICE_NAME, RecommenderServicer
-from .stores import HistoryStore, InMemoryHistoryStore
 from .validation import Limits
 
 log = logging.getLogger(__name__)

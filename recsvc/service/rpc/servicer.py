@@ -30,13 +30,13 @@ from google.protobuf.message import DecodeError, Message
 
 from recsvc.errors import UserError
 from recsvc.recommender.api import Mode, Recommender, RecQuery
+from recsvc.service.gen import recommender_pb2 as pb
+from recsvc.service.observability.logs import EveryInterval, log_event
+from recsvc.service.observability.metrics import ServiceMetrics
+from recsvc.service.stores import HistoryStore, HistoryStoreUnavailable
+from recsvc.service.swap.call_activity import CallActivity
 
 from .batcher import Batcher, BatcherClosed, BatchOutcome, DeadlineExpired, Overloaded
-from .call_activity import CallActivity
-from .gen import recommender_pb2 as pb
-from .logs import EveryInterval, log_event
-from .metrics import ServiceMetrics
-from .stores import HistoryStore, HistoryStoreUnavailable
 from .validation import MODE_TO_WIRE, Limits, check_user_id, validate_recommend, validate_record
 
 log = logging.getLogger(__name__)

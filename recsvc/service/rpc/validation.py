@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from recsvc.errors import InvalidRequest
 from recsvc.recommender.api import MODES, Mode, Recommender, RecQuery
 from recsvc.rules.spec import Rules
+from recsvc.service.gen import recommender_pb2 as pb
 
-from .gen import recommender_pb2 as pb
 from .rules_wire import rules_from_wire
 
 DEFAULT_K = 10
@@ -156,7 +156,7 @@ def check_temperature(request: pb.RecommendRequest) -> float:
 
 
 def check_rules(wire: pb.Rules, recommender: Recommender, mode: Mode) -> Rules | None:
-    """``Recommend.rules`` -> Rules (None when the message is empty); see ``recsvc.service.rules_wire``."""
+    """``Recommend.rules`` -> Rules (None when the message is empty); see ``recsvc.service.rpc.rules_wire``."""
     return rules_from_wire(wire, recommender, mode)
 
 

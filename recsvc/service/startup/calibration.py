@@ -12,8 +12,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from recsvc.errors import UserError
-
-from .logs import Step, log_step
+from recsvc.service.observability.logs import Step, log_step
 
 if TYPE_CHECKING:
     from recsvc.recommender.bundle_recommender import BundleRecommender, SpecSettings
@@ -30,7 +29,7 @@ def torch_threads() -> int:
 def calibration_clock(device: str, threads: int) -> Callable[[], float]:
     """What a calibration run is timed with: the calling thread's CPU time when the decode runs entirely in it
     (the CPU, one torch thread), so that neither a bundle swap's loader throttle (it sleeps between slices while
-    calls are answered: ``recsvc.service.loader_throttle``) nor the requests served meanwhile count; else wall
+    calls are answered: ``recsvc.service.swap.loader_throttle``) nor the requests served meanwhile count; else wall
     time (torch's worker threads, a GPU's asynchronous work). What is left of the throttle in CPU time is its
     profile function's own cost, larger for speculation's more Python calls: a small lean toward plain decoding,
     the lossless choice.
@@ -80,7 +79,7 @@ def calibrate_speculation(rec: BundleRecommender, spec: str, bundle: str | None 
 
     ``cache_settings`` (the serving settings the timing depends on): reuse the choice stored in
     BUNDLE/calibration.json when it was made on this hardware with these models and settings, and store a
-    complete calibration there (``recsvc.service.calibration_cache``); None: always calibrate. ``clock``: what each
+    complete calibration there (``calibration_cache``); None: always calibrate. ``clock``: what each
     run is timed with (``calibration_clock``; the budget is wall time)."""
     step = step or log_step
     if spec == "off":  # the width-1 choice applies to every larger width

@@ -17,15 +17,15 @@ from collections.abc import Callable
 
 from recsvc.errors import UserError
 from recsvc.recommender.api import Recommender
+from recsvc.service.observability.logs import Step, log_step
 
 from .calibration import torch_threads
-from .logs import Step, log_step
 
 
 def load_recommender(
     args: argparse.Namespace, *, step: Step | None = None, should_stop: Callable[[], bool] | None = None
 ) -> Recommender:
-    """The engine of ``args`` (``--bundle``: ``recsvc.service.settings.build_recommender`` of its
+    """The engine of ``args`` (``--bundle``: ``recsvc.service.startup.settings.build_recommender`` of its
     ``ServeSettings``; or ``--popularity``), loaded and (``--spec``) configured; each step is reported through
     ``step(event, level=INFO, **fields)`` (default: the JSON log)."""
     step = step or log_step
@@ -71,7 +71,7 @@ def serving_fields(args: argparse.Namespace, rec: Recommender) -> dict:
 
 def store_options(args: argparse.Namespace) -> dict:
     """``open_store`` options from the --redis-* flags; UserError for settings that cannot work together."""
-    from .stores.redis_urls import is_cluster_url
+    from recsvc.service.stores.redis_urls import is_cluster_url
 
     if not args.redis_url:
         if args.redis_wait_replicas:
@@ -92,10 +92,11 @@ def with_bundle(args: argparse.Namespace, bundle: str) -> argparse.Namespace:
 
 
 def watch_bundle(args: argparse.Namespace, serving: str, served, server, catalog, stop: threading.Event):
-    """Follows ``--bundle`` (``recsvc.service.bundle_watch``) from ``serving``, the version directory loaded at
+    """Follows ``--bundle`` (``recsvc.service.swap.bundle_watch``) from ``serving``, the version directory loaded at
     start: a new version is built by the same factory with the same flags, carried the live catalog, warmed by
     the server's warm-up, then swapped in; SIGHUP reloads."""
-    from .bundle_watch import BundleWatch
+    from recsvc.service.swap.bundle_watch import BundleWatch
+
     from .settings import ServeSettings, build_recommender
 
     def load(version_dir: str):
@@ -112,14 +113,14 @@ def watch_bundle(args: argparse.Namespace, serving: str, served, server, catalog
 def serve_one(args: argparse.Namespace) -> int:
     """Serves ``args`` in this process until a signal, drains, and exits the process (``os._exit(0)``)."""
     from recsvc.engine.kernels.plan import check_flags
+    from recsvc.service.observability.logs import configure_json_logging
+    from recsvc.service.rpc.security import api_key_from
+    from recsvc.service.rpc.server import RecServer, ServerConfig
+    from recsvc.service.rpc.validation import Limits
+    from recsvc.service.stores import open_store
+    from recsvc.service.stores.redis_urls import redacted
 
-    from .logs import configure_json_logging
-    from .security import api_key_from
-    from .server import RecServer, ServerConfig
     from .settings import check_beam_width
-    from .stores import open_store
-    from .stores.redis_urls import redacted
-    from .validation import Limits
 
     if args.beam_width is not None:  # fail before anything starts
         check_beam_width(args.beam_width)
@@ -167,8 +168,7 @@ def serve_one(args: argparse.Namespace) -> int:
         recommender = load_recommender(with_bundle(args, version) if version else args, should_stop=stop.is_set)
         if args.bundle and not stop.is_set():  # the live catalog: added / retired items, re-read on change
             from recsvc.catalog.file import CATALOG_FILE, MB
-
-            from .catalog_watch import watch_catalog
+            from recsvc.service.swap.catalog_watch import watch_catalog
 
             max_mb = getattr(args, "catalog_max_mb", None)
             recommender, watch = watch_catalog(recommender, args.catalog or os.path.join(args.bundle, CATALOG_FILE),

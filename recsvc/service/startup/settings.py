@@ -22,10 +22,10 @@ from recsvc.engine.kernels.plan import ATTENTIONS, FORWARD_NAMES, check_flags, f
 from recsvc.errors import UserError
 from recsvc.recommender.api import MODES, Mode, Recommender
 from recsvc.rules.spec import DEFAULT_STRATEGY, STRATEGIES
+from recsvc.service.arg_types import add_history_flags, positive_float
+from recsvc.service.observability.logs import Step, log_step
 
-from .arg_types import add_history_flags, positive_float
 from .calibration import calibrate_speculation, calibration_clock, torch_threads
-from .logs import Step, log_step
 
 if TYPE_CHECKING:
     from recsvc.recommender.bundle_recommender import BundleRecommender
@@ -182,7 +182,7 @@ class ServeSettings:
 
     def calibration_settings(self, beam_width: int, torch_threads: int) -> dict[str, Any]:
         """What a stored --spec auto calibration depends on besides hardware and model files (the key of
-        ``recsvc.service.calibration_cache``; with the beam widths calibrated)."""
+        ``recsvc.service.startup.calibration_cache``; with the beam widths calibrated)."""
         return {"dtype": self.dtype, "attention": self.attention, "drafter": self.drafter, "prior": self.prior,
                 "beam_width": beam_width, "exclude_history": self.exclude_history, "torch_threads": torch_threads}
 

@@ -12,9 +12,9 @@ import threading
 import time
 
 from recsvc.errors import UserError
+from recsvc.service.observability.logs import log_step
 
-from .logs import log_step
-from .startup import serve_one
+from .process import serve_one
 
 
 def worker_main(args: argparse.Namespace, index: int) -> None:
@@ -49,7 +49,8 @@ def run_workers(args: argparse.Namespace) -> int:
     import multiprocessing
     import socket
 
-    from .logs import configure_json_logging
+    from recsvc.service.observability.logs import configure_json_logging
+
     from .settings import check_beam_width
 
     n = args.processes
@@ -76,7 +77,7 @@ def run_workers(args: argparse.Namespace) -> int:
         proc = ctx.Process(target=worker_main, args=(args, index), name=f"recsvc-worker-{index}")
         proc.start()
         workers.append(proc)
-    # SIGHUP: each worker loads the bundle version --bundle points to (recsvc.service.bundle_watch)
+    # SIGHUP: each worker loads the bundle version --bundle points to (recsvc.service.swap.bundle_watch)
     signal.signal(signal.SIGHUP, lambda _signum, _frame: [os.kill(w.pid, signal.SIGHUP) for w in workers
                                                           if w.is_alive()])
     log_step("workers_started", processes=n, port=args.port, pids=[w.pid for w in workers],

@@ -17,9 +17,9 @@ tuning rewrote it in place), the new version is
 4. swapped in with one assignment (``SwappableRecommender.swap``): a batch that started on the old version
    finishes on it, the next one runs on the new one; the old user-state cache is emptied (its memory back).
 
-While calls are being answered (``recsvc.service.call_activity``), the loading thread (load, catalog, warm-up)
+While calls are being answered (``recsvc.service.swap.call_activity``), the loading thread (load, catalog, warm-up)
 runs in slices of about 0.5 ms and sleeps 4.5 ms, or 9x the CPU time the slice used, between them
-(``recsvc.service.loader_throttle``): the
+(``recsvc.service.swap.loader_throttle``): the
 requests served meanwhile keep the GIL and the cores, the load takes longer. Its thread keeps the normal CPU
 priority: a lower one would let the scheduler preempt it while it holds the GIL, stalling the serving threads.
 tests/test_bundle_swap.py measures the p99 of the requests served during a swap against the p99 before;
@@ -53,11 +53,11 @@ from recsvc.recommender.api import Recommender
 from recsvc.recommender.bundle_recommender import BundleRecommender
 from recsvc.recommender.live_catalog import LiveRecommender
 from recsvc.recommender.swappable import SwappableRecommender
-from recsvc.service.poll_thread import PollThread
+from recsvc.service.observability.logs import log_event
 
 from .catalog_watch import CatalogWatch
 from .loader_throttle import LoaderThrottle
-from .logs import log_event
+from .poll_thread import PollThread
 
 log = logging.getLogger(__name__)
 Key = tuple[str, tuple[int, int, int]]  # (version directory, bundle.json's mtime_ns, size, inode)

@@ -1,5 +1,5 @@
 """Whether the server is answering calls now: what a bundle version loading beside the serving one yields to
-(``recsvc.service.loader_throttle``).
+(``recsvc.service.swap.loader_throttle``).
 
 A call is counted from the moment its handler runs until it returns, and the server stays "busy" for
 ``linger_s`` after the last one ended: a caller's next request follows its last answer by a network round trip,

@@ -34,9 +34,9 @@ from recsvc.catalog.file import read_catalog
 from recsvc.catalog.reader import read_catalog_isolated
 from recsvc.errors import UserError
 from recsvc.recommender.live_catalog import LiveRecommender
-from recsvc.service.poll_thread import PollThread
+from recsvc.service.observability.logs import log_event
 
-from .logs import log_event
+from .poll_thread import PollThread
 
 log = logging.getLogger(__name__)
 Stamp = tuple[int, int, int]

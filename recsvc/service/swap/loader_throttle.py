@@ -11,7 +11,7 @@ preempted stalls the serving thread (a priority inversion).
 :class:`LoaderThrottle`, entered in the loading thread, installs a profile function in that thread only
 (``sys.setprofile``: called at each Python and C function call and return). Every ``CHECK_EVERY`` events it
 looks at the clock: once ``run_s`` has passed since it last yielded and ``busy()`` says calls are being answered
-(``recsvc.service.call_activity``: the whole call, and a moment after it, not only its decoding), it sleeps
+(``recsvc.service.swap.call_activity``: the whole call, and a moment after it, not only its decoding), it sleeps
 (the GIL and the core are the serving thread's meanwhile) ``pause_s``, or ``pause_s / run_s``
 times the CPU time it used since it last yielded (``time.thread_time``) when that is longer, at most
 ``MAX_PAUSE_S``: a long C call (a sort, a tensor op) is followed by a long sleep, so the loader's share of the CPU
