@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from recsvc.engine.scoring.exclusion import SparseDead
+from recsvc.engine.scoring.prior import prior_log_mass
 from recsvc.errors import UserError
+from recsvc.timeline.forward import RotaryTables, causal_forward
 from recsvc.timeline.model import TimelineConfig, TimelineModel
 from recsvc.timeline.search import beam_search, exhaustive_scores, history_tensors, user_states
 from tokenizer_rqvae.ids import SemanticIds
@@ -148,3 +151,40 @@ def test_the_serving_forward_equals_transformers_forward():
     reference = (model.states(codes), model.code_logits(state, prefix), model.code_logits(state, prefix[:, :0]))
     for a, b in zip(lean, reference, strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_sparse_exclusions_search_as_the_dense_rows():
+    """A search over ``SparseDead`` (the served one) returns the dense rows' search, every step bit for bit: a
+    narrow and a full width, with the fused prior, one request excluding its whole catalog."""
+    trie = tiny_catalog(seed=9)
+    model = tiny_model(trie, 9)
+    hist = histories(trie, seed=9) + [trie.ids.item_ids.tolist()]
+    states = user_states(model, trie, hist)
+    rng = np.random.default_rng(1)
+    prior = prior_log_mass(trie, torch.from_numpy(rng.random((len(hist), len(trie.ids))).astype(np.float32)), 0.5)
+    sparse = SparseDead.of(trie, hist)
+    assert sparse is not None
+    for width, fused in ((5, None), (len(trie.ids), prior)):
+        dense = beam_search(model, trie, states, width, trie.dead_nodes(hist), fused, trace=True)
+        got = beam_search(model, trie, states, width, sparse, fused, trace=True)
+        assert torch.equal(got.leaves, dense.leaves) and torch.equal(got.scores, dense.scores)
+        for a, b in zip(got.steps, dense.steps, strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert (beam_search(model, trie, states, 5, sparse).leaves[-1] == -1).all()  # nothing left to recommend
+
+
+def test_rotary_tables_are_the_stacks_own_and_kept():
+    """The kept cos / sin equal ``rotary_emb``'s, once per length and dtype; a forward over them reads the same
+    (also outside inference mode: the tables are ordinary tensors)."""
+    trie = tiny_catalog(seed=10)
+    model = tiny_model(trie, 10)
+    tables = RotaryTables()
+    x = torch.randn(3, 5, 16)
+    with torch.inference_mode():
+        cos, sin = tables.of(model.timeline, x)
+    want = model.timeline.rotary_emb(x, torch.arange(5)[None])
+    assert torch.equal(cos, want[0]) and torch.equal(sin, want[1]) and not cos.is_inference()
+    assert tables.of(model.timeline, x)[0] is cos and tables.of(model.timeline, x[:, :4])[0].shape[1] == 4
+    assert tables.of(model.timeline, x.double())[0].dtype == torch.float64
+    with torch.no_grad():
+        assert torch.equal(causal_forward(model.timeline, x, tables), causal_forward(model.timeline, x))

@@ -92,6 +92,7 @@ class CatalogTrie:
         # host copies for reading a request's leaves out (``items_of_leaves``): no device tensor is touched
         self._leaf_item_host = leaf_item
         self._path_host, self._count_host = path, count  # ``dead_nodes`` counts on the host, then one copy
+        self._edge_host = (parent, node_code, depth)  # ``dead_edges``: a node's parent, code and depth
         self._leaf_group: dict[int, list[int]] = {}  # collided leaf -> its item ids, ascending
         if self._collided:
             for row in range(n):
@@ -131,8 +132,8 @@ class CatalogTrie:
         Returns (mask [M, C] bool, child [M, C] node ids, -1 where absent).
         """
         internal = (nodes >= 0) & (nodes < self.num_internal)  # leaves and -1 have no children
-        child = self.children[torch.where(internal, nodes, 0)]  # [M, C]
-        child = torch.where(internal[:, None], child, torch.full_like(child, -1))
+        child = self.children.index_select(0, torch.where(internal, nodes, 0))  # [M, C]
+        child = torch.where(internal[:, None], child, -1)
         mask = child >= 0
         if dead is not None:
             assert rows is not None and rows.shape == nodes.shape
@@ -150,6 +151,22 @@ class CatalogTrie:
             if rows:
                 np.add.at(hits[b], self._path_host[rows].reshape(-1), 1)  # [r * (L+1)] nodes on their paths
         return torch.from_numpy(hits >= self._count_host).to(self.device)  # one host-to-device copy
+
+    def dead_of(self, items: Sequence[int]) -> np.ndarray:
+        """One request's dead nodes, sparse: [D] int64 node ids, ascending, the True columns of its
+        ``dead_nodes`` row (the excluded items' leaves and every ancestor they empty; the root when all are
+        excluded), counted over the items' paths only. Unknown ids are ignored."""
+        rows = [self.ids.index_of(i) for i in set(int(x) for x in items) if i in self.ids]
+        if not rows:
+            return np.zeros(0, dtype=np.int64)
+        nodes, hits = np.unique(self._path_host[rows], return_counts=True)  # [u] nodes on the paths, items under
+        return nodes[hits >= self._count_host[nodes]]
+
+    def dead_edges(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """[D] non-root node ids -> ([D] parents, [D] codes, [D] depths) on the host: the (beam node, code) step
+        that reaches each node, what a search blocks to keep out of it, and the step's depth."""
+        parent, code, depth = self._edge_host
+        return parent[nodes], code[nodes], depth[nodes]
 
     def leaf_items(self, leaves: torch.Tensor, excluded: Sequence[int] = ()) -> list[int]:
         """Item id of each leaf node (collided leaves: the lowest item id not excluded): one host read."""

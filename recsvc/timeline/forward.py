@@ -14,10 +14,34 @@ from transformers import LlamaModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
-def causal_forward(stack: LlamaModel, x: torch.Tensor) -> torch.Tensor:
-    """x [N, T, H] input embeddings -> [N, T, H] the stack's last hidden states (causal, positions 0..T-1)."""
+class RotaryTables:
+    """One stack's rotary cos / sin ([1, T, d] each) by length, dtype and device: constants of the stack (its
+    ``inv_freq``), so computed by ``stack.rotary_emb`` at the first forward of each length and kept, not once per
+    forward. The model holds one per stack; made outside inference mode, so autograd may read them too."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def of(self, stack: LlamaModel, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, T, H] -> (cos [1, T, d], sin [1, T, d]) in x's dtype, equal to ``stack.rotary_emb``'s."""
+        inv_freq = stack.rotary_emb.inv_freq
+        key = (x.shape[1], x.dtype, x.device, inv_freq.dtype, inv_freq.device)
+        table = self._tables.get(key)
+        if table is None:
+            with torch.inference_mode(False), torch.no_grad():
+                table = stack.rotary_emb(x, torch.arange(x.shape[1], device=x.device)[None])
+            self._tables[key] = table
+        return table
+
+
+def causal_forward(stack: LlamaModel, x: torch.Tensor, rotary: RotaryTables | None = None) -> torch.Tensor:
+    """x [N, T, H] input embeddings -> [N, T, H] the stack's last hidden states (causal, positions 0..T-1).
+    ``rotary``: the stack's kept cos / sin (None: computed for this call)."""
     n, t, _ = x.shape
-    cos, sin = stack.rotary_emb(x, torch.arange(t, device=x.device)[None])  # [1, T, d]
+    if rotary is not None:
+        cos, sin = rotary.of(stack, x)  # [1, T, d]
+    else:
+        cos, sin = stack.rotary_emb(x, torch.arange(t, device=x.device)[None])  # [1, T, d]
     for layer in stack.layers:
         attn = layer.self_attn
         h = layer.input_layernorm(x)

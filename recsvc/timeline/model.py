@@ -27,7 +27,7 @@ from transformers import LlamaConfig, LlamaModel
 
 from recsvc.errors import UserError
 from recsvc.timeline.config import CONFIG_FILE, WEIGHTS_FILE, TimelineConfig
-from recsvc.timeline.forward import causal_forward
+from recsvc.timeline.forward import RotaryTables, causal_forward
 
 
 def _llama(hidden: int, layers: int, heads: int, ffn: int, positions: int) -> LlamaModel:
@@ -56,6 +56,9 @@ class TimelineModel(nn.Module):
         self.heads = nn.Parameter(torch.empty(c.levels, c.codebook_size, c.hidden))  # one output head per level
         self.drop = nn.Dropout(c.dropout)
         self.lean = True  # evaluation runs ``causal_forward`` (False: transformers' forward, the reference)
+        self.timeline_rotary, self.decoder_rotary = RotaryTables(), RotaryTables()  # each stack's kept cos / sin
+        # [L] level l's first row in the code tables (E_l, D_l): a constant, not a per-call arange (not saved)
+        self.register_buffer("code_offsets", torch.arange(c.levels) * c.codebook_size, persistent=False)
         nn.init.normal_(self.heads, std=c.hidden ** -0.5)
         for emb in (self.code_in, self.code_prev, self.item_in):
             if emb is not None:
@@ -69,10 +72,8 @@ class TimelineModel(nn.Module):
                     text: torch.Tensor | None = None) -> torch.Tensor:
         """codes [B, T, L] (-1: padding) -> [B, T, H] item inputs (0 at padding). ``rows`` [B, T]: per-item table
         rows (0: none); ``text`` [B, T, text_dim]: the items' text embeddings."""
-        c = self.config
         pad = codes[..., 0] < 0
-        offsets = torch.arange(c.levels, device=codes.device) * c.codebook_size
-        x = self.code_in(codes.clamp(min=0) + offsets).sum(-2)
+        x = self.code_in(codes.clamp(min=0) + self.code_offsets).sum(-2)
         if self.item_in is not None and rows is not None:
             x = x + self.item_in(rows)
         if self.text_in is not None and text is not None:
@@ -83,36 +84,42 @@ class TimelineModel(nn.Module):
                text: torch.Tensor | None = None) -> torch.Tensor:
         """codes [B, T, L] right-padded -> [B, T, H] timeline states h_t (h_t has read items 0..t)."""
         x = self.drop(self.item_inputs(codes, rows, text))
-        return self._stack(self.timeline, x)
+        return self._stack(self.timeline, self.timeline_rotary, x)
 
-    def _stack(self, stack: LlamaModel, x: torch.Tensor) -> torch.Tensor:
+    def _stack(self, stack: LlamaModel, rotary: RotaryTables, x: torch.Tensor) -> torch.Tensor:
         """[N, T, H] -> [N, T, H]: transformers' forward while training (autograd, its kernels), the op-by-op
-        forward otherwise (``recsvc.timeline.forward``: the same computation without the per-call overhead)."""
+        forward otherwise (``recsvc.timeline.forward``: the same computation without the per-call overhead, over
+        the stack's kept rotary tables)."""
         if self.training or not self.lean:
             return stack(inputs_embeds=x, use_cache=False).last_hidden_state
-        return causal_forward(stack, x)
+        return causal_forward(stack, x, rotary)
 
     # ---- the code decoder ----------------------------------------------------------------------------------
+    def decoder_first(self, state: torch.Tensor) -> torch.Tensor:
+        """state [N, H] -> [N, 1, H] the decoder's first input, proj(h_t): the same at every step of a search."""
+        return self.state_out(self.drop(state))[:, None]
+
     def decoder_inputs(self, state: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         """state [N, H], prefix [N, l] codes of levels 1..l -> [N, l + 1, H] the decoder's inputs."""
-        c = self.config
-        first = self.state_out(self.drop(state))[:, None]
+        return self._after_first(self.decoder_first(state), prefix)
+
+    def _after_first(self, first: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """first [N, 1, H], prefix [N, l] -> [N, l + 1, H]: the first input, then the prefix codes' D_l rows."""
         if prefix.shape[1] == 0:
             return first
-        offsets = torch.arange(prefix.shape[1], device=prefix.device) * c.codebook_size
-        return torch.cat([first, self.code_prev(prefix + offsets)], 1)
+        return torch.cat([first, self.code_prev(prefix + self.code_offsets[: prefix.shape[1]])], 1)
 
     def code_logits(self, state: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         """state [N, H], prefix [N, l] (l < L) -> [N, l + 1, C] logits of the codes of levels 1..l+1 (position j
         predicts level j + 1, having read the prefix's first j codes)."""
-        out = self._stack(self.decoder, self.decoder_inputs(state, prefix))
+        out = self._stack(self.decoder, self.decoder_rotary, self.decoder_inputs(state, prefix))
         heads = self.heads[: out.shape[1]]  # [l + 1, C, H]
         return torch.einsum("nph,pch->npc", out, heads)
 
-    def next_code_logprobs(self, state: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
-        """state [N, H], prefix [N, l] -> [N, C] float32 log-probs of level l + 1's code (over the whole codebook):
-        the last position's head only."""
-        out = self._stack(self.decoder, self.decoder_inputs(state, prefix))[:, -1]  # [N, H]
+    def next_code_logprobs(self, first: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """first [N, 1, H] (``decoder_first`` of the rows' states, kept across a search's steps), prefix [N, l] ->
+        [N, C] float32 log-probs of level l + 1's code (over the whole codebook): the last position's head only."""
+        out = self._stack(self.decoder, self.decoder_rotary, self._after_first(first, prefix))[:, -1]  # [N, H]
         return torch.log_softmax((out @ self.heads[prefix.shape[1]].T).float(), -1)
 
     def path_code_logprobs(self, state: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:

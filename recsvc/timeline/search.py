@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from recsvc.engine.scoring.exclusion import SparseDead
 from recsvc.engine.scoring.expand import expand_beams
 from recsvc.timeline.model import TimelineModel
 from tokenizer_rqvae.ids import SemanticIds
@@ -54,16 +56,15 @@ def history_tensors(trie: CatalogTrie, histories: Sequence[Sequence[int]], max_i
     ids, table = trie.ids, table if table is not None else trie.ids
     kept = [kept_items(trie, h, max_items) for h in histories]
     t = max(1, max((len(k) for k in kept), default=1))
-    codes = torch.full((len(kept), t, ids.levels), -1, dtype=torch.long)
-    rows = torch.zeros((len(kept), t), dtype=torch.long)
-    codebook = torch.from_numpy(ids.codes)
+    codes = np.full((len(kept), t, ids.levels), -1, dtype=np.int64)  # filled on the host, then one tensor each
+    rows = np.zeros((len(kept), t), dtype=np.int64)
     for b, items in enumerate(kept):
         if items:
-            codes[b, : len(items)] = codebook[torch.tensor([ids.index_of(i) for i in items])]
-            own = torch.tensor([table.index_of(i) + 1 if i in table else 0 for i in items])
-            rows[b, : len(items)] = torch.where(own < num_item_rows, own, 0)
+            codes[b, : len(items)] = ids.codes[[ids.index_of(i) for i in items]]
+            own = np.array([table.index_of(i) + 1 if i in table else 0 for i in items], dtype=np.int64)
+            rows[b, : len(items)] = np.where(own < num_item_rows, own, 0)
     lengths = torch.tensor([max(1, len(k)) for k in kept], dtype=torch.long)
-    return codes, rows, lengths
+    return torch.from_numpy(codes), torch.from_numpy(rows), lengths
 
 
 @torch.inference_mode()
@@ -78,9 +79,10 @@ def user_states(model: TimelineModel, trie: CatalogTrie, histories: Sequence[Seq
 
 @torch.inference_mode()
 def beam_search(model: TimelineModel, trie: CatalogTrie, states: torch.Tensor, width: int,
-                dead: torch.Tensor | None = None, prior: torch.Tensor | None = None,
+                dead: torch.Tensor | SparseDead | None = None, prior: torch.Tensor | None = None,
                 trace: bool = False) -> TimelineOutput:
-    """states [B, H] -> the ``width`` best leaves of each request. ``dead`` [B, num_nodes] bool: excluded nodes;
+    """states [B, H] -> the ``width`` best leaves of each request. ``dead`` [B, num_nodes] bool: excluded nodes
+    (or the same as a ``SparseDead``: equal lists);
     ``prior`` [B, num_nodes] float32 log-masses (``prior_log_mass``); ``trace``: keep every step's beams."""
     if width < 1:
         raise ValueError(f"beam width must be >= 1, got {width}")
@@ -90,12 +92,17 @@ def beam_search(model: TimelineModel, trie: CatalogTrie, states: torch.Tensor, w
     prefix = torch.zeros(b, 1, 0, dtype=torch.long)  # [B, m, l] the beams' codes
     rows = torch.arange(b)[:, None]
     steps = []
+    first: torch.Tensor | None = None  # [B * m, 1, H] the decoder's first inputs: the same while m stays
     for level in range(levels):
         m = nodes.shape[1]
-        logp = model.next_code_logprobs(states.repeat_interleave(m, 0), prefix.reshape(b * m, level))
-        nodes, scores, beam = expand_beams(trie, nodes, scores, logp.view(b, m, -1), width, dead, None, prior)
-        code = trie.node_code[nodes.clamp(min=0)].clamp(min=0)  # [B, w] each beam's new code (0: dead beams)
-        prefix = torch.cat([prefix[rows, beam], code[..., None]], 2)
+        if first is None or first.shape[0] != b * m:  # each beam's request state, projected once per beam count
+            first = model.decoder_first(states.repeat_interleave(m, 0))
+        logp = model.next_code_logprobs(first, prefix.reshape(b * m, level))
+        step_dead = dead.into(level + 1) if isinstance(dead, SparseDead) else dead  # None: nothing to block
+        nodes, scores, beam = expand_beams(trie, nodes, scores, logp.view(b, m, -1), width, step_dead, None, prior)
+        if level + 1 < levels:  # the next step's prefixes (none after the last)
+            code = trie.node_code[nodes.clamp(min=0)].clamp(min=0)  # [B, w] each beam's new code (0: dead beams)
+            prefix = torch.cat([prefix[rows, beam], code[..., None]], 2)
         if trace:
             steps.append((nodes, scores, beam))
     return TimelineOutput(nodes, scores, levels, tuple(steps))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from recsvc.engine.scoring.exclusion import SparseDead
 from recsvc.engine.scoring.prior import step_bias
-from recsvc.engine.scoring.topk import IndexSelector, Selector
+from recsvc.engine.scoring.topk import IndexSelector, Selector, select_topk
 from tokenizer_rqvae.trie import CatalogTrie
 
 
@@ -20,7 +21,7 @@ def expand_beams(
     scores: torch.Tensor,  # [B, k_in]
     logp: torch.Tensor,  # [B, k_in, C] next-code log-probs of each beam
     width: int,
-    dead: torch.Tensor | None,  # [B, num_nodes] excluded prefixes
+    dead: torch.Tensor | SparseDead | None,  # [B, num_nodes] excluded prefixes (or the same, sparse)
     select: Selector | None = None,  # tie-break (default: lower index)
     prior: torch.Tensor | None = None,  # [B, num_nodes] w * log prior mass (recsvc.engine.scoring.prior) or None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -43,10 +44,13 @@ def select_candidates(
     """The selecting half of ``expand_beams``: the best ``width`` candidates -> (nodes [B, width], scores
     [B, width], parent beam index [B, width]); -1 nodes where fewer than ``width`` are allowed."""
     b, k_in, c = cand.shape
-    level = trie.depth[nodes.max(dim=1).values.clamp(min=0)]  # [B] a row's beams share one depth
-    new_scores, flat = (select or IndexSelector())(cand, width, level)
+    if select is None or isinstance(select, IndexSelector):  # lower index first: no level to read
+        new_scores, flat = select_topk(cand.reshape(b, k_in * c), width)
+    else:
+        level = trie.depth[nodes.max(dim=1).values.clamp(min=0)]  # [B] a row's beams share one depth
+        new_scores, flat = select(cand, width, level)
     new_nodes = child.view(b, k_in * c).gather(1, flat)
-    new_nodes = torch.where(torch.isfinite(new_scores), new_nodes, torch.full_like(new_nodes, -1))
+    new_nodes = torch.where(torch.isfinite(new_scores), new_nodes, -1)
     return new_nodes, new_scores, flat // c
 
 
@@ -72,15 +76,20 @@ def candidate_scores(
     nodes: torch.Tensor,  # [B, m] trie nodes (-1 dead)
     scores: torch.Tensor,  # [B, m]
     logp: torch.Tensor,  # [B, m, C] next-code log-probs of each node
-    dead: torch.Tensor | None,  # [B, num_nodes]
+    dead: torch.Tensor | SparseDead | None,  # [B, num_nodes] (or the same, sparse)
     prior: torch.Tensor | None,  # [B, num_nodes] or None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Every child's beam score (-inf where the trie or ``dead`` forbids it; + the prior's step term) and node:
     ([B, m, C], [B, m, C] child nodes, -1 where absent). The scoring half of ``expand_beams``."""
     b, m, c = logp.shape
-    rows = torch.arange(b, device=nodes.device)[:, None].expand(b, m).reshape(-1)
-    mask, child = trie.allowed(nodes.reshape(-1), dead, rows if dead is not None else None)
+    if isinstance(dead, SparseDead):
+        mask, child = trie.allowed(nodes.reshape(-1))
+        mask = mask.view(b, m, c) & dead.alive(nodes, c)
+    else:
+        rows = torch.arange(b, device=nodes.device)[:, None].expand(b, m).reshape(-1) if dead is not None else None
+        mask, child = trie.allowed(nodes.reshape(-1), dead, rows)
+        mask = mask.view(b, m, c)
     step = scores[..., None] + logp
     if prior is not None:
         step = step + step_bias(prior, nodes, child.view(b, m, c))
-    return torch.where(mask.view(b, m, c), step, float("-inf")), child.view(b, m, c)
+    return torch.where(mask, step, float("-inf")), child.view(b, m, c)

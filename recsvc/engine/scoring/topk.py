@@ -36,12 +36,29 @@ def select_topk(cand: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Ten
     Example: ``select_topk(tensor([[0., 2., 2., -inf]]), 2) == ([[2., 2.]], [[1, 2]])``.
     If n < width the result is padded with -inf scores (index 0)."""
     b, n = cand.shape
-    if n < width:
+    if b == 1 and n > width and cand.device.type == "cpu":  # one request on the host: its allowed ones only
+        with uncounted():  # a CPU-only read (host_reads): on a GPU every candidate is sorted
+            picked = _select_allowed(cand[0], width)
+        if picked is not None:
+            return picked
+    padded = n < width
+    if padded:
         pad = torch.full((b, width - n), float("-inf"), dtype=cand.dtype, device=cand.device)
         cand = torch.cat([cand, pad], dim=1)
     scores, idx = torch.sort(cand, dim=1, descending=True, stable=True)
     scores, idx = scores[:, :width], idx[:, :width]
-    return scores, torch.where(idx < n, idx, torch.zeros_like(idx))
+    return scores, torch.where(idx < n, idx, torch.zeros_like(idx)) if padded else idx
+
+
+def _select_allowed(row: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """row [n] -> ``select_topk`` of that one row ([1, width] each) on the host, over its allowed candidates only
+    (the ones above -inf: a trie step's are a few of its m * C): the stable sort restricted to them keeps their
+    order, so the first ``width`` are the same when there are that many (None otherwise: sort them all)."""
+    cols = (row != float("-inf")).nonzero().view(-1)  # [K] the allowed candidates, ascending
+    if cols.numel() < width:
+        return None
+    vals, order = row.index_select(0, cols).sort(descending=True, stable=True)  # [K] best first, ties: lower index
+    return vals[:width][None], cols.index_select(0, order[:width])[None]
 
 
 class IndexSelector:

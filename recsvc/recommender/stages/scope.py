@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from recsvc.engine.entry.dispatch import Mode
+from recsvc.engine.scoring.exclusion import SparseDead
 from recsvc.engine.scoring.prior import prior_log_mass
 from recsvc.errors import UserError
 from recsvc.recommender.api import RecQuery
@@ -64,6 +65,10 @@ class Scope:
     def dead(self, excluded: list[list[int]]) -> torch.Tensor | None:
         """[B, num_nodes] the excluded items as dead trie nodes (None: nothing excluded)."""
         return self.parts.trie.dead_nodes(excluded) if any(excluded) else None
+
+    def sparse_dead(self, excluded: list[list[int]]) -> SparseDead | None:
+        """``dead``'s nodes, sparse ([B, D] dead nodes' parents and codes; None: nothing excluded in the trie)."""
+        return SparseDead.of(self.parts.trie, excluded) if any(excluded) else None
 
     def prior_for(self, histories: Sequence[Sequence[int]]) -> torch.Tensor | None:
         """[B, num_nodes] the fused prior of these histories (``prior_log_mass``), None when there is none."""

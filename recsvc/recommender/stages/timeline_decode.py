@@ -29,6 +29,7 @@ import torch
 
 from recsvc.engine.entry.modes import Decoding
 from recsvc.engine.meters.ledger import NO_LEDGER, Ledger
+from recsvc.engine.scoring.exclusion import SparseDead
 from recsvc.recommender.api import RecQuery, RecResult, RecStats
 from recsvc.recommender.stages.scope import Scope
 from recsvc.rules.catalog import BatchRules
@@ -85,18 +86,23 @@ class TimelineDecode:
         scope = self.scope
         cache = scope.settings.states
         excluded = scope.excluded(queries)
-        keys = [self._search_key(q, width, ex) for q, ex in zip(queries, excluded, strict=True)]
-        kept: list[Kept | None] = [cache.row(key, count) if cache is not None else None for key in keys]
+        keys: list[Hashable] = []  # the search keys, only with a cache
+        kept: list[Kept | None] = [None] * len(queries)
+        if cache is not None:
+            keys = [self._search_key(q, width, ex) for q, ex in zip(queries, excluded, strict=True)]
+            kept = [cache.row(key, count) for key in keys]
         calls = [0] * len(queries)
         todo = [r for r, x in enumerate(kept) if x is None]
         if todo:
             out, ran = self._search([queries[r].history for r in todo], width,
-                                    scope.dead([excluded[r] for r in todo]), count)
+                                    scope.sparse_dead([excluded[r] for r in todo]), count)
             for j, r in enumerate(todo):
-                kept[r] = (out.leaves[j].clone(), out.scores[j].clone())  # [W], [W]: not the batch's storage
                 calls[r] = out.decoder_calls + ran[j]
-                if cache is not None:
+                if cache is not None:  # [W], [W]: a copy, not the batch's storage
+                    kept[r] = (out.leaves[j].clone(), out.scores[j].clone())
                     cache.keep_row(keys[r], kept[r])
+                else:
+                    kept[r] = (out.leaves[j], out.scores[j])
         results = []
         for r, q in enumerate(queries):
             row = kept[r]
@@ -147,10 +153,10 @@ class TimelineDecode:
         return trie.ids.item_ids[ranked[picked]].tolist(), total[order][picked].tolist()
 
     # ---- the timeline and the search --------------------------------------------------------------------------
-    def _search(self, histories: list[Sequence[int]], width: int, dead: torch.Tensor | None,
+    def _search(self, histories: list[Sequence[int]], width: int, dead: torch.Tensor | SparseDead | None,
                 count: bool = True) -> tuple[TimelineOutput, list[int]]:
-        """One beam search of ``width`` beams over these histories' states (dead [B, num_nodes]: excluded nodes;
-        the fused prior of the histories); and the timeline calls each history spent (0 or 1)."""
+        """One beam search of ``width`` beams over these histories' states (dead [B, num_nodes] or sparse:
+        excluded nodes; the fused prior of the histories); and the timeline calls each history spent (0 or 1)."""
         states, ran = self._states(histories, count)
         prior = self.scope.prior_for(histories)  # [B, num_nodes] or None
         return beam_search(self.model, self.scope.parts.trie, states, width, dead, prior), ran
@@ -160,15 +166,19 @@ class TimelineDecode:
         forward (then kept); and the timeline calls each history spent (0 or 1)."""
         parts, cache = self.scope.parts, self.scope.settings.states
         trie, max_items = parts.trie, self.model.config.max_items
-        keys = [("timeline-state", self.model, trie, kept_items(trie, h, max_items)) for h in histories]
-        rows: list[torch.Tensor | None] = [cache.row(key, count) if cache is not None else None for key in keys]
+        keys: list[Hashable] = []  # the state keys, only with a cache
+        rows: list[torch.Tensor | None] = [None] * len(histories)
+        if cache is not None:
+            keys = [("timeline-state", self.model, trie, kept_items(trie, h, max_items)) for h in histories]
+            rows = [cache.row(key, count) for key in keys]
         missing = [i for i, row in enumerate(rows) if row is None]
         if missing:
             fresh = user_states(self.model, trie, [histories[i] for i in missing], parts.timeline_ids)  # [m, H]
+            if cache is None:  # none kept: the forward's states as they are
+                return fresh, [1] * len(histories)
             for j, i in enumerate(missing):
                 rows[i] = fresh[j].clone()  # [H]: not the batch's storage
-                if cache is not None:
-                    cache.keep_row(keys[i], rows[i])
+                cache.keep_row(keys[i], rows[i])
         ran = set(missing)
         return torch.stack([r for r in rows if r is not None]), [int(i in ran) for i in range(len(histories))]
 
